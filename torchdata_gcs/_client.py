@@ -1,0 +1,183 @@
+"""The per-process HTTP transport to GCS's JSON API.
+
+Endpoint and credentials are resolved here, lazily, once per process and configuration; the
+transport is never pickled (DataPipes pickle their ``ClientConfig`` and each worker builds its own
+transport). Non-2xx answers become typed errors through ``errors.error_for_status``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+from urllib.parse import quote
+
+import google.auth
+import google.auth.credentials
+import google.auth.exceptions
+import google.oauth2.credentials
+import google.oauth2.service_account
+import requests
+from google.auth.transport.requests import AuthorizedSession
+from requests.adapters import HTTPAdapter
+
+from .config import ClientConfig
+from .errors import AccessDeniedError, error_for_status
+
+logger = logging.getLogger(__name__)
+
+GCS_ENDPOINT = "https://storage.googleapis.com"
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
+_POOL_SIZE = 1024  # upper bound of TransferConfig.max_in_flight; urllib3 opens connections lazily
+
+
+def resolve_endpoint(config: ClientConfig) -> tuple[str, bool]:
+    """Return ``(base_url, is_emulator)``: the explicit endpoint, else the emulator env, else GCS."""
+    if config.endpoint:
+        return config.endpoint.rstrip("/"), config.endpoint.startswith("http://")
+    emulator = os.environ.get(EMULATOR_ENV)
+    if emulator:
+        url = emulator if "://" in emulator else f"http://{emulator}"
+        return url.rstrip("/"), True
+    return GCS_ENDPOINT, False
+
+
+def _credentials_from_file(path: str) -> google.auth.credentials.Credentials:
+    """Load a service-account or authorized-user key file; other kinds belong in ADC."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            kind = json.load(file).get("type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise google.auth.exceptions.DefaultCredentialsError(f"cannot read {path}: {exc}") from None
+    if kind == "service_account":
+        return google.oauth2.service_account.Credentials.from_service_account_file(path, scopes=SCOPES)
+    if kind == "authorized_user":
+        return google.oauth2.credentials.Credentials.from_authorized_user_file(path, scopes=SCOPES)
+    raise google.auth.exceptions.DefaultCredentialsError(
+        f"{path} holds {kind!r} credentials; only service_account and authorized_user files are "
+        "accepted here (use GOOGLE_APPLICATION_CREDENTIALS for other kinds)"
+    )
+
+
+def _credentials(config: ClientConfig, anonymous: bool) -> google.auth.credentials.Credentials:
+    if anonymous:
+        return google.auth.credentials.AnonymousCredentials()
+    try:
+        if config.credentials_file:
+            return _credentials_from_file(config.credentials_file)
+        credentials, _ = google.auth.default(scopes=SCOPES)
+    except (google.auth.exceptions.DefaultCredentialsError, ValueError) as exc:
+        source = config.credentials_file or "Application Default Credentials"
+        raise AccessDeniedError(
+            f"no usable Google credentials from {source} ({exc}): run `gcloud auth application-default "
+            "login`, set GOOGLE_APPLICATION_CREDENTIALS, or point STORAGE_EMULATOR_HOST at an emulator"
+        ) from None
+    return credentials
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _error_detail(response: requests.Response) -> str:
+    try:
+        body = response.json()
+        return str(body["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return response.text.strip()[:300]
+
+
+class Transport:
+    """One process's connection pool and credentials for one ``ClientConfig``."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.endpoint, is_emulator = resolve_endpoint(config)
+        anonymous = config.anonymous if config.anonymous is not None else is_emulator
+        self._session = AuthorizedSession(_credentials(config, anonymous))
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=_POOL_SIZE, max_retries=0)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        self._user_project = config.user_project
+
+    def __repr__(self) -> str:
+        return f"Transport(endpoint={self.endpoint!r})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Transport holds live connections and credentials; pickle its ClientConfig instead")
+
+    def object_path(self, bucket: str, name: str, *, media: bool = False) -> str:
+        """JSON API path of an object; the name is percent-encoded whole (``/`` included)."""
+        prefix = "/download" if media else ""
+        return f"{prefix}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+
+    def bucket_objects_path(self, bucket: str) -> str:
+        return f"/storage/v1/b/{quote(bucket, safe='')}/o"
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        url: str,
+        params: dict[str, Any] | None = None,
+        stream: bool = False,
+        timeout: tuple[float, float] = (10.0, 60.0),
+    ) -> requests.Response:
+        """Send one request; raise the typed error for any non-2xx answer (``url`` names the object)."""
+        params = dict(params or {})
+        if self._user_project:
+            params["userProject"] = self._user_project
+        response = self._session.request(
+            method, self.endpoint + path, params=params, stream=stream, timeout=timeout
+        )
+        if response.status_code >= 400:
+            with response:
+                raise error_for_status(
+                    response.status_code,
+                    url,
+                    _error_detail(response),
+                    retry_after=_retry_after_seconds(response.headers.get("Retry-After")),
+                )
+        return response
+
+    def get_json(self, path: str, *, url: str, params: dict[str, Any] | None = None) -> Any:
+        with self.request("GET", path, url=url, params=params) as response:
+            return response.json()
+
+
+_lock = threading.Lock()
+_transports: dict[tuple[ClientConfig, str | None], Transport] = {}
+
+
+def _forget_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _transports.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def transport_for(config: ClientConfig) -> Transport:
+    """This process's transport for ``config``, created on first use (after fork, anew)."""
+    key = (config, os.environ.get(EMULATOR_ENV))
+    with _lock:
+        transport = _transports.get(key)
+        if transport is None:
+            transport = _transports[key] = Transport(config)
+            logger.debug("created %r in process %d", transport, os.getpid())
+        return transport

@@ -1,0 +1,101 @@
+"""Parse and format ``gs://bucket/name`` URLs; pure functions, no I/O.
+
+The object name is everything after the bucket's slash, taken literally as GCS stores it: ``#``,
+``?``, ``%``, ``+``, spaces, unicode and ``//`` are part of the name, never URL syntax. Percent
+encoding happens only when a request is built (see ``_client``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from .errors import InvalidURIError
+
+SCHEMES = ("gs://", "gcs://")
+MAX_OBJECT_NAME_BYTES = 1024
+
+_BUCKET_CHARS = re.compile(r"[a-z0-9][a-z0-9._-]*[a-z0-9]")
+_GOOGLE_LOOKALIKE = re.compile(r"g[o0][o0]g[l1]e")
+
+
+def validate_bucket(bucket: str) -> str:
+    """Return ``bucket`` if it follows GCS's bucket naming rules, else raise ``InvalidURIError``."""
+    problem = _bucket_problem(bucket)
+    if problem:
+        raise InvalidURIError(f"invalid bucket name {bucket!r}: {problem}")
+    return bucket
+
+
+def _bucket_problem(bucket: str) -> str | None:
+    if not 3 <= len(bucket) <= 222:
+        return "must be 3 to 222 characters long"
+    if not _BUCKET_CHARS.fullmatch(bucket):
+        return (
+            "may hold only lowercase letters, digits, '-', '_' and '.', "
+            "and must start and end with a letter or digit"
+        )
+    parts = bucket.split(".")
+    if len(parts) == 1 and len(bucket) > 63:
+        return "must be at most 63 characters long unless it contains dots"
+    if any(not 1 <= len(part) <= 63 for part in parts):
+        return "each dot-separated part must be 1 to 63 characters long"
+    if bucket.startswith("goog"):
+        return "must not start with 'goog'"
+    if _GOOGLE_LOOKALIKE.search(bucket):
+        return "must not contain 'google' or a close misspelling of it"
+    try:
+        ipaddress.IPv4Address(bucket)
+    except ValueError:
+        return None
+    return "must not be an IP address"
+
+
+def validate_object_name(name: str, *, allow_empty: bool) -> str:
+    """Return ``name`` if GCS accepts it as an object name (or, with ``allow_empty``, a prefix)."""
+    if not name:
+        if allow_empty:
+            return name
+        raise InvalidURIError("object name must not be empty")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_OBJECT_NAME_BYTES:
+        raise InvalidURIError(f"object name is longer than {MAX_OBJECT_NAME_BYTES} bytes: {name[:80]!r}...")
+    if "\r" in name or "\n" in name:
+        raise InvalidURIError(f"object name must not contain carriage returns or line feeds: {name!r}")
+    if name in (".", ".."):
+        raise InvalidURIError(f"object name must not be {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidURIError(f"object name is not valid unicode: {name!r}") from exc
+    return name
+
+
+def parse_url(url: str, *, allow_prefix: bool = True) -> tuple[str, str]:
+    """Split ``gs://bucket/name`` (or ``gcs://``) into ``(bucket, name)``.
+
+    With ``allow_prefix`` the name may be empty (``gs://bucket`` or ``gs://bucket/``), meaning the
+    whole bucket.
+
+    >>> parse_url("gs://my-bucket/images/cat #1.jpg")
+    ('my-bucket', 'images/cat #1.jpg')
+    """
+    if not isinstance(url, str):
+        raise InvalidURIError(f"expected a gs:// URL string, got {type(url).__name__}: {url!r}")
+    scheme = next((s for s in SCHEMES if url.startswith(s)), None)
+    if scheme is None:
+        raise InvalidURIError(f"not a GCS URL (expected gs://bucket/name): {url!r}")
+    bucket, _, name = url[len(scheme) :].partition("/")
+    validate_bucket(bucket)
+    validate_object_name(name, allow_empty=allow_prefix)
+    return bucket, name
+
+
+def format_url(bucket: str, name: str = "") -> str:
+    """Build the canonical ``gs://bucket/name`` URL; the inverse of :func:`parse_url`.
+
+    >>> format_url("my-bucket", "a/b?.txt")
+    'gs://my-bucket/a/b?.txt'
+    """
+    validate_bucket(bucket)
+    validate_object_name(name, allow_empty=True)
+    return f"gs://{bucket}/{name}"

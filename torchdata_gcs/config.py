@@ -1,0 +1,113 @@
+"""Settings for talking to GCS: frozen, validated, and safe to pickle into worker processes.
+
+Settings hold configuration only, never credentials or clients: each process resolves its
+credentials (Application Default Credentials unless told otherwise) when it first makes a request.
+
+Example:
+    >>> from torchdata_gcs import ClientConfig, TransferConfig
+    >>> ClientConfig(endpoint="http://127.0.0.1:4443").endpoint
+    'http://127.0.0.1:4443'
+    >>> TransferConfig(max_in_flight=32).max_in_flight
+    32
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+__all__ = ["ClientConfig", "RetryConfig", "TransferConfig"]
+
+MiB = 1024 * 1024
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where requests go and how they authenticate.
+
+    Args:
+        endpoint: base URL of the JSON API, such as ``http://127.0.0.1:4443`` for an emulator.
+            Unset: ``STORAGE_EMULATOR_HOST`` if that is set (read in each process), else real GCS.
+        anonymous: send no credentials. Unset: anonymous exactly when the endpoint is an emulator
+            (taken from ``STORAGE_EMULATOR_HOST``, or a plain ``http://`` endpoint, where a token
+            would travel in clear text); otherwise Application Default Credentials.
+        credentials_file: path of a service-account or authorized-user JSON file to use instead of
+            Application Default Credentials. The path is stored, never the secret it holds.
+        user_project: project billed for requests to requester-pays buckets (sent as ``userProject``).
+    """
+
+    endpoint: str | None = None
+    anonymous: bool | None = None
+    credentials_file: str | None = None
+    user_project: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.endpoint is not None:
+            parts = urlsplit(self.endpoint)
+            _require(
+                parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.query,
+                f"endpoint must be an http(s) base URL such as http://127.0.0.1:4443, got {self.endpoint!r}",
+            )
+            _require(
+                parts.username is None and parts.password is None,
+                "endpoint must not embed credentials",
+            )
+        _require(
+            not (self.anonymous and self.credentials_file),
+            "anonymous=True and credentials_file contradict each other",
+        )
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """How transient failures (408, 429, 5xx, resets, timeouts, truncated bodies) are retried.
+
+    Delays grow exponentially from ``initial_delay`` by ``multiplier`` up to ``max_delay``, each
+    drawn with full jitter; a ``Retry-After`` answer is honoured. Retrying stops after
+    ``max_attempts`` attempts or once ``deadline`` seconds have passed since the first attempt.
+    """
+
+    max_attempts: int = 8
+    deadline: float = 300.0
+    initial_delay: float = 0.1
+    max_delay: float = 30.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        _require(self.max_attempts >= 1, f"max_attempts must be >= 1, got {self.max_attempts}")
+        _require(self.deadline > 0, f"deadline must be > 0 seconds, got {self.deadline}")
+        _require(self.initial_delay >= 0, f"initial_delay must be >= 0, got {self.initial_delay}")
+        _require(
+            self.max_delay >= self.initial_delay,
+            f"max_delay ({self.max_delay}) must be >= initial_delay ({self.initial_delay})",
+        )
+        _require(self.multiplier >= 1, f"multiplier must be >= 1, got {self.multiplier}")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How much work is in flight.
+
+    Args:
+        max_in_flight: concurrent requests per DataPipe instance (per worker process).
+        max_buffered_bytes: bytes downloaded ahead of the consumer, in flight or waiting to be
+            yielded. One object larger than this is still fetched, alone.
+        connect_timeout: seconds to wait for a connection.
+        read_timeout: seconds to wait for the next bytes of a response before retrying.
+    """
+
+    max_in_flight: int = 16
+    max_buffered_bytes: int = 256 * MiB
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.max_in_flight <= 1024, f"max_in_flight must be 1..1024, got {self.max_in_flight}")
+        _require(self.max_buffered_bytes >= 1, f"max_buffered_bytes must be >= 1, got {self.max_buffered_bytes}")
+        _require(self.connect_timeout > 0, f"connect_timeout must be > 0, got {self.connect_timeout}")
+        _require(self.read_timeout > 0, f"read_timeout must be > 0, got {self.read_timeout}")

@@ -1,0 +1,101 @@
+"""The exception tree of torchdata-gcs.
+
+Every error derives from :class:`GCSError`; each subclass also derives from the builtin a caller
+would naturally catch, so ``except FileNotFoundError`` works on a missing object. Errors carry the
+``gs://`` URL they concern and the HTTP status when there was one, pickle across worker processes,
+and never carry credentials or request headers.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessDeniedError",
+    "GCSError",
+    "IntegrityError",
+    "InvalidURIError",
+    "MissingObjectWarning",
+    "NotFoundError",
+    "PreconditionFailedError",
+    "TransientError",
+]
+
+
+class GCSError(Exception):
+    """Root of every error raised by torchdata-gcs.
+
+    Attributes:
+        url: the ``gs://`` URL the error concerns, when there is one.
+        status: the HTTP status GCS answered, when there was one.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class NotFoundError(GCSError, FileNotFoundError):
+    """The bucket or object does not exist (HTTP 404)."""
+
+
+class AccessDeniedError(GCSError, PermissionError):
+    """The credentials may not do this (HTTP 401 or 403)."""
+
+
+class PreconditionFailedError(GCSError, FileExistsError):
+    """A generation or metageneration precondition did not hold (HTTP 412)."""
+
+
+class InvalidURIError(GCSError, ValueError):
+    """A URL, bucket name or object name that GCS would not accept."""
+
+
+class TransientError(GCSError, ConnectionError):
+    """GCS kept failing with retryable errors (429, 5xx, resets, timeouts) until retries ran out.
+
+    Attributes:
+        retry_after: seconds GCS asked the client to wait (``Retry-After``), when it said.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, url=url, status=status)
+        self.retry_after = retry_after
+
+
+class IntegrityError(GCSError, OSError):
+    """Downloaded bytes do not match the size or crc32c that GCS recorded for the object."""
+
+
+class MissingObjectWarning(UserWarning):
+    """An object was skipped because it no longer exists and the caller asked to skip it."""
+
+
+def error_for_status(
+    status: int, url: str | None, detail: str, *, retry_after: float | None = None
+) -> GCSError:
+    """Turn an HTTP status GCS answered into the matching error; the one translation point."""
+    where = f" ({url})" if url else ""
+    message = f"GCS answered {status}{where}: {detail}" if detail else f"GCS answered {status}{where}"
+    if status == 404:
+        return NotFoundError(message, url=url, status=status)
+    if status in (401, 403):
+        return AccessDeniedError(message, url=url, status=status)
+    if status == 412:
+        return PreconditionFailedError(message, url=url, status=status)
+    if status in RETRYABLE_STATUSES:
+        return TransientError(message, url=url, status=status, retry_after=retry_after)
+    return GCSError(message, url=url, status=status)
+
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+"""Statuses GCS documents as safe to retry with backoff."""
