@@ -1,0 +1,51 @@
+"""Google Cloud Storage DataPipes for PyTorch.
+
+Importing the package registers the functional DataPipes on ``IterDataPipe``::
+
+    import torchdata_gcs
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    pipe = (
+        IterableWrapper(["gs://bucket/train/"])
+        .list_files_by_gcs(masks="*.jpg")
+        .shuffle()
+        .sharding_filter()
+        .load_files_by_gcs()
+    )
+"""
+
+from ._metadata import ObjectInfo
+from ._uri import format_url, parse_url
+from .config import ClientConfig, RetryConfig, TransferConfig
+from .datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
+from .errors import (
+    AccessDeniedError,
+    GCSError,
+    IntegrityError,
+    InvalidURIError,
+    MissingObjectWarning,
+    NotFoundError,
+    PreconditionFailedError,
+    TransientError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDeniedError",
+    "ClientConfig",
+    "GCSError",
+    "GCSFileListerIterDataPipe",
+    "GCSFileLoaderIterDataPipe",
+    "IntegrityError",
+    "InvalidURIError",
+    "MissingObjectWarning",
+    "NotFoundError",
+    "ObjectInfo",
+    "PreconditionFailedError",
+    "RetryConfig",
+    "TransferConfig",
+    "TransientError",
+    "format_url",
+    "parse_url",
+]

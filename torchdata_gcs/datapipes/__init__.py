@@ -1,0 +1,6 @@
+"""The functional DataPipes; importing this package registers them on ``IterDataPipe``."""
+
+from .listing import GCSFileListerIterDataPipe
+from .loading import GCSFileLoaderIterDataPipe
+
+__all__ = ["GCSFileListerIterDataPipe", "GCSFileLoaderIterDataPipe"]
