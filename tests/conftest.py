@@ -1,0 +1,24 @@
+"""Shared fixtures: the embedded emulator (from the package) and a recording/corrupting HTTP proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.http_proxy import RecordingProxy
+from torchdata_gcs import ClientConfig
+from torchdata_gcs.testing import Emulator
+
+pytest_plugins = ["torchdata_gcs.testing.fixtures"]
+
+
+@pytest.fixture
+def client(gcs_emulator: Emulator) -> ClientConfig:
+    return gcs_emulator.client_config
+
+
+@pytest.fixture
+def proxy(gcs_emulator: Emulator) -> Iterator[RecordingProxy]:
+    with RecordingProxy(gcs_emulator.endpoint) as running:
+        yield running

@@ -1,0 +1,146 @@
+"""Endpoint and credential resolution, per-process transports, and secrets that never leak."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import pickle
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.http_proxy import RecordingProxy
+from torchdata_gcs import AccessDeniedError, ClientConfig, GCSError, GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
+from torchdata_gcs import _client
+from torchdata_gcs._client import GCS_ENDPOINT, resolve_endpoint, transport_for
+from torchdata_gcs.testing import Emulator
+
+ACCESS_TOKEN = "ya29.SECRET-ACCESS-TOKEN"
+
+
+def _private_key_pem() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+
+
+@pytest.fixture
+def token_server() -> Iterator[tuple[str, list[int]]]:
+    """A local OAuth token endpoint that hands out ACCESS_TOKEN, so real credentials flow offline."""
+    hits: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            hits.append(1)
+            body = json.dumps({"access_token": ACCESS_TOKEN, "expires_in": 3600, "token_type": "Bearer"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/token", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_credentials_are_used_but_never_leak(
+    tmp_path: Path, token_server, gcs_emulator: Emulator, gcs_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    token_uri, hits = token_server
+    private_key = _private_key_pem()
+    key_file = tmp_path / "service-account.json"
+    key_file.write_text(
+        json.dumps(
+            {
+                "type": "service_account",
+                "project_id": "test-project",
+                "private_key_id": "key-id-1",
+                "private_key": private_key,
+                "client_email": "loader@test-project.iam.gserviceaccount.com",
+                "client_id": "1234",
+                "token_uri": token_uri,
+            }
+        )
+    )
+    secrets = [ACCESS_TOKEN, *private_key.splitlines()[1:-1]]
+    gcs_emulator.seed(gcs_bucket, {"a": b"1"})
+    caplog.set_level(logging.DEBUG)
+    with RecordingProxy(gcs_emulator.endpoint) as proxy:
+        config = ClientConfig(endpoint=proxy.endpoint, anonymous=False, credentials_file=str(key_file))
+        lister = GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/", client=config)
+        loader = GCSFileLoaderIterDataPipe(lister, client=config)
+        assert [(url, stream.read()) for url, stream in loader] == [(f"gs://{gcs_bucket}/a", b"1")]
+        errors: list[GCSError] = []
+        for url in (f"gs://{gcs_bucket}/missing", "gs://no-such-bucket-xyz/a"):
+            with pytest.raises(GCSError) as info:
+                list(GCSFileLoaderIterDataPipe([url], client=config))
+            errors.append(info.value)
+    assert hits, "the credentials file was never used"
+    assert {headers.get("authorization") for _, _, headers in proxy.requests} == {f"Bearer {ACCESS_TOKEN}"}
+    exposed = [
+        repr(config),
+        repr(lister),
+        repr(loader),
+        repr(transport_for(config)),
+        caplog.text,
+        *(str(error) + repr(error) for error in errors),
+    ]
+    pickles = [pickle.dumps(obj) for obj in (config, lister, loader, *errors)]
+    for secret in secrets:
+        assert not any(secret in text for text in exposed)
+        assert not any(secret.encode() in blob for blob in pickles)
+
+
+def test_endpoint_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    assert resolve_endpoint(ClientConfig()) == (GCS_ENDPOINT, False)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:9023")
+    assert resolve_endpoint(ClientConfig()) == ("http://127.0.0.1:9023", True)
+    assert resolve_endpoint(ClientConfig(endpoint="https://private.example.com/")) == ("https://private.example.com", False)
+    assert resolve_endpoint(ClientConfig(endpoint="http://127.0.0.1:1")) == ("http://127.0.0.1:1", True)
+
+
+def test_emulator_env_alone_reaches_the_emulator(monkeypatch: pytest.MonkeyPatch, gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"env": b"x"})
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint.removeprefix("http://"))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")  # anonymous: never read
+    assert list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/")) == [f"gs://{gcs_bucket}/env"]
+
+
+def test_missing_credentials_raise_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
+    with pytest.raises(AccessDeniedError, match="application-default login"):
+        list(GCSFileListerIterDataPipe("gs://some-bucket/"))
+    with pytest.raises(AccessDeniedError, match="missing.json"):
+        transport_for(ClientConfig(credentials_file="/nonexistent/missing.json"))
+
+
+def _transports_in_child() -> int:
+    return len(_client._transports)
+
+
+def test_transports_are_per_process_and_never_pickled(client: ClientConfig) -> None:
+    transport = transport_for(client)
+    assert transport_for(client) is transport
+    with pytest.raises(TypeError, match="pickle its ClientConfig"):
+        pickle.dumps(transport)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_transports_in_child) == 0  # a forked child builds its own
+    assert len(_client._transports) >= 1

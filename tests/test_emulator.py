@@ -1,0 +1,67 @@
+"""The embedded emulator: starts, serves, seeds concurrently, and always stops."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import requests
+
+from torchdata_gcs.testing import Emulator, EmulatorError
+
+
+def _answers(endpoint: str) -> bool:
+    try:
+        return requests.get(f"{endpoint}/storage/v1/b", timeout=2).ok
+    except requests.ConnectionError:
+        return False
+
+
+@pytest.mark.parametrize("backend", ["memory", "filesystem"])
+def test_seeds_and_reads_back(backend: str) -> None:
+    objects = {f"dir/{i:04d}.bin": bytes([i % 256]) * (i + 1) for i in range(200)}
+    with Emulator(backend=backend) as emulator:  # type: ignore[arg-type]
+        emulator.seed("seeded", objects, concurrency=8)
+        assert all(emulator.read("seeded", name) == data for name, data in objects.items())
+        endpoint = emulator.endpoint
+    assert not _answers(endpoint)
+
+
+def test_stops_when_the_block_raises() -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        with Emulator() as emulator:
+            endpoint = emulator.endpoint
+            assert _answers(endpoint)
+            raise RuntimeError("boom")
+    assert not _answers(endpoint)
+
+
+def test_stops_when_garbage_collected() -> None:
+    emulator = Emulator().start()
+    endpoint = emulator.endpoint
+    del emulator
+    gc.collect()
+    assert not _answers(endpoint)
+
+
+def test_two_emulators_run_side_by_side() -> None:
+    with Emulator() as first, Emulator() as second:
+        first.seed("one", {"x": b"1"})
+        second.seed("one", {"x": b"2"})
+        assert (first.read("one", "x"), second.read("one", "x")) == (b"1", b"2")
+
+
+def test_misuse_raises_emulator_error() -> None:
+    emulator = Emulator()
+    with pytest.raises(EmulatorError):
+        emulator.client_config
+    with pytest.raises(ValueError):
+        Emulator(backend="disk")  # type: ignore[arg-type]
+    with emulator:
+        with pytest.raises(EmulatorError):
+            emulator.start()
+
+
+def test_fixture_buckets_are_fresh_and_empty(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    listing = requests.get(f"{gcs_emulator.endpoint}/storage/v1/b/{gcs_bucket}/o", timeout=5).json()
+    assert listing.get("items", []) == []

@@ -1,0 +1,98 @@
+"""The exception tree and the settings: types, validation, pickling."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from torchdata_gcs import (
+    AccessDeniedError,
+    ClientConfig,
+    GCSError,
+    IntegrityError,
+    InvalidURIError,
+    NotFoundError,
+    PreconditionFailedError,
+    RetryConfig,
+    TransferConfig,
+    TransientError,
+)
+from torchdata_gcs.errors import error_for_status
+
+
+@pytest.mark.parametrize(
+    "status, error_type, builtin",
+    [
+        (404, NotFoundError, FileNotFoundError),
+        (401, AccessDeniedError, PermissionError),
+        (403, AccessDeniedError, PermissionError),
+        (412, PreconditionFailedError, FileExistsError),
+        (429, TransientError, ConnectionError),
+        (503, TransientError, ConnectionError),
+        (400, GCSError, Exception),
+    ],
+)
+def test_statuses_map_to_typed_errors(status: int, error_type: type, builtin: type) -> None:
+    error = error_for_status(status, "gs://b/x", "detail")
+    assert type(error) is error_type
+    assert isinstance(error, builtin) and isinstance(error, GCSError)
+    assert error.url == "gs://b/x" and error.status == status
+    assert "gs://b/x" in str(error) and str(status) in str(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotFoundError("gone", url="gs://b/x", status=404),
+        AccessDeniedError("no", url="gs://b/x", status=403),
+        PreconditionFailedError("changed", url="gs://b/x", status=412),
+        InvalidURIError("bad"),
+        TransientError("busy", url="gs://b/x", status=429, retry_after=3.0),
+        IntegrityError("crc", url="gs://b/x"),
+        GCSError("other", status=400),
+    ],
+)
+def test_errors_pickle_with_their_fields(error: GCSError) -> None:
+    clone = pickle.loads(pickle.dumps(error))
+    assert type(clone) is type(error)
+    assert str(clone) == str(error)
+    assert clone.url == error.url and clone.status == error.status
+    assert getattr(clone, "retry_after", None) == getattr(error, "retry_after", None)
+
+
+def test_retry_after_reaches_transient_errors() -> None:
+    assert error_for_status(429, None, "", retry_after=2.5).retry_after == 2.5  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ClientConfig(endpoint="localhost:4443"),
+        lambda: ClientConfig(endpoint="ftp://host"),
+        lambda: ClientConfig(endpoint="http://user:pw@host"),
+        lambda: ClientConfig(endpoint="http://host?x=1"),
+        lambda: ClientConfig(anonymous=True, credentials_file="/tmp/key.json"),
+        lambda: RetryConfig(max_attempts=0),
+        lambda: RetryConfig(deadline=0),
+        lambda: RetryConfig(initial_delay=-1),
+        lambda: RetryConfig(initial_delay=2, max_delay=1),
+        lambda: RetryConfig(multiplier=0.5),
+        lambda: TransferConfig(max_in_flight=0),
+        lambda: TransferConfig(max_in_flight=5000),
+        lambda: TransferConfig(max_buffered_bytes=0),
+        lambda: TransferConfig(connect_timeout=0),
+        lambda: TransferConfig(read_timeout=-1),
+    ],
+)
+def test_bad_settings_raise_value_error(make) -> None:
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_settings_are_frozen_and_pickle() -> None:
+    settings = [ClientConfig(endpoint="http://127.0.0.1:1", user_project="p"), RetryConfig(), TransferConfig()]
+    for setting in settings:
+        assert pickle.loads(pickle.dumps(setting)) == setting
+    with pytest.raises(AttributeError):
+        settings[0].endpoint = "http://other"  # type: ignore[misc]

@@ -1,0 +1,113 @@
+"""list_files_by_gcs against the embedded emulator."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from torchdata_gcs import (
+    ClientConfig,
+    GCSFileListerIterDataPipe,
+    InvalidURIError,
+    NotFoundError,
+    ObjectInfo,
+)
+from torchdata_gcs._metadata import crc32c_base64
+from torchdata_gcs.testing import Emulator
+
+AWKWARD_NAMES = [
+    "with space.txt",
+    "ünïcødé/日本語.txt",
+    "hash#tag.txt",
+    "question?mark.txt",
+    "per%25cent.txt",
+    "plus+sign.txt",
+    "double//slash.txt",
+    "emoji😀.txt",
+]
+
+
+def lister(urls, client: ClientConfig, **kwargs) -> GCSFileListerIterDataPipe:
+    return GCSFileListerIterDataPipe(urls, client=client, **kwargs)
+
+
+def test_lists_in_name_order_with_metadata(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    objects = {f"data/{i:03d}.bin": bytes(range(i % 200)) * 3 for i in range(57)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    listed = list(lister(f"gs://{gcs_bucket}/data/", client, with_metadata=True, page_size=10))
+    assert [url for url, _ in listed] == [f"gs://{gcs_bucket}/{name}" for name in sorted(objects)]
+    for url, info in listed:
+        data = objects[url.split("/", 3)[3]]
+        assert isinstance(info, ObjectInfo)
+        assert info.size == len(data) and info.crc32c == crc32c_base64(data) and info.generation > 0
+
+
+def test_matches_google_cloud_storage_listing(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    names = [f"{prefix}/{i}" for prefix in ("a", "b", "a b", "a-b", "ä") for i in range(7)] + AWKWARD_NAMES
+    gcs_emulator.seed(gcs_bucket, {name: name.encode() for name in names})
+    reference = storage.Client(
+        project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs_emulator.endpoint}
+    )
+    expected = [f"gs://{gcs_bucket}/{blob.name}" for blob in reference.list_blobs(gcs_bucket)]
+    assert list(lister(f"gs://{gcs_bucket}", client, page_size=3)) == expected
+    assert expected == sorted(expected)
+
+
+def test_awkward_names_round_trip(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    gcs_emulator.seed(gcs_bucket, {name: name.encode() for name in AWKWARD_NAMES})
+    listed = list(lister(f"gs://{gcs_bucket}/", client))
+    assert listed == sorted(f"gs://{gcs_bucket}/{name}" for name in AWKWARD_NAMES)
+    for name in AWKWARD_NAMES:  # each listed URL also works as an exact input
+        assert list(lister(f"gs://{gcs_bucket}/{name}", client)) == [f"gs://{gcs_bucket}/{name}"]
+
+
+def test_object_urls_and_prefixes(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    gcs_emulator.seed(
+        gcs_bucket,
+        {"data": b"x", "data/1": b"1", "data/sub/2": b"2", "database.csv": b"d", "folder/": b"", "folder/f": b"f"},
+    )
+    base = f"gs://{gcs_bucket}/"
+    assert list(lister(base + "data", client)) == [base + "data", base + "data/1", base + "data/sub/2"]
+    assert list(lister(base + "data/", client)) == [base + "data/1", base + "data/sub/2"]
+    assert list(lister(base + "database.csv", client)) == [base + "database.csv"]
+    assert list(lister(base + "folder", client)) == [base + "folder/f"]  # placeholder skipped
+    assert list(lister(base, client, masks="*.csv")) == [base + "database.csv"]
+    assert list(lister(base, client, masks=["1", "2"])) == [base + "data/1", base + "data/sub/2"]
+    assert list(lister([base + "folder/", base + "data/"], client)) == [base + "folder/f", base + "data/1", base + "data/sub/2"]
+
+
+def test_empty_prefix_yields_nothing(gcs_bucket: str, client: ClientConfig) -> None:
+    assert list(lister(f"gs://{gcs_bucket}/nothing-here/", client)) == []
+    assert list(lister(f"gs://{gcs_bucket}/nothing-here", client)) == []
+
+
+def test_missing_bucket_raises_not_found(client: ClientConfig) -> None:
+    for url in ("gs://no-such-bucket-1234/", "gs://no-such-bucket-1234/some/object"):
+        with pytest.raises(NotFoundError) as info:
+            list(lister(url, client))
+        assert "no-such-bucket-1234" in str(info.value)
+        assert isinstance(info.value, FileNotFoundError)
+
+
+def test_bad_inputs_raise_typed_errors(client: ClientConfig) -> None:
+    with pytest.raises(InvalidURIError):
+        lister(["gs://ok-bucket/", "s3://other/"], client)
+    with pytest.raises(InvalidURIError):
+        list(IterableWrapper(["not a url"]).list_files_by_gcs(client=client))
+    with pytest.raises(ValueError):
+        lister("gs://ok-bucket/", client, page_size=1001)
+    with pytest.raises(TypeError):
+        lister(42, client)  # type: ignore[arg-type]
+
+
+def test_two_pipelines_list_identically_and_pickle(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    gcs_emulator.seed(gcs_bucket, {f"k/{i}": b"v" for i in range(30)})
+    first = IterableWrapper([f"gs://{gcs_bucket}/k/"]).list_files_by_gcs(client=client, page_size=7)
+    second = GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/k/", client=client)
+    clone = pickle.loads(pickle.dumps(first))
+    assert list(first) == list(second) == list(clone)
+    assert len(list(first)) == 30
