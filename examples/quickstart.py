@@ -28,7 +28,7 @@ from torchdata_gcs import ClientConfig
 from torchdata_gcs.testing import Emulator
 
 warnings.filterwarnings("ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning)
-from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService  # noqa: E402
+from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
 
 CLASSES = ("cat", "dog", "bird")
 FEATURES = 16

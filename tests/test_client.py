@@ -16,8 +16,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.http_proxy import RecordingProxy
-from torchdata_gcs import AccessDeniedError, ClientConfig, GCSError, GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
-from torchdata_gcs import _client
+from torchdata_gcs import (
+    AccessDeniedError,
+    ClientConfig,
+    GCSError,
+    GCSFileListerIterDataPipe,
+    GCSFileLoaderIterDataPipe,
+    _client,
+)
 from torchdata_gcs._client import GCS_ENDPOINT, resolve_endpoint, transport_for
 from torchdata_gcs.testing import Emulator
 
@@ -31,58 +37,80 @@ def _private_key_pem() -> str:
     ).decode()
 
 
+class TokenServer:
+    """A local OAuth token endpoint, so real service-account credentials flow offline.
+
+    It hands out ACCESS_TOKEN and counts grants; with ``refuse`` set it answers 400
+    ``invalid_grant``, as Google does for a deleted or disabled key.
+    """
+
+    def __init__(self) -> None:
+        self.grants = 0
+        self.refuse = False
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if owner.refuse:
+                    status, answer = 400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}
+                else:
+                    owner.grants += 1
+                    status, answer = 200, {"access_token": ACCESS_TOKEN, "expires_in": 3600, "token_type": "Bearer"}
+                body = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self._server.server_address[1]}/token"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def write_key_file(self, path: Path, private_key: str) -> str:
+        path.write_text(
+            json.dumps(
+                {
+                    "type": "service_account",
+                    "project_id": "test-project",
+                    "private_key_id": "key-id-1",
+                    "private_key": private_key,
+                    "client_email": "loader@test-project.iam.gserviceaccount.com",
+                    "client_id": "1234",
+                    "token_uri": self.uri,
+                }
+            )
+        )
+        return str(path)
+
+
 @pytest.fixture
-def token_server() -> Iterator[tuple[str, list[int]]]:
-    """A local OAuth token endpoint that hands out ACCESS_TOKEN, so real credentials flow offline."""
-    hits: list[int] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            hits.append(1)
-            body = json.dumps({"access_token": ACCESS_TOKEN, "expires_in": 3600, "token_type": "Bearer"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def token_server() -> Iterator[TokenServer]:
+    server = TokenServer()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/token", hits
+        yield server
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def test_credentials_are_used_but_never_leak(
-    tmp_path: Path, token_server, gcs_emulator: Emulator, gcs_bucket: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, token_server: TokenServer, gcs_emulator: Emulator, gcs_bucket: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    token_uri, hits = token_server
     private_key = _private_key_pem()
-    key_file = tmp_path / "service-account.json"
-    key_file.write_text(
-        json.dumps(
-            {
-                "type": "service_account",
-                "project_id": "test-project",
-                "private_key_id": "key-id-1",
-                "private_key": private_key,
-                "client_email": "loader@test-project.iam.gserviceaccount.com",
-                "client_id": "1234",
-                "token_uri": token_uri,
-            }
-        )
-    )
+    key_file = token_server.write_key_file(tmp_path / "service-account.json", private_key)
     secrets = [ACCESS_TOKEN, *private_key.splitlines()[1:-1]]
     gcs_emulator.seed(gcs_bucket, {"a": b"1"})
     caplog.set_level(logging.DEBUG)
     with RecordingProxy(gcs_emulator.endpoint) as proxy:
-        config = ClientConfig(endpoint=proxy.endpoint, anonymous=False, credentials_file=str(key_file))
+        config = ClientConfig(endpoint=proxy.endpoint, anonymous=False, credentials_file=key_file)
         lister = GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/", client=config)
         loader = GCSFileLoaderIterDataPipe(lister, client=config)
         assert [(url, stream.read()) for url, stream in loader] == [(f"gs://{gcs_bucket}/a", b"1")]
@@ -91,7 +119,7 @@ def test_credentials_are_used_but_never_leak(
             with pytest.raises(GCSError) as info:
                 list(GCSFileLoaderIterDataPipe([url], client=config))
             errors.append(info.value)
-    assert hits, "the credentials file was never used"
+    assert token_server.grants, "the credentials file was never used"
     assert {headers.get("authorization") for _, _, headers in proxy.requests} == {f"Bearer {ACCESS_TOKEN}"}
     exposed = [
         repr(config),
@@ -105,6 +133,17 @@ def test_credentials_are_used_but_never_leak(
     for secret in secrets:
         assert not any(secret in text for text in exposed)
         assert not any(secret.encode() in blob for blob in pickles)
+
+
+def test_refused_credentials_raise_access_denied(
+    tmp_path: Path, token_server: TokenServer, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    token_server.refuse = True
+    key_file = token_server.write_key_file(tmp_path / "revoked.json", _private_key_pem())
+    config = ClientConfig(endpoint=gcs_emulator.endpoint, anonymous=False, credentials_file=key_file)
+    with pytest.raises(AccessDeniedError, match="invalid_grant") as info:
+        list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/", client=config))
+    assert info.value.url == f"gs://{gcs_bucket}/"
 
 
 def test_endpoint_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,11 +28,10 @@ def test_seeds_and_reads_back(backend: str) -> None:
 
 
 def test_stops_when_the_block_raises() -> None:
-    with pytest.raises(RuntimeError, match="boom"):
-        with Emulator() as emulator:
-            endpoint = emulator.endpoint
-            assert _answers(endpoint)
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), Emulator() as emulator:
+        endpoint = emulator.endpoint
+        assert _answers(endpoint)
+        raise RuntimeError("boom")
     assert not _answers(endpoint)
 
 
@@ -57,9 +56,8 @@ def test_misuse_raises_emulator_error() -> None:
         emulator.client_config
     with pytest.raises(ValueError):
         Emulator(backend="disk")  # type: ignore[arg-type]
-    with emulator:
-        with pytest.raises(EmulatorError):
-            emulator.start()
+    with emulator, pytest.raises(EmulatorError):
+        emulator.start()
 
 
 def test_fixture_buckets_are_fresh_and_empty(gcs_emulator: Emulator, gcs_bucket: str) -> None:

@@ -118,7 +118,17 @@ def fetch_object(
                 raise
             return data, reserved
 
-    return call_with_retry(attempt, retry, url=url)
+    try:
+        return call_with_retry(attempt, retry, url=url)
+    except NotFoundError as exc:
+        if info is None:
+            raise
+        raise NotFoundError(
+            f"{url} generation {info.generation} no longer exists: the object was deleted or "
+            "overwritten after it was listed",
+            url=url,
+            status=exc.status,
+        ) from exc
 
 
 def load_in_order(

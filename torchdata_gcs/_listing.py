@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,8 @@ from ._retry import call_with_retry
 from ._uri import format_url
 from .config import RetryConfig
 from .errors import GCSError, NotFoundError
+
+logger = logging.getLogger(__name__)
 
 _ITEM_FIELDS = "name,size,generation,crc32c"
 MAX_PAGE_SIZE = 1000  # GCS never returns more per page
@@ -31,6 +34,7 @@ def _list_prefix(
     previous = ""
     while True:
         page = call_with_retry(lambda: transport.get_json(path, url=url, params=params), retry, url=url)
+        logger.debug("listed %d objects of %s", len(page.get("items", ())), url)
         for item in page.get("items", ()):
             if item["name"] <= previous:
                 raise GCSError(f"listing of {url} came back out of order at {item['name']!r}", url=url)

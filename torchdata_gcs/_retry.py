@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import google.auth.exceptions
 import requests
 import urllib3.exceptions
 
@@ -24,6 +25,7 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     requests.exceptions.ChunkedEncodingError,
     urllib3.exceptions.ProtocolError,
     urllib3.exceptions.ReadTimeoutError,
+    google.auth.exceptions.TransportError,  # the token endpoint could not be reached
     ConnectionError,
     TimeoutError,
 )

@@ -80,6 +80,10 @@ class MissingObjectWarning(UserWarning):
     """An object was skipped because it no longer exists and the caller asked to skip it."""
 
 
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+"""Statuses GCS documents as safe to retry with backoff."""
+
+
 def error_for_status(
     status: int, url: str | None, detail: str, *, retry_after: float | None = None
 ) -> GCSError:
@@ -95,7 +99,3 @@ def error_for_status(
     if status in RETRYABLE_STATUSES:
         return TransientError(message, url=url, status=status, retry_after=retry_after)
     return GCSError(message, url=url, status=status)
-
-
-RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-"""Statuses GCS documents as safe to retry with backoff."""

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
+from urllib.parse import quote
 
 import requests
 import requests.adapters
@@ -230,7 +231,7 @@ class Emulator:
         """Read one object back, bypassing torchdata-gcs (an independent check)."""
         self._require_running()
         response = self._http.get(
-            f"{self.endpoint}/download/storage/v1/b/{bucket}/o/{requests.utils.quote(name, safe='')}",
+            f"{self.endpoint}/download/storage/v1/b/{bucket}/o/{quote(name, safe='')}",
             params={"alt": "media"},
             timeout=300,
         )
@@ -242,7 +243,7 @@ class Emulator:
         """Delete one object."""
         self._require_running()
         response = self._http.delete(
-            f"{self.endpoint}/storage/v1/b/{bucket}/o/{requests.utils.quote(name, safe='')}", timeout=30
+            f"{self.endpoint}/storage/v1/b/{bucket}/o/{quote(name, safe='')}", timeout=30
         )
         if not response.ok:
             raise EmulatorError(f"deleting {name!r} from {bucket!r} failed: {response.status_code}")
