@@ -2,8 +2,9 @@
 
 Seeds N objects of SIZE bytes into a fake-gcs-server (filesystem backend, RAM-backed), then reads
 every object with each reader, checks every byte, and reports objects/s (median of the runs) and
-the ratio to the plain google-cloud-storage loop. No latency is added: on loopback the client's
-per-request cost dominates, which is what this measures.
+the ratio to the plain google-cloud-storage loop. A bare urllib3 loop (no auth, checks or retries)
+shows how much of the time is the client's own per-request work. No latency is added: on loopback
+the client's per-request cost dominates, which is what this measures.
 
     python benchmarks/small_objects.py --objects 2000 --size 102400 --runs 3
 """
@@ -18,7 +19,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
+from urllib.parse import quote
 
+import urllib3
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
@@ -55,6 +58,12 @@ def main() -> None:
             with ThreadPoolExecutor(args.threads) as pool:
                 return list(pool.map(lambda name: bucket.blob(name).download_as_bytes(), names))
 
+        raw_pool = urllib3.PoolManager(maxsize=1)
+
+        def raw_loop() -> list[bytes]:
+            base = f"{emulator.endpoint}/download/storage/v1/b/{BUCKET}/o/"
+            return [raw_pool.request("GET", base + quote(name, safe="") + "?alt=media").data for name in names]
+
         def ours() -> list[bytes]:
             transfer = TransferConfig(max_in_flight=args.threads)
             pipe = GCSFileLoaderIterDataPipe(urls, client=emulator.client_config, transfer=transfer)
@@ -64,6 +73,7 @@ def main() -> None:
             f"google-cloud-storage {version('google-cloud-storage')} download_as_bytes loop": gcs_loop,
             f"google-cloud-storage {version('google-cloud-storage')} in {args.threads} threads": gcs_threads,
             f"torchdata-gcs {version('torchdata-gcs')} load_files_by_gcs, {args.threads} in flight": ours,
+            f"reference: bare urllib3 {version('urllib3')} GET loop, no checks or retries": raw_loop,
         }
         expected = [objects[name] for name in names]
         rates: dict[str, float] = {}
