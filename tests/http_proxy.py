@@ -1,8 +1,8 @@
-"""A small HTTP proxy in front of the emulator that records requests and can corrupt downloads.
+"""A small HTTP proxy in front of the emulator that records requests and can corrupt or refuse them.
 
 It forwards real HTTP, so the code under test speaks to GCS's protocol end to end; it only adds
-what the emulator cannot do for these tests: show which headers arrived, and flip bytes in
-object bodies on their way back.
+what the emulator cannot do for these tests: show which headers arrived, flip bytes in object
+bodies on their way back, and answer error statuses as an overloaded GCS would.
 """
 
 from __future__ import annotations
@@ -15,11 +15,16 @@ import requests
 
 
 class RecordingProxy:
-    """Forwards to ``upstream``; ``corrupt_downloads`` flips the first byte of every media body."""
+    """Forwards to ``upstream``.
+
+    ``corrupt_downloads`` flips the first byte of every media body; each status in ``fail_next``
+    answers one request (in order) instead of forwarding it, with ``Retry-After: 0``.
+    """
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.corrupt_downloads = False
+        self.fail_next: list[int] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # method, path, lower-cased headers
         self._http = requests.Session()
         proxy = self
@@ -34,6 +39,12 @@ class RecordingProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 proxy.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+                if proxy.fail_next:
+                    self.send_response(proxy.fail_next.pop(0))
+                    self.send_header("Retry-After", "0")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 upstream = proxy._http.request(
                     self.command,
                     proxy.upstream + self.path,

@@ -21,6 +21,7 @@ from torchdata_gcs import (
     NotFoundError,
     RetryConfig,
     TransferConfig,
+    TransientError,
 )
 from torchdata_gcs._download import ByteBudget
 from torchdata_gcs.testing import Emulator
@@ -94,6 +95,22 @@ def test_corrupted_download_raises_integrity_error(gcs_emulator: Emulator, gcs_b
         assert len(media_gets) == FAST_RETRY.max_attempts  # retried, then refused to deliver bad bytes
         proxy.corrupt_downloads = False
         assert read_all(pipe) == [(f"gs://{gcs_bucket}/payload", b"precious bytes" * 100)]
+
+
+def test_throttling_and_server_errors_are_retried_over_http(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"r/a": b"first", "r/b": b"second"})
+    with RecordingProxy(gcs_emulator.endpoint) as proxy:
+        client = ClientConfig(endpoint=proxy.endpoint)
+        proxy.fail_next = [429, 503]  # the list request, then its retry
+        listed = list(IterableWrapper([f"gs://{gcs_bucket}/r/"]).list_files_by_gcs(client=client, retry=FAST_RETRY))
+        proxy.fail_next = [500, 429]
+        pipe = GCSFileLoaderIterDataPipe(listed, client=client, retry=FAST_RETRY, transfer=TransferConfig(max_in_flight=1))
+        assert read_all(pipe) == [(f"gs://{gcs_bucket}/r/a", b"first"), (f"gs://{gcs_bucket}/r/b", b"second")]
+        assert len(proxy.requests) == 3 + 4  # list: 2 refused + 1; media: 2 refused + 2
+        proxy.fail_next = [503] * FAST_RETRY.max_attempts
+        with pytest.raises(TransientError) as info:
+            read_all(GCSFileLoaderIterDataPipe(listed[:1], client=client, retry=FAST_RETRY))
+        assert info.value.status == 503 and info.value.url == f"gs://{gcs_bucket}/r/a"
 
 
 def test_objects_larger_than_the_buffer_still_load(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:

@@ -8,7 +8,6 @@ still loads (alone) and the window never deadlocks.
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 import warnings
@@ -23,8 +22,6 @@ from ._retry import call_with_retry
 from ._uri import parse_url
 from .config import RetryConfig, TransferConfig
 from .errors import IntegrityError, MissingObjectWarning, NotFoundError
-
-logger = logging.getLogger(__name__)
 
 _CRC32C_IN_HASH_HEADER = re.compile(r"crc32c=([A-Za-z0-9+/=]+)")
 
