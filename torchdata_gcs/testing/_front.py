@@ -1,0 +1,608 @@
+"""A GCS-like front for the emulator: real HTTP with added latency, bandwidth caps, faults and counts.
+
+The emulator answers at once and never fails; real GCS is tens of milliseconds away, throttles,
+resets connections and sometimes stops answering. ``GCSFront`` is a small HTTP/1.1 server on
+loopback that forwards every request to an upstream endpoint (the emulator) and adds exactly those
+behaviours, so clients can be tested and measured against them over real sockets.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import re
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from ..config import ClientConfig
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "request_kind"]
+
+FaultKind = Literal["http_429", "http_503", "reset", "truncate", "stall"]
+FAULT_KINDS: tuple[str, ...] = ("http_429", "http_503", "reset", "truncate", "stall")
+REQUEST_KINDS: tuple[str, ...] = ("list", "get", "range_get", "compose", "upload", "delete", "metadata", "other")
+
+CHUNK = 256 * 1024  # bytes read and forwarded at a time, both ways
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
+)
+_LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
+_COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
+_XML_BUCKET = re.compile(r"/[^/]+/?")
+_XML_OBJECT = re.compile(r"/[^/]+/.+")
+_JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
+_MAX_RESULTS = re.compile(r"(?:^|&)maxResults=(\d+)")
+MAX_LIST_PAGE = 1000  # GCS never returns more objects per list page
+
+
+def cap_list_page(target: str) -> str:
+    """Make a JSON API list request ask for at most 1,000 objects, as GCS serves them.
+
+    The emulator returns every object in one page when ``maxResults`` is missing; GCS caps pages.
+
+    Example:
+        >>> cap_list_page("/storage/v1/b/bkt/o?prefix=a%2F")
+        '/storage/v1/b/bkt/o?prefix=a%2F&maxResults=1000'
+        >>> cap_list_page("/storage/v1/b/bkt/o?maxResults=5000&prefix=x")
+        '/storage/v1/b/bkt/o?maxResults=1000&prefix=x'
+    """
+    path, _, query = target.partition("?")
+    match = _MAX_RESULTS.search(query)
+    if match is None:
+        return f"{path}?{query}{'&' if query else ''}maxResults={MAX_LIST_PAGE}"
+    if int(match.group(1)) <= MAX_LIST_PAGE:
+        return target
+    return f"{path}?{query[: match.start(1)]}{MAX_LIST_PAGE}{query[match.end(1) :]}"
+
+
+def request_kind(method: str, target: str, has_range: bool = False) -> str:
+    """Classify a request (``target`` is ``/path?query``) as one of :data:`REQUEST_KINDS`.
+
+    JSON API paths are recognised, and XML API path-style ones (``/bucket/object``) for downloads,
+    uploads and multipart uploads (``uploads``, ``uploadId``, ``partNumber``).
+
+    Example:
+        >>> request_kind("GET", "/download/storage/v1/b/bkt/o/a%2Fb?alt=media", has_range=True)
+        'range_get'
+        >>> request_kind("POST", "/storage/v1/b/bkt/o/out/compose")
+        'compose'
+    """
+    path, _, query = target.partition("?")
+    params = {key: value for key, _, value in (part.partition("=") for part in query.split("&"))}
+    xml = not path.startswith(_JSON_PREFIXES)
+    if method == "DELETE":
+        return "delete"
+    if method in ("POST", "PUT") and (
+        path.startswith("/upload/")
+        or params.keys() & {"uploads", "uploadId", "partNumber"}
+        or (method == "PUT" and xml and _XML_OBJECT.fullmatch(path))
+    ):
+        return "upload"
+    if method == "POST" and _COMPOSE.fullmatch(path):
+        return "compose"
+    if method == "GET":
+        if path.startswith("/download/") or params.get("alt") == "media" or (xml and _XML_OBJECT.fullmatch(path)):
+            return "range_get" if has_range else "get"
+        if _LIST.fullmatch(path) or (xml and _XML_BUCKET.fullmatch(path)):
+            return "list"
+    if method in ("GET", "HEAD") and (path.startswith(("/storage/v1/b/", "/download/")) or (xml and path != "/")):
+        return "metadata"
+    return "other"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure to inject into matching requests.
+
+    Args:
+        kind: ``"http_429"`` or ``"http_503"`` answers that status with a GCS-style JSON error
+            instead of forwarding; ``"reset"`` resets the connection (the client gets ECONNRESET)
+            instead of answering; ``"truncate"`` forwards the request and sends the real status and
+            headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
+            answers nothing for ``stall_seconds``, then closes. Only ``"truncate"`` reaches upstream.
+        rate: probability that a matching request is hit, drawn from the front's seeded generator.
+        match: a request kind from :data:`REQUEST_KINDS` (``"get"``, ``"list"``, ...), or a regular
+            expression searched in ``"METHOD /path?query"`` as the client sent it; ``None``: all.
+        times: inject at most this many times (``None``: no limit).
+        retry_after: seconds to send in ``Retry-After`` with an HTTP fault; ``None`` sends none.
+        stall_seconds: how long a ``"stall"`` holds the request; longer than the client's timeout.
+    """
+
+    kind: FaultKind
+    rate: float = 1.0
+    match: str | None = None
+    times: int | None = None
+    retry_after: float | None = None
+    stall_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(FAULT_KINDS)}; got {self.kind!r}")
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"rate must be within [0, 1], got {self.rate}")
+        if self.times is not None and self.times < 1:
+            raise ValueError(f"times must be >= 1 or None, got {self.times}")
+        if self.retry_after is not None and (self.kind not in ("http_429", "http_503") or self.retry_after < 0):
+            raise ValueError(f"retry_after must be >= 0 and only set for http_429/http_503, got {self.retry_after}")
+        if self.stall_seconds <= 0:
+            raise ValueError(f"stall_seconds must be > 0, got {self.stall_seconds}")
+        if self.match is not None and self.match not in REQUEST_KINDS:
+            try:
+                re.compile(self.match)
+            except re.error as exc:
+                raise ValueError(f"match is neither a request kind nor a valid regex: {exc}") from None
+
+    def applies_to(self, kind: str, request_line: str) -> bool:
+        """Whether a request of ``kind`` with ``request_line`` (``"METHOD /path?query"``) matches."""
+        if self.match is None:
+            return True
+        if self.match in REQUEST_KINDS:
+            return self.match == kind
+        return re.search(self.match, request_line) is not None
+
+
+class GCSFront:
+    """An HTTP/1.1 server on a free loopback port that forwards to ``upstream`` and misbehaves on purpose.
+
+    Every request is counted by kind (:data:`REQUEST_KINDS`) and forwarded with its path byte-exact
+    (except that JSON list requests are capped at 1,000 objects a page, as GCS caps them),
+    its end-to-end headers (``Host`` included) and its body streamed in chunks; the answer comes
+    back the same way, so no body is ever held whole. Client and upstream connections are kept
+    alive. On top, per request:
+
+    - ``latency`` seconds pass before the request is answered (or forwarded);
+    - response bodies go out at most ``bandwidth`` bytes/s per connection (``None``: no cap);
+    - the first of ``faults`` that applies (matches, has ``times`` left, and wins its ``rate``
+      draw from a ``random.Random(seed)``) is injected instead; see :class:`Fault`.
+
+    ``latency`` and ``bandwidth`` may be changed while running; :meth:`set_faults` replaces the
+    faults. Use it as a context manager, which stops it (closing every connection) whatever happens.
+
+    Example:
+        >>> from torchdata_gcs import GCSFileLoaderIterDataPipe, RetryConfig
+        >>> from torchdata_gcs.testing import Emulator, Fault, GCSFront
+        >>> with Emulator() as emulator, GCSFront(emulator.endpoint, faults=[Fault("http_503", times=1)]) as front:
+        ...     emulator.seed("bucket", {"a.txt": b"hello"})
+        ...     pipe = GCSFileLoaderIterDataPipe(
+        ...         ["gs://bucket/a.txt"], client=front.client_config, retry=RetryConfig(initial_delay=0.01)
+        ...     )
+        ...     [stream.read() for _, stream in pipe], front.counts["get"], front.faults_injected["http_503"]
+        ([b'hello'], 2, 1)
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        faults: Sequence[Fault] = (),
+        seed: int | None = 0,
+    ) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
+            raise ValueError(f"upstream must be a plain http://host:port endpoint, got {upstream!r}")
+        self.upstream = upstream.rstrip("/")
+        self._upstream_address = (parts.hostname, parts.port or 80)
+        self.latency = latency
+        self.bandwidth = bandwidth
+        self.endpoint = ""
+        self._lock = threading.Lock()
+        self._random = random.Random(seed)
+        self._faults: tuple[Fault, ...] = ()
+        self._fired: list[int] = []
+        self._counts: Counter[str] = Counter()
+        self._injected: Counter[str] = Counter()
+        self._connections: set[socket.socket] = set()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._pool = _UpstreamPool(self._upstream_address)
+        self.set_faults(faults)
+
+    def __repr__(self) -> str:
+        return f"GCSFront(upstream={self.upstream!r}, endpoint={self.endpoint!r}, latency={self.latency})"
+
+    @property
+    def latency(self) -> float:
+        """Seconds added before each request is answered."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"latency must be >= 0 seconds, got {seconds}")
+        self._latency = float(seconds)
+
+    @property
+    def bandwidth(self) -> float | None:
+        """Bytes per second each connection may receive in response bodies; ``None``: unlimited."""
+        return self._bandwidth
+
+    @bandwidth.setter
+    def bandwidth(self, bytes_per_second: float | None) -> None:
+        if bytes_per_second is not None and not bytes_per_second > 0:
+            raise ValueError(f"bandwidth must be > 0 bytes/s or None, got {bytes_per_second}")
+        self._bandwidth = bytes_per_second
+
+    @property
+    def faults(self) -> tuple[Fault, ...]:
+        """The faults in force, in the order they are tried."""
+        return self._faults
+
+    def set_faults(self, faults: Sequence[Fault]) -> None:
+        """Replace the faults (thread-safe); their ``times`` allowances start afresh."""
+        faults = tuple(faults)
+        if not all(isinstance(fault, Fault) for fault in faults):
+            raise ValueError("faults must be Fault instances")
+        with self._lock:
+            self._faults, self._fired = faults, [0] * len(faults)
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Requests received so far by kind (a copy)."""
+        with self._lock:
+            return Counter(self._counts)
+
+    @property
+    def faults_injected(self) -> Counter[str]:
+        """Faults injected so far by fault kind (a copy)."""
+        with self._lock:
+            return Counter(self._injected)
+
+    def reset_counts(self) -> None:
+        """Zero :attr:`counts` and :attr:`faults_injected` (``times`` allowances are kept)."""
+        with self._lock:
+            self._counts.clear()
+            self._injected.clear()
+
+    @property
+    def client_config(self) -> ClientConfig:
+        """Settings that send torchdata-gcs's requests through this front, anonymously."""
+        if self._server is None:
+            raise RuntimeError("the front is not running: call start() or use it in a with block")
+        return ClientConfig(endpoint=self.endpoint, anonymous=True)
+
+    def start(self) -> Self:
+        """Start serving (if not already); returns ``self``."""
+        with self._lock:
+            if self._server is not None:
+                return self
+            server = _Server(("127.0.0.1", 0), _Handler)
+            server.front = self
+            self._stopping = threading.Event()
+            self._pool = _UpstreamPool(self._upstream_address)
+            self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+            self._thread = threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="gcs-front", daemon=True
+            )
+            self._thread.start()
+            self._server = server
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close every connection, stalled ones included; safe to call again."""
+        with self._lock:
+            server, self._server = self._server, None
+            connections = list(self._connections)
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        self._stopping.set()
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._pool.close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _record(self, kind: str, request_line: str) -> Fault | None:
+        """Count one request and pick the fault to inject into it, if any."""
+        with self._lock:
+            self._counts[kind] += 1
+            for index, fault in enumerate(self._faults):
+                if fault.times is not None and self._fired[index] >= fault.times:
+                    continue
+                if not fault.applies_to(kind, request_line):
+                    continue
+                if fault.rate < 1.0 and self._random.random() >= fault.rate:
+                    continue
+                self._fired[index] += 1
+                self._injected[fault.kind] += 1
+                return fault
+        return None
+
+    def _track(self, connection: socket.socket, open_: bool) -> None:
+        with self._lock:
+            if open_:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+    def _pause(self, seconds: float) -> bool:
+        """Sleep, cut short by ``stop()``; returns False when the front is stopping."""
+        if seconds > 0:
+            return not self._stopping.wait(seconds)
+        return not self._stopping.is_set()
+
+
+class _UpstreamPool:
+    """Idle keep-alive connections to the upstream, reused last-in first-out."""
+
+    def __init__(self, address: tuple[str, int], max_idle: int = 256, timeout: float = 120.0) -> None:
+        self._address = address
+        self._max_idle = max_idle
+        self._timeout = timeout
+        self._idle: list[http.client.HTTPConnection] = []
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def get(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection, and whether it was used before (and so may have been closed by the peer)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return http.client.HTTPConnection(*self._address, timeout=self._timeout), False
+
+    def put(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle, self._closed = self._idle, [], True
+        for connection in idle:
+            connection.close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # many clients connect at once; the default backlog of 5 drops SYNs
+    front: GCSFront
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the host's FQDN, which can be slow; it is not needed here.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a client that went away is not an error
+            super().handle_error(request, client_address)
+
+
+def _head(status: int, reason: str, headers: list[tuple[str, str]]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}\r\n", *(f"{name}: {value}\r\n" for name, value in headers), "\r\n"]
+    return "".join(lines).encode("latin-1")
+
+
+def _chunk_size(line: bytes) -> int:
+    try:
+        return int(line.split(b";", 1)[0], 16)
+    except ValueError:
+        raise ConnectionError(f"malformed chunk size line {line[:40]!r}") from None
+
+
+def _chunk(piece: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(piece), piece) if piece else b""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.front._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.front._track(self.connection, False)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _handle(self) -> None:
+        front = self.server.front
+        kind = request_kind(self.command, self.path, "Range" in self.headers)
+        fault = front._record(kind, f"{self.command} {self.path}")
+        if kind == "list" and self.path.startswith("/storage/"):
+            self.path = cap_list_page(self.path)
+        try:
+            body, chunked = self._request_body()
+        except ValueError:
+            self.close_connection = True  # the body's end is unknown
+            self._answer_error(400, "Bad Request", "malformed Content-Length")
+            return
+        if fault is not None and fault.kind != "truncate":
+            for _ in body or ():  # take the whole request, so the client waits for an answer
+                pass
+            if front._pause(front.latency):
+                self._inject(fault)
+            else:
+                self._close_now()
+            return
+        if not front._pause(front.latency):
+            self._close_now()
+            return
+        self._forward(body, chunked, truncate=fault is not None)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
+
+    def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
+        """The request body as it arrives, and whether it is chunked."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked(), True
+        length = int(self.headers.get("Content-Length") or 0)
+        if length < 0:
+            raise ValueError(length)
+        return (self._read_exact(length) if length else None), False
+
+    def _read_exact(self, length: int) -> Iterator[bytes]:
+        while length > 0:
+            piece = self.rfile.read(min(CHUNK, length))
+            if not piece:
+                raise ConnectionError("the client closed the connection in the middle of its body")
+            length -= len(piece)
+            yield piece
+
+    def _read_chunked(self) -> Iterator[bytes]:
+        while size := _chunk_size(self.rfile.readline(1024)):
+            yield from self._read_exact(size)
+            self.rfile.readline(1024)  # the CRLF after each chunk
+        while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailers, dropped
+            pass
+
+    def _close_now(self) -> None:
+        self.close_connection = True
+        self.rfile.close()
+        self.connection.close()
+
+    def _answer_error(self, status: int, reason: str, message: str, extra: Sequence[tuple[str, str]] = ()) -> None:
+        """Answer ``status`` with a JSON error body shaped like GCS's."""
+        error = {"domain": "global", "reason": reason, "message": message}
+        body = json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
+        headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body))), *extra]
+        if self.close_connection:
+            headers.append(("Connection", "close"))
+        self.wfile.write(_head(status, reason, headers) + (b"" if self.command == "HEAD" else body))
+
+    def _inject(self, fault: Fault) -> None:
+        if fault.kind in ("http_429", "http_503"):
+            status, reason = (429, "Too Many Requests") if fault.kind == "http_429" else (503, "Service Unavailable")
+            extra = [] if fault.retry_after is None else [("Retry-After", f"{fault.retry_after:g}")]
+            self._answer_error(status, reason, f"injected by the test front: {reason}", extra)
+        elif fault.kind == "reset":  # SO_LINGER 0: close() sends RST instead of FIN
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._close_now()
+        else:  # stall
+            self.server.front._pause(fault.stall_seconds)
+            self._close_now()
+
+    def _forward(self, body: Iterator[bytes] | None, chunked: bool, *, truncate: bool) -> None:
+        try:
+            connection, response = self._exchange(body, chunked)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self.close_connection = True
+            self._answer_error(
+                502, "Bad Gateway", f"the test front could not reach {self.server.front.upstream}: {exc!r}"
+            )
+            return
+        complete = False
+        try:
+            complete = self._relay(response, truncate)
+        finally:
+            if complete:
+                self.server.front._pool.put(connection)
+            else:
+                self.close_connection = True
+                response.close()
+                connection.close()
+
+    def _exchange(
+        self, body: Iterator[bytes] | None, chunked: bool
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send the request upstream, streaming its body (a bodiless one skips stale pooled connections)."""
+        dropped = _HOP_BY_HOP | {token.strip().lower() for token in self.headers.get("Connection", "").split(",")}
+        if chunked:
+            dropped |= {"content-length"}
+        headers = [(name, value) for name, value in self.headers.items() if name.lower() not in dropped]
+        if chunked:
+            headers.append(("Transfer-Encoding", "chunked"))
+        while True:
+            connection, reused = self.server.front._pool.get()
+            try:
+                connection.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                for name, value in headers:
+                    connection.putheader(name, value)
+                connection.endheaders()
+                if body is not None:
+                    for piece in body:
+                        connection.send(_chunk(piece) if chunked else piece)
+                    if chunked:
+                        connection.send(b"0\r\n\r\n")
+                return connection, connection.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                connection.close()
+                if not reused or body is not None:
+                    raise
+            except BaseException:
+                connection.close()
+                raise
+
+    def _relay(self, response: http.client.HTTPResponse, truncate: bool) -> bool:
+        """Stream ``response`` to the client; returns whether it was read to its end."""
+        front = self.server.front
+        has_body = self.command != "HEAD" and response.status >= 200 and response.status not in (204, 304)
+        length = response.length  # None: chunked or until close
+        rechunk = has_body and length is None and self.request_version == "HTTP/1.1"
+        if has_body and length is None and not rechunk:
+            self.close_connection = True
+        headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+        if rechunk:
+            headers.append(("Transfer-Encoding", "chunked"))
+        if self.close_connection:
+            headers.append(("Connection", "close"))
+        pending = _head(response.status, response.reason, headers)
+        if not has_body:
+            self.wfile.write(pending)
+            response.read()
+            return True
+        bandwidth = front.bandwidth
+        size = CHUNK if bandwidth is None else int(min(CHUNK, max(1024, bandwidth / 20)))
+        cut_at = (length // 2 if length is not None else -1) if truncate else None  # -1: half the first piece
+        sent, started = 0, time.monotonic()
+        while True:
+            piece = response.read1(size)
+            if cut_at == -1:
+                cut_at = len(piece) // 2
+            if cut_at is not None and sent + len(piece) >= cut_at:
+                piece = piece[: cut_at - sent]
+                self.wfile.write(pending + (_chunk(piece) if rechunk else piece))
+                self.close_connection = True
+                return False
+            if not piece:
+                break
+            self.wfile.write(pending + (_chunk(piece) if rechunk else piece))
+            pending = b""
+            sent += len(piece)
+            if bandwidth is not None and not front._pause(started + sent / bandwidth - time.monotonic()):
+                return False
+        if pending or rechunk:
+            self.wfile.write(pending + (b"0\r\n\r\n" if rechunk else b""))
+        response.read()  # marks the response finished, so its connection can be reused
+        if length is not None and sent < length:  # upstream stopped early: the client must see a cut too
+            self.close_connection = True
+            return False
+        return True
