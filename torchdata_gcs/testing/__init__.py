@@ -1,13 +1,16 @@
-"""Test helpers: the embedded GCS emulator and pytest fixtures for it.
+"""Test helpers: the embedded GCS emulator, a GCS-like front for it, and pytest fixtures.
 
 Use :class:`Emulator` directly as a context manager, or load the fixtures in a ``conftest.py``::
 
     pytest_plugins = ["torchdata_gcs.testing.fixtures"]
 
 which provides ``gcs_emulator`` (one emulator per test session) and ``gcs_bucket`` (a new, empty
-bucket per test).
+bucket per test). Put a :class:`GCSFront` before the emulator to add latency, bandwidth caps and
+injected faults (throttling, outages, resets, cut bodies, stalls) and to count requests by kind.
 """
 
 from ._emulator import Emulator, EmulatorError
+from ._front import FAULT_KINDS, REQUEST_KINDS, Fault, GCSFront
+from ._latency import LatencyFront
 
-__all__ = ["Emulator", "EmulatorError"]
+__all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Emulator", "EmulatorError", "Fault", "GCSFront", "LatencyFront"]

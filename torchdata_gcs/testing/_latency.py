@@ -1,0 +1,167 @@
+"""A fast latency front: HAProxy delays every request by a fixed time before forwarding it.
+
+A Python proxy costs more per request than the clients it should tell apart, so the latency that
+benchmarks add comes from HAProxy (compiled, event-driven) with a one-line Lua action that sleeps
+without blocking other requests. Faults and request counts live in the Python front
+(:class:`GCSFront`); chain the two when both are wanted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import requests
+
+from ..config import ClientConfig
+from ._emulator import EmulatorError, _free_port, _terminate
+
+__all__ = ["LatencyFront"]
+
+_CONFIG = """\
+global
+    lua-load {lua}
+    maxconn 8192
+    nbthread 1
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 600s
+    timeout server 600s
+    timeout http-keep-alive 600s
+frontend front
+    bind 127.0.0.1:{port}
+    # GCS returns at most 1,000 objects per list page; the emulator returns everything at once
+    # when no maxResults is given. Cap pages here so listings cost as many requests as on GCS.
+    acl is_list path_reg ^/storage/v1/b/[^/]+/o$
+    acl has_max_results query -m reg (^|&)maxResults=
+    http-request set-query %[query]&maxResults=1000 if is_list !has_max_results
+    http-request set-query %[query,regsub(maxResults=[0-9][0-9][0-9][0-9]+,maxResults=1000)] if is_list has_max_results
+    {delay_rule}
+    default_backend upstream
+backend upstream
+    server upstream {upstream}
+"""
+
+_LUA = """\
+core.register_action("delay", {{ "http-req" }}, function(txn) core.msleep({milliseconds}) end)
+"""
+
+
+def _haproxy() -> str:
+    found = shutil.which("haproxy") or next(
+        (path for path in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(path, os.X_OK)), None
+    )
+    if found is None:
+        raise EmulatorError("LatencyFront needs HAProxy with Lua: apt-get install haproxy")
+    return found
+
+
+class LatencyFront:
+    """HAProxy on a free loopback port that forwards to ``upstream`` after ``latency`` seconds.
+
+    Every request waits ``latency`` seconds (whole milliseconds) before it is forwarded, so every
+    response starts at least that late, as on a remote GCS; requests wait concurrently. Bodies
+    stream through in both directions. List pages are capped at 1,000 objects, as GCS caps them.
+    Point clients at :attr:`endpoint` or :attr:`client_config`.
+
+    Args:
+        upstream: base URL to forward to, such as an :class:`Emulator`'s ``endpoint``.
+        latency: seconds added to each request; 0 forwards at once (to measure HAProxy alone).
+
+    Example:
+        >>> from torchdata_gcs.testing import Emulator, LatencyFront
+        >>> with Emulator() as emulator, LatencyFront(emulator.endpoint, latency=0.02) as front:
+        ...     emulator.seed("slow-bucket", {"x": b"late"})
+        ...     import requests
+        ...     requests.get(f"{front.endpoint}/download/storage/v1/b/slow-bucket/o/x?alt=media").content
+        b'late'
+    """
+
+    def __init__(self, upstream: str, *, latency: float = 0.02) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or not parts.hostname or not parts.port:
+            raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
+        if latency < 0:
+            raise ValueError(f"latency must be >= 0 seconds, got {latency}")
+        self.upstream = upstream
+        self.latency = latency
+        self.endpoint = ""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def client_config(self) -> ClientConfig:
+        """Settings that send requests through this front, anonymously."""
+        if self._process is None:
+            raise EmulatorError("the latency front is not running")
+        return ClientConfig(endpoint=self.endpoint, anonymous=True)
+
+    def start(self) -> LatencyFront:
+        if self._process is not None:
+            raise EmulatorError("the latency front is already running")
+        scratch = tempfile.mkdtemp(prefix="torchdata-gcs-latency-")
+        port = _free_port()
+        milliseconds = round(self.latency * 1000)
+        lua = Path(scratch, "delay.lua")
+        lua.write_text(_LUA.format(milliseconds=milliseconds))
+        parts = urlsplit(self.upstream)
+        config = Path(scratch, "haproxy.cfg")
+        config.write_text(
+            _CONFIG.format(
+                lua=lua,
+                port=port,
+                upstream=f"{parts.hostname}:{parts.port}",
+                delay_rule="http-request lua.delay" if milliseconds else "",
+            )
+        )
+        log = open(Path(scratch, "haproxy.log"), "wb")
+        with log:
+            process = subprocess.Popen(
+                [_haproxy(), "-f", str(config), "-db"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        self._process = process
+        self._finalizer = weakref.finalize(self, _terminate, process, scratch)
+        self.endpoint = f"http://127.0.0.1:{port}"
+        try:
+            self._wait_until_ready(Path(scratch, "haproxy.log"))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self, log: Path) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise EmulatorError(f"haproxy exited with {self._process.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if requests.get(f"{self.endpoint}/storage/v1/b", timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise EmulatorError("haproxy did not answer within 15 s")
+
+    def stop(self) -> None:
+        """Stop HAProxy and remove its files; safe to call more than once."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._process = None
+        self._finalizer = None
+
+    def __enter__(self) -> LatencyFront:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
