@@ -122,8 +122,7 @@ class LatencyFront:
                 delay_rule="http-request lua.delay" if milliseconds else "",
             )
         )
-        log = open(Path(scratch, "haproxy.log"), "wb")
-        with log:
+        with open(Path(scratch, "haproxy.log"), "wb") as log:
             process = subprocess.Popen(
                 [_haproxy(), "-f", str(config), "-db"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )

@@ -1,0 +1,378 @@
+"""One benchmark measurement in its own process: a reader (ours or a peer) on one workload.
+
+Run by ``benchmarks/run.py`` as ``python -m benchmarks.readers`` with a JSON spec on stdin; prints
+one JSON line with the median seconds, the bytes and objects moved, and the peak memory growth of
+this process. Every object of every run is checked (size and crc32c) as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # else gcsfs calls a gRPC API first
+
+import google_crc32c
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What to measure: passed from the runner as JSON."""
+
+    workload: str  # small | large | listing | checkpoint
+    reader: str
+    endpoint: str
+    bucket: str
+    prefix: str
+    manifest: dict[str, list[int]]  # name -> [size, crc32c]; empty for checkpoints
+    runs: int
+    threads: int = 16
+    checkpoint_mib: int = 512
+    budget_seconds: float = 30.0  # no further runs once the runs so far took this long
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def _reset_peak_rss() -> int:
+    """Reset this process's peak RSS (Linux ``clear_refs`` 5) and return the current RSS in KiB."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    return _status_kib("VmRSS")
+
+
+def _gcs_client(spec: Spec) -> Any:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    return storage.Client(
+        project="bench", credentials=AnonymousCredentials(), client_options={"api_endpoint": spec.endpoint}
+    )
+
+
+def _gcs_bucket(spec: Spec) -> Any:
+    return _gcs_client(spec).bucket(spec.bucket)
+
+
+def _gcsfs(spec: Spec) -> Any:
+    import gcsfs
+
+    return gcsfs.GCSFileSystem(endpoint_url=spec.endpoint, token="anon", project="bench")
+
+
+def _names(spec: Spec) -> list[str]:
+    return sorted(spec.manifest)
+
+
+# --- readers of a known list of objects: return {name: bytes} -------------------------------
+
+
+def read_gcs_loop(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    bucket = _gcs_bucket(spec)
+    return ((name, bucket.blob(name).download_as_bytes()) for name in _names(spec))
+
+
+def read_gcs_threads(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    bucket = _gcs_bucket(spec)
+    names = _names(spec)
+    with ThreadPoolExecutor(spec.threads) as pool:
+        yield from zip(names, pool.map(lambda name: bucket.blob(name).download_as_bytes(), names))
+
+
+def read_gcsfs_cat(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    result = _gcsfs(spec).cat([f"{spec.bucket}/{name}" for name in _names(spec)])  # everything, at once
+    return ((path.split("/", 1)[1], data) for path, data in result.items())
+
+
+def read_torchdata_fsspec(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    from torchdata.datapipes.iter import IterableWrapper
+
+    options = {"endpoint_url": spec.endpoint, "token": "anon", "project": "bench"}
+    pipe = IterableWrapper([f"gs://{spec.bucket}/{spec.prefix}"]).list_files_by_fsspec(**options)
+    pipe = pipe.open_files_by_fsspec(mode="rb", **options)
+    return ((url.split("/", 3)[3], stream.read()) for url, stream in pipe)
+
+
+def _our_client(spec: Spec) -> Any:
+    from torchdata_gcs import ClientConfig
+
+    return ClientConfig(endpoint=spec.endpoint, anonymous=True)
+
+
+def read_ours(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    """load_files_by_gcs on the known URLs, like the peers that are given the names."""
+    from torchdata_gcs import GCSFileLoaderIterDataPipe, TransferConfig
+
+    urls = [f"gs://{spec.bucket}/{name}" for name in _names(spec)]
+    pipe = GCSFileLoaderIterDataPipe(urls, client=_our_client(spec), transfer=TransferConfig(max_in_flight=spec.threads))
+    return ((url.split("/", 3)[3], stream.read()) for url, stream in pipe)
+
+
+def read_ours_pipeline(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    """list_files_by_gcs -> load_files_by_gcs from the prefix, like torchdata's fsspec pipeline."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    from torchdata_gcs import TransferConfig
+
+    client = _our_client(spec)
+    pipe = IterableWrapper([f"gs://{spec.bucket}/{spec.prefix}"]).list_files_by_gcs(client=client, with_metadata=True)
+    pipe = pipe.load_files_by_gcs(client=client, transfer=TransferConfig(max_in_flight=spec.threads))
+    return ((url.split("/", 3)[3], stream.read()) for url, stream in pipe)
+
+
+def read_ceiling(spec: Spec) -> Iterable[tuple[str, bytes]]:
+    """The fastest raw parallel GET loop we could write, with no per-object work.
+
+    Small objects: aiohttp on one session, every request started at once over up to 128 connections
+    (the best of 8 to 256 at 0 and 20 ms here).
+    Large objects: one urllib3 GET per object in a thread each (on loopback, splitting an object
+    into ranges was slower than one stream).
+    """
+    base = f"{spec.endpoint}/download/storage/v1/b/{spec.bucket}/o/"
+    names = _names(spec)
+    if max(size for size, _ in spec.manifest.values()) > 16 * 1024 * 1024:
+        import urllib3
+
+        pool = urllib3.PoolManager(maxsize=len(names), retries=False)
+        with ThreadPoolExecutor(len(names)) as threads:
+            bodies = threads.map(lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names)
+            return list(zip(names, bodies))
+
+    import aiohttp
+
+    async def main() -> list[tuple[str, bytes]]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=128)) as session:
+
+            async def fetch(name: str) -> bytes:
+                async with session.get(base + quote(name, safe="") + "?alt=media") as response:
+                    return await response.read()
+
+            return list(zip(names, await asyncio.gather(*(fetch(name) for name in names))))
+
+    return asyncio.run(main())
+
+
+def _dataflux_mapstyle(spec: Spec, compose: bool) -> Iterator[tuple[str, bytes]]:
+    """Dataflux's map-style dataset in a DataLoader with 2 workers (its fastest setup here).
+
+    Workers build their own clients from STORAGE_EMULATOR_HOST (a client shared across the fork
+    intermittently corrupted composite downloads). fake-gcs-server has no testIamPermissions, so
+    the compose path needs Dataflux's permission probe skipped.
+    """
+    from dataflux_pytorch import dataflux_mapstyle_dataset as mapstyle
+    from torch.utils.data import DataLoader
+
+    os.environ["STORAGE_EMULATOR_HOST"] = spec.endpoint
+    mapstyle._get_missing_permissions = lambda **kwargs: []
+    config = mapstyle.Config(prefix=spec.prefix, num_processes=os.cpu_count() or 2, disable_compose=not compose)
+    dataset = mapstyle.DataFluxMapStyleDataset("bench", spec.bucket, config=config, storage_client=None)
+    names = [name for name, _ in dataset.objects]
+    loader = DataLoader(dataset, batch_size=32, num_workers=2, collate_fn=list)
+    return zip(names, (data for batch in loader for data in batch))
+
+
+def read_dataflux_compose(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    return _dataflux_mapstyle(spec, compose=True)
+
+
+def read_dataflux_direct(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    return _dataflux_mapstyle(spec, compose=False)
+
+
+READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
+    "gcs_loop": read_gcs_loop,
+    "gcs_threads": read_gcs_threads,
+    "gcsfs_cat": read_gcsfs_cat,
+    "torchdata_fsspec": read_torchdata_fsspec,
+    "dataflux_compose": read_dataflux_compose,
+    "dataflux_direct": read_dataflux_direct,
+    "ours": read_ours,
+    "ours_pipeline": read_ours_pipeline,
+    "ceiling": read_ceiling,
+}
+
+
+# --- listers: return the sorted object names ----------------------------------------------------
+
+
+def list_gcs(spec: Spec) -> list[str]:
+    return [blob.name for blob in _gcs_client(spec).list_blobs(spec.bucket, prefix=spec.prefix)]
+
+
+def list_gcsfs(spec: Spec) -> list[str]:
+    return sorted(path.split("/", 1)[1] for path in _gcsfs(spec).find(f"{spec.bucket}/{spec.prefix}"))
+
+
+def list_ours(spec: Spec) -> list[str]:
+    from torchdata_gcs import GCSFileListerIterDataPipe
+
+    lister = GCSFileListerIterDataPipe(f"gs://{spec.bucket}/{spec.prefix}", client=_our_client(spec))
+    return [url.split("/", 3)[3] for url in lister]
+
+
+def list_dataflux(spec: Spec) -> list[str]:
+    from dataflux_core.fast_list import ListingController
+
+    os.environ["STORAGE_EMULATOR_HOST"] = spec.endpoint
+    controller = ListingController(os.cpu_count() or 2, "bench", spec.bucket, prefix=spec.prefix, sort_results=True)
+    return [name for name, _ in controller.run()]
+
+
+LISTERS: dict[str, Callable[[Spec], list[str]]] = {
+    "gcs_loop": list_gcs,
+    "gcsfs_find": list_gcsfs,
+    "dataflux_list": list_dataflux,
+    "ours": list_ours,
+}
+
+
+# --- checkpoints: save then load a state dict -----------------------------------------------------
+
+
+def _state_dict(mib: int) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    layers = mib // 16
+    return {f"layer{i}.weight": torch.randn(2048, 2048, generator=generator) for i in range(layers)}
+
+
+def _save_load_gcs(spec: Spec, state: dict[str, Any], name: str) -> tuple[float, float, dict[str, Any]]:
+    import torch
+
+    blob = _gcs_bucket(spec).blob(name)
+    started = time.perf_counter()
+    with blob.open("wb", chunk_size=32 * 1024 * 1024, ignore_flush=True) as file:
+        torch.save(state, file)
+    saved = time.perf_counter()
+    with blob.open("rb", chunk_size=32 * 1024 * 1024) as file:
+        loaded = torch.load(io.BytesIO(file.read()))
+    return saved - started, time.perf_counter() - saved, loaded
+
+
+def _save_load_gcsfs(spec: Spec, state: dict[str, Any], name: str) -> tuple[float, float, dict[str, Any]]:
+    import torch
+
+    fs = _gcsfs(spec)
+    path = f"{spec.bucket}/{name}"
+    started = time.perf_counter()
+    with fs.open(path, "wb") as file:
+        torch.save(state, file)
+    saved = time.perf_counter()
+    with fs.open(path, "rb") as file:
+        loaded = torch.load(file)
+    return saved - started, time.perf_counter() - saved, loaded
+
+
+def _save_load_dataflux(spec: Spec, state: dict[str, Any], name: str) -> tuple[float, float, dict[str, Any]]:
+    import torch
+    from dataflux_pytorch.dataflux_checkpoint import DatafluxCheckpoint
+
+    os.environ["STORAGE_EMULATOR_HOST"] = spec.endpoint
+    checkpoint = DatafluxCheckpoint(project_name="bench", bucket_name=spec.bucket)
+    started = time.perf_counter()
+    with checkpoint.writer(name) as file:
+        torch.save(state, file)
+    saved = time.perf_counter()
+    with checkpoint.reader(name) as file:
+        loaded = torch.load(file)
+    return saved - started, time.perf_counter() - saved, loaded
+
+
+CHECKPOINTERS: dict[str, Callable[[Spec, dict[str, Any], str], tuple[float, float, dict[str, Any]]]] = {
+    "gcs_loop": _save_load_gcs,
+    "gcsfs": _save_load_gcsfs,
+    "dataflux_checkpoint": _save_load_dataflux,
+}
+
+
+def _check_as_they_arrive(spec: Spec, results: Iterable[tuple[str, bytes]]) -> set[str]:
+    """Check each object's size and crc32c as the reader hands it over, keeping none of the bytes.
+
+    The check runs inside the timed region for every reader alike (crc32c is a few microseconds per
+    100 KiB); keeping nothing means the memory column shows what the reader itself holds.
+    """
+    seen = set()
+    for name, data in results:
+        size, crc = spec.manifest[name]
+        if name in seen or len(data) != size or google_crc32c.value(data) != crc:
+            raise SystemExit(f"{spec.reader} returned wrong bytes or a duplicate for {name}")
+        seen.add(name)
+    return seen
+
+
+def measure(spec: Spec) -> dict[str, Any]:
+    """Run the reader ``spec.runs`` times, verifying each result; return medians and memory."""
+    baseline = _reset_peak_rss()
+    timings: list[float] = []
+    extra: dict[str, Any] = {}
+    if spec.workload == "listing":
+        expected = _names(spec)
+        while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:
+            started = time.perf_counter()
+            listed = LISTERS[spec.reader](spec)
+            timings.append(time.perf_counter() - started)
+            if listed != expected:
+                raise SystemExit(f"{spec.reader} listed {len(listed)} names, expected {len(expected)}")
+        moved, objects = 0, len(expected)
+    elif spec.workload == "checkpoint":
+        import torch
+
+        state = _state_dict(spec.checkpoint_mib)
+        baseline = _reset_peak_rss()
+        loads: list[float] = []
+        for run in range(spec.runs):
+            save_s, load_s, loaded = CHECKPOINTERS[spec.reader](spec, state, f"ckpt/{spec.reader}-{run}.pt")
+            if loaded.keys() != state.keys() or not all(torch.equal(loaded[k], state[k]) for k in state):
+                raise SystemExit(f"{spec.reader} loaded a different state dict")
+            del loaded
+            timings.append(save_s)
+            loads.append(load_s)
+        extra["load_seconds"] = statistics.median(loads)
+        moved, objects = sum(t.numel() * t.element_size() for t in state.values()), 1
+    else:
+        while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:
+            started = time.perf_counter()
+            seen = _check_as_they_arrive(spec, READERS[spec.reader](spec))
+            timings.append(time.perf_counter() - started)
+            if seen != spec.manifest.keys():
+                raise SystemExit(f"{spec.reader} returned {len(seen)} of {len(spec.manifest)} objects")
+        moved, objects = sum(size for size, _ in spec.manifest.values()), len(spec.manifest)
+    peak_kib = _status_kib("VmHWM")
+    return {
+        "seconds": statistics.median(timings),
+        "all_seconds": timings,
+        "bytes": moved,
+        "objects": objects,
+        "peak_rss_growth_mib": max(0, peak_kib - baseline) / 1024,
+        **extra,
+    }
+
+
+def _import_common() -> None:
+    """Import what any reader may use first, so the memory baseline is the same for all of them."""
+    import importlib
+
+    for module in ("torch", "google.cloud.storage", "torchdata_gcs", "gcsfs", "aiohttp", "dataflux_pytorch"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+
+
+if __name__ == "__main__":
+    spec = Spec(**json.loads(sys.stdin.read()))
+    _import_common()
+    print(json.dumps(measure(spec)))

@@ -1,0 +1,311 @@
+"""Run every benchmark workload against the embedded emulator, ours next to the peers, in one run.
+
+    bash benchmarks/run.sh            # sets up the benchmark environment, then runs this
+
+Workloads: small objects (100 KiB) at 0 ms and at 20 ms added latency, large objects (256 MiB),
+listing (30,000 objects at 20 ms) and checkpoints (a ~512 MiB state dict saved and loaded). Each
+reader runs in a process of its own (so peak memory is its own) against the same emulator and the
+same HAProxy latency front; every result is verified. Writes ``results.json``, ``results.md`` and
+PNG plots to ``benchmarks/results/`` and the table into ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+
+from torchdata_gcs.testing import Emulator, GCSFront, LatencyFront
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MiB = 1024 * 1024
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def reader_label(workload: str, reader: str, threads: int) -> str:
+    """The row name: what the reader is, with the versions it ran on."""
+    if workload == "listing" and reader == "ours":
+        return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs"
+    if workload == "listing" and reader == "gcs_loop":
+        return f"google-cloud-storage {_version('google-cloud-storage')}: list_blobs (direct API)"
+    if workload == "checkpoint" and reader == "gcs_loop":
+        return f"google-cloud-storage {_version('google-cloud-storage')}: blob.open + torch.save/torch.load"
+    gcs, fs = _version("google-cloud-storage"), _version("gcsfs")
+    ours = f"torchdata-gcs {_version('torchdata-gcs')}"
+    return {
+        "gcs_loop": f"google-cloud-storage {gcs}: plain loop (direct API)",
+        "gcs_threads": f"google-cloud-storage {gcs}: download_as_bytes in {threads} threads",
+        "gcsfs_cat": f"gcsfs {fs}: cat of the whole list",
+        "gcsfs_find": f"gcsfs {fs}: find",
+        "gcsfs": f"gcsfs {fs}: open + torch.save/torch.load",
+        "torchdata_fsspec": f"torchdata {_version('torchdata')}: list/open_files_by_fsspec over gcsfs {fs}",
+        "dataflux_compose": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: map-style dataset, compose, 2 workers",
+        "dataflux_direct": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: map-style dataset, no compose, 2 workers",
+        "dataflux_list": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: dataflux_core fast_list",
+        "dataflux_checkpoint": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: DatafluxCheckpoint",
+        "ours": f"{ours}: load_files_by_gcs, {threads} in flight",
+        "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
+        "ceiling": f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work",
+    }.get(reader, reader)
+
+
+@dataclass
+class Workload:
+    name: str
+    bucket: str
+    prefix: str
+    latency_ms: int
+    readers: list[str]
+    runs: int
+    objects: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+
+def build_workloads(quick: bool) -> list[Workload]:
+    scale = 10 if quick else 1
+    small = {f"small/{i:06d}.bin": os.urandom(100 * 1024) for i in range(2000 // scale)}
+    large = {f"large/{i}.bin": os.urandom(256 * MiB // scale) for i in range(3)}
+    listing = {f"list/{i:07d}": b"x" for i in range(30_000 // scale)}
+    readers = [
+        "gcs_loop", "gcs_threads", "gcsfs_cat", "torchdata_fsspec",
+        "dataflux_compose", "dataflux_direct", "ours", "ours_pipeline", "ceiling",
+    ]
+    return [
+        Workload("small objects", "bench-small", "small/", 0, readers, 3, small),
+        Workload("small objects", "bench-small", "small/", 20, readers, 3, small),
+        Workload("large objects", "bench-large", "large/", 0, ["gcs_loop", "gcs_threads", "gcsfs_cat", "dataflux_direct", "ours", "ceiling"], 3, large),
+        Workload("listing", "bench-list", "list/", 20, ["gcs_loop", "gcsfs_find", "dataflux_list", "ours"], 3, listing),
+        Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["gcs_loop", "gcsfs", "dataflux_checkpoint"], 1),
+    ]
+
+
+def run_reader(workload: Workload, reader: str, endpoint: str, manifest: dict[str, list[int]], args: argparse.Namespace) -> dict[str, Any]:
+    spec = {
+        "workload": workload.name.split()[0],
+        "reader": reader,
+        "endpoint": endpoint,
+        "bucket": workload.bucket,
+        "prefix": workload.prefix,
+        "manifest": manifest,
+        "runs": workload.runs,
+        "threads": args.threads,
+        "checkpoint_mib": 64 if args.quick else 512,
+        "budget_seconds": args.budget,
+    }
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.readers"],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=args.timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout} s"}
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        message = re.sub(r" \(/[^)]*\)", "", lines[-1]) if lines else f"exit {done.returncode}"  # drop file paths
+        return {"error": message[:200]}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["wall_seconds"] = time.perf_counter() - started
+    return result
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for (workload, latency), group in _groups(rows).items():
+        lines += [f"\n### {workload}, {latency} ms added latency\n"]
+        if workload == "checkpoint":
+            lines += ["| writer/reader | save MB/s | load MB/s | save s | load s | peak RSS growth MiB | runs |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for row in group:
+                if "error" in row:
+                    lines.append(f"| {row['label']} | failed: {row['error']} | | | | | |")
+                    continue
+                mb = row["bytes"] / 1e6
+                lines.append(
+                    f"| {row['label']} | {fmt(mb / row['seconds'], 1)} | {fmt(mb / row['load_seconds'], 1)} | "
+                    f"{fmt(row['seconds'], 2)} | {fmt(row['load_seconds'], 2)} | {fmt(row['peak_rss_growth_mib'])} | {len(row['all_seconds'])} |"
+                )
+            continue
+        unit = "objects/s" if workload != "listing" else "objects listed/s"
+        lines += [f"| reader | {unit} | MB/s | vs direct | vs ceiling | seconds | peak RSS growth MiB | runs |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        direct = next((r for r in group if r["reader"] == "gcs_loop" and "error" not in r), None)
+        ceiling = next((r for r in group if r["reader"] == "ceiling" and "error" not in r), None)
+        for row in group:
+            if "error" in row:
+                lines.append(f"| {row['label']} | failed: {row['error']} | | | | | | |")
+                continue
+            rate = row["objects"] / row["seconds"]
+            rate_text = fmt(rate, 0 if rate >= 100 else 2)
+            vs_direct = rate / (direct["objects"] / direct["seconds"]) if direct else None
+            vs_ceiling = rate / (ceiling["objects"] / ceiling["seconds"]) if ceiling else None
+            megabytes = fmt(row["bytes"] / 1e6 / row["seconds"], 1) if row["bytes"] else "–"
+            lines.append(
+                f"| {row['label']} | {rate_text} | {megabytes} | "
+                f"{fmt(vs_direct, 2)}x | {fmt(vs_ceiling, 2)}{'x' if vs_ceiling else ''} | {fmt(row['seconds'], 2)} | "
+                f"{fmt(row['peak_rss_growth_mib'])} | {len(row['all_seconds'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["workload"], row["latency_ms"]), []).append(row)
+    return groups
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for (workload, latency), group in _groups(rows).items():
+        ok = [r for r in group if "error" not in r]
+        if not ok:
+            continue
+        if workload == "checkpoint":
+            labels = [r["label"] for r in ok] * 2
+            values = [r["bytes"] / 1e6 / r["seconds"] for r in ok] + [r["bytes"] / 1e6 / r["load_seconds"] for r in ok]
+            labels = [f"save: {l}" for l in labels[: len(ok)]] + [f"load: {l}" for l in labels[len(ok) :]]
+            unit = "MB/s"
+        else:
+            labels = [r["label"] for r in ok]
+            values = [r["objects"] / r["seconds"] for r in ok]
+            unit = "objects/s"
+        figure, axes = plt.subplots(figsize=(10, 0.5 * len(labels) + 1.5))
+        colors = ["tab:orange" if "torchdata-gcs" in label else "tab:gray" if "ceiling" in label else "tab:blue" for label in labels]
+        axes.barh(labels, values, color=colors)
+        axes.invert_yaxis()
+        axes.set_xlim(0, max(values) * 1.18)  # room for the value labels
+        axes.set_xlabel(unit)
+        axes.set_title(f"{workload}, {latency} ms added latency")
+        for y, value in enumerate(values):
+            axes.text(value, y, f" {value:,.0f}", va="center")
+        figure.tight_layout()
+        path = out / f"{re.sub(r'[^a-z0-9]+', '-', workload.lower())}-{latency}ms.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def machine() -> str:
+    with open("/proc/meminfo") as meminfo:
+        mem_gib = int(meminfo.readline().split()[1]) / 1024 / 1024
+    return f"{os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.machine()}, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def update_readme(markdown: str, header: str) -> None:
+    readme = HERE / "README.md"
+    text = readme.read_text()
+    block = f"<!-- results -->\n{header}\n{markdown}<!-- /results -->"
+    text = re.sub(r"<!-- results -->.*<!-- /results -->", lambda _: block, text, flags=re.DOTALL)
+    readme.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tenth of the data, to check the rig")
+    parser.add_argument("--only", nargs="*", help="workload names to run (small, large, listing, checkpoint)")
+    parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
+    parser.add_argument("--budget", type=float, default=30.0, help="stop repeating a reader after this many seconds")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a reader is given up")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    if (args.quick or args.only) and args.out == HERE / "results":
+        args.out = HERE / "results" / "partial"  # a partial run never replaces the published results
+    args.out.mkdir(parents=True, exist_ok=True)
+    workloads = [w for w in build_workloads(args.quick) if not args.only or w.name.split()[0] in args.only]
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    with Emulator(backend="filesystem", memory_limit="8GiB") as emulator:
+        fronts = {0: None, 20: LatencyFront(emulator.endpoint, latency=0.020).start()}
+        try:
+            manifests: dict[str, dict[str, list[int]]] = {}
+            for workload in workloads:
+                manifest = {name: [len(data), google_crc32c.value(data)] for name, data in workload.objects.items()}
+                if workload.bucket not in manifests:
+                    seed_started = time.perf_counter()
+                    emulator.create_bucket(workload.bucket)
+                    emulator.seed(workload.bucket, workload.objects, concurrency=32)
+                    manifests[workload.bucket] = manifest
+                    print(f"seeded {len(workload.objects)} objects into {workload.bucket} in {time.perf_counter() - seed_started:.1f}s", flush=True)
+                front = fronts[workload.latency_ms]
+                endpoint = front.endpoint if front else emulator.endpoint
+                for reader in workload.readers:
+                    result = run_reader(workload, reader, endpoint, manifest, args)
+                    row = {"workload": workload.name, "latency_ms": workload.latency_ms, "reader": reader, "label": reader_label(workload.name, reader, args.threads), **result}
+                    rows.append(row)
+                    summary = row.get("error") or f"{row['seconds']:.2f}s median of {len(row['all_seconds'])}"
+                    print(f"{workload.name} @ {workload.latency_ms} ms | {row['label']}: {summary}", flush=True)
+            small = next((w for w in workloads if w.name == "small objects"), None)
+            overhead = front_overhead(emulator, small, manifests[small.bucket], args) if small else None
+        finally:
+            for front in fronts.values():
+                if front:
+                    front.stop()
+    elapsed = time.perf_counter() - started
+    date = datetime.date.today().isoformat()
+    command = "bash benchmarks/run.sh" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else "")
+    header = (
+        f"Run on {date} on {machine()}; fake-gcs-server (filesystem backend in RAM) behind HAProxy "
+        f"for added latency; `{command}` took {elapsed / 60:.1f} min. Seconds are medians of the runs listed."
+    )
+    if overhead:
+        header += (
+            f"\n\nCost of the fronts (ceiling reader, 100 KiB objects, no added delay): bare emulator "
+            f"{overhead['bare']:,.0f} objects/s; through HAProxy (`LatencyFront`) {overhead['haproxy']:,.0f} "
+            f"({overhead['haproxy'] / overhead['bare']:.2f}x); through the Python `GCSFront` "
+            f"{overhead['gcsfront']:,.0f} ({overhead['gcsfront'] / overhead['bare']:.2f}x)."
+        )
+    markdown = to_markdown(rows)
+    (args.out / "results.json").write_text(json.dumps({"date": date, "machine": machine(), "command": command, "rows": rows, "front_overhead": overhead}, indent=1))
+    (args.out / "results.md").write_text(header + "\n" + markdown)
+    plots = plot(rows, args.out)
+    if not args.quick and not args.only:
+        update_readme(markdown + "\n" + "\n".join(f"![{p.stem}](results/{p.name})" for p in plots) + "\n", header)
+    print(header + "\n" + markdown)
+
+
+def front_overhead(emulator: Emulator, small: Workload, manifest: dict[str, list[int]], args: argparse.Namespace) -> dict[str, float]:
+    """Objects/s of the ceiling reader on the bare emulator, through HAProxy and through GCSFront, no delay.
+
+    The fronts run in this process, the reader in its own, as in the benchmarks.
+    """
+    rates = {}
+    with LatencyFront(emulator.endpoint, latency=0.0) as haproxy, GCSFront(emulator.endpoint) as python_front:
+        for key, endpoint in (("bare", emulator.endpoint), ("haproxy", haproxy.endpoint), ("gcsfront", python_front.endpoint)):
+            result = run_reader(small, "ceiling", endpoint, manifest, args)
+            rates[key] = result["objects"] / result["seconds"] if "error" not in result else float("nan")
+    return rates
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up the benchmark environment (its own venv: the peers never become our dependencies),
+# then run every workload. Arguments go to benchmarks/run.py (for example --quick).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+{ test -x /usr/sbin/haproxy || { apt-get update -qq && apt-get install -y -qq haproxy; }; } >/dev/null
+venv=.bench-venv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch==2.13.0
+  "$venv/bin/pip" install -q -e '.[test]' gcsfs aiohttp matplotlib
+  # Dataflux declares lightning and absl-py, which its datasets and fast listing never import.
+  "$venv/bin/pip" install -q --no-deps gcs-torch-dataflux==1.4.0
+fi
+exec "$venv/bin/python" -m benchmarks.run "$@"
