@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
 import tempfile
-import time
-import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,12 +16,9 @@ import requests.adapters
 
 from .._uri import validate_bucket, validate_object_name
 from ..config import ClientConfig
+from ._process import EmulatorError, ServerProcess, free_port
 
 __all__ = ["Emulator", "EmulatorError"]
-
-
-class EmulatorError(RuntimeError):
-    """The emulator could not be started or did not answer as expected."""
 
 
 def _binary() -> Path:
@@ -42,27 +34,9 @@ def _binary() -> Path:
         raise EmulatorError(f"fake-gcs-server has no binary for this platform: {exc}") from exc
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _scratch_dir() -> str:
     """A RAM-backed folder when the machine has one: the filesystem backend is fastest there."""
     return tempfile.mkdtemp(prefix="torchdata-gcs-emulator-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-
-
-def _terminate(process: subprocess.Popen[bytes], scratch: str | None) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    if scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class Emulator:
@@ -102,8 +76,7 @@ class Emulator:
         self.startup_timeout = startup_timeout
         self.memory_limit = memory_limit
         self.endpoint = ""
-        self._process: subprocess.Popen[bytes] | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._server: ServerProcess | None = None
         self._http = requests.Session()
         self._http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._buckets: set[str] = set()
@@ -122,9 +95,9 @@ class Emulator:
 
     def start(self) -> Emulator:
         """Start the server; returns ``self``."""
-        if self._process is not None:
+        if self._server is not None:
             raise EmulatorError("the emulator is already running")
-        port = _free_port()
+        port = free_port()
         self.endpoint = f"http://127.0.0.1:{port}"
         scratch = _scratch_dir()
         args = [
@@ -135,45 +108,17 @@ class Emulator:
         ]
         if self.backend == "filesystem":
             args += ["-filesystem-root", os.path.join(scratch, "data")]
-        log_path = os.path.join(scratch, "server.log")
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "GOMEMLIMIT": self.memory_limit},
-            )
-        self._process = process
-        self._finalizer = weakref.finalize(self, _terminate, process, scratch)
-        try:
-            self._wait_until_ready(log_path)
-        except BaseException:
-            self.stop()
-            raise
+        environment = {**os.environ, "GOMEMLIMIT": self.memory_limit}
+        self._server = ServerProcess(
+            self, "fake-gcs-server", args, scratch, endpoint=self.endpoint, timeout=self.startup_timeout, env=environment
+        )
         return self
-
-    def _wait_until_ready(self, log_path: str) -> None:
-        assert self._process is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                log = Path(log_path).read_text(errors="replace")[-2000:]
-                raise EmulatorError(f"fake-gcs-server exited with {self._process.returncode}: {log}")
-            try:
-                if self._http.get(f"{self.endpoint}/storage/v1/b", timeout=1).ok:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise EmulatorError(f"fake-gcs-server did not answer within {self.startup_timeout}s")
 
     def stop(self) -> None:
         """Stop the server and remove its files; safe to call more than once."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._process = None
-        self._finalizer = None
+        if self._server is not None:
+            self._server.stop()
+        self._server = None
         self._buckets.clear()
 
     def __enter__(self) -> Emulator:
@@ -185,7 +130,7 @@ class Emulator:
         self.stop()
 
     def _require_running(self) -> None:
-        if self._process is None:
+        if self._server is None:
             raise EmulatorError("the emulator is not running: call start() or use it in a with block")
 
     def create_bucket(self, bucket: str) -> None:

@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
-import time
-import weakref
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
-import requests
-
 from ..config import ClientConfig
-from ._emulator import EmulatorError, _free_port, _terminate
+from ._process import EmulatorError, ServerProcess, free_port
 
 __all__ = ["LatencyFront"]
 
@@ -94,21 +89,20 @@ class LatencyFront:
         self.upstream = upstream
         self.latency = latency
         self.endpoint = ""
-        self._process: subprocess.Popen[bytes] | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._server: ServerProcess | None = None
 
     @property
     def client_config(self) -> ClientConfig:
         """Settings that send requests through this front, anonymously."""
-        if self._process is None:
+        if self._server is None:
             raise EmulatorError("the latency front is not running")
         return ClientConfig(endpoint=self.endpoint, anonymous=True)
 
     def start(self) -> LatencyFront:
-        if self._process is not None:
+        if self._server is not None:
             raise EmulatorError("the latency front is already running")
         scratch = tempfile.mkdtemp(prefix="torchdata-gcs-latency-")
-        port = _free_port()
+        port = free_port()
         milliseconds = round(self.latency * 1000)
         lua = Path(scratch, "delay.lua")
         lua.write_text(_LUA.format(milliseconds=milliseconds))
@@ -122,40 +116,16 @@ class LatencyFront:
                 delay_rule="http-request lua.delay" if milliseconds else "",
             )
         )
-        with open(Path(scratch, "haproxy.log"), "wb") as log:
-            process = subprocess.Popen(
-                [_haproxy(), "-f", str(config), "-db"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        self._process = process
-        self._finalizer = weakref.finalize(self, _terminate, process, scratch)
         self.endpoint = f"http://127.0.0.1:{port}"
-        try:
-            self._wait_until_ready(Path(scratch, "haproxy.log"))
-        except BaseException:
-            self.stop()
-            raise
+        command = [_haproxy(), "-f", str(config), "-db"]
+        self._server = ServerProcess(self, "haproxy", command, scratch, endpoint=self.endpoint, timeout=15.0)
         return self
-
-    def _wait_until_ready(self, log: Path) -> None:
-        assert self._process is not None
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise EmulatorError(f"haproxy exited with {self._process.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if requests.get(f"{self.endpoint}/storage/v1/b", timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise EmulatorError("haproxy did not answer within 15 s")
 
     def stop(self) -> None:
         """Stop HAProxy and remove its files; safe to call more than once."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._process = None
-        self._finalizer = None
+        if self._server is not None:
+            self._server.stop()
+        self._server = None
 
     def __enter__(self) -> LatencyFront:
         return self.start()

@@ -1,0 +1,89 @@
+"""A helper server process (the emulator, HAProxy): logged, ready once it answers, always stopped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+
+import requests
+
+__all__ = ["EmulatorError", "ServerProcess", "free_port"]
+
+
+class EmulatorError(RuntimeError):
+    """The emulator or a front could not be started or did not answer as expected."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _terminate(process: subprocess.Popen[bytes], scratch: str) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+class ServerProcess:
+    """Runs ``args`` (output in ``scratch/NAME.log``) and waits until ``endpoint`` answers.
+
+    The process is stopped, and ``scratch`` removed, by :meth:`stop`, when it fails to answer within
+    ``timeout`` seconds, when ``owner`` is garbage collected, or at interpreter exit, so a failing
+    test never leaves a server behind.
+    """
+
+    def __init__(
+        self,
+        owner: object,
+        name: str,
+        args: Sequence[str],
+        scratch: str,
+        *,
+        endpoint: str,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self._log = os.path.join(scratch, f"{name}.log")
+        with open(self._log, "wb") as log:
+            self._process = subprocess.Popen(
+                list(args), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        self._finalizer = weakref.finalize(owner, _terminate, self._process, scratch)
+        try:
+            self._wait_until_answering(endpoint, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_answering(self, endpoint: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                with open(self._log, errors="replace") as log:
+                    tail = log.read()[-2000:]
+                raise EmulatorError(f"{self.name} exited with {self._process.returncode}: {tail}")
+            try:
+                if requests.get(f"{endpoint}/storage/v1/b", timeout=1).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise EmulatorError(f"{self.name} did not answer within {timeout} s")
+
+    def stop(self) -> None:
+        """Stop the process and remove its scratch folder; safe to call more than once."""
+        self._finalizer()
