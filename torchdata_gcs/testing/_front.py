@@ -18,15 +18,18 @@ import struct
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from ..config import ClientConfig
+from .._listing import MAX_PAGE_SIZE
+from ._list_index import ListingIndex
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -47,7 +50,6 @@ _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
 _MAX_RESULTS = re.compile(r"(?:^|&)maxResults=(\d+)")
-MAX_LIST_PAGE = 1000  # GCS never returns more objects per list page
 
 
 def cap_list_page(target: str) -> str:
@@ -64,10 +66,10 @@ def cap_list_page(target: str) -> str:
     path, _, query = target.partition("?")
     match = _MAX_RESULTS.search(query)
     if match is None:
-        return f"{path}?{query}{'&' if query else ''}maxResults={MAX_LIST_PAGE}"
-    if int(match.group(1)) <= MAX_LIST_PAGE:
+        return f"{path}?{query}{'&' if query else ''}maxResults={MAX_PAGE_SIZE}"
+    if int(match.group(1)) <= MAX_PAGE_SIZE:
         return target
-    return f"{path}?{query[: match.start(1)]}{MAX_LIST_PAGE}{query[match.end(1) :]}"
+    return f"{path}?{query[: match.start(1)]}{MAX_PAGE_SIZE}{query[match.end(1) :]}"
 
 
 def request_kind(method: str, target: str, has_range: bool = False) -> str:
@@ -213,6 +215,7 @@ class GCSFront:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._pool = _UpstreamPool(self._upstream_address)
+        self._indexes: dict[str, ListingIndex] = {}
         self.set_faults(faults)
 
     def __repr__(self) -> str:
@@ -338,6 +341,33 @@ class GCSFront:
                 return fault
         return None
 
+    def index_listings(self, bucket: str) -> int:
+        """Answer list requests for ``bucket`` from a snapshot of its objects taken now.
+
+        A benchmark mode: fake-gcs-server re-reads the whole bucket for every list page, so on a
+        large bucket a listing measures the emulator, not the client. The snapshot answers pages
+        (``prefix``, ``startOffset``, ``endOffset``, ``maxResults``, ``pageToken``, ``fields``) from
+        memory; other list requests still reach the emulator. Any upload, delete or compose through
+        the front drops every snapshot. Returns the number of objects indexed.
+        """
+        resources: list[dict[str, Any]] = []
+        url = f"{self.upstream}/storage/v1/b/{quote(bucket, safe='')}/o"
+        params: dict[str, str] = {}
+        while True:
+            with urllib.request.urlopen(f"{url}?{urlencode(params)}", timeout=600) as response:
+                page = json.load(response)
+            resources += page.get("items", [])
+            if not page.get("nextPageToken"):
+                break
+            params["pageToken"] = page["nextPageToken"]
+        with self._lock:
+            self._indexes[bucket] = ListingIndex(resources)
+        return len(resources)
+
+    def _forget_indexes(self) -> None:
+        with self._lock:
+            self._indexes = {}
+
     def _track(self, connection: socket.socket, open_: bool) -> None:
         with self._lock:
             if open_:
@@ -437,7 +467,11 @@ class _Handler(BaseHTTPRequestHandler):
         front = self.server.front
         kind = request_kind(self.command, self.path, "Range" in self.headers)
         fault = front._record(kind, f"{self.command} {self.path}")
+        if kind in ("upload", "delete", "compose"):
+            front._forget_indexes()  # the bucket changes: its snapshot would go stale
         if kind == "list" and self.path.startswith("/storage/"):
+            if fault is None and self._answer_from_index():
+                return
             self.path = cap_list_page(self.path)
         try:
             body, chunked = self._request_body()
@@ -459,6 +493,27 @@ class _Handler(BaseHTTPRequestHandler):
         self._forward(body, chunked, truncate=fault is not None)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
+
+    def _answer_from_index(self) -> bool:
+        """Answer a list request from the front's snapshot of its bucket, if it has one that fits."""
+        front = self.server.front
+        path, _, query = self.path.partition("?")
+        index = front._indexes.get(unquote(path.split("/")[4]))
+        if index is None:
+            return False
+        try:
+            page = index.page(dict(parse_qsl(query, keep_blank_values=True)))
+        except ValueError as exc:
+            if front._pause(front.latency):
+                self._answer_error(400, "Bad Request", str(exc))
+            return True
+        if page is None:
+            return False
+        body = json.dumps(page).encode()
+        if front._pause(front.latency):
+            headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
+            self.wfile.write(_head(200, "OK", headers) + body)
+        return True
 
     def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
         """The request body as it arrives, and whether it is chunked."""
