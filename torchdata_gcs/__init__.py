@@ -15,6 +15,7 @@ Importing the package registers the functional DataPipes on ``IterDataPipe``::
 """
 
 from ._metadata import ObjectInfo
+from ._parallel_listing import ListingStats
 from ._uri import format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
 from .datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
@@ -39,6 +40,7 @@ __all__ = [
     "GCSFileLoaderIterDataPipe",
     "IntegrityError",
     "InvalidURIError",
+    "ListingStats",
     "MissingObjectWarning",
     "NotFoundError",
     "ObjectInfo",

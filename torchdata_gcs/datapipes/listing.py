@@ -11,6 +11,7 @@ from torch.utils.data.datapipes.utils.common import match_masks
 from .._client import transport_for
 from .._listing import MAX_PAGE_SIZE, list_objects
 from .._metadata import ObjectInfo
+from .._parallel_listing import ListingStats
 from .._uri import parse_url
 from ..config import ClientConfig, RetryConfig
 from ._source import as_source
@@ -37,6 +38,9 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         client: endpoint and credentials; defaults to ``ClientConfig()``.
         retry: retry policy for list requests; defaults to ``RetryConfig()``.
         page_size: objects per list request, 1 to 1000.
+        concurrency: list requests in flight at once for one prefix; the key space is split into
+            ranges as full pages come back, keeping the total number of list requests within
+            1.5x of a sequential listing's. 1 lists sequentially.
 
     Returns:
         ``gs://bucket/name`` strings, or ``(url, ObjectInfo)`` with ``with_metadata``.
@@ -65,9 +69,12 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         client: ClientConfig | None = None,
         retry: RetryConfig | None = None,
         page_size: int = MAX_PAGE_SIZE,
+        concurrency: int = 8,
     ) -> None:
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE_SIZE}, got {page_size}")
+        if not 1 <= concurrency <= 256:
+            raise ValueError(f"concurrency must be 1..256, got {concurrency}")
         self.source_datapipe = as_source(source_datapipe)
         if isinstance(self.source_datapipe, tuple):
             for url in self.source_datapipe:
@@ -77,11 +84,16 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         self.client = client or ClientConfig()
         self.retry = retry or RetryConfig()
         self.page_size = page_size
+        self.concurrency = concurrency
+        self.stats = ListingStats()
 
     def __iter__(self) -> Iterator[str | tuple[str, ObjectInfo]]:
+        """List every input; :attr:`stats` counts this iteration's list requests and objects."""
         transport = transport_for(self.client)
+        self.stats = stats = ListingStats()
         for source_url in self.source_datapipe:
             bucket, name = parse_url(source_url)
-            for url, info in list_objects(transport, bucket, name, self.retry, self.page_size):
+            listed = list_objects(transport, bucket, name, self.retry, self.page_size, self.concurrency, stats)
+            for url, info in listed:
                 if match_masks(posixpath.basename(url), self.masks):
                     yield (url, info) if self.with_metadata else url

@@ -27,8 +27,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from ..config import ClientConfig
 from .._listing import MAX_PAGE_SIZE
+from ..config import ClientConfig
 from ._list_index import ListingIndex
 
 if TYPE_CHECKING:

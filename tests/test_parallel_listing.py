@@ -1,0 +1,119 @@
+"""Parallel key-range listing: same names as a sequential listing, in order, within 1.5x its requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchdata_gcs import GCSFileListerIterDataPipe, NotFoundError, RetryConfig
+from torchdata_gcs._parallel_listing import KeySpace, split_point
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
+
+CHARS = ["/", "0", "9", "a", "b", "z", "~", "é", "日", "😀"]
+SUFFIXES = st.text(st.sampled_from(CHARS), min_size=1, max_size=8)
+FAST_RETRY = RetryConfig(initial_delay=0.01, max_delay=0.05)
+
+
+@given(names=st.lists(st.text(st.sampled_from(CHARS), max_size=6), min_size=2, max_size=20, unique=True))
+def test_key_space_preserves_name_order(names: list[str]) -> None:
+    space = KeySpace(sorted(set("".join(names))) or ["a"], max(map(len, names)) + 1)
+    assert sorted(names, key=space.value) == sorted(names)
+    assert all(space.name(space.value(name)) == name for name in names)
+
+
+@given(
+    pair=st.lists(st.text(st.sampled_from(CHARS), max_size=5), min_size=2, max_size=2, unique=True).map(sorted),
+    unbounded=st.booleans(),
+    stride=st.integers(0, 10**6),
+)
+def test_split_points_fall_strictly_inside_the_range(pair: list[str], unbounded: bool, stride: int) -> None:
+    low, high = pair[0], None if unbounded else pair[1]
+    space = KeySpace(CHARS, 6)
+    middle = split_point(low, high, space, stride)
+    if middle is not None:
+        assert low < middle and (high is None or middle < high)
+
+
+@pytest.fixture(scope="module")
+def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+    with GCSFront(gcs_emulator.endpoint) as running:
+        yield running
+
+
+def sequential_pages(count: int, page_size: int) -> int:
+    return max(1, -(-count // page_size))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    suffixes=st.lists(SUFFIXES, max_size=60, unique=True),
+    shared=st.sampled_from(["", "x" * 40 + "/", "日本/"]),
+    page_size=st.integers(2, 7),
+    concurrency=st.integers(1, 6),
+)
+def test_parallel_listing_equals_a_sequential_one(
+    gcs_emulator: Emulator, front: GCSFront, suffixes: list[str], shared: str, page_size: int, concurrency: int
+) -> None:
+    bucket = f"par-{uuid.uuid4().hex[:12]}"
+    names = sorted({shared + suffix for suffix in suffixes} | {"outside-" + suffix for suffix in suffixes[:3]})
+    gcs_emulator.seed(bucket, {name: b"" for name in names})
+    front.index_listings(bucket)
+    url = f"gs://{bucket}/{shared}"
+    front.reset_counts()
+    lister = GCSFileListerIterDataPipe(url, client=front.client_config, page_size=page_size, concurrency=concurrency)
+    listed = list(lister)
+    expected = [f"gs://{bucket}/{name}" for name in names if name.startswith(shared) and not name.endswith("/")]
+    assert listed == expected
+    assert lister.stats.requests == front.counts["list"]
+    assert lister.stats.requests <= 1.5 * sequential_pages(lister.stats.objects, page_size)
+
+
+@pytest.fixture(scope="module")
+def sized_prefixes() -> Iterator[tuple[Emulator, GCSFront]]:
+    """Prefixes holding 0, 1, 999, 1,000 and 1,001 objects, in an emulator of their own."""
+    with Emulator(backend="filesystem") as emulator:
+        objects = {f"n{count}/{i:05d}": b"" for count in (1, 999, 1000, 1001) for i in range(count)}
+        emulator.seed("sized-prefixes", objects, concurrency=32)
+        with GCSFront(emulator.endpoint) as running:
+            running.index_listings("sized-prefixes")
+            yield emulator, running
+
+
+@pytest.mark.parametrize("count", [0, 1, 999, 1000, 1001])
+def test_prefix_sizes_around_a_page(sized_prefixes: tuple[Emulator, GCSFront], count: int) -> None:
+    _, running = sized_prefixes
+    running.reset_counts()
+    lister = GCSFileListerIterDataPipe(f"gs://sized-prefixes/n{count}/", client=running.client_config, concurrency=8)
+    listed = list(lister)
+    assert listed == [f"gs://sized-prefixes/n{count}/{i:05d}" for i in range(count)]
+    assert running.counts["list"] == lister.stats.requests <= 1.5 * sequential_pages(count, 1000)
+
+
+def test_throttled_pages_are_retried(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {f"t/{i:03d}": b"" for i in range(60)})
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_429", rate=0.3, match="list")]) as throttled:
+        lister = GCSFileListerIterDataPipe(
+            f"gs://{gcs_bucket}/t/", client=throttled.client_config, page_size=5, concurrency=4, retry=FAST_RETRY
+        )
+        assert list(lister) == [f"gs://{gcs_bucket}/t/{i:03d}" for i in range(60)]
+        assert throttled.faults_injected["http_429"] > 0
+
+
+def test_missing_bucket_and_early_stop(front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    with pytest.raises(NotFoundError):
+        list(GCSFileListerIterDataPipe("gs://no-such-bucket-par/", client=front.client_config, concurrency=4))
+    gcs_emulator.seed(gcs_bucket, {f"s/{i:03d}": b"" for i in range(50)})
+    before = {t for t in threading.enumerate() if t.name == "torchdata-gcs-list"}
+    iterator = iter(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/s/", client=front.client_config, page_size=2, concurrency=4))
+    assert next(iterator) == f"gs://{gcs_bucket}/s/000"
+    iterator.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and {t for t in threading.enumerate() if t.name == "torchdata-gcs-list"} - before:
+        time.sleep(0.05)
+    assert not {t for t in threading.enumerate() if t.name == "torchdata-gcs-list"} - before
