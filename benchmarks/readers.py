@@ -207,33 +207,43 @@ READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
 # --- listers: return the sorted object names ----------------------------------------------------
 
 
-def list_gcs(spec: Spec) -> list[str]:
-    return [blob.name for blob in _gcs_client(spec).list_blobs(spec.bucket, prefix=spec.prefix)]
+def list_gcs(spec: Spec) -> Iterable[str]:
+    return (blob.name for blob in _gcs_client(spec).list_blobs(spec.bucket, prefix=spec.prefix))
 
 
-def list_gcsfs(spec: Spec) -> list[str]:
+def list_gcsfs(spec: Spec) -> Iterable[str]:
     return sorted(path.split("/", 1)[1] for path in _gcsfs(spec).find(f"{spec.bucket}/{spec.prefix}"))
 
 
-def list_ours(spec: Spec) -> list[str]:
+def _list_ours(spec: Spec, concurrency: int) -> Iterable[str]:
     from torchdata_gcs import GCSFileListerIterDataPipe
 
-    lister = GCSFileListerIterDataPipe(f"gs://{spec.bucket}/{spec.prefix}", client=_our_client(spec))
-    return [url.split("/", 3)[3] for url in lister]
+    url = f"gs://{spec.bucket}/{spec.prefix}"
+    lister = GCSFileListerIterDataPipe(url, client=_our_client(spec), concurrency=concurrency)
+    return (url.split("/", 3)[3] for url in lister)
 
 
-def list_dataflux(spec: Spec) -> list[str]:
+def list_ours(spec: Spec) -> Iterable[str]:
+    return _list_ours(spec, spec.threads)
+
+
+def list_ours_sequential(spec: Spec) -> Iterable[str]:
+    return _list_ours(spec, 1)
+
+
+def list_dataflux(spec: Spec) -> Iterable[str]:
     from dataflux_core.fast_list import ListingController
 
     os.environ["STORAGE_EMULATOR_HOST"] = spec.endpoint
-    controller = ListingController(os.cpu_count() or 2, "bench", spec.bucket, prefix=spec.prefix, sort_results=True)
+    controller = ListingController(spec.threads, "bench", spec.bucket, prefix=spec.prefix, sort_results=True)
     return [name for name, _ in controller.run()]
 
 
-LISTERS: dict[str, Callable[[Spec], list[str]]] = {
+LISTERS: dict[str, Callable[[Spec], Iterable[str]]] = {
     "gcs_loop": list_gcs,
     "gcsfs_find": list_gcsfs,
     "dataflux_list": list_dataflux,
+    "ours_sequential": list_ours_sequential,
     "ours": list_ours,
 }
 
@@ -320,12 +330,18 @@ def measure(spec: Spec) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if spec.workload == "listing":
         expected = _names(spec)
+        firsts: list[float] = []
         while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:
             started = time.perf_counter()
-            listed = LISTERS[spec.reader](spec)
+            listed = []
+            for name in LISTERS[spec.reader](spec):
+                if not listed:
+                    firsts.append(time.perf_counter() - started)
+                listed.append(name)
             timings.append(time.perf_counter() - started)
             if listed != expected:
                 raise SystemExit(f"{spec.reader} listed {len(listed)} names, expected {len(expected)}")
+        extra["first_seconds"] = statistics.median(firsts)
         moved, objects = 0, len(expected)
     elif spec.workload == "checkpoint":
         import torch

@@ -3,7 +3,7 @@
     bash benchmarks/run.sh            # sets up the benchmark environment, then runs this
 
 Workloads: small objects (100 KiB) at 0 ms and at 20 ms added latency, large objects (256 MiB),
-listing (30,000 objects at 20 ms) and checkpoints (a ~512 MiB state dict saved and loaded). Each
+listing (100,000 objects at 20 ms, pages served from the front's snapshot) and checkpoints (a ~512 MiB state dict saved and loaded). Each
 reader runs in a process of its own (so peak memory is its own) against the same emulator and the
 same HAProxy latency front; every result is verified. Writes ``results.json``, ``results.md`` and
 PNG plots to ``benchmarks/results/`` and the table into ``benchmarks/README.md``.
@@ -44,7 +44,11 @@ def _version(package: str) -> str:
 def reader_label(workload: str, reader: str, threads: int) -> str:
     """The row name: what the reader is, with the versions it ran on."""
     if workload == "listing" and reader == "ours":
-        return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs"
+        return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs, concurrency {threads}"
+    if workload == "listing" and reader == "ours_sequential":
+        return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs, concurrency 1"
+    if workload == "listing" and reader == "dataflux_list":
+        return f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: dataflux_core fast_list, {threads} processes"
     if workload == "listing" and reader == "gcs_loop":
         return f"google-cloud-storage {_version('google-cloud-storage')}: list_blobs (direct API)"
     if workload == "checkpoint" and reader == "gcs_loop":
@@ -77,13 +81,15 @@ class Workload:
     readers: list[str]
     runs: int
     objects: dict[str, bytes] = field(default_factory=dict, repr=False)
+    indexed: bool = False  # list pages served from GCSFront's snapshot, list calls counted
+    timeout: float | None = None  # seconds before a reader is given up; None: --timeout
 
 
 def build_workloads(quick: bool) -> list[Workload]:
     scale = 10 if quick else 1
     small = {f"small/{i:06d}.bin": os.urandom(100 * 1024) for i in range(2000 // scale)}
     large = {f"large/{i}.bin": os.urandom(256 * MiB // scale) for i in range(3)}
-    listing = {f"list/{i:07d}": b"x" for i in range(30_000 // scale)}
+    listing = {f"list/{i:07d}.jpg": b"" for i in range(100_000 // scale)}
     readers = [
         "gcs_loop", "gcs_threads", "gcsfs_cat", "torchdata_fsspec",
         "dataflux_compose", "dataflux_direct", "ours", "ours_pipeline", "ceiling",
@@ -92,7 +98,7 @@ def build_workloads(quick: bool) -> list[Workload]:
         Workload("small objects", "bench-small", "small/", 0, readers, 3, small),
         Workload("small objects", "bench-small", "small/", 20, readers, 3, small),
         Workload("large objects", "bench-large", "large/", 0, ["gcs_loop", "gcs_threads", "gcsfs_cat", "dataflux_direct", "ours", "ceiling"], 3, large),
-        Workload("listing", "bench-list", "list/", 20, ["gcs_loop", "gcsfs_find", "dataflux_list", "ours"], 3, listing),
+        Workload("listing", "bench-list", "list/", 20, ["gcs_loop", "gcsfs_find", "dataflux_list", "ours_sequential", "ours"], 3, listing, indexed=True, timeout=90),
         Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["gcs_loop", "gcsfs", "dataflux_checkpoint"], 1),
     ]
 
@@ -111,6 +117,7 @@ def run_reader(workload: Workload, reader: str, endpoint: str, manifest: dict[st
         "budget_seconds": args.budget,
     }
     started = time.perf_counter()
+    timeout = workload.timeout or args.timeout
     try:
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.readers"],
@@ -118,10 +125,10 @@ def run_reader(workload: Workload, reader: str, endpoint: str, manifest: dict[st
             capture_output=True,
             text=True,
             cwd=ROOT,
-            timeout=args.timeout,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s"}
+        return {"error": f"gave up after {timeout:.0f} s"}
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         message = re.sub(r" \(/[^)]*\)", "", lines[-1]) if lines else f"exit {done.returncode}"  # drop file paths
@@ -151,7 +158,10 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                     f"{fmt(row['seconds'], 2)} | {fmt(row['load_seconds'], 2)} | {fmt(row['peak_rss_growth_mib'])} | {len(row['all_seconds'])} |"
                 )
             continue
-        unit = "objects/s" if workload != "listing" else "objects listed/s"
+        if workload == "listing":
+            lines += _listing_table(group)
+            continue
+        unit = "objects/s"
         lines += [f"| reader | {unit} | MB/s | vs direct | vs ceiling | seconds | peak RSS growth MiB | runs |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         direct = next((r for r in group if r["reader"] == "gcs_loop" and "error" not in r), None)
         ceiling = next((r for r in group if r["reader"] == "ceiling" and "error" not in r), None)
@@ -170,6 +180,25 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 f"{fmt(row['peak_rss_growth_mib'])} | {len(row['all_seconds'])} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _listing_table(group: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| lister | objects listed/s | vs direct | seconds | first name after ms | list calls per listing | runs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    direct = next((r for r in group if r["reader"] == "gcs_loop" and "error" not in r), None)
+    for row in group:
+        if "error" in row:
+            lines.append(f"| {row['label']} | failed: {row['error']} | | | | | |")
+            continue
+        rate = row["objects"] / row["seconds"]
+        vs_direct = direct["seconds"] / row["seconds"] if direct else None
+        lines.append(
+            f"| {row['label']} | {fmt(rate)} | {fmt(vs_direct, 2)}x | {fmt(row['seconds'], 2)} | "
+            f"{fmt(row['first_seconds'] * 1000)} | {fmt(row.get('list_calls'), 1)} | {len(row['all_seconds'])} |"
+        )
+    return lines
 
 
 def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
@@ -247,6 +276,10 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with Emulator(backend="filesystem", memory_limit="8GiB") as emulator:
         fronts = {0: None, 20: LatencyFront(emulator.endpoint, latency=0.020).start()}
+        # Listing: HAProxy's 20 ms before a GCSFront that serves list pages from a snapshot, since
+        # fake-gcs-server spends ~0.5 s of CPU per page on a large bucket.
+        index_front = GCSFront(emulator.endpoint).start()
+        listing_front = LatencyFront(index_front.endpoint, latency=0.020).start()
         try:
             manifests: dict[str, dict[str, list[int]]] = {}
             for workload in workloads:
@@ -254,13 +287,19 @@ def main() -> None:
                 if workload.bucket not in manifests:
                     seed_started = time.perf_counter()
                     emulator.create_bucket(workload.bucket)
-                    emulator.seed(workload.bucket, workload.objects, concurrency=32)
+                    emulator.seed(workload.bucket, workload.objects, concurrency=64)
                     manifests[workload.bucket] = manifest
                     print(f"seeded {len(workload.objects)} objects into {workload.bucket} in {time.perf_counter() - seed_started:.1f}s", flush=True)
                 front = fronts[workload.latency_ms]
                 endpoint = front.endpoint if front else emulator.endpoint
+                if workload.indexed:
+                    index_front.index_listings(workload.bucket)
+                    endpoint = listing_front.endpoint
                 for reader in workload.readers:
+                    index_front.reset_counts()
                     result = run_reader(workload, reader, endpoint, manifest, args)
+                    if workload.indexed and "error" not in result:
+                        result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
                     row = {"workload": workload.name, "latency_ms": workload.latency_ms, "reader": reader, "label": reader_label(workload.name, reader, args.threads), **result}
                     rows.append(row)
                     summary = row.get("error") or f"{row['seconds']:.2f}s median of {len(row['all_seconds'])}"
@@ -271,6 +310,8 @@ def main() -> None:
             for front in fronts.values():
                 if front:
                     front.stop()
+            listing_front.stop()
+            index_front.stop()
     elapsed = time.perf_counter() - started
     date = datetime.date.today().isoformat()
     command = "bash benchmarks/run.sh" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else "")
