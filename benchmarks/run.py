@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -142,63 +143,51 @@ def fmt(value: float | None, digits: int = 0) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def _table(columns: list[str], group: list[dict[str, Any]], cells: Callable[[dict[str, Any]], list[str]]) -> list[str]:
+    """A Markdown table: one row per reader, a failed reader's row saying why."""
+    lines = ["| " + " | ".join(columns) + " |", "| --- |" + " ---: |" * (len(columns) - 1)]
+    for row in group:
+        values = [f"failed: {row['error']}"] + [""] * (len(columns) - 2) if "error" in row else cells(row)
+        lines.append("| " + " | ".join([row["label"], *values]) + " |")
+    return lines
+
+
+def _fastest(group: list[dict[str, Any]], reader: str) -> float | None:
+    """Objects per second of ``reader`` in ``group``, if it succeeded."""
+    row = next((r for r in group if r["reader"] == reader and "error" not in r), None)
+    return row["objects"] / row["seconds"] if row else None
+
+
 def to_markdown(rows: list[dict[str, Any]]) -> str:
     lines = []
     for (workload, latency), group in _groups(rows).items():
         lines += [f"\n### {workload}, {latency} ms added latency\n"]
+        direct, ceiling = _fastest(group, "gcs_loop"), _fastest(group, "ceiling")
+
+        def ratio(rate: float, base: float | None) -> str:
+            return f"{fmt(rate / base, 2)}x" if base else "–"
+
         if workload == "checkpoint":
-            lines += ["| writer/reader | save MB/s | load MB/s | save s | load s | peak RSS growth MiB | runs |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-            for row in group:
-                if "error" in row:
-                    lines.append(f"| {row['label']} | failed: {row['error']} | | | | | |")
-                    continue
-                mb = row["bytes"] / 1e6
-                lines.append(
-                    f"| {row['label']} | {fmt(mb / row['seconds'], 1)} | {fmt(mb / row['load_seconds'], 1)} | "
-                    f"{fmt(row['seconds'], 2)} | {fmt(row['load_seconds'], 2)} | {fmt(row['peak_rss_growth_mib'])} | {len(row['all_seconds'])} |"
-                )
-            continue
-        if workload == "listing":
-            lines += _listing_table(group)
-            continue
-        unit = "objects/s"
-        lines += [f"| reader | {unit} | MB/s | vs direct | vs ceiling | seconds | peak RSS growth MiB | runs |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        direct = next((r for r in group if r["reader"] == "gcs_loop" and "error" not in r), None)
-        ceiling = next((r for r in group if r["reader"] == "ceiling" and "error" not in r), None)
-        for row in group:
-            if "error" in row:
-                lines.append(f"| {row['label']} | failed: {row['error']} | | | | | | |")
-                continue
-            rate = row["objects"] / row["seconds"]
-            rate_text = fmt(rate, 0 if rate >= 100 else 2)
-            vs_direct = rate / (direct["objects"] / direct["seconds"]) if direct else None
-            vs_ceiling = rate / (ceiling["objects"] / ceiling["seconds"]) if ceiling else None
-            megabytes = fmt(row["bytes"] / 1e6 / row["seconds"], 1) if row["bytes"] else "–"
-            lines.append(
-                f"| {row['label']} | {rate_text} | {megabytes} | "
-                f"{fmt(vs_direct, 2)}x | {fmt(vs_ceiling, 2)}{'x' if vs_ceiling else ''} | {fmt(row['seconds'], 2)} | "
-                f"{fmt(row['peak_rss_growth_mib'])} | {len(row['all_seconds'])} |"
-            )
+            columns = ["writer/reader", "save MB/s", "load MB/s", "save s", "load s", "peak RSS growth MiB", "runs"]
+            lines += _table(columns, group, lambda r: [
+                fmt(r["bytes"] / 1e6 / r["seconds"], 1), fmt(r["bytes"] / 1e6 / r["load_seconds"], 1),
+                fmt(r["seconds"], 2), fmt(r["load_seconds"], 2), fmt(r["peak_rss_growth_mib"]), str(len(r["all_seconds"])),
+            ])
+        elif workload == "listing":
+            columns = ["lister", "objects listed/s", "vs direct", "seconds", "first name after ms", "list calls per listing", "runs"]
+            lines += _table(columns, group, lambda r: [
+                fmt(r["objects"] / r["seconds"]), ratio(r["objects"] / r["seconds"], direct), fmt(r["seconds"], 2),
+                fmt(r["first_seconds"] * 1000), fmt(r.get("list_calls"), 1), str(len(r["all_seconds"])),
+            ])
+        else:
+            columns = ["reader", "objects/s", "MB/s", "vs direct", "vs ceiling", "seconds", "peak RSS growth MiB", "runs"]
+            lines += _table(columns, group, lambda r: [
+                fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
+                fmt(r["bytes"] / 1e6 / r["seconds"], 1), ratio(r["objects"] / r["seconds"], direct),
+                ratio(r["objects"] / r["seconds"], ceiling), fmt(r["seconds"], 2), fmt(r["peak_rss_growth_mib"]),
+                str(len(r["all_seconds"])),
+            ])
     return "\n".join(lines) + "\n"
-
-
-def _listing_table(group: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| lister | objects listed/s | vs direct | seconds | first name after ms | list calls per listing | runs |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    direct = next((r for r in group if r["reader"] == "gcs_loop" and "error" not in r), None)
-    for row in group:
-        if "error" in row:
-            lines.append(f"| {row['label']} | failed: {row['error']} | | | | | |")
-            continue
-        rate = row["objects"] / row["seconds"]
-        vs_direct = direct["seconds"] / row["seconds"] if direct else None
-        lines.append(
-            f"| {row['label']} | {fmt(rate)} | {fmt(vs_direct, 2)}x | {fmt(row['seconds'], 2)} | "
-            f"{fmt(row['first_seconds'] * 1000)} | {fmt(row.get('list_calls'), 1)} | {len(row['all_seconds'])} |"
-        )
-    return lines
 
 
 def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
