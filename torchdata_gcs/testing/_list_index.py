@@ -29,8 +29,9 @@ def parse_fields(fields: str) -> dict[str, set[str] | None]:
 
     Returns each top-level field with its selected sub-fields (``None``: the whole value).
 
-    >>> parse_fields("items(name,size),nextPageToken")
-    {'items': {'name', 'size'}, 'nextPageToken': None}
+    >>> selected = parse_fields("items(name,size),nextPageToken")
+    >>> sorted(selected["items"]), selected["nextPageToken"]
+    (['name', 'size'], None)
     """
     selected: dict[str, set[str] | None] = {}
     depth, start = 0, 0
