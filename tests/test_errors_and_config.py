@@ -81,8 +81,8 @@ def test_retry_after_reaches_transient_errors() -> None:
         lambda: TransferConfig(max_in_flight=0),
         lambda: TransferConfig(max_in_flight=5000),
         lambda: TransferConfig(max_buffered_bytes=0),
-        lambda: TransferConfig(connect_timeout=0),
-        lambda: TransferConfig(read_timeout=-1),
+        lambda: ClientConfig(connect_timeout=0),
+        lambda: ClientConfig(read_timeout=-1),
     ],
 )
 def test_bad_settings_raise_value_error(make) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
 import os
@@ -369,8 +370,8 @@ def test_the_loader_delivers_every_object_through_faults(
     objects = {f"f/{i:03d}": os.urandom(1 + i * 7919 % 60_000) for i in range(80)}
     gcs_emulator.seed(gcs_bucket, objects)
     with GCSFront(gcs_emulator.endpoint, faults=faults, seed=1) as front:
-        client = front.client_config
-        transfer = TransferConfig(max_in_flight=8, read_timeout=0.5)
+        client = dataclasses.replace(front.client_config, read_timeout=0.5)
+        transfer = TransferConfig(max_in_flight=8)
         urls = list(IterableWrapper([f"gs://{gcs_bucket}/f/"]).list_files_by_gcs(client=client, retry=RETRY))
         loaded = [
             (url, stream.read())

@@ -117,6 +117,7 @@ class Transport:
         self._session.proxies, self._session.verify = settings["proxies"], settings["verify"]
         self._session.trust_env = False
         self._user_project = config.user_project
+        self._timeout = (config.connect_timeout, config.read_timeout)
 
     def __repr__(self) -> str:
         return f"Transport(endpoint={self.endpoint!r})"
@@ -140,7 +141,8 @@ class Transport:
         url: str,
         params: dict[str, Any] | None = None,
         stream: bool = False,
-        timeout: tuple[float, float] = (10.0, 60.0),
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
     ) -> requests.Response:
         """Send one request; raise the typed error for any non-2xx answer (``url`` names the object)."""
         params = dict(params or {})
@@ -148,7 +150,7 @@ class Transport:
             params["userProject"] = self._user_project
         try:
             response = self._session.request(
-                method, self.endpoint + path, params=params, stream=stream, timeout=timeout
+                method, self.endpoint + path, params=params, data=data, headers=headers, stream=stream, timeout=self._timeout
             )
         except google.auth.exceptions.RefreshError as exc:
             raise AccessDeniedError(f"could not refresh the credentials for {url}: {exc}", url=url) from None

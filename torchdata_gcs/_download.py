@@ -85,7 +85,6 @@ def fetch_object(
     transport: Transport,
     url: str,
     info: ObjectInfo | None,
-    transfer: TransferConfig,
     retry: RetryConfig,
     budget: ByteBudget,
     seq: int,
@@ -99,10 +98,9 @@ def fetch_object(
     params: dict[str, Any] = {"alt": "media"}
     if info is not None:
         params["generation"] = info.generation
-    timeout = (transfer.connect_timeout, transfer.read_timeout)
 
     def attempt() -> tuple[bytes, int]:
-        with transport.request("GET", path, url=url, params=params, stream=True, timeout=timeout) as response:
+        with transport.request("GET", path, url=url, params=params, stream=True) as response:
             length = response.headers.get("Content-Length")
             reserved = min(int(length), budget.limit) if length is not None else budget.limit
             budget.acquire(reserved, seq)
@@ -160,7 +158,7 @@ def load_in_order(
 
     try:
         for seq, (url, info) in enumerate(items):
-            window.append((url, executor.submit(fetch_object, transport, url, info, transfer, retry, budget, seq)))
+            window.append((url, executor.submit(fetch_object, transport, url, info, retry, budget, seq)))
             while len(window) > 2 * transfer.max_in_flight or (window and window[0][1].done()):
                 yield from deliver()
         while window:

@@ -36,6 +36,10 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, (TransientError, IntegrityError, *_NETWORK_ERRORS))
 
 
+_JITTER = random.SystemRandom()
+"""Jitter from the OS: no per-call seeding, and worker processes forked alike still draw apart."""
+
+
 def backoff_delay(attempt: int, retry: RetryConfig, rng: random.Random) -> float:
     """Full-jitter delay before retry number ``attempt`` (1 for the first retry)."""
     ceiling = min(retry.max_delay, retry.initial_delay * retry.multiplier ** (attempt - 1))
@@ -54,7 +58,6 @@ def call_with_retry(
     Non-retryable errors propagate at once. When retries run out, a ``GCSError`` propagates as it
     is and a network fault becomes a ``TransientError`` naming ``url``.
     """
-    rng = random.Random()
     start = time.monotonic()
     attempt = 1
     while True:
@@ -63,7 +66,7 @@ def call_with_retry(
         except BaseException as exc:
             if not is_retryable(exc):
                 raise
-            delay = backoff_delay(attempt, retry, rng)
+            delay = backoff_delay(attempt, retry, _JITTER)
             hinted = getattr(exc, "retry_after", None)
             if hinted is not None:
                 delay = max(delay, min(hinted, retry.max_delay))

@@ -39,12 +39,17 @@ class ClientConfig:
         credentials_file: path of a service-account or authorized-user JSON file to use instead of
             Application Default Credentials. The path is stored, never the secret it holds.
         user_project: project billed for requests to requester-pays buckets (sent as ``userProject``).
+        connect_timeout: seconds to wait for a connection.
+        read_timeout: seconds to wait for the next bytes of a response; a request that hangs
+            longer fails with a ``TransientError`` and is retried.
     """
 
     endpoint: str | None = None
     anonymous: bool | None = None
     credentials_file: str | None = None
     user_project: str | None = None
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.endpoint is not None:
@@ -61,6 +66,8 @@ class ClientConfig:
             not (self.anonymous and self.credentials_file),
             "anonymous=True and credentials_file contradict each other",
         )
+        _require(self.connect_timeout > 0, f"connect_timeout must be > 0, got {self.connect_timeout}")
+        _require(self.read_timeout > 0, f"read_timeout must be > 0, got {self.read_timeout}")
 
 
 @dataclass(frozen=True)
@@ -97,17 +104,11 @@ class TransferConfig:
         max_in_flight: concurrent requests per DataPipe instance (per worker process).
         max_buffered_bytes: bytes downloaded ahead of the consumer, in flight or waiting to be
             yielded. One object larger than this is still fetched, alone.
-        connect_timeout: seconds to wait for a connection.
-        read_timeout: seconds to wait for the next bytes of a response before retrying.
     """
 
     max_in_flight: int = 16
     max_buffered_bytes: int = 256 * MiB
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         _require(1 <= self.max_in_flight <= 1024, f"max_in_flight must be 1..1024, got {self.max_in_flight}")
         _require(self.max_buffered_bytes >= 1, f"max_buffered_bytes must be >= 1, got {self.max_buffered_bytes}")
-        _require(self.connect_timeout > 0, f"connect_timeout must be > 0, got {self.connect_timeout}")
-        _require(self.read_timeout > 0, f"read_timeout must be > 0, got {self.read_timeout}")
