@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchdata_gcs import GCSFileListerIterDataPipe, NotFoundError, RetryConfig
+from torchdata_gcs import AccessDeniedError, GCSFileListerIterDataPipe, NotFoundError, RetryConfig, TransientError
 from torchdata_gcs._parallel_listing import KeySpace, split_point
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -20,9 +21,15 @@ SUFFIXES = st.text(st.sampled_from(CHARS), min_size=1, max_size=8)
 FAST_RETRY = RetryConfig(initial_delay=0.01, max_delay=0.05)
 
 
+def space_of(names: list[str]) -> KeySpace:
+    """The key space of exactly the characters ``names`` have at each position."""
+    width = max(map(len, names)) + 1
+    return KeySpace(["".join(sorted({name[i] for name in names if i < len(name)})) for i in range(width)])
+
+
 @given(names=st.lists(st.text(st.sampled_from(CHARS), max_size=6), min_size=2, max_size=20, unique=True))
 def test_key_space_preserves_name_order(names: list[str]) -> None:
-    space = KeySpace(sorted(set("".join(names))) or ["a"], max(map(len, names)) + 1)
+    space = space_of(names)
     assert sorted(names, key=space.value) == sorted(names)
     assert all(space.name(space.value(name)) == name for name in names)
 
@@ -34,7 +41,7 @@ def test_key_space_preserves_name_order(names: list[str]) -> None:
 )
 def test_split_points_fall_strictly_inside_the_range(pair: list[str], unbounded: bool, stride: int) -> None:
     low, high = pair[0], None if unbounded else pair[1]
-    space = KeySpace(CHARS, 6)
+    space = KeySpace(["".join(CHARS)] * 6)
     middle = split_point(low, high, space, stride)
     if middle is not None:
         assert low < middle and (high is None or middle < high)
@@ -117,3 +124,29 @@ def test_missing_bucket_and_early_stop(front: GCSFront, gcs_emulator: Emulator, 
     while time.monotonic() < deadline and {t for t in threading.enumerate() if t.name == "torchdata-gcs-list"} - before:
         time.sleep(0.05)
     assert not {t for t in threading.enumerate() if t.name == "torchdata-gcs-list"} - before
+
+
+def test_a_hanging_list_request_is_retried_then_given_up(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {f"h/{i:03d}": b"" for i in range(30)})
+    expected = [f"gs://{gcs_bucket}/h/{i:03d}" for i in range(30)]
+    hangs = Fault("stall", match="list", times=2, stall_seconds=5)
+    with GCSFront(gcs_emulator.endpoint, faults=[hangs]) as front:
+        client = dataclasses.replace(front.client_config, read_timeout=0.3)
+        lister = GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/h/", client=client, page_size=10, retry=FAST_RETRY)
+        assert list(lister) == expected
+        assert front.faults_injected["stall"] == 2
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("stall", match="list", stall_seconds=5)]) as front:
+        client = dataclasses.replace(front.client_config, read_timeout=0.3)
+        give_up = RetryConfig(initial_delay=0.01, max_delay=0.05, deadline=1.0)
+        started = time.monotonic()
+        with pytest.raises(TransientError, match="gave up"):
+            list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/h/", client=client, retry=give_up))
+        assert time.monotonic() - started < 3
+
+
+def test_permission_denied_is_not_retried(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"p/x": b""})
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="list")]) as front:
+        with pytest.raises(AccessDeniedError):
+            list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/p/", client=front.client_config, retry=FAST_RETRY))
+        assert front.counts["list"] == 1

@@ -6,25 +6,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._client import Transport
-from ._metadata import ObjectInfo
+from ._objects import object_resource
 from ._parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
-from ._retry import call_with_retry
-from ._uri import format_url
 from .config import RetryConfig
-from .errors import NotFoundError
 
 MAX_PAGE_SIZE = 1000  # GCS never returns more per page
-
-
-def _get_object(transport: Transport, bucket: str, name: str, retry: RetryConfig) -> dict[str, Any] | None:
-    url = format_url(bucket, name)
-    path = transport.object_path(bucket, name)
-    try:
-        return call_with_retry(
-            lambda: transport.get_json(path, url=url, params={"fields": ITEM_FIELDS}), retry, url=url
-        )
-    except NotFoundError:
-        return None
 
 
 def list_objects(
@@ -35,25 +21,26 @@ def list_objects(
     page_size: int,
     concurrency: int = 1,
     stats: ListingStats | None = None,
-) -> Iterator[tuple[str, ObjectInfo]]:
-    """Expand ``gs://bucket/name`` into ``(url, info)`` pairs in GCS's name order.
+    after: str | None = None,
+) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Expand ``gs://bucket/name`` into batches of ``(url, resource)`` pairs in GCS's name order.
+
+    ``resource`` holds the fields ``ObjectInfo.from_json`` reads.
 
     An empty name or one ending in ``/`` is a prefix: every object under it. Any other name is an
     object and a folder: the object of that exact name (if it exists), then everything under
     ``name/`` (so ``gs://b/data`` never picks up ``gs://b/database.csv``). Zero-byte ``.../``
     folder placeholders are skipped. A missing bucket raises ``NotFoundError``. Up to
-    ``concurrency`` list requests run at once; ``stats`` counts them.
+    ``concurrency`` list requests run at once; ``stats`` counts them. With ``after``, only names
+    greater than it are listed (how an interrupted listing resumes).
     """
     stats = stats if stats is not None else ListingStats()
+    base = f"gs://{bucket}/"
+    prefix = name
     if name and not name.endswith("/"):
-        exact = _get_object(transport, bucket, name, retry)
-        items = list_prefix_parallel(transport, bucket, name + "/", retry, page_size, concurrency, stats)
+        prefix = name + "/"
+        exact = object_resource(transport, bucket, name, retry, ITEM_FIELDS) if after is None or name > after else None
         if exact is not None:
-            yield f"gs://{bucket}/{name}", ObjectInfo.from_json(exact)
-    else:
-        items = list_prefix_parallel(transport, bucket, name, retry, page_size, concurrency, stats)
-    for item in items:
-        info = ObjectInfo.from_json(item)
-        if info.size == 0 and item["name"].endswith("/"):
-            continue
-        yield f"gs://{bucket}/{item['name']}", info
+            yield [(base + name, exact)]
+    for page in list_prefix_parallel(transport, bucket, prefix, retry, page_size, concurrency, stats, after):
+        yield [(base + item["name"], item) for item in page if not (item["name"].endswith("/") and item["size"] == "0")]

@@ -4,7 +4,8 @@ A sequential listing costs one round trip per 1,000 names. Here the key space un
 listed by up to ``concurrency`` threads, each owning a range ``[start, end)`` of names, requested
 with ``startOffset``/``endOffset``. A lister that runs out of work steals: it splits the remaining
 part of a busy range (after the last name listed there, before the range's end) and takes the
-upper part. Names are read as numbers over the characters seen so far (:class:`KeySpace`): a
+upper part. Names are read as numbers whose digits are the characters seen so far at each position
+(:class:`KeySpace`), so numbered names (``img/000123.jpg``) are cut as the numbers they are: a
 bounded range is cut in the middle, an unbounded one a few pages' stride ahead of where it is. A
 split that lands in an empty stretch costs one request and shrinks the busy range, so the next
 split is better informed. Splits are
@@ -16,9 +17,11 @@ order as soon as every earlier range is finished.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise, zip_longest
 from typing import Any
 
 from ._client import Transport
@@ -34,52 +37,62 @@ __all__ = ["KeySpace", "ListingStats", "list_prefix_parallel", "split_point"]
 ITEM_FIELDS = "name,size,generation,crc32c"
 """The object fields a listing asks for (``fields=`` trims everything else from the answers)."""
 
+CHARACTER_CLASSES = tuple(
+    frozenset(chars) for chars in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+)
+"""A digit (or letter) seen at a position stands for all of them there: ``0001999`` is followed by
+``0002000``, which a space of only the characters seen so far could not name."""
+
 STRIDE_PAGES = 4
-"""A range with no upper bound is cut about this many pages (as the last page spanned) ahead."""
+"""A range with no upper bound is cut about this many pages (as the last page spanned) ahead, per
+lister (the one splitting, and each one idle)."""
+
+MIN_SPLIT_PAGES = 4.0
+"""A bounded range is split only if about this many pages are left in it: a split costs a request."""
 
 SPLIT_BUDGET = 0.5
-"""Splits allowed per full page listed so far. Each range ends in at most one short page and a
-split is taken only while ``splits + 1 < SPLIT_BUDGET * full_pages``, so a listing costs at most
-(1 + SPLIT_BUDGET) times the requests of a sequential one."""
+"""Requests that may come back short, per full page listed so far: a listing costs at most
+(1 + SPLIT_BUDGET) times the requests of a sequential one (see ``_Listing._affordable``)."""
 
 
 class KeySpace:
     """Names as numbers, so a range of names can be cut in the middle or extended by a stride.
 
-    Each name is read as a base ``len(alphabet) + 1`` number of ``width`` digits, digit 0 marking
-    the end of the name, so the number order is the name order (GCS's order) for names made of
-    ``alphabet`` and no longer than ``width``.
+    ``alphabets[i]`` holds the characters (sorted, distinct) that may stand at position ``i``. A
+    name is read as a mixed-radix number with one digit per position, digit 0 marking the end of
+    the name, so the number order is the name order (GCS's order) for every name it holds.
     """
 
-    def __init__(self, alphabet: list[str], width: int) -> None:  # alphabet: sorted, distinct
-        self.alphabet = alphabet
-        self.width = width
-        self._digit = {char: index + 1 for index, char in enumerate(alphabet)}
-        self._base = len(alphabet) + 1
+    def __init__(self, alphabets: list[str]) -> None:
+        self.alphabets = alphabets
+        self._digits = [{char: index + 1 for index, char in enumerate(alphabet)} for alphabet in alphabets]
+        self._radixes = [len(alphabet) + 1 for alphabet in alphabets]
 
     def holds(self, name: str) -> bool:
-        """Whether ``name`` is made of the alphabet and fits the width."""
-        return len(name) <= self.width and all(char in self._digit for char in name)
+        """Whether every character of ``name`` is allowed at its position."""
+        return len(name) <= len(self.alphabets) and all(char in self._digits[i] for i, char in enumerate(name))
 
     def value(self, name: str) -> int:
         total = 0
-        for position in range(self.width):
-            total = total * self._base + (self._digit[name[position]] if position < len(name) else 0)
+        for position, radix in enumerate(self._radixes):
+            total = total * radix + (self._digits[position][name[position]] if position < len(name) else 0)
         return total
 
     def name(self, value: int) -> str | None:
         """The greatest name at or below ``value``; ``None`` if ``value`` is out of range."""
-        if not 0 <= value < self._base**self.width:
+        if value < 0:
             return None
         digits = []
-        for _ in range(self.width):
-            value, digit = divmod(value, self._base)
+        for radix in reversed(self._radixes):
+            value, digit = divmod(value, radix)
             digits.append(digit)
+        if value != 0:
+            return None
         chars = []
-        for digit in reversed(digits):
+        for alphabet, digit in zip(self.alphabets, reversed(digits)):
             if digit == 0:  # the name ends here; what follows is a gap before the next name
                 break
-            chars.append(self.alphabet[digit - 1])
+            chars.append(alphabet[digit - 1])
         return "".join(chars)
 
 
@@ -90,11 +103,11 @@ def split_point(low: str, high: str | None, space: KeySpace, stride: int = 0) ->
     what the last page of names spanned) says how far beyond ``low`` to cut. Returns ``None`` when
     ``space`` holds no such name.
 
-    >>> space = KeySpace(["0", "1", "2", "3"], width=2)
-    >>> split_point("0", "3", space)
-    '11'
-    >>> split_point("00", None, space, stride=space.value("03") - space.value("00"))
-    '03'
+    >>> space = KeySpace(["0123456789", "0123456789"])
+    >>> split_point("10", "30", space)
+    '20'
+    >>> split_point("10", None, space, stride=space.value("13") - space.value("10"))
+    '13'
     """
     if not space.holds(low) or (high is not None and not space.holds(high)):
         return None
@@ -120,8 +133,8 @@ class ListingStats:
 class _Range:
     """Names in ``[start, end)``; ``after`` is the last name listed so far.
 
-    ``token`` continues the query that started at ``query_start`` with end ``token_end``; once a
-    split moves ``end``, the listing restarts at ``after`` with the new end instead.
+    ``token`` continues ``query``, whose ``endOffset`` may lie beyond an ``end`` a split has since
+    moved down: names past ``end`` are dropped and the range is done with that page.
     """
 
     start: str
@@ -133,25 +146,27 @@ class _Range:
     last_page_full: bool = False
     last_page_stride: int = 0
     token: str | None = None
-    token_end: str | None = None
-    query_start: str = ""
+    query: dict[str, Any] = field(default_factory=dict)
 
 
 class _Listing:
     """The shared state of one parallel listing, guarded by one condition variable."""
 
-    def __init__(self, transport: Transport, bucket: str, prefix: str, retry: RetryConfig, page_size: int) -> None:
+    def __init__(
+        self, transport: Transport, bucket: str, prefix: str, retry: RetryConfig, page_size: int, after: str | None
+    ) -> None:
         self.transport = transport
         self.bucket = bucket
         self.prefix = prefix
         self.retry = retry
         self.page_size = page_size
         self.url = format_url(bucket, prefix)
-        self.ranges = [_Range(start=prefix, end=None)]
-        self.space = KeySpace([], 1)
+        self.ranges = [_Range(start=prefix, end=None, after=after if after is not None and after > prefix else None)]
+        self.space = KeySpace([""])
         self.stats = ListingStats()
         self.error: BaseException | None = None
         self.stopped = False
+        self.idle = 0  # listers waiting for work
         self.changed = threading.Condition()
 
     def finished(self) -> bool:
@@ -165,22 +180,53 @@ class _Listing:
                     if not candidate.busy and not candidate.done:
                         candidate.busy = True
                         return candidate
-                affordable = self.stats.splits + 1 < SPLIT_BUDGET * self.stats.full_pages
-                for index, victim in enumerate(self.ranges if affordable else ()):
-                    stolen = self._split(victim)
-                    if stolen is not None:
-                        self.ranges.insert(index + 1, stolen)
-                        self.stats.splits += 1
-                        return stolen
+                if self._affordable():
+                    victims = sorted(self.ranges, key=self._pages_left, reverse=True)
+                    for victim in victims:
+                        stolen = self._split(victim)
+                        if stolen is not None:
+                            self.ranges.insert(self.ranges.index(victim) + 1, stolen)
+                            self.stats.splits += 1
+                            return stolen
+                self.idle += 1
                 self.changed.wait()
+                self.idle -= 1
             return None
 
+    def _affordable(self) -> bool:
+        """Whether one more range keeps the listing within ``1 + SPLIT_BUDGET`` times a sequential one.
+
+        Every request but a range's last comes back full. So the requests that were not full so
+        far, plus one last request for each range not yet done (and the new one), must stay
+        within ``SPLIT_BUDGET`` per full page: a sequential listing needs at least one request per
+        full page.
+        """
+        stats = self.stats
+        not_full = stats.requests - stats.full_pages
+        open_ranges = sum(not listed.done for listed in self.ranges)
+        return not_full + open_ranges + 1 <= SPLIT_BUDGET * stats.full_pages
+
+    def _pages_left(self, listed: _Range) -> float:
+        """About how many pages a range has left to list: 0 if it cannot be split, inf if unbounded."""
+        if not (listed.busy and not listed.done and listed.last_page_full and listed.after is not None):
+            return 0.0
+        if listed.end is None:
+            return math.inf
+        cut = len(self.prefix)  # every bound in play starts with the prefix: measure what follows it
+        low, high = listed.after[cut:], listed.end[cut:]
+        if not (listed.last_page_stride and self.space.holds(low) and self.space.holds(high)):
+            return 0.0
+        return (self.space.value(high) - self.space.value(low)) / listed.last_page_stride
+
     def _split(self, victim: _Range) -> _Range | None:
-        if not (victim.busy and not victim.done and victim.last_page_full and victim.after is not None):
+        """Cut ``victim`` after what it has listed; the upper part is returned, claimed."""
+        if self._pages_left(victim) < MIN_SPLIT_PAGES:
             return None
-        cut = len(self.prefix)  # every bound in play starts with the prefix: split what follows it
-        low, high = victim.after[cut:], None if victim.end is None else victim.end[cut:]
-        suffix = split_point(low, high, self.space, stride=STRIDE_PAGES * victim.last_page_stride)
+        cut = len(self.prefix)
+        low, high = victim.after[cut:], None if victim.end is None else victim.end[cut:]  # type: ignore[index]
+        # The open end is cut further ahead the more listers are idle; they then split what is left.
+        stride = STRIDE_PAGES * (1 + self.idle) * victim.last_page_stride
+        suffix = split_point(low, high, self.space, stride=stride)
         if suffix is None:
             return None
         stolen = _Range(start=self.prefix + suffix, end=victim.end, busy=True)
@@ -194,29 +240,27 @@ class _Listing:
             with self.changed:
                 if self.stopped or owned.done:
                     return
-                if owned.token is None or owned.token_end != owned.end:
-                    owned.query_start = owned.after if owned.after is not None else owned.start
-                    owned.token = None
-                end = owned.end
-                params: dict[str, Any] = {
-                    "prefix": self.prefix,
-                    "startOffset": owned.query_start,
-                    "maxResults": self.page_size,
-                    "projection": "noAcl",
-                    "fields": f"items({ITEM_FIELDS}),nextPageToken",
-                }
-                if end is not None:
-                    params["endOffset"] = end
-                if owned.token is not None:
-                    params["pageToken"] = owned.token
+                if owned.token is None:
+                    owned.query = {
+                        "prefix": self.prefix,
+                        "startOffset": owned.after if owned.after is not None else owned.start,
+                        "maxResults": self.page_size,
+                        "projection": "noAcl",
+                        "fields": f"items({ITEM_FIELDS}),nextPageToken",
+                    }
+                    if owned.end is not None:
+                        owned.query["endOffset"] = owned.end
+                    params = owned.query
+                else:
+                    params = {**owned.query, "pageToken": owned.token}
             page = call_with_retry(
                 lambda: self.transport.get_json(path, url=self.url, params=params), self.retry, url=self.url
             )
             items = page.get("items", [])
-            logger.debug("listed %d objects of %s from %r", len(page.get("items", ())), self.url, params["startOffset"])
+            logger.debug("listed %d objects of %s from %r", len(items), self.url, params["startOffset"])
             with self.changed:
                 self.stats.requests += 1
-                fresh = [  # a restart repeats ``after``; a split may have cut the end
+                fresh = [  # a resumed listing repeats ``after``; a split may have cut the end
                     item
                     for item in items
                     if (owned.after is None or item["name"] > owned.after)
@@ -227,11 +271,11 @@ class _Listing:
                 if fresh:
                     owned.after = fresh[-1]["name"]
                     self._learn(fresh)
-                owned.last_page_full = len(items) >= self.page_size
-                if owned.last_page_full and len(fresh) > 1:
+                owned.last_page_full = len(fresh) >= self.page_size
+                if owned.last_page_full:
                     owned.last_page_stride = self._stride(fresh[0]["name"], fresh[-1]["name"])
                 self.stats.full_pages += owned.last_page_full
-                owned.token, owned.token_end = page.get("nextPageToken"), end
+                owned.token = page.get("nextPageToken")
                 past_end = owned.end is not None and bool(items) and items[-1]["name"] >= owned.end
                 if owned.token is None or past_end:
                     owned.done, owned.busy = True, False
@@ -243,14 +287,23 @@ class _Listing:
         return self.space.value(last[cut:]) - self.space.value(first[cut:])
 
     def _learn(self, items: list[dict[str, Any]]) -> None:
-        """Grow the key space to every character and length seen (strides are measured anew in it)."""
-        suffixes = [item["name"][len(self.prefix) :] for item in items]
-        alphabet = set(self.space.alphabet).union(*suffixes)
-        width = max(self.space.width, *(len(suffix) + 1 for suffix in suffixes))
-        if len(alphabet) != len(self.space.alphabet) or width != self.space.width:
-            self.space = KeySpace(sorted(alphabet), width)
-            for listed in self.ranges:
-                listed.last_page_stride = 0  # measured in the old space
+        """Grow the key space to every character seen at each position (strides are measured anew)."""
+        cut = len(self.prefix)
+        known = self.space.alphabets
+        columns = list(zip_longest(*(item["name"][cut:] for item in items), fillvalue=""))
+        width = max(len(known), len(columns) + 1)  # + 1: room for names between names
+        columns += [()] * (width - len(columns))
+        alphabets = []
+        for position, column in enumerate(columns):
+            chars = set(column).union(known[position] if position < len(known) else "")
+            chars.discard("")
+            chars.update(*(family for family in CHARACTER_CLASSES if not chars.isdisjoint(family)))
+            alphabets.append("".join(sorted(chars)))
+        if alphabets == known:
+            return
+        self.space = KeySpace(alphabets)
+        for listed in self.ranges:
+            listed.last_page_stride = 0  # measured in the old space
 
     def work(self) -> None:
         try:
@@ -270,12 +323,14 @@ def list_prefix_parallel(
     page_size: int,
     concurrency: int,
     stats: ListingStats | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Every object resource under ``prefix``, in name order, listed by ``concurrency`` threads.
+    after: str | None = None,
+) -> Iterator[list[dict[str, Any]]]:
+    """The object resources under ``prefix`` (after ``after``, if given), in name order, in batches.
 
+    ``concurrency`` threads list; each batch is what became ready in order since the last one.
     ``stats``, when given, is updated as the listing goes (requests, splits, objects).
     """
-    listing = _Listing(transport, bucket, prefix, retry, page_size)
+    listing = _Listing(transport, bucket, prefix, retry, page_size, after)
     if stats is not None:
         listing.stats = stats
     workers = [
@@ -301,11 +356,14 @@ def list_prefix_parallel(
                 ready, current.items = current.items, []  # hand over what is in order, keep nothing
                 if not ready and current.done:
                     position += 1
-            for item in ready:
-                if item["name"] <= previous:  # GCS lists in name order; anything else is not trusted
-                    raise GCSError(f"listing of {listing.url} came back out of order at {item['name']!r}", url=listing.url)
-                previous = item["name"]
-                yield item
+            if not ready:
+                continue
+            names = [item["name"] for item in ready]
+            # GCS lists in name order; anything else is not trusted.
+            if names[0] <= previous or any(a >= b for a, b in pairwise(names)):
+                raise GCSError(f"listing of {listing.url} came back out of order near {names[0]!r}", url=listing.url)
+            previous = names[-1]
+            yield ready
     finally:
         with listing.changed:
             listing.stopped = True

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import match_masks
 
-from .._client import transport_for
+from .._client import Transport, transport_for
 from .._listing import MAX_PAGE_SIZE, list_objects
 from .._metadata import ObjectInfo
 from .._parallel_listing import ListingStats
+from .._shared_listing import Entry, SharedListing
 from .._uri import parse_url
 from ..config import ClientConfig, RetryConfig
 from ._source import as_source
@@ -41,6 +43,17 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         concurrency: list requests in flight at once for one prefix; the key space is split into
             ranges as full pages come back, keeping the total number of list requests within
             1.5x of a sequential listing's. 1 lists sequentially.
+        manifest: a ``gs://bucket/folder/`` where replicas of this DataPipe (worker processes,
+            ranks) share one listing: the first to get there lists and publishes a manifest there,
+            the others read it, so a job lists once and every replica sees the same sequence. The
+            manifest is named by the inputs and masks and kept, so a restarted job reads it instead
+            of listing; objects added later are seen only under another folder (say, one per job).
+            Needs permission to create and delete objects in the folder.
+
+    State:
+        :meth:`state_dict` records the last object yielded; a DataPipe given it with
+        :meth:`load_state_dict` resumes after that object on its next iteration, listing only the
+        rest (or reading it from the manifest): no duplicates, no holes.
 
     Returns:
         ``gs://bucket/name`` strings, or ``(url, ObjectInfo)`` with ``with_metadata``.
@@ -60,6 +73,8 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         ['gs://demo/train/a.txt', 'gs://demo/train/b.txt']
     """
 
+    _is_child_datapipe = False  # torch checks it per item; found here, it skips a slow miss
+
     def __init__(
         self,
         source_datapipe: IterDataPipe[str] | Iterable[str] | str,
@@ -70,6 +85,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         retry: RetryConfig | None = None,
         page_size: int = MAX_PAGE_SIZE,
         concurrency: int = 8,
+        manifest: str | None = None,
     ) -> None:
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE_SIZE}, got {page_size}")
@@ -85,15 +101,69 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         self.retry = retry or RetryConfig()
         self.page_size = page_size
         self.concurrency = concurrency
+        if manifest is not None:
+            parse_url(manifest)
+        self.manifest = manifest
         self.stats = ListingStats()
+        self._position: tuple[int, str] | None = None  # (input index, URL) of the last object yielded
+        self._resume_after: tuple[int, str] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current iteration stands: the input index and URL of the last object yielded."""
+        position = self._position or self._resume_after
+        return {"after": None if position is None else list(position)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration resume after the position in ``state`` (from :meth:`state_dict`)."""
+        after = state["after"]
+        self._resume_after = None if after is None else (int(after[0]), str(after[1]))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_position"] = None  # a copy starts a fresh iteration, unless a state was loaded
+        return state
 
     def __iter__(self) -> Iterator[str | tuple[str, ObjectInfo]]:
         """List every input; :attr:`stats` counts this iteration's list requests and objects."""
         transport = transport_for(self.client)
-        self.stats = stats = ListingStats()
-        for source_url in self.source_datapipe:
+        self.stats = ListingStats()
+        after, self._resume_after, self._position = self._resume_after, None, None
+        inputs = list(self.source_datapipe)
+        for url in inputs:
+            parse_url(url)
+        if self.manifest is None:
+            batches = self._list(transport, inputs, after)
+        else:
+            masks = [self.masks] if isinstance(self.masks, str) else self.masks
+            shared = SharedListing(transport, self.manifest, inputs, masks, self.retry)
+            batches = _after(shared.entries(lambda: self._list(transport, inputs, None)), after)
+        with_metadata = self.with_metadata
+        for batch in batches:
+            for index, url, info in batch:
+                self._position = (index, url)
+                yield url if info is None or not with_metadata else (url, info)
+        self._position = None
+
+    def _list(self, transport: Transport, inputs: list[str], after: tuple[int, str] | None) -> Iterator[list[Entry]]:
+        """List the inputs (from ``after`` on) in batches of entries that pass the masks."""
+        masks = self.masks
+        with_info = self.with_metadata or self.manifest is not None
+        for index, source_url in enumerate(inputs):
+            if after is not None and index < after[0]:
+                continue
             bucket, name = parse_url(source_url)
-            listed = list_objects(transport, bucket, name, self.retry, self.page_size, self.concurrency, stats)
-            for url, info in listed:
-                if match_masks(posixpath.basename(url), self.masks):
-                    yield (url, info) if self.with_metadata else url
+            resume_name = parse_url(after[1])[1] if after is not None and index == after[0] else None
+            for batch in list_objects(
+                transport, bucket, name, self.retry, self.page_size, self.concurrency, self.stats, resume_name
+            ):
+                yield [
+                    (index, url, ObjectInfo.from_json(resource) if with_info else None)
+                    for url, resource in batch
+                    if not masks or match_masks(posixpath.basename(url), masks)
+                ]
+
+
+def _after(batches: Iterable[list[Entry]], after: tuple[int, str] | None) -> Iterator[list[Entry]]:
+    """The entries that come after position ``after`` (all of them if ``None``)."""
+    for batch in batches:
+        yield batch if after is None else [entry for entry in batch if (entry[0], entry[1]) > after]

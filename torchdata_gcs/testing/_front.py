@@ -36,8 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "request_kind"]
 
-FaultKind = Literal["http_429", "http_503", "reset", "truncate", "stall"]
-FAULT_KINDS: tuple[str, ...] = ("http_429", "http_503", "reset", "truncate", "stall")
+FaultKind = Literal["http_403", "http_429", "http_503", "reset", "truncate", "stall"]
+FAULT_KINDS: tuple[str, ...] = ("http_403", "http_429", "http_503", "reset", "truncate", "stall")
+_HTTP_FAULTS = {
+    "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
+    "http_429": (429, "Too Many Requests", "injected by the test front: Too Many Requests"),
+    "http_503": (503, "Service Unavailable", "injected by the test front: Service Unavailable"),
+}
 REQUEST_KINDS: tuple[str, ...] = ("list", "get", "range_get", "compose", "upload", "delete", "metadata", "other")
 
 CHUNK = 256 * 1024  # bytes read and forwarded at a time, both ways
@@ -112,8 +117,8 @@ class Fault:
     """A failure to inject into matching requests.
 
     Args:
-        kind: ``"http_429"`` or ``"http_503"`` answers that status with a GCS-style JSON error
-            instead of forwarding; ``"reset"`` resets the connection (the client gets ECONNRESET)
+        kind: ``"http_403"`` (permission denied), ``"http_429"`` or ``"http_503"`` answers that
+            status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the connection (the client gets ECONNRESET)
             instead of answering; ``"truncate"`` forwards the request and sends the real status and
             headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
             answers nothing for ``stall_seconds``, then closes. Only ``"truncate"`` reaches upstream.
@@ -554,10 +559,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(_head(status, reason, headers) + (b"" if self.command == "HEAD" else body))
 
     def _inject(self, fault: Fault) -> None:
-        if fault.kind in ("http_429", "http_503"):
-            status, reason = (429, "Too Many Requests") if fault.kind == "http_429" else (503, "Service Unavailable")
+        if fault.kind in _HTTP_FAULTS:
+            status, reason, message = _HTTP_FAULTS[fault.kind]
             extra = [] if fault.retry_after is None else [("Retry-After", f"{fault.retry_after:g}")]
-            self._answer_error(status, reason, f"injected by the test front: {reason}", extra)
+            self._answer_error(status, reason, message, extra)
         elif fault.kind == "reset":  # SO_LINGER 0: close() sends RST instead of FIN
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._close_now()

@@ -1,0 +1,78 @@
+"""Two ranks (gloo) of two worker processes each: the bucket is listed once, each object read once."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from torchdata_gcs import ClientConfig
+from torchdata_gcs.testing import Emulator, GCSFront
+from torchdata_gcs.testing._process import free_port
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning)
+    from torchdata.dataloader2 import (
+        DataLoader2,
+        DistributedReadingService,
+        MultiProcessingReadingService,
+        SequentialReadingService,
+    )
+
+WORLD_SIZE, WORKERS = 2, 2
+N_OBJECTS = 1_200  # a multiple of WORLD_SIZE * WORKERS: DistributedReadingService stops all ranks at the shortest
+
+
+def read_sample(item: tuple[str, object]) -> str:
+    url, stream = item
+    data = stream.read()  # type: ignore[attr-defined]
+    assert data == url.rsplit("/", 1)[1].encode(), f"wrong bytes for {url}"
+    return url
+
+
+def run_rank(rank: int, port: int, bucket: str, client: ClientConfig, out: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        pipe = (
+            IterableWrapper([f"gs://{bucket}/samples/"])
+            .list_files_by_gcs(client=client, manifest=f"gs://{bucket}/listings/", page_size=100)
+            .shuffle()
+            .sharding_filter()
+            .load_files_by_gcs(client=client)
+            .map(read_sample)
+        )
+        service = SequentialReadingService(
+            DistributedReadingService(), MultiProcessingReadingService(num_workers=WORKERS)
+        )
+        loader = DataLoader2(pipe, reading_service=service)
+        try:
+            (out / f"rank{rank}.txt").write_text("\n".join(loader))
+        finally:
+            loader.shutdown()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_of_two_workers_list_once_and_read_each_object_once(gcs_emulator: Emulator, tmp_path: Path) -> None:
+    bucket = "distributed-data"
+    names = [f"samples/{i:05d}" for i in range(N_OBJECTS)]
+    gcs_emulator.seed(bucket, {name: name.rsplit("/", 1)[1].encode() for name in names}, concurrency=32)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        mp.start_processes(
+            run_rank,
+            args=(free_port(), bucket, front.client_config, tmp_path),
+            nprocs=WORLD_SIZE,
+            join=True,
+            start_method="spawn",
+        )
+        list_calls = front.counts["list"]
+    delivered = [url for rank in range(WORLD_SIZE) for url in (tmp_path / f"rank{rank}.txt").read_text().split("\n")]
+    counts = collections.Counter(delivered)
+    assert set(counts) == {f"gs://{bucket}/{name}" for name in names}
+    assert max(counts.values()) == 1
+    pages = N_OBJECTS // 100  # one listing, not one per replica (4 replicas would make 4 x 12 calls)
+    assert pages <= list_calls <= 1.5 * pages

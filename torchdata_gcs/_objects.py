@@ -1,0 +1,95 @@
+"""Single-object operations of the control plane: read metadata, read small objects, create, delete."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from ._client import Transport
+from ._download import ByteBudget, fetch_object
+from ._metadata import crc32c_base64
+from ._retry import call_with_retry
+from ._uri import format_url
+from .config import RetryConfig
+from .errors import NotFoundError
+
+__all__ = ["create_object", "delete_object", "object_resource", "read_object"]
+
+
+def object_resource(
+    transport: Transport, bucket: str, name: str, retry: RetryConfig, fields: str
+) -> dict[str, Any] | None:
+    """The object's JSON resource trimmed to ``fields``, or ``None`` if it does not exist."""
+    url = format_url(bucket, name)
+    path = transport.object_path(bucket, name)
+    try:
+        return call_with_retry(lambda: transport.get_json(path, url=url, params={"fields": fields}), retry, url=url)
+    except NotFoundError:
+        return None
+
+
+def read_object(transport: Transport, bucket: str, name: str, retry: RetryConfig) -> bytes | None:
+    """The object's bytes, checked against GCS's crc32c, or ``None`` if it does not exist."""
+    try:
+        data, _ = fetch_object(transport, format_url(bucket, name), None, retry, ByteBudget(1), 0)
+    except NotFoundError:
+        return None
+    return data
+
+
+def create_object(
+    transport: Transport,
+    bucket: str,
+    name: str,
+    data: bytes,
+    retry: RetryConfig,
+    *,
+    if_generation_match: int | None = None,
+    content_type: str = "application/octet-stream",
+) -> int:
+    """Write ``data`` in one multipart upload and return the new generation.
+
+    The crc32c travels in the metadata, so GCS refuses bytes damaged on the way. With
+    ``if_generation_match`` (0: only if the object does not exist) a mismatch raises
+    ``PreconditionFailedError``; a retried request may meet its own first attempt's write there.
+    """
+    url = format_url(bucket, name)
+    boundary = uuid.uuid4().hex
+    metadata = json.dumps({"name": name, "crc32c": crc32c_base64(data), "contentType": content_type})
+    body = b"".join(
+        (
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n".encode(),
+            f"--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
+            data,
+            f"\r\n--{boundary}--\r\n".encode(),
+        )
+    )
+    params: dict[str, Any] = {"uploadType": "multipart", "fields": "generation"}
+    if if_generation_match is not None:
+        params["ifGenerationMatch"] = if_generation_match
+    headers = {"Content-Type": f"multipart/related; boundary={boundary}"}
+    path = f"/upload{transport.bucket_objects_path(bucket)}"
+
+    def attempt() -> int:
+        with transport.request("POST", path, url=url, params=params, data=body, headers=headers) as response:
+            return int(response.json()["generation"])
+
+    return call_with_retry(attempt, retry, url=url)
+
+
+def delete_object(
+    transport: Transport, bucket: str, name: str, retry: RetryConfig, *, if_generation_match: int | None = None
+) -> bool:
+    """Delete the object (only that generation, if given); ``False`` if it was already gone."""
+    url = format_url(bucket, name)
+    params = {} if if_generation_match is None else {"ifGenerationMatch": if_generation_match}
+    try:
+        call_with_retry(
+            lambda: transport.request("DELETE", transport.object_path(bucket, name), url=url, params=params).close(),
+            retry,
+            url=url,
+        )
+    except NotFoundError:
+        return False
+    return True

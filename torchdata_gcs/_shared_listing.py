@@ -1,0 +1,217 @@
+"""A listing shared by every replica of a job: listed by one, published as a manifest, read by all.
+
+With N workers on each of M ranks, every replica of a DataPipe graph would list the bucket. Here the
+replicas meet at a manifest folder in GCS. The manifest of a listing is named by a hash of what was
+asked (the input URLs and masks), so asking for something else lists anew. A replica that finds the
+manifest reads it (one GET). Otherwise the replicas race to create a lock object with
+``ifGenerationMatch=0``; the one that wins lists, streaming names to its own consumer as they come,
+and publishes the manifest when the listing is complete (in the background, whatever its consumer
+does); the others poll the lock and read the manifest once the lock is gone. The holder rewrites
+the lock every ``LEASE / 4`` seconds; a lock whose generation stays the same for ``LEASE`` seconds
+belongs to a replica that died and is taken over. A listing that fails publishes nothing and
+releases the lock, so another replica tries.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ._client import Transport
+from ._metadata import ObjectInfo
+from ._objects import create_object, delete_object, object_resource, read_object
+from ._uri import format_url, parse_url
+from .config import RetryConfig
+from .errors import GCSError, InvalidURIError, PreconditionFailedError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LEASE", "Entry", "SharedListing"]
+
+FORMAT = 1
+LEASE = 30.0
+"""Seconds a lock may go without being rewritten before other replicas take it over."""
+
+Entry = tuple[int, str, ObjectInfo | None]
+"""One listed object: the index of the input it came from, its URL, its metadata (if asked for)."""
+
+
+class SharedListing:
+    """The manifest and lock of one listing request under a ``gs://bucket/folder/`` URL."""
+
+    def __init__(
+        self, transport: Transport, folder: str, inputs: list[str], masks: list[str], retry: RetryConfig
+    ) -> None:
+        bucket, name = parse_url(folder)
+        if name and not name.endswith("/"):
+            raise InvalidURIError(f"a manifest folder must end with '/': {folder!r}", url=folder)
+        self.transport, self.bucket, self.retry = transport, bucket, retry
+        self.request = {"format": FORMAT, "inputs": inputs, "masks": masks}
+        key = hashlib.sha256(json.dumps(self.request, sort_keys=True).encode()).hexdigest()[:32]
+        self.manifest_name = f"{name}{key}.jsonl.gz"
+        self.lock_name = f"{name}{key}.lock"
+        self.url = format_url(bucket, self.manifest_name)
+
+    def entries(self, list_all: Callable[[], Iterable[list[Entry]]]) -> Iterator[list[Entry]]:
+        """The listing in batches: read from the manifest, or listed here with ``list_all`` and published."""
+        while True:
+            published = self._read()
+            if published is None and (lock := self._claim()) is not None:
+                published = self._read()  # published between our first look and the claim?
+                if published is None:
+                    yield from self._list_and_publish(list_all, lock)
+                    return
+                lock.release()
+            if published is not None:
+                yield published
+                return
+            self._wait_for_lock_release()
+
+    def _read(self) -> list[Entry] | None:
+        data = read_object(self.transport, self.bucket, self.manifest_name, self.retry)
+        if data is None:
+            return None
+        lines = gzip.decompress(data).decode("utf-8").splitlines()
+        header = json.loads(lines[0])
+        if {key: header.get(key) for key in self.request} != self.request or header.get("objects") != len(lines) - 1:
+            raise GCSError(f"manifest {self.url} does not describe this listing or is incomplete", url=self.url)
+        entries: list[Entry] = []
+        for line in lines[1:]:
+            index, url, size, generation, crc32c = json.loads(line)
+            entries.append((index, url, ObjectInfo(size, generation, crc32c)))
+        logger.debug("read %d listed objects from %s", len(entries), self.url)
+        return entries
+
+    def _claim(self) -> _Lock | None:
+        """Create the lock; ``None`` if another replica holds it."""
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}".encode()
+        try:
+            generation = create_object(
+                self.transport, self.bucket, self.lock_name, owner, self.retry, if_generation_match=0
+            )
+        except PreconditionFailedError:
+            # A retried create may have met its own first attempt: the lock is ours if it holds our name.
+            if read_object(self.transport, self.bucket, self.lock_name, self.retry) != owner:
+                return None
+            resource = object_resource(self.transport, self.bucket, self.lock_name, self.retry, "generation")
+            if resource is None:  # ours, and already taken over and released
+                return None
+            generation = int(resource["generation"])
+        return _Lock(self, owner, generation)
+
+    def _wait_for_lock_release(self) -> None:
+        """Poll the lock until it is gone, taking it away from a holder that stopped rewriting it."""
+        seen: str | None = None
+        since, delay = time.monotonic(), 0.05
+        while True:
+            resource = object_resource(self.transport, self.bucket, self.lock_name, self.retry, "generation")
+            if resource is None:
+                return
+            if resource["generation"] != seen:
+                seen, since = resource["generation"], time.monotonic()
+            elif time.monotonic() - since > LEASE:
+                logger.warning("taking over the listing lock %s: its holder stopped renewing it", self.lock_name)
+                delete_object(
+                    self.transport, self.bucket, self.lock_name, self.retry, if_generation_match=int(resource["generation"])
+                )
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    def _list_and_publish(self, list_all: Callable[[], Iterable[list[Entry]]], lock: _Lock) -> Iterator[list[Entry]]:
+        """List on a background thread (so the manifest is published at listing speed) and stream."""
+        recorded: list[list[Entry]] = []
+        outcome: list[BaseException | None] = []  # one element once the listing has ended
+        changed = threading.Condition()
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                with lock:
+                    for batch in list_all():
+                        with changed:
+                            recorded.append(batch)
+                            changed.notify_all()
+                    self._publish([entry for batch in recorded for entry in batch])
+            except BaseException as exc:  # handed to the consumer, which raises it
+                error = exc
+            with changed:
+                outcome.append(error)
+                changed.notify_all()
+
+        threading.Thread(target=run, name="torchdata-gcs-shared-listing", daemon=True).start()
+        position = 0
+        while True:
+            with changed:
+                changed.wait_for(lambda seen=position: len(recorded) > seen or bool(outcome))
+                ready = recorded[position:]
+            position += len(ready)
+            yield from ready
+            if not ready and outcome:
+                if outcome[0] is not None:
+                    raise outcome[0]
+                return
+
+    def _publish(self, entries: list[Entry]) -> None:
+        header = json.dumps({**self.request, "objects": len(entries), "created": time.time()})
+        lines = [header] + [json.dumps([index, url, *info]) for index, url, info in entries]  # type: ignore[misc]
+        data = gzip.compress("\n".join(lines).encode("utf-8"), compresslevel=5)
+        try:
+            create_object(
+                self.transport, self.bucket, self.manifest_name, data, self.retry,
+                if_generation_match=0, content_type="application/gzip",
+            )
+        except PreconditionFailedError:
+            pass  # a replica that took over a lock thought stale published first; its listing stands
+        logger.debug("published %d listed objects to %s", len(entries), self.url)
+
+
+class _Lock:
+    """A held listing lock, rewritten every ``LEASE / 4`` seconds while held."""
+
+    def __init__(self, shared: SharedListing, owner: bytes, generation: int) -> None:
+        self.shared, self.owner, self.generation = shared, owner, generation
+        self._released = threading.Event()
+        self._mutex = threading.Lock()  # a renewal and the release never interleave
+
+    def __enter__(self) -> _Lock:
+        threading.Thread(target=self._renew, name="torchdata-gcs-listing-lock", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
+
+    def release(self) -> None:
+        shared = self.shared
+        with self._mutex:
+            self._released.set()
+            try:
+                delete_object(
+                    shared.transport, shared.bucket, shared.lock_name, shared.retry, if_generation_match=self.generation
+                )
+            except GCSError as exc:  # taken over meanwhile: the new holder removes it
+                logger.warning("could not remove the listing lock %s: %s", shared.lock_name, exc)
+
+    def _renew(self) -> None:
+        shared = self.shared
+        while not self._released.wait(LEASE / 4):
+            with self._mutex:
+                if self._released.is_set():
+                    return
+                try:
+                    self.generation = create_object(
+                        shared.transport, shared.bucket, shared.lock_name, self.owner, shared.retry,
+                        if_generation_match=self.generation,
+                    )
+                except GCSError as exc:  # taken over; this listing still completes and publishes
+                    logger.warning("could not renew the listing lock %s: %s", shared.lock_name, exc)
+                    return
