@@ -16,7 +16,7 @@ from torchdata_gcs import AccessDeniedError, GCSFileListerIterDataPipe, NotFound
 from torchdata_gcs._parallel_listing import KeySpace, split_point
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
-CHARS = ["/", "0", "9", "a", "b", "z", "~", "é", "日", "😀"]
+CHARS = [" ", "/", "0", "9", "a", "b", "z", "~", "é", "日", "😀", "\U0010fffd"]  # sorted; both ends of the range
 SUFFIXES = st.text(st.sampled_from(CHARS), min_size=1, max_size=8)
 FAST_RETRY = RetryConfig(initial_delay=0.01, max_delay=0.05)
 
