@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
-import threading
 import time
 
 import pytest
@@ -14,6 +14,7 @@ from tests.http_proxy import RecordingProxy
 from tests.test_listing import AWKWARD_NAMES
 from torchdata_gcs import (
     ClientConfig,
+    GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
     IntegrityError,
     InvalidURIError,
@@ -24,7 +25,7 @@ from torchdata_gcs import (
     TransientError,
 )
 from torchdata_gcs._download import ByteBudget
-from torchdata_gcs.testing import Emulator
+from torchdata_gcs.testing import Emulator, GCSFront
 
 FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
 
@@ -122,43 +123,32 @@ def test_objects_larger_than_the_buffer_still_load(gcs_emulator: Emulator, gcs_b
 
 
 def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
-    budget = ByteBudget(limit=100)
-    budget.acquire(60, seq=0)
-    budget.acquire(40, seq=1)
-    blocked = threading.Event()
-    done = threading.Event()
+    async def scenario() -> None:
+        budget = ByteBudget(limit=100)
+        await budget.acquire(60, seq=0)
+        await budget.acquire(40, seq=1)
+        third = asyncio.ensure_future(budget.acquire(50, seq=2))
+        await asyncio.sleep(0.05)
+        assert not third.done()  # 150 bytes would exceed the limit
+        budget.release(60, head=1)
+        await asyncio.wait_for(third, 5)
+        await budget.acquire(500, seq=1)  # the oldest undelivered item never waits
 
-    def third() -> None:
-        blocked.set()
-        budget.acquire(50, seq=2)
-        done.set()
-
-    thread = threading.Thread(target=third)
-    thread.start()
-    blocked.wait()
-    time.sleep(0.05)
-    assert not done.is_set()  # 150 bytes would exceed the limit
-    budget.release(60)
-    budget.advance(1)
-    assert done.wait(5)
-    budget.acquire(500, seq=1)  # the oldest undelivered item never waits
-    thread.join()
+    asyncio.run(scenario())
 
 
-def test_early_stop_releases_worker_threads(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+def test_early_stop_stops_downloading(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     gcs_emulator.seed(gcs_bucket, {f"s/{i}": os.urandom(20_000) for i in range(40)})
-    before = {t for t in threading.enumerate() if t.name.startswith("torchdata-gcs-load")}
-    transfer = TransferConfig(max_in_flight=4, max_buffered_bytes=30_000)
-    iterator = iter(GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/s/{i}" for i in range(40)], client=client, transfer=transfer))
-    next(iterator)
-    iterator.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        alive = {t for t in threading.enumerate() if t.name.startswith("torchdata-gcs-load")} - before
-        if not alive:
-            break
-        time.sleep(0.05)
-    assert not alive
+    with GCSFront(gcs_emulator.endpoint, latency=0.05) as front:
+        transfer = TransferConfig(max_in_flight=4, max_buffered_bytes=30_000)
+        urls = [f"gs://{gcs_bucket}/s/{i}" for i in range(40)]
+        iterator = iter(GCSFileLoaderIterDataPipe(urls, client=front.client_config, transfer=transfer))
+        next(iterator)
+        iterator.close()
+        time.sleep(0.2)  # requests already sent may finish
+        sent = front.counts["get"]
+        time.sleep(0.3)
+        assert front.counts["get"] == sent < 20
 
 
 def test_bad_items_raise_typed_errors(client: ClientConfig) -> None:
@@ -177,3 +167,54 @@ def test_pickles_and_reports_length(gcs_emulator: Emulator, gcs_bucket: str, cli
     assert read_all(pickle.loads(pickle.dumps(pipe))) == [(f"gs://{gcs_bucket}/p", b"pickled")]
     with pytest.raises(TypeError):
         len(GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/p"], client=client, skip_missing=True))
+
+
+def test_large_objects_are_read_as_ranges_and_reassembled(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    objects = {f"large/{i}": os.urandom(700_000 + i * 99_991) for i in range(3)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    transfer = TransferConfig(part_size=256 * 1024)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        for with_metadata in (False, True):  # size unknown (learnt from the first answer), or listed
+            front.reset_counts()
+            listed = GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/large/", client=front.client_config, with_metadata=with_metadata)
+            pipe = GCSFileLoaderIterDataPipe(listed, client=front.client_config, transfer=transfer)
+            assert [data for _, data in read_all(pipe)] == [objects[name] for name in sorted(objects)]
+            assert front.counts["range_get"] >= sum(-(-len(data) // transfer.part_size) for data in objects.values()) - 3
+
+
+def test_an_object_larger_than_the_buffer_streams_and_is_checked_at_its_end(
+    gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    gcs_emulator.seed(gcs_bucket, {"huge": data, "after": b"next"})
+    transfer = TransferConfig(part_size=256 * 1024, max_buffered_bytes=1024 * 1024)
+    urls = [f"gs://{gcs_bucket}/huge", f"gs://{gcs_bucket}/after"]
+    pipe = GCSFileLoaderIterDataPipe(urls, client=gcs_emulator.client_config, transfer=transfer)
+    (_, stream), (_, next_stream) = list(pipe)  # the stream reads on; the next object is loaded
+    assert [stream.read(1000) for _ in range(2)] == [data[:1000], data[1000:2000]]
+    assert stream.read() == data[2000:] and next_stream.read() == b"next"
+    with RecordingProxy(gcs_emulator.endpoint) as proxy:
+        proxy.corrupt_downloads = True
+        pipe = GCSFileLoaderIterDataPipe(urls[:1], client=ClientConfig(endpoint=proxy.endpoint), transfer=transfer, retry=FAST_RETRY)
+        ((_, corrupted),) = list(pipe)
+        with pytest.raises(IntegrityError, match="crc32c"):
+            corrupted.read()
+
+
+def test_an_object_overwritten_during_a_ranged_read_fails_loudly(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"moving": os.urandom(1_000_000)})
+    listed = list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/moving", client=gcs_emulator.client_config, with_metadata=True))
+    gcs_emulator.upload(gcs_bucket, "moving", os.urandom(1_000_000))
+    pipe = GCSFileLoaderIterDataPipe(listed, client=gcs_emulator.client_config, transfer=TransferConfig(part_size=256 * 1024))
+    with pytest.raises(NotFoundError, match="no longer exists"):
+        read_all(pipe)
+
+
+def test_stats_count_requests_and_bytes(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    objects = {f"st/{i}": os.urandom(1000 + i) for i in range(10)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    pipe = GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/{name}" for name in sorted(objects)], client=client)
+    read_all(pipe)
+    stats = pipe.stats
+    assert (stats.requests, stats.objects, stats.bytes, stats.retries) == (10, 10, sum(map(len, objects.values())), 0)
+    assert stats.wait_seconds > 0

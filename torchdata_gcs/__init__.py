@@ -14,6 +14,7 @@ Importing the package registers the functional DataPipes on ``IterDataPipe``::
     )
 """
 
+from ._download import LoadStats
 from ._metadata import ObjectInfo
 from ._parallel_listing import ListingStats
 from ._uri import format_url, parse_url
@@ -41,6 +42,7 @@ __all__ = [
     "IntegrityError",
     "InvalidURIError",
     "ListingStats",
+    "LoadStats",
     "MissingObjectWarning",
     "NotFoundError",
     "ObjectInfo",

@@ -19,6 +19,7 @@ from urllib.parse import quote
 import google.auth
 import google.auth.credentials
 import google.auth.exceptions
+import google.auth.transport.requests
 import google.oauth2.credentials
 import google.oauth2.service_account
 import requests
@@ -79,7 +80,7 @@ def _credentials(config: ClientConfig) -> google.auth.credentials.Credentials:
     return credentials
 
 
-def _retry_after_seconds(value: str | None) -> float | None:
+def retry_after_seconds(value: str | None) -> float | None:
     if not value:
         return None
     try:
@@ -92,12 +93,12 @@ def _retry_after_seconds(value: str | None) -> float | None:
         return None
 
 
-def _error_detail(response: requests.Response) -> str:
+def error_detail(text: str) -> str:
+    """The message of a GCS JSON error body (or the start of any other body)."""
     try:
-        body = response.json()
-        return str(body["error"]["message"])[:300]
+        return str(json.loads(text)["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
-        return response.text.strip()[:300]
+        return text.strip()[:300]
 
 
 class Transport:
@@ -117,10 +118,36 @@ class Transport:
         self._session.proxies, self._session.verify = settings["proxies"], settings["verify"]
         self._session.trust_env = False
         self._user_project = config.user_project
+        self._refresh_lock = threading.Lock()
         self._timeout = (config.connect_timeout, config.read_timeout)
 
     def __repr__(self) -> str:
         return f"Transport(endpoint={self.endpoint!r})"
+
+    @property
+    def user_project(self) -> str | None:
+        return self._user_project
+
+    def authorization(self) -> dict[str, str]:
+        """Headers that authenticate a request sent outside this session; refreshes an expired token.
+
+        May block on the token endpoint: call it off the I/O loop when :meth:`token_is_fresh` is false.
+        """
+        credentials = getattr(self._session, "credentials", None)
+        if credentials is None:
+            return {}
+        with self._refresh_lock:
+            if not credentials.valid:
+                try:
+                    credentials.refresh(google.auth.transport.requests.Request(self._session))
+                except google.auth.exceptions.RefreshError as exc:
+                    raise AccessDeniedError(f"could not refresh the credentials: {exc}") from None
+            return {"Authorization": f"Bearer {credentials.token}"}
+
+    def token_is_fresh(self) -> bool:
+        """Whether :meth:`authorization` answers without a network call."""
+        credentials = getattr(self._session, "credentials", None)
+        return credentials is None or bool(credentials.valid)
 
     def __reduce__(self) -> Any:
         raise TypeError("a Transport holds live connections and credentials; pickle its ClientConfig instead")
@@ -159,8 +186,8 @@ class Transport:
                 raise error_for_status(
                     response.status_code,
                     url,
-                    _error_detail(response),
-                    retry_after=_retry_after_seconds(response.headers.get("Retry-After")),
+                    error_detail(response.text),
+                    retry_after=retry_after_seconds(response.headers.get("Retry-After")),
                 )
         return response
 

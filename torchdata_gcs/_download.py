@@ -1,29 +1,62 @@
-"""Concurrent whole-object downloads delivered in input order, with bounded buffering and checks.
+"""Concurrent object downloads delivered in input order, with bounded buffering and checks.
 
-Each object is read in one GET on a worker thread, checked against its size and crc32c, and handed
-to the consumer in the order the URLs arrived. A byte budget bounds what is downloaded ahead of the
-consumer; the oldest undelivered object may always proceed, so one object larger than the budget
-still loads (alone) and the window never deadlocks.
+Reads run as coroutines on the process's I/O loop (``_aio``); the consumer thread submits objects
+ahead of itself and takes them back in order. An object up to ``part_size`` is one GET; a larger
+one is read as concurrent ranges into one buffer, each range resuming from the byte it reached,
+all pinned to one generation. Every object is checked by length and crc32c. A byte budget bounds
+what is downloaded ahead of the consumer; the oldest undelivered object may always proceed, so one
+object larger than the budget still loads (alone) and the window never deadlocks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
-import threading
+import time
 import warnings
 from collections import deque
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from ._client import Transport
-from ._metadata import ObjectInfo, crc32c_base64
-from ._retry import call_with_retry
+import google_crc32c
+
+from ._aio import io_loop
+from ._metadata import ObjectInfo, check_crc32c, crc32c_base64
+from ._reader import ObjectReader, object_reader
+from ._retry import Attempts
+from ._streams import PartStream
 from ._uri import parse_url
-from .config import RetryConfig, TransferConfig
+from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import IntegrityError, MissingObjectWarning, NotFoundError
 
+logger = logging.getLogger(__name__)
+
+__all__ = ["ByteBudget", "LoadStats", "fetch_object", "load_in_order", "reported_crc32c", "verify_bytes"]
+
+T = TypeVar("T")
+
+STREAM_AHEAD_PARTS = 4
+"""An object larger than the byte budget is read at most this many parts ahead of its reader."""
 _CRC32C_IN_HASH_HEADER = re.compile(r"crc32c=([A-Za-z0-9+/=]+)")
+
+
+@dataclass
+class LoadStats:
+    """What loading cost so far: requests sent, bytes received, retries, 429 answers, objects
+    delivered, and seconds the consumer waited for the next object."""
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    throttled: int = 0
+    objects: int = 0
+    wait_seconds: float = 0.0
+
+    def count_retry(self, _: BaseException) -> None:
+        self.retries += 1
 
 
 class _Cancelled(Exception):
@@ -31,140 +64,314 @@ class _Cancelled(Exception):
 
 
 class ByteBudget:
-    """Counts bytes buffered ahead of the consumer; waits while a newcomer would exceed the limit."""
+    """Counts bytes buffered ahead of the consumer; lives on the I/O loop.
+
+    A newcomer waits while it would exceed the limit, except the oldest undelivered item.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._used = 0
         self._head = 0
         self._closed = False
-        self._cond = threading.Condition()
+        self._changed = asyncio.Condition()
 
-    def acquire(self, nbytes: int, seq: int) -> None:
-        """Reserve ``nbytes`` for item ``seq``; the oldest undelivered item never waits."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._closed or seq == self._head or self._used + nbytes <= self.limit)
-            if self._closed:
-                raise _Cancelled
+    def try_acquire(self, nbytes: int, seq: int) -> bool:
+        """Reserve ``nbytes`` for item ``seq`` if that needs no wait."""
+        if self._closed:
+            raise _Cancelled
+        if seq == self._head or self._used + nbytes <= self.limit:
             self._used += nbytes
+            return True
+        return False
 
-    def release(self, nbytes: int) -> None:
-        with self._cond:
-            self._used -= nbytes
-            self._cond.notify_all()
+    async def acquire(self, nbytes: int, seq: int) -> None:
+        """Reserve ``nbytes`` for item ``seq``, waiting for room."""
+        if not self.try_acquire(nbytes, seq):
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.try_acquire(nbytes, seq))
 
-    def advance(self, head: int) -> None:
-        """Item ``head`` is now the oldest undelivered one."""
-        with self._cond:
+    def release(self, nbytes: int, head: int | None = None) -> None:
+        """Free ``nbytes``; ``head``, if given, is now the oldest undelivered item."""
+        self._used -= nbytes
+        if head is not None:
             self._head = head
-            self._cond.notify_all()
+        asyncio.ensure_future(self._notify())
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        self._closed = True
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
 
-def _reported_crc32c(headers: Any) -> str | None:
+@dataclass
+class _Job:
+    """What every download of one iteration shares."""
+
+    reader: ObjectReader
+    retry: RetryConfig
+    part_size: int
+    budget: ByteBudget
+    slots: asyncio.Semaphore  # requests in flight for this loader
+    stats: LoadStats
+
+    async def reserve_while_sending(self, nbytes: int, seq: int) -> None:
+        """Reserve budget from inside a request; if that must wait, the request's slots are lent
+        out meanwhile, so older objects can still be read (the oldest never waits)."""
+        if self.budget.try_acquire(nbytes, seq):
+            return
+        self.slots.release()
+        await self.reader.throttle.release()
+        try:
+            await self.budget.acquire(nbytes, seq)
+        finally:
+            await self.reader.throttle.acquire()
+            await self.slots.acquire()
+
+
+def reported_crc32c(headers: Any) -> str | None:
     match = _CRC32C_IN_HASH_HEADER.search(headers.get("x-goog-hash", ""))
     return match.group(1) if match else None
 
 
-def _verify(url: str, data: bytes, info: ObjectInfo | None, reported_crc32c: str | None) -> None:
-    if info is not None and len(data) != info.size:
-        raise IntegrityError(f"{url}: got {len(data)} bytes, the listing said {info.size}", url=url)
-    actual = crc32c_base64(data)
-    for source, expected in (("GCS", reported_crc32c), ("the listing", info.crc32c if info else None)):
-        if expected is not None and expected != actual:
-            raise IntegrityError(
-                f"{url}: crc32c of the downloaded bytes is {actual}, {source} says {expected}", url=url
-            )
+def verify_bytes(url: str, parts: Sequence[bytes], size: int | None, crc32cs: dict[str, str | None]) -> None:
+    """Raise ``IntegrityError`` unless the object made of ``parts`` has ``size`` bytes and matches every
+    known crc32c (``crc32cs`` maps a checksum's source, such as ``"GCS"``, to its base64 value)."""
+    length = sum(map(len, parts))
+    if size is not None and length != size:
+        raise IntegrityError(f"{url}: got {length} bytes, expected {size}", url=url)
+    if any(value is not None for value in crc32cs.values()):
+        crc = 0
+        for part in parts:
+            crc = google_crc32c.extend(crc, part)
+        check_crc32c(url, crc32c_base64(crc), crc32cs)
 
 
-def fetch_object(
-    transport: Transport,
-    url: str,
-    info: ObjectInfo | None,
-    retry: RetryConfig,
-    budget: ByteBudget,
-    seq: int,
-) -> tuple[bytes, int]:
-    """Download one object's stored bytes (pinned to ``info.generation`` when known), verified.
+async def _with_retry(job: _Job, url: str, attempt_once: Callable[[], Awaitable[T]]) -> T:
+    """Run one request (``attempt_once``) under the loader's and the process's limits, retried."""
+    stats = job.stats
+    attempts = Attempts(job.retry, url, on_retry=stats.count_retry)
+    while True:
+        try:
+            async with job.slots, job.reader.throttle:
+                stats.requests += 1
+                result = await attempt_once()
+            job.reader.throttle.succeeded()
+            return result
+        except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
+            if getattr(exc, "status", None) == 429:
+                stats.throttled += 1
+                job.reader.throttle.throttled()
+            await asyncio.sleep(attempts.delay_after(exc))
 
-    Returns the bytes and the budget reserved for them, which the caller releases.
-    """
-    bucket, name = parse_url(url, allow_prefix=False)
-    path = transport.object_path(bucket, name, media=True)
-    params: dict[str, Any] = {"alt": "media"}
-    if info is not None:
-        params["generation"] = info.generation
 
-    def attempt() -> tuple[bytes, int]:
-        with transport.request("GET", path, url=url, params=params, stream=True) as response:
-            length = response.headers.get("Content-Length")
-            reserved = min(int(length), budget.limit) if length is not None else budget.limit
-            budget.acquire(reserved, seq)
-            try:
-                # Stored bytes exactly: no transparent gunzip, so the crc32c applies.
-                data = response.raw.read(decode_content=False)
-                _verify(url, data, info, _reported_crc32c(response.headers))
-            except BaseException:
-                budget.release(reserved)
-                raise
-            return data, reserved
+def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError:
+    """A 404 on a read pinned to a generation: say that the object changed under us."""
+    return NotFoundError(
+        f"{url} generation {params['generation']} no longer exists: the object was deleted or "
+        "overwritten after it was listed or while it was read",
+        url=url,
+        status=exc.status,
+    )
+
+
+async def _read_range(job: _Job, url: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
+    """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
+    would hold them twice), by ranged GETs that resume where one broke."""
+    end = start + length
+    chunks: list[bytes] = []
+    position = start
+    path = job.reader.media_path(*parse_url(url, allow_prefix=False))
+
+    async def attempt() -> None:
+        nonlocal position
+        async with job.reader.get(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
+            async for chunk in response.content.iter_any():
+                if position + len(chunk) > end:
+                    raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
+                chunks.append(chunk)
+                position += len(chunk)
+                job.stats.bytes += len(chunk)
+        if position < end:
+            raise IntegrityError(f"{url}: the range answer stopped at byte {position} of {end}", url=url)
 
     try:
-        return call_with_retry(attempt, retry, url=url)
+        await _with_retry(job, url, attempt)
     except NotFoundError as exc:
-        if info is None:
-            raise
-        raise NotFoundError(
-            f"{url} generation {info.generation} no longer exists: the object was deleted or "
-            "overwritten after it was listed",
-            url=url,
-            status=exc.status,
-        ) from exc
+        raise _gone(url, params, exc) from exc
+    return chunks
+
+
+async def _read_parts(job: _Job, url: str, params: dict[str, Any], start: int, size: int) -> list[bytes]:
+    """The object's bytes from ``start`` to ``size`` (in pieces), read as concurrent ranges of ``part_size``."""
+    parts = await asyncio.gather(
+        *(
+            _read_range(job, url, params, offset, min(job.part_size, size - offset))
+            for offset in range(start, size, job.part_size)
+        )
+    )
+    return [chunk for part in parts for chunk in part]
+
+
+async def _read_at_most(response: Any, limit: int) -> list[bytes]:
+    """Up to ``limit`` bytes of a response body, in the chunks they came in."""
+    chunks: list[bytes] = []
+    received = 0
+    while received < limit:
+        chunk = await response.content.readany()
+        if not chunk:
+            break
+        chunks.append(chunk[: limit - received])
+        received += len(chunks[-1])
+    return chunks
+
+
+Loaded = bytes | list[bytes] | PartStream
+"""An object's bytes (whole, or in chunks), or a stream over one too large for the byte budget."""
+
+
+async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -> tuple[Loaded, int]:
+    """Download one object's stored bytes, verified, pinned to one generation (the listed one, if known).
+
+    An object larger than ``part_size`` is read as concurrent ranges and comes back in parts; one
+    larger than the byte budget comes back as a :class:`PartStream` that reads ahead within its
+    share of the budget and gives it back when closed. Returns the bytes (or stream) and the budget
+    reserved for bytes, which the consumer releases.
+    """
+    bucket, name = parse_url(url, allow_prefix=False)
+    path = job.reader.media_path(bucket, name)
+    params: dict[str, Any] = {"alt": "media"}
+    checksums = {"GCS": None, "the listing": info.crc32c if info is not None else None}
+    limit = job.budget.limit
+    reserved = 0
+
+    def share(size: int) -> int:
+        """Budget to hold for an object: all of it, or a stream's read-ahead."""
+        return size if size <= limit else min(limit, STREAM_AHEAD_PARTS * job.part_size)
+
+    def stream(size: int, first: list[bytes]) -> PartStream:
+        loop = asyncio.get_running_loop()
+        allowance = reserved
+
+        def fetch_part(start: int, length: int) -> Future[list[bytes]]:
+            return asyncio.run_coroutine_threadsafe(_read_range(job, url, params, start, length), loop)
+
+        def give_back() -> None:
+            loop.call_soon_threadsafe(job.budget.release, allowance)
+
+        return PartStream(url, size, job.part_size, allowance, fetch_part, checksums, give_back, first)
+
+    async def first_answer() -> tuple[list[bytes], int]:
+        """The whole object, or its first part (in chunks); and the object's size."""
+        nonlocal reserved
+        async with job.reader.get(url, path, params) as response:
+            checksums["GCS"] = reported_crc32c(response.headers)
+            params.setdefault("generation", response.headers.get("x-goog-generation"))
+            length = response.headers.get("Content-Length")
+            total = int(length) if length is not None else job.part_size  # unknown: read it whole
+            if not reserved:
+                reserved = share(total)
+                await job.reserve_while_sending(reserved, seq)
+            # The whole object, or if larger than a part its first part (the rest is then read as
+            # ranges of the same generation and this connection dropped). Chunks are kept as they
+            # came: joining them would hold the object twice.
+            chunks = await _read_at_most(response, min(total, job.part_size))
+            received = sum(map(len, chunks))
+            job.stats.bytes += received
+            if total <= job.part_size:
+                verify_bytes(url, chunks, info.size if info is not None else None, checksums)  # bad bytes: retried
+                return chunks, received
+            return chunks, total
+
+    try:
+        if info is not None:
+            params["generation"] = info.generation
+        if info is not None and info.size > job.part_size:
+            size, parts = info.size, []
+            reserved = share(size)
+            await job.budget.acquire(reserved, seq)
+        else:
+            try:
+                first, size = await _with_retry(job, url, first_answer)
+            except NotFoundError as exc:
+                if info is None:
+                    raise
+                raise _gone(url, params, exc) from exc
+            if sum(map(len, first)) == size:
+                return (first[0] if len(first) == 1 else first), reserved
+            parts = first
+        if size > limit:
+            return stream(size, parts), reserved
+        rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
+        while True:
+            parts += await _read_parts(job, url, params, sum(map(len, parts)), size)
+            try:
+                verify_bytes(url, parts, size, checksums)
+                return parts, reserved
+            except IntegrityError as exc:  # each part had its length, so which one is bad is unknown
+                await asyncio.sleep(rereads.delay_after(exc))
+                parts = []
+    except BaseException:
+        if reserved:
+            job.budget.release(reserved)
+        raise
 
 
 def load_in_order(
     items: Iterable[tuple[str, ObjectInfo | None]],
-    transport: Transport,
+    config: ClientConfig,
     transfer: TransferConfig,
     retry: RetryConfig,
+    stats: LoadStats,
     *,
     skip_missing: bool,
-) -> Iterator[tuple[str, bytes]]:
-    """Yield ``(url, bytes)`` for each item in input order, ``max_in_flight`` requests at a time."""
-    budget = ByteBudget(transfer.max_buffered_bytes)
-    window: deque[tuple[str, Future[tuple[bytes, int]]]] = deque()
-    executor = ThreadPoolExecutor(transfer.max_in_flight, thread_name_prefix="torchdata-gcs-load")
+) -> Iterator[tuple[str, Loaded]]:
+    """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
+    loop = io_loop()
+    reader = object_reader(config)
+    job = _Job(
+        reader,
+        retry,
+        transfer.part_size,
+        ByteBudget(transfer.max_buffered_bytes),
+        asyncio.Semaphore(transfer.max_in_flight),
+        stats,
+    )
+    window: deque[tuple[str, Future[tuple[Loaded, int]]]] = deque()
     delivered = 0
 
-    def deliver() -> Iterator[tuple[str, bytes]]:
+    def deliver() -> Iterator[tuple[str, Loaded]]:
         nonlocal delivered
         url, future = window.popleft()
         delivered += 1
+        waited = time.perf_counter()
         try:
             data, reserved = future.result()
         except NotFoundError:
+            loop.call_soon_threadsafe(job.budget.release, 0, delivered)
             if not skip_missing:
                 raise
             warnings.warn(f"skipping {url}: it no longer exists", MissingObjectWarning, stacklevel=4)
             return
         finally:
-            budget.advance(delivered)
-        budget.release(reserved)
+            stats.wait_seconds += time.perf_counter() - waited
+        held = 0 if isinstance(data, PartStream) else reserved  # a stream gives its share back when closed
+        loop.call_soon_threadsafe(job.budget.release, held, delivered)
+        stats.objects += 1
         yield url, data
 
     try:
         for seq, (url, info) in enumerate(items):
-            window.append((url, executor.submit(fetch_object, transport, url, info, retry, budget, seq)))
+            window.append((url, asyncio.run_coroutine_threadsafe(fetch_object(job, url, info, seq), loop)))
             while len(window) > 2 * transfer.max_in_flight or (window and window[0][1].done()):
                 yield from deliver()
         while window:
             yield from deliver()
     finally:
-        budget.close()
         for _, future in window:
             future.cancel()
-        executor.shutdown(wait=False, cancel_futures=True)
+        loop.call_soon_threadsafe(job.budget.close)
+        logger.debug("loaded %d objects: %s", stats.objects, stats)

@@ -7,7 +7,9 @@ from typing import Any, NamedTuple
 
 import google_crc32c
 
-__all__ = ["ObjectInfo", "crc32c_base64"]
+from .errors import IntegrityError
+
+__all__ = ["ObjectInfo", "check_crc32c", "crc32c_base64"]
 
 
 class ObjectInfo(NamedTuple):
@@ -31,6 +33,17 @@ class ObjectInfo(NamedTuple):
         return cls(int(resource["size"]), int(resource["generation"]), resource.get("crc32c"))
 
 
-def crc32c_base64(data: bytes | memoryview) -> str:
-    """CRC32C of ``data`` encoded as GCS reports it."""
-    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode("ascii")
+def crc32c_base64(data: bytes | int) -> str:
+    """CRC32C of ``data`` (or a CRC32C value already computed) encoded as GCS reports it."""
+    value = data if isinstance(data, int) else google_crc32c.value(data)
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+def check_crc32c(url: str, actual: str, expected: dict[str, str | None]) -> None:
+    """Raise ``IntegrityError`` unless every known checksum in ``expected`` equals ``actual``.
+
+    ``expected`` maps where a checksum came from (``"GCS"``, ``"the listing"``) to its base64 value.
+    """
+    for source, value in expected.items():
+        if value is not None and value != actual:
+            raise IntegrityError(f"{url}: crc32c of the downloaded bytes is {actual}, {source} says {value}", url=url)

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from ._client import Transport
-from ._download import ByteBudget, fetch_object
+from ._download import reported_crc32c, verify_bytes
 from ._metadata import crc32c_base64
 from ._retry import call_with_retry
 from ._uri import format_url
@@ -30,12 +30,20 @@ def object_resource(
 
 
 def read_object(transport: Transport, bucket: str, name: str, retry: RetryConfig) -> bytes | None:
-    """The object's bytes, checked against GCS's crc32c, or ``None`` if it does not exist."""
+    """A small object's stored bytes, checked against GCS's crc32c, or ``None`` if it does not exist."""
+    url = format_url(bucket, name)
+    path = transport.object_path(bucket, name, media=True)
+
+    def attempt() -> bytes:
+        with transport.request("GET", path, url=url, params={"alt": "media"}, stream=True) as response:
+            data = response.raw.read(decode_content=False)  # stored bytes, as the checksum covers
+            verify_bytes(url, [data], None, {"GCS": reported_crc32c(response.headers)})
+            return data
+
     try:
-        data, _ = fetch_object(transport, format_url(bucket, name), None, retry, ByteBudget(1), 0)
+        return call_with_retry(attempt, retry, url=url)
     except NotFoundError:
         return None
-    return data
 
 
 def create_object(

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import aiohttp
 import google.auth.exceptions
 import requests
 import urllib3.exceptions
@@ -20,6 +21,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientConnectionError,  # resets, refused connections, read timeouts of object reads
+    aiohttp.ClientPayloadError,  # a body cut off before its Content-Length
     requests.ConnectionError,
     requests.Timeout,
     requests.exceptions.ChunkedEncodingError,
@@ -46,37 +49,49 @@ def backoff_delay(attempt: int, retry: RetryConfig, rng: random.Random) -> float
     return rng.uniform(0, ceiling)
 
 
-def call_with_retry(
-    attempt_once: Callable[[], T],
-    retry: RetryConfig,
-    *,
-    url: str,
-) -> T:
-    """Run ``attempt_once`` until it succeeds, fails for good, or retries run out.
+class Attempts:
+    """The retry decisions of one operation: after each failure, how long to wait, or give up.
 
     A ``retry_after`` attribute on the error (from GCS's ``Retry-After``) stretches the wait.
-    Non-retryable errors propagate at once. When retries run out, a ``GCSError`` propagates as it
-    is and a network fault becomes a ``TransientError`` naming ``url``.
+    ``on_retry``, if given, is told of every failure that will be retried.
     """
-    start = time.monotonic()
-    attempt = 1
+
+    def __init__(self, retry: RetryConfig, url: str, on_retry: Callable[[BaseException], None] | None = None) -> None:
+        self.retry, self.url, self.on_retry = retry, url, on_retry
+        self.start = time.monotonic()
+        self.attempt = 1
+
+    def delay_after(self, exc: BaseException) -> float:
+        """Seconds to wait before the next attempt; raises (``exc``, or a ``TransientError``) to give up.
+
+        Non-retryable errors are raised at once. When retries run out, a ``GCSError`` is raised as
+        it is and a network fault becomes a ``TransientError`` naming the URL.
+        """
+        if not is_retryable(exc):
+            raise exc
+        retry = self.retry
+        delay = backoff_delay(self.attempt, retry, _JITTER)
+        hinted = getattr(exc, "retry_after", None)
+        if hinted is not None:
+            delay = max(delay, min(hinted, retry.max_delay))
+        if self.attempt >= retry.max_attempts or time.monotonic() - self.start + delay > retry.deadline:
+            if isinstance(exc, GCSError):
+                raise exc
+            raise TransientError(
+                f"gave up on {self.url} after {self.attempt} attempts: {type(exc).__name__}: {exc}", url=self.url
+            ) from exc
+        logger.debug("retrying %s in %.2fs after attempt %d failed: %r", self.url, delay, self.attempt, exc)
+        if self.on_retry is not None:
+            self.on_retry(exc)
+        self.attempt += 1
+        return delay
+
+
+def call_with_retry(attempt_once: Callable[[], T], retry: RetryConfig, *, url: str) -> T:
+    """Run ``attempt_once`` until it succeeds, fails for good, or retries run out (see :class:`Attempts`)."""
+    attempts = Attempts(retry, url)
     while True:
         try:
             return attempt_once()
-        except BaseException as exc:
-            if not is_retryable(exc):
-                raise
-            delay = backoff_delay(attempt, retry, _JITTER)
-            hinted = getattr(exc, "retry_after", None)
-            if hinted is not None:
-                delay = max(delay, min(hinted, retry.max_delay))
-            out_of_time = time.monotonic() - start + delay > retry.deadline
-            if attempt >= retry.max_attempts or out_of_time:
-                if isinstance(exc, GCSError):
-                    raise
-                raise TransientError(
-                    f"gave up on {url} after {attempt} attempts: {type(exc).__name__}: {exc}", url=url
-                ) from exc
-            logger.debug("retrying %s in %.2fs after attempt %d failed: %r", url, delay, attempt, exc)
-            time.sleep(delay)
-            attempt += 1
+        except BaseException as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
+            time.sleep(attempts.delay_after(exc))

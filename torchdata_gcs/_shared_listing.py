@@ -150,9 +150,13 @@ class SharedListing:
 
         threading.Thread(target=run, name="torchdata-gcs-shared-listing", daemon=True).start()
         position = 0
+
+        def more_or_ended() -> bool:
+            return len(recorded) > position or bool(outcome)
+
         while True:
             with changed:
-                changed.wait_for(lambda seen=position: len(recorded) > seen or bool(outcome))
+                changed.wait_for(more_or_ended)
                 ready = recorded[position:]
             position += len(ready)
             yield from ready

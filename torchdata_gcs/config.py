@@ -104,11 +104,14 @@ class TransferConfig:
         max_in_flight: concurrent requests per DataPipe instance (per worker process).
         max_buffered_bytes: bytes downloaded ahead of the consumer, in flight or waiting to be
             yielded. One object larger than this is still fetched, alone.
+        part_size: an object larger than this is read as concurrent ranged GETs of this size.
     """
 
-    max_in_flight: int = 16
+    max_in_flight: int = 128
     max_buffered_bytes: int = 256 * MiB
+    part_size: int = 32 * MiB
 
     def __post_init__(self) -> None:
         _require(1 <= self.max_in_flight <= 1024, f"max_in_flight must be 1..1024, got {self.max_in_flight}")
         _require(self.max_buffered_bytes >= 1, f"max_buffered_bytes must be >= 1, got {self.max_buffered_bytes}")
+        _require(self.part_size >= 256 * 1024, f"part_size must be >= 256 KiB, got {self.part_size}")

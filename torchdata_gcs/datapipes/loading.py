@@ -8,9 +8,9 @@ from collections.abc import Iterable, Iterator
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._client import transport_for
-from .._download import load_in_order
+from .._download import LoadStats, load_in_order
 from .._metadata import ObjectInfo
+from .._streams import MemoryStream
 from .._uri import parse_url
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import InvalidURIError
@@ -34,11 +34,15 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
     """Downloads objects and yields ``(url, StreamWrapper)`` pairs (functional name: ``load_files_by_gcs``).
 
     Like torchdata's own file loaders, so existing decoders chain after it; the pairs come in input
-    order. Up to ``transfer.max_in_flight`` downloads run at once and at most
-    ``transfer.max_buffered_bytes`` are held ahead of the consumer. Every object's crc32c is checked
-    against GCS's (and, for ``(url, ObjectInfo)`` input, the listing's, with the read pinned to the
-    listed generation). Transient failures are retried per ``retry``. The bytes are the object's
-    stored bytes: objects uploaded with ``Content-Encoding: gzip`` come back compressed.
+    order. Reads run as coroutines on one I/O thread per process: up to ``transfer.max_in_flight``
+    requests at once, at most ``transfer.max_buffered_bytes`` held ahead of the consumer, objects
+    above ``transfer.part_size`` read as concurrent ranges. Every object's length and crc32c are
+    checked against GCS's (and, for ``(url, ObjectInfo)`` input, the listing's); each read is pinned
+    to one generation (the listed one, if known). Transient failures are retried per ``retry``, a
+    range from the byte it reached; on HTTP 429 every loader of the process sends fewer requests at
+    once, growing back as requests succeed. :attr:`stats` (a ``LoadStats``) counts requests, bytes,
+    retries, 429s and the time the consumer waited. The bytes are the object's stored bytes:
+    objects uploaded with ``Content-Encoding: gzip`` come back compressed.
 
     Args:
         source_datapipe: a DataPipe, an iterable or one item; items are ``gs://`` URLs or the
@@ -88,14 +92,19 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
+        self.stats = LoadStats()
 
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
+        """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
+        self.stats = LoadStats()
         items = (_split_item(item) for item in self.source_datapipe)
-        loaded = load_in_order(
-            items, transport_for(self.client), self.transfer, self.retry, skip_missing=self.skip_missing
-        )
+        loaded = load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing)
         for url, data in loaded:
-            yield url, StreamWrapper(io.BytesIO(data), name=url)
+            if isinstance(data, bytes):
+                stream: io.IOBase = io.BytesIO(data)  # shares the bytes
+            else:
+                stream = io.BufferedReader(MemoryStream(data) if isinstance(data, list) else data)
+            yield url, StreamWrapper(stream, name=url)
 
     def __len__(self) -> int:
         if self.skip_missing:

@@ -1,0 +1,35 @@
+"""The process's asyncio loop for object reads: one daemon thread, started on first use, anew after fork.
+
+Reads run as coroutines on this loop, so thousands of requests share one thread instead of
+contending for the GIL from many; DataPipes hand work over with ``run_coroutine_threadsafe``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+__all__ = ["io_loop"]
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def io_loop() -> asyncio.AbstractEventLoop:
+    """This process's I/O loop, running in its own thread."""
+    global _loop
+    with _lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="torchdata-gcs-io", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def _forget_after_fork() -> None:
+    """A forked child has no loop thread: the next ``io_loop()`` starts one."""
+    global _lock, _loop
+    _lock, _loop = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

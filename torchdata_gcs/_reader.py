@@ -1,0 +1,121 @@
+"""The data plane: object reads as coroutines over one aiohttp session per process and configuration.
+
+The control plane (listing, metadata, writes) stays on the ``requests`` transport of ``_client``;
+this module only sends media GETs, with the transport's endpoint, credentials and user project.
+Bytes are the stored ones (``Accept-Encoding: gzip`` and no decompression), so checksums apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import threading
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+
+from ._aio import io_loop
+from ._client import Transport, error_detail, retry_after_seconds, transport_for
+from ._throttle import Throttle
+from .config import ClientConfig
+from .errors import error_for_status
+
+__all__ = ["ObjectReader", "object_reader"]
+
+
+
+class ObjectReader:
+    """One process's session for reading objects through one ``ClientConfig``; lives on the I/O loop.
+
+    Its :class:`Throttle` is shared by every loader of the process that uses this configuration.
+    """
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.transport: Transport = transport_for(config)
+        self.throttle = Throttle()
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
+        )
+        self._session: aiohttp.ClientSession | None = None
+        # The proxy for the endpoint, resolved once from the environment (aiohttp's trust_env
+        # re-reads the environment and ~/.netrc on every request).
+        endpoint = urlsplit(self.transport.endpoint)
+        proxies = urllib.request.getproxies()
+        bypass = urllib.request.proxy_bypass(endpoint.hostname or "") if proxies else True
+        self._proxy = None if bypass else proxies.get(endpoint.scheme)
+
+    def media_path(self, bucket: str, name: str) -> str:
+        return f"{self.transport.endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+
+    async def _headers(self) -> dict[str, str]:
+        transport = self.transport
+        if transport.token_is_fresh():
+            return transport.authorization()
+        return await asyncio.get_running_loop().run_in_executor(None, transport.authorization)
+
+    @asynccontextmanager
+    async def get(
+        self, url: str, path: str, params: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """GET ``path``; a non-2xx answer raises its typed error naming ``url``."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                timeout=self._timeout,
+                auto_decompress=False,
+                headers={"Accept-Encoding": "gzip"},
+            )
+        if self.transport.user_project:
+            params = {**params, "userProject": self.transport.user_project}
+        request_headers = {**(await self._headers()), **(headers or {})}
+        async with self._session.get(path, params=params, headers=request_headers, proxy=self._proxy) as response:
+            if response.status >= 400:
+                text = await response.text(errors="replace")
+                raise error_for_status(
+                    response.status,
+                    url,
+                    error_detail(text),
+                    retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+                )
+            yield response
+
+
+_lock = threading.Lock()
+_readers: dict[tuple[ClientConfig, str | None], ObjectReader] = {}
+_inherited: list[ObjectReader] = []  # a forked child's copies of its parent's readers: never used, never collected
+
+
+def object_reader(config: ClientConfig) -> ObjectReader:
+    """This process's reader for ``config`` (created on first use, anew after fork)."""
+    key = (config, os.environ.get("STORAGE_EMULATOR_HOST"))
+    with _lock:
+        reader = _readers.get(key)
+        if reader is None:
+            reader = _readers[key] = ObjectReader(config)
+        return reader
+
+
+def _forget_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _inherited.extend(_readers.values())  # their sessions belong to the parent's loop
+    _readers.clear()
+
+
+def _close_at_exit() -> None:
+    """Close this process's sessions cleanly (their connections, and no warning about them)."""
+    for reader in list(_readers.values()):
+        if reader._session is not None and not reader._session.closed:
+            try:
+                asyncio.run_coroutine_threadsafe(reader._session.close(), io_loop()).result(timeout=5)
+            except (RuntimeError, TimeoutError):  # the loop is gone or stuck: nothing left to tidy
+                pass
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+atexit.register(_close_at_exit)

@@ -1,0 +1,158 @@
+"""Readable streams over downloaded bytes: parts held in memory, and a large object read ahead.
+
+``PartStream`` serves an object too large to hold whole: its parts are fetched in order on the
+I/O loop, at most ``allowance`` bytes ahead of the reader, and the whole object's length and
+crc32c are checked when the reader reaches the end (an ``IntegrityError`` then, instead of EOF).
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from itertools import accumulate
+
+import google_crc32c
+
+from ._metadata import check_crc32c, crc32c_base64
+from .errors import IntegrityError
+
+__all__ = ["MemoryStream", "PartStream"]
+
+
+class MemoryStream(io.RawIOBase):
+    """A seekable read-only stream over an object held as consecutive parts, without joining them."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        super().__init__()
+        self._parts = parts
+        self._starts = [0, *accumulate(map(len, parts))][:-1]
+        self._size = sum(map(len, parts))
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._position >= self._size:
+            return 0
+        index = bisect.bisect_right(self._starts, self._position) - 1
+        offset = self._position - self._starts[index]
+        chunk = memoryview(self._parts[index])[offset : offset + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self._position += len(chunk)
+        return len(chunk)
+
+    def readall(self) -> bytes:
+        """The rest in one copy (``RawIOBase.readall`` would go 8 KiB at a time)."""
+        if self._position >= self._size:
+            return b""
+        index = bisect.bisect_right(self._starts, self._position) - 1
+        offset = self._position - self._starts[index]
+        self._position = self._size
+        return b"".join([memoryview(self._parts[index])[offset:], *self._parts[index + 1 :]])
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+
+class PartStream(io.RawIOBase):
+    """A large object read in order, part by part, fetched ahead within ``allowance`` bytes.
+
+    ``fetch_part(start, length)`` returns a future of those bytes (from the I/O loop); ``first``
+    holds bytes already read from the start. ``on_close`` runs once, when the stream is closed.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        part_size: int,
+        allowance: int,
+        fetch_part: Callable[[int, int], Future[list[bytes]]],
+        expected_crc32c: dict[str, str | None],
+        on_close: Callable[[], None],
+        first: list[bytes],
+    ) -> None:
+        super().__init__()
+        self.url, self.size, self.part_size = url, size, part_size
+        self._ahead = max(1, allowance // part_size - 1)  # the part being read counts too
+        self._fetch_part = fetch_part
+        self._expected = expected_crc32c
+        self._on_close: Callable[[], None] | None = on_close
+        self._chunks: deque[bytes] = deque()
+        self._current = memoryview(b"")
+        self._offset = 0  # within _current
+        self._received = self._requested = 0
+        self._crc = 0
+        self._pending: deque[Future[list[bytes]]] = deque()
+        self._take(first)
+        self._fill()
+
+    def _take(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            self._crc = google_crc32c.extend(self._crc, chunk)
+            self._received += len(chunk)
+        self._requested = max(self._requested, self._received)
+        self._chunks.extend(chunks)
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> None:
+        while self._requested < self.size and len(self._pending) < self._ahead:
+            length = min(self.part_size, self.size - self._requested)
+            self._pending.append(self._fetch_part(self._requested, length))
+            self._requested += length
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while self._offset == len(self._current):
+            if not self._chunks:
+                if not self._pending:
+                    self._finish()
+                    return 0
+                self._take(self._pending.popleft().result())
+                self._fill()
+                continue
+            self._current, self._offset = memoryview(self._chunks.popleft()), 0
+        chunk = self._current[self._offset : self._offset + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self._offset += len(chunk)
+        return len(chunk)
+
+    def readall(self) -> bytes:
+        """The rest, a part at a time (``RawIOBase.readall`` would go 8 KiB at a time)."""
+        pieces = [bytes(self._current[self._offset :])]
+        self._offset = len(self._current)
+        while True:
+            pieces.extend(self._chunks)
+            self._chunks.clear()
+            if not self._pending:
+                self._finish()
+                return b"".join(pieces)
+            self._take(self._pending.popleft().result())
+            self._fill()
+
+    def _finish(self) -> None:
+        if self._received != self.size:
+            raise IntegrityError(f"{self.url}: got {self._received} bytes, expected {self.size}", url=self.url)
+        check_crc32c(self.url, crc32c_base64(self._crc), self._expected)
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            for future in self._pending:
+                future.cancel()
+            self._pending.clear()
+            on_close()
+        super().close()
