@@ -74,6 +74,7 @@ class ByteBudget:
         self._used = 0
         self._head = 0
         self._closed = False
+        self._waiting = 0
         self._changed = asyncio.Condition()
 
     def try_acquire(self, nbytes: int, seq: int) -> bool:
@@ -88,19 +89,27 @@ class ByteBudget:
     async def acquire(self, nbytes: int, seq: int) -> None:
         """Reserve ``nbytes`` for item ``seq``, waiting for room."""
         if not self.try_acquire(nbytes, seq):
-            async with self._changed:
-                await self._changed.wait_for(lambda: self.try_acquire(nbytes, seq))
+            self._waiting += 1
+            try:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self.try_acquire(nbytes, seq))
+            finally:
+                self._waiting -= 1
 
     def release(self, nbytes: int, head: int | None = None) -> None:
         """Free ``nbytes``; ``head``, if given, is now the oldest undelivered item."""
         self._used -= nbytes
         if head is not None:
             self._head = head
-        asyncio.ensure_future(self._notify())
+        self._wake()
 
     def close(self) -> None:
         self._closed = True
-        asyncio.ensure_future(self._notify())
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiting:  # a task per release costs more than the rest of it: only when needed
+            asyncio.ensure_future(self._notify())
 
     async def _notify(self) -> None:
         async with self._changed:
