@@ -128,6 +128,11 @@ class Transport:
     def user_project(self) -> str | None:
         return self._user_project
 
+    @property
+    def anonymous(self) -> bool:
+        """Whether requests go out without credentials."""
+        return getattr(self._session, "credentials", None) is None
+
     def authorization(self) -> dict[str, str]:
         """Headers that authenticate a request sent outside this session; refreshes an expired token.
 

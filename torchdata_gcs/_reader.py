@@ -15,9 +15,10 @@ import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
+import yarl
 
 from ._aio import io_loop
 from ._client import Transport, error_detail, retry_after_seconds, transport_for
@@ -42,6 +43,7 @@ class ObjectReader:
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         self._session: aiohttp.ClientSession | None = None
+        self._signed = not self.transport.anonymous
         # The proxy for the endpoint, resolved once from the environment (aiohttp's trust_env
         # re-reads the environment and ~/.netrc on every request).
         endpoint = urlsplit(self.transport.endpoint)
@@ -72,8 +74,10 @@ class ObjectReader:
             )
         if self.transport.user_project:
             params = {**params, "userProject": self.transport.user_project}
-        request_headers = {**(await self._headers()), **(headers or {})}
-        async with self._session.get(path, params=params, headers=request_headers, proxy=self._proxy) as response:
+        request_headers = {**(await self._headers()), **(headers or {})} if self._signed else headers
+        # The path is percent-encoded already: yarl need not parse and encode it again.
+        target = yarl.URL(f"{path}?{urlencode(params)}", encoded=True)
+        async with self._session.get(target, headers=request_headers, proxy=self._proxy) as response:
             if response.status >= 400:
                 text = await response.text(errors="replace")
                 raise error_for_status(
