@@ -170,7 +170,9 @@ class GCSFront:
     (except that JSON list requests are capped at 1,000 objects a page, as GCS caps them),
     its end-to-end headers (``Host`` included) and its body streamed in chunks; the answer comes
     back the same way, so no body is ever held whole. Client and upstream connections are kept
-    alive. On top, per request:
+    alive. Compose requests are checked as GCS checks them, which the emulator does not: a source
+    that is missing or not at its given ``generation`` is answered 404, a source whose
+    ``objectPreconditions.ifGenerationMatch`` fails 412, and nothing is written. On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
     - response bodies go out at most ``bandwidth`` bytes/s per connection (``None``: no cap);
@@ -492,8 +494,15 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._close_now()
             return
+        refusal = None
+        if kind == "compose" and self.command == "POST":
+            data = b"".join(body or ())
+            body, refusal = iter([data]), self._compose_refusal(data)
         if not front._pause(front.latency):
             self._close_now()
+            return
+        if refusal is not None:
+            self._answer_error(*refusal)
             return
         self._forward(body, chunked, truncate=fault is not None)
 
@@ -519,6 +528,42 @@ class _Handler(BaseHTTPRequestHandler):
             headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
             self.wfile.write(_head(200, "OK", headers) + body)
         return True
+
+    def _compose_refusal(self, data: bytes) -> tuple[int, str, str] | None:
+        """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
+
+        A source that does not exist, or whose ``generation`` is not the live one (buckets without
+        versioning keep no other), gets 404; a failed ``objectPreconditions.ifGenerationMatch``, 412.
+        """
+        bucket = unquote(self.path.split("/")[4])
+        try:
+            sources = json.loads(data).get("sourceObjects", [])
+        except (ValueError, AttributeError):
+            return None  # malformed: the emulator answers it
+        for source in sources:
+            name = str(source.get("name", ""))
+            live = self._live_generation(bucket, name)
+            pinned = source.get("generation")
+            if live is None or (pinned is not None and int(pinned) != live):
+                return 404, "Not Found", f"No such object: {bucket}/{name}" + (f"#{pinned}" if pinned else "")
+            wanted = (source.get("objectPreconditions") or {}).get("ifGenerationMatch")
+            if wanted is not None and int(wanted) != live:
+                return 412, "Precondition Failed", "At least one of the pre-conditions you specified did not hold."
+        return None
+
+    def _live_generation(self, bucket: str, name: str) -> int | None:
+        """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
+        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation"
+        connection, _ = self.server.front._pool.get()
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            answer = response.read()
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            raise
+        self.server.front._pool.put(connection)
+        return int(json.loads(answer)["generation"]) if response.status == 200 else None
 
     def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
         """The request body as it arrives, and whether it is chunked."""
