@@ -218,3 +218,13 @@ def test_stats_count_requests_and_bytes(gcs_emulator: Emulator, gcs_bucket: str,
     stats = pipe.stats
     assert (stats.requests, stats.objects, stats.bytes, stats.retries) == (10, 10, sum(map(len, objects.values())), 0)
     assert stats.wait_seconds > 0
+
+
+def test_loads_from_inside_a_running_event_loop(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    """As in a notebook, whose kernel runs an asyncio loop: ours runs on its own thread."""
+    gcs_emulator.seed(gcs_bucket, {"nb": b"notebook"})
+
+    async def cell() -> list[tuple[str, bytes]]:
+        return read_all(GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/nb"], client=client))
+
+    assert asyncio.run(cell()) == [(f"gs://{gcs_bucket}/nb", b"notebook")]
