@@ -41,8 +41,8 @@ def read_sample(item: tuple[str, object]) -> tuple[str, bytes]:
     return url, stream.read()  # type: ignore[attr-defined]
 
 
-def run_pipeline(front: GCSFront, retry: RetryConfig) -> list[tuple[str, bytes]]:
-    client = dataclasses.replace(front.client_config, read_timeout=0.3)  # a stalled request's cost
+def run_pipeline(front: GCSFront, retry: RetryConfig, read_timeout: float = 2.0) -> list[tuple[str, bytes]]:
+    client = dataclasses.replace(front.client_config, read_timeout=read_timeout)
     pipe = (
         IterableWrapper([f"gs://{BUCKET}/f/"])
         .list_files_by_gcs(client=client, retry=retry, with_metadata=True, page_size=500)
@@ -61,9 +61,10 @@ def run_pipeline(front: GCSFront, retry: RetryConfig) -> list[tuple[str, bytes]]
 def test_two_workers_deliver_every_object_once_through_ten_percent_faults(
     gcs_emulator: Emulator, dataset: dict[str, bytes], kind: str
 ) -> None:
-    fault = Fault(kind, rate=0.1, stall_seconds=2.0) if kind == "stall" else Fault(kind, rate=0.1)  # type: ignore[arg-type]
+    fault = Fault(kind, rate=0.1, stall_seconds=5.0) if kind == "stall" else Fault(kind, rate=0.1)  # type: ignore[arg-type]
     with GCSFront(gcs_emulator.endpoint, faults=[fault], seed=7) as front:
-        delivered = run_pipeline(front, PATIENT)
+        # A stall costs one read timeout: short enough to keep the test quick, long enough for a busy machine.
+        delivered = run_pipeline(front, PATIENT, read_timeout=0.5 if kind == "stall" else 2.0)
         injected = front.faults_injected[kind]
     counts = collections.Counter(url for url, _ in delivered)
     assert set(counts) == set(dataset) and max(counts.values()) == 1

@@ -90,17 +90,17 @@ class ObjectReader:
 
 
 _lock = threading.Lock()
-_readers: dict[tuple[ClientConfig, str | None], ObjectReader] = {}
+_readers: dict[Transport, ObjectReader] = {}  # one per transport: the same endpoint and credentials
 _inherited: list[ObjectReader] = []  # a forked child's copies of its parent's readers: never used, never collected
 
 
 def object_reader(config: ClientConfig) -> ObjectReader:
     """This process's reader for ``config`` (created on first use, anew after fork)."""
-    key = (config, os.environ.get("STORAGE_EMULATOR_HOST"))
+    transport = transport_for(config)
     with _lock:
-        reader = _readers.get(key)
+        reader = _readers.get(transport)
         if reader is None:
-            reader = _readers[key] = ObjectReader(config)
+            reader = _readers[transport] = ObjectReader(config)
         return reader
 
 
