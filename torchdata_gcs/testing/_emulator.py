@@ -7,7 +7,6 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 from urllib.parse import quote
 
@@ -15,8 +14,7 @@ import requests
 import requests.adapters
 
 from .._uri import validate_bucket, validate_object_name
-from ..config import ClientConfig
-from ._process import EmulatorError, ServerProcess, free_port
+from ._process import EmulatorError, LocalService, ServerProcess, free_port
 
 __all__ = ["Emulator", "EmulatorError"]
 
@@ -39,7 +37,7 @@ def _scratch_dir() -> str:
     return tempfile.mkdtemp(prefix="torchdata-gcs-emulator-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
-class Emulator:
+class Emulator(LocalService):
     """A fake-gcs-server process for tests, examples and notebooks.
 
     Starts on a free port of 127.0.0.1, waits until it answers, and stops (process killed, scratch
@@ -63,6 +61,8 @@ class Emulator:
         [b'one', b'two']
     """
 
+    kind = "emulator"
+
     def __init__(
         self,
         *,
@@ -80,12 +80,6 @@ class Emulator:
         self._http = requests.Session()
         self._http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._buckets: set[str] = set()
-
-    @property
-    def client_config(self) -> ClientConfig:
-        """Settings that send requests to this emulator, anonymously."""
-        self._require_running()
-        return ClientConfig(endpoint=self.endpoint, anonymous=True)
 
     @property
     def environ(self) -> dict[str, str]:
@@ -121,17 +115,6 @@ class Emulator:
         self._server = None
         self._buckets.clear()
 
-    def __enter__(self) -> Emulator:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def _require_running(self) -> None:
-        if self._server is None:
-            raise EmulatorError("the emulator is not running: call start() or use it in a with block")
 
     def create_bucket(self, bucket: str) -> None:
         """Create ``bucket`` unless it exists."""

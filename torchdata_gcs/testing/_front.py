@@ -23,13 +23,12 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._listing import MAX_PAGE_SIZE
-from ..config import ClientConfig
 from ._list_index import ListingIndex
+from ._process import LocalService
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -163,7 +162,7 @@ class Fault:
         return re.search(self.match, request_line) is not None
 
 
-class GCSFront:
+class GCSFront(LocalService):
     """An HTTP/1.1 server on a free loopback port that forwards to ``upstream`` and misbehaves on purpose.
 
     Every request is counted by kind (:data:`REQUEST_KINDS`) and forwarded with its path byte-exact
@@ -193,6 +192,8 @@ class GCSFront:
         ...     [stream.read() for _, stream in pipe], front.counts["get"], front.faults_injected["http_503"]
         ([b'hello'], 2, 1)
     """
+
+    kind = "front"
 
     def __init__(
         self,
@@ -281,13 +282,6 @@ class GCSFront:
             self._counts.clear()
             self._injected.clear()
 
-    @property
-    def client_config(self) -> ClientConfig:
-        """Settings that send torchdata-gcs's requests through this front, anonymously."""
-        if self._server is None:
-            raise RuntimeError("the front is not running: call start() or use it in a with block")
-        return ClientConfig(endpoint=self.endpoint, anonymous=True)
-
     def start(self) -> Self:
         """Start serving (if not already); returns ``self``."""
         with self._lock:
@@ -324,13 +318,6 @@ class GCSFront:
         if self._thread is not None:
             self._thread.join()
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def _record(self, kind: str, request_line: str) -> Fault | None:
         """Count one request and pick the fault to inject into it, if any."""

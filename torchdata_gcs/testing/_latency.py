@@ -12,11 +12,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import urlsplit
 
-from ..config import ClientConfig
-from ._process import EmulatorError, ServerProcess, free_port
+from ._process import EmulatorError, LocalService, ServerProcess, free_port
 
 __all__ = ["LatencyFront"]
 
@@ -59,7 +57,7 @@ def _haproxy() -> str:
     return found
 
 
-class LatencyFront:
+class LatencyFront(LocalService):
     """HAProxy on a free loopback port that forwards to ``upstream`` after ``latency`` seconds.
 
     Every request waits ``latency`` seconds (whole milliseconds) before it is forwarded, so every
@@ -80,6 +78,8 @@ class LatencyFront:
         b'late'
     """
 
+    kind = "latency front"
+
     def __init__(self, upstream: str, *, latency: float = 0.02) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
@@ -90,13 +90,6 @@ class LatencyFront:
         self.latency = latency
         self.endpoint = ""
         self._server: ServerProcess | None = None
-
-    @property
-    def client_config(self) -> ClientConfig:
-        """Settings that send requests through this front, anonymously."""
-        if self._server is None:
-            raise EmulatorError("the latency front is not running")
-        return ClientConfig(endpoint=self.endpoint, anonymous=True)
 
     def start(self) -> LatencyFront:
         if self._server is not None:
@@ -127,10 +120,3 @@ class LatencyFront:
             self._server.stop()
         self._server = None
 
-    def __enter__(self) -> LatencyFront:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

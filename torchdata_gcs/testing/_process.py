@@ -8,15 +8,54 @@ import socket
 import subprocess
 import time
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import requests
 
-__all__ = ["EmulatorError", "ServerProcess", "free_port"]
+from ..config import ClientConfig
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["EmulatorError", "LocalService", "ServerProcess", "free_port"]
 
 
 class EmulatorError(RuntimeError):
     """The emulator or a front could not be started or did not answer as expected."""
+
+
+class LocalService(ABC):
+    """A local server (the emulator, a front) that a ``with`` block starts and stops whatever happens."""
+
+    kind = "server"  # names the service in errors
+    endpoint: str
+    _server: Any  # what runs it; None while stopped
+
+    @abstractmethod
+    def start(self) -> Self:
+        """Start serving (if not already); returns ``self``."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop serving; safe to call more than once."""
+
+    @property
+    def client_config(self) -> ClientConfig:
+        """Settings that send torchdata-gcs's requests here, anonymously."""
+        self._require_running()
+        return ClientConfig(endpoint=self.endpoint, anonymous=True)
+
+    def _require_running(self) -> None:
+        if self._server is None:
+            raise EmulatorError(f"the {self.kind} is not running: call start() or use it in a with block")
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 def free_port() -> int:
