@@ -187,13 +187,14 @@ def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError
     )
 
 
-async def _read_range(job: _Job, url: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
+async def _read_range(
+    job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int
+) -> list[bytes]:
     """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
     would hold them twice), by ranged GETs that resume where one broke."""
     end = start + length
     chunks: list[bytes] = []
     position = start
-    path = job.reader.media_path(*parse_url(url, allow_prefix=False))
 
     async def attempt() -> None:
         nonlocal position
@@ -214,11 +215,11 @@ async def _read_range(job: _Job, url: str, params: dict[str, Any], start: int, l
     return chunks
 
 
-async def _read_parts(job: _Job, url: str, params: dict[str, Any], start: int, size: int) -> list[bytes]:
+async def _read_parts(job: _Job, url: str, path: str, params: dict[str, Any], start: int, size: int) -> list[bytes]:
     """The object's bytes from ``start`` to ``size`` (in pieces), read as concurrent ranges of ``part_size``."""
     parts = await asyncio.gather(
         *(
-            _read_range(job, url, params, offset, min(job.part_size, size - offset))
+            _read_range(job, url, path, params, offset, min(job.part_size, size - offset))
             for offset in range(start, size, job.part_size)
         )
     )
@@ -266,7 +267,7 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
         allowance = reserved
 
         def fetch_part(start: int, length: int) -> Future[list[bytes]]:
-            return asyncio.run_coroutine_threadsafe(_read_range(job, url, params, start, length), loop)
+            return asyncio.run_coroutine_threadsafe(_read_range(job, url, path, params, start, length), loop)
 
         def give_back() -> None:
             loop.call_soon_threadsafe(job.budget.release, allowance)
@@ -316,7 +317,7 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
             return stream(size, parts), reserved
         rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
         while True:
-            parts += await _read_parts(job, url, params, sum(map(len, parts)), size)
+            parts += await _read_parts(job, url, path, params, sum(map(len, parts)), size)
             try:
                 verify_bytes(url, parts, size, checksums)
                 return parts, reserved

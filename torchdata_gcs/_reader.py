@@ -36,8 +36,8 @@ class ObjectReader:
     Its :class:`Throttle` is shared by every loader of the process that uses this configuration.
     """
 
-    def __init__(self, config: ClientConfig) -> None:
-        self.transport: Transport = transport_for(config)
+    def __init__(self, config: ClientConfig, transport: Transport) -> None:
+        self.transport = transport
         self.throttle = Throttle()
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
@@ -100,7 +100,7 @@ def object_reader(config: ClientConfig) -> ObjectReader:
     with _lock:
         reader = _readers.get(transport)
         if reader is None:
-            reader = _readers[transport] = ObjectReader(config)
+            reader = _readers[transport] = ObjectReader(config, transport)
         return reader
 
 
