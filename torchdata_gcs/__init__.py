@@ -19,9 +19,10 @@ from ._metadata import ObjectInfo
 from ._parallel_listing import ListingStats
 from ._uri import format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
-from .datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
+from .datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
 from .errors import (
     AccessDeniedError,
+    ComposeFallbackWarning,
     GCSError,
     IntegrityError,
     InvalidURIError,
@@ -36,9 +37,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessDeniedError",
     "ClientConfig",
+    "ComposeFallbackWarning",
     "GCSError",
     "GCSFileListerIterDataPipe",
     "GCSFileLoaderIterDataPipe",
+    "GCSShardComposerIterDataPipe",
     "IntegrityError",
     "InvalidURIError",
     "ListingStats",

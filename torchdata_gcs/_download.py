@@ -11,6 +11,7 @@ object larger than the budget still loads (alone) and the window never deadlocks
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -34,7 +35,17 @@ from .errors import IntegrityError, MissingObjectWarning, NotFoundError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ByteBudget", "LoadStats", "fetch_object", "load_in_order", "reported_crc32c", "verify_bytes"]
+__all__ = [
+    "ByteBudget",
+    "LoadStats",
+    "deliver_in_order",
+    "fetch_object",
+    "load_in_order",
+    "load_one",
+    "new_job",
+    "reported_crc32c",
+    "verify_bytes",
+]
 
 T = TypeVar("T")
 
@@ -46,7 +57,8 @@ _CRC32C_IN_HASH_HEADER = re.compile(r"crc32c=([A-Za-z0-9+/=]+)")
 @dataclass
 class LoadStats:
     """What loading cost so far: requests sent, bytes received, retries, 429 answers, objects
-    delivered, and seconds the consumer waited for the next object."""
+    delivered, seconds the consumer waited for the next object, and (``compose_shards_by_gcs``)
+    compose calls made and kept composites reused."""
 
     requests: int = 0
     bytes: int = 0
@@ -54,6 +66,8 @@ class LoadStats:
     throttled: int = 0
     objects: int = 0
     wait_seconds: float = 0.0
+    composes: int = 0
+    reused: int = 0
 
     def count_retry(self, _: BaseException) -> None:
         self.retries += 1
@@ -187,9 +201,7 @@ def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError
     )
 
 
-async def _read_range(
-    job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int
-) -> list[bytes]:
+async def _read_range(job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
     """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
     would hold them twice), by ranged GETs that resume where one broke."""
     end = start + length
@@ -330,6 +342,77 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
         raise
 
 
+Outcome = tuple[str, "Loaded | NotFoundError"]
+"""One object's result: its bytes, or the ``NotFoundError`` that the consumer raises or skips."""
+
+Unit = Callable[["_Job", int], Awaitable[tuple[list[Outcome], int]]]
+"""Loads a run of consecutive objects given the job and its sequence number; returns their outcomes
+in order and the budget to give back once they are delivered."""
+
+
+def new_job(config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats) -> _Job:
+    return _Job(
+        object_reader(config),
+        retry,
+        transfer.part_size,
+        ByteBudget(transfer.max_buffered_bytes),
+        asyncio.Semaphore(transfer.max_in_flight),
+        stats,
+    )
+
+
+async def load_one(url: str, info: ObjectInfo | None, job: _Job, seq: int) -> tuple[list[Outcome], int]:
+    """One object as a :data:`Unit`: a stream keeps its budget share until it is closed."""
+    try:
+        data, reserved = await fetch_object(job, url, info, seq)
+    except NotFoundError as exc:
+        return [(url, exc)], 0
+    return [(url, data)], 0 if isinstance(data, PartStream) else reserved
+
+
+def deliver_in_order(
+    units: Iterable[Unit], job: _Job, window_size: int, *, skip_missing: bool
+) -> Iterator[tuple[str, Loaded]]:
+    """Run ``units`` on the I/O loop, up to ``window_size`` ahead of the consumer, and yield their
+    ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns."""
+    loop = io_loop()
+    stats = job.stats
+    window: deque[Future[tuple[list[Outcome], int]]] = deque()
+    delivered = 0
+
+    def deliver() -> Iterator[tuple[str, Loaded]]:
+        nonlocal delivered
+        future = window.popleft()
+        delivered += 1
+        waited = time.perf_counter()
+        try:
+            outcomes, held = future.result()
+        finally:
+            stats.wait_seconds += time.perf_counter() - waited
+        loop.call_soon_threadsafe(job.budget.release, held, delivered)
+        for url, data in outcomes:
+            if isinstance(data, NotFoundError):
+                if not skip_missing:
+                    raise data
+                warnings.warn(f"skipping {url}: it no longer exists", MissingObjectWarning, stacklevel=4)
+                continue
+            stats.objects += 1
+            yield url, data
+
+    try:
+        for seq, unit in enumerate(units):
+            window.append(asyncio.run_coroutine_threadsafe(unit(job, seq), loop))  # type: ignore[arg-type]
+            while len(window) > window_size or (window and window[0].done()):
+                yield from deliver()
+        while window:
+            yield from deliver()
+    finally:
+        for future in window:
+            future.cancel()
+        loop.call_soon_threadsafe(job.budget.close)
+        logger.debug("loaded %d objects: %s", stats.objects, stats)
+
+
 def load_in_order(
     items: Iterable[tuple[str, ObjectInfo | None]],
     config: ClientConfig,
@@ -340,48 +423,6 @@ def load_in_order(
     skip_missing: bool,
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
-    loop = io_loop()
-    reader = object_reader(config)
-    job = _Job(
-        reader,
-        retry,
-        transfer.part_size,
-        ByteBudget(transfer.max_buffered_bytes),
-        asyncio.Semaphore(transfer.max_in_flight),
-        stats,
-    )
-    window: deque[tuple[str, Future[tuple[Loaded, int]]]] = deque()
-    delivered = 0
-
-    def deliver() -> Iterator[tuple[str, Loaded]]:
-        nonlocal delivered
-        url, future = window.popleft()
-        delivered += 1
-        waited = time.perf_counter()
-        try:
-            data, reserved = future.result()
-        except NotFoundError:
-            loop.call_soon_threadsafe(job.budget.release, 0, delivered)
-            if not skip_missing:
-                raise
-            warnings.warn(f"skipping {url}: it no longer exists", MissingObjectWarning, stacklevel=4)
-            return
-        finally:
-            stats.wait_seconds += time.perf_counter() - waited
-        held = 0 if isinstance(data, PartStream) else reserved  # a stream gives its share back when closed
-        loop.call_soon_threadsafe(job.budget.release, held, delivered)
-        stats.objects += 1
-        yield url, data
-
-    try:
-        for seq, (url, info) in enumerate(items):
-            window.append((url, asyncio.run_coroutine_threadsafe(fetch_object(job, url, info, seq), loop)))
-            while len(window) > 2 * transfer.max_in_flight or (window and window[0][1].done()):
-                yield from deliver()
-        while window:
-            yield from deliver()
-    finally:
-        for _, future in window:
-            future.cancel()
-        loop.call_soon_threadsafe(job.budget.close)
-        logger.debug("loaded %d objects: %s", stats.objects, stats)
+    units = (functools.partial(load_one, url, info) for url, info in items)
+    job = new_job(config, transfer, retry, stats)
+    return deliver_in_order(units, job, 2 * transfer.max_in_flight, skip_missing=skip_missing)

@@ -8,6 +8,7 @@ from typing import Any
 from ._client import Transport
 from ._objects import object_resource
 from ._parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
+from ._uri import TEMPORARY_PREFIX
 from .config import RetryConfig
 
 MAX_PAGE_SIZE = 1000  # GCS never returns more per page
@@ -30,7 +31,8 @@ def list_objects(
     An empty name or one ending in ``/`` is a prefix: every object under it. Any other name is an
     object and a folder: the object of that exact name (if it exists), then everything under
     ``name/`` (so ``gs://b/data`` never picks up ``gs://b/database.csv``). Zero-byte ``.../``
-    folder placeholders are skipped. A missing bucket raises ``NotFoundError``. Up to
+    folder placeholders are skipped, and so are temporary objects under ``TEMPORARY_PREFIX`` unless
+    that is what is listed. A missing bucket raises ``NotFoundError``. Up to
     ``concurrency`` list requests run at once; ``stats`` counts them. With ``after``, only names
     greater than it are listed (how an interrupted listing resumes).
     """
@@ -42,5 +44,11 @@ def list_objects(
         exact = object_resource(transport, bucket, name, retry, ITEM_FIELDS) if after is None or name > after else None
         if exact is not None:
             yield [(base + name, exact)]
+    hidden = "" if prefix.startswith(TEMPORARY_PREFIX) else TEMPORARY_PREFIX  # another job's composites
     for page in list_prefix_parallel(transport, bucket, prefix, retry, page_size, concurrency, stats, after):
-        yield [(base + item["name"], item) for item in page if not (item["name"].endswith("/") and item["size"] == "0")]
+        yield [
+            (base + item["name"], item)
+            for item in page
+            if not (item["name"].endswith("/") and item["size"] == "0")
+            and not (hidden and item["name"].startswith(hidden))
+        ]

@@ -1,7 +1,8 @@
-"""The data plane: object reads as coroutines over one aiohttp session per process and configuration.
+"""The data plane: object requests as coroutines over one aiohttp session per process and configuration.
 
-The control plane (listing, metadata, writes) stays on the ``requests`` transport of ``_client``;
-this module only sends media GETs, with the transport's endpoint, credentials and user project.
+The control plane (listing, metadata, single writes) stays on the ``requests`` transport of
+``_client``; this module sends what the loaders send many of at once (media GETs, and the
+compose and delete requests of composites), with the transport's endpoint, credentials and user project.
 Bytes are the stored ones (``Accept-Encoding: gzip`` and no decompression), so checksums apply.
 """
 
@@ -13,7 +14,7 @@ import os
 import threading
 import urllib.request
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -27,7 +28,6 @@ from .config import ClientConfig
 from .errors import error_for_status
 
 __all__ = ["ObjectReader", "object_reader"]
-
 
 
 class ObjectReader:
@@ -54,17 +54,33 @@ class ObjectReader:
     def media_path(self, bucket: str, name: str) -> str:
         return f"{self.transport.endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
 
+    def object_path(self, bucket: str, name: str) -> str:
+        return self.transport.endpoint + self.transport.object_path(bucket, name)
+
     async def _headers(self) -> dict[str, str]:
         transport = self.transport
         if transport.token_is_fresh():
             return transport.authorization()
         return await asyncio.get_running_loop().run_in_executor(None, transport.authorization)
 
-    @asynccontextmanager
-    async def get(
+    def get(
         self, url: str, path: str, params: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
         """GET ``path``; a non-2xx answer raises its typed error naming ``url``."""
+        return self.send("GET", url, path, params, headers)
+
+    @asynccontextmanager
+    async def send(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        params: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        json: Any = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send ``method`` to ``path`` (with a ``json`` body, if given); a non-2xx answer raises its
+        typed error naming ``url``."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
@@ -77,7 +93,9 @@ class ObjectReader:
         request_headers = {**(await self._headers()), **(headers or {})} if self._signed else headers
         # The path is percent-encoded already: yarl need not parse and encode it again.
         target = yarl.URL(f"{path}?{urlencode(params)}", encoded=True)
-        async with self._session.get(target, headers=request_headers, proxy=self._proxy) as response:
+        async with self._session.request(
+            method, target, headers=request_headers, proxy=self._proxy, json=json
+        ) as response:
             if response.status >= 400:
                 text = await response.text(errors="replace")
                 raise error_for_status(

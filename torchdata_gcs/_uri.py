@@ -14,6 +14,8 @@ from .errors import InvalidURIError
 
 SCHEMES = ("gs://", "gcs://")
 MAX_OBJECT_NAME_BYTES = 1024
+TEMPORARY_PREFIX = ".torchdata-gcs-tmp/"
+"""Where torchdata-gcs writes short-lived objects of its own (composites); listings skip it."""
 
 _BUCKET_CHARS = re.compile(r"[a-z0-9][a-z0-9._-]*[a-z0-9]")
 _GOOGLE_LOOKALIKE = re.compile(r"g[o0][o0]g[l1]e")
@@ -32,8 +34,7 @@ def _bucket_problem(bucket: str) -> str | None:
         return "must be 3 to 222 characters long"
     if not _BUCKET_CHARS.fullmatch(bucket):
         return (
-            "may hold only lowercase letters, digits, '-', '_' and '.', "
-            "and must start and end with a letter or digit"
+            "may hold only lowercase letters, digits, '-', '_' and '.', and must start and end with a letter or digit"
         )
     parts = bucket.split(".")
     if len(parts) == 1 and len(bucket) > 63:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "AccessDeniedError",
+    "ComposeFallbackWarning",
     "GCSError",
     "IntegrityError",
     "InvalidURIError",
@@ -80,13 +81,16 @@ class MissingObjectWarning(UserWarning):
     """An object was skipped because it no longer exists and the caller asked to skip it."""
 
 
+class ComposeFallbackWarning(UserWarning):
+    """Objects are loaded one by one because composites cannot be used (permissions) or kept ones
+    are not reused (input order)."""
+
+
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses GCS documents as safe to retry with backoff."""
 
 
-def error_for_status(
-    status: int, url: str | None, detail: str, *, retry_after: float | None = None
-) -> GCSError:
+def error_for_status(status: int, url: str | None, detail: str, *, retry_after: float | None = None) -> GCSError:
     """Turn an HTTP status GCS answered into the matching error; the one translation point."""
     where = f" ({url})" if url else ""
     message = f"GCS answered {status}{where}: {detail}" if detail else f"GCS answered {status}{where}"

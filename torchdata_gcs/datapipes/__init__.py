@@ -1,6 +1,7 @@
 """The functional DataPipes; importing this package registers them on ``IterDataPipe``."""
 
+from .composing import GCSShardComposerIterDataPipe
 from .listing import GCSFileListerIterDataPipe
 from .loading import GCSFileLoaderIterDataPipe
 
-__all__ = ["GCSFileListerIterDataPipe", "GCSFileLoaderIterDataPipe"]
+__all__ = ["GCSFileListerIterDataPipe", "GCSFileLoaderIterDataPipe", "GCSShardComposerIterDataPipe"]

@@ -1,11 +1,21 @@
-"""Shared handling of a DataPipe's input: a DataPipe, an iterable, or a single string."""
+"""Shared handling of the loaders' input (a DataPipe, an iterable or one URL) and output streams."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.utils.common import StreamWrapper
+
+from .._download import Loaded
+from .._metadata import ObjectInfo
+from .._streams import MemoryStream
+from ..errors import InvalidURIError
+
+Item = str | tuple[str, ObjectInfo]
+"""What the loaders take: a ``gs://`` URL, or the ``(url, ObjectInfo)`` pair a listing yields."""
 
 T = TypeVar("T")
 
@@ -22,3 +32,20 @@ def as_source(source: IterDataPipe[T] | Iterable[T] | str) -> IterDataPipe[T] | 
     if not isinstance(source, Iterable):
         raise TypeError(f"expected a DataPipe, an iterable of URLs or a URL, got {type(source).__name__}")
     return tuple(source)
+
+
+def split_item(item: Item) -> tuple[str, ObjectInfo | None]:
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], ObjectInfo):
+        return item
+    raise InvalidURIError(f"expected a gs:// URL or a (url, ObjectInfo) pair, got {item!r}")
+
+
+def as_stream(url: str, data: Loaded) -> StreamWrapper:
+    """A loaded object as the binary, seekable stream torchdata's decoders expect."""
+    if isinstance(data, bytes):
+        stream: io.IOBase = io.BytesIO(data)  # shares the bytes
+    else:
+        stream = io.BufferedReader(MemoryStream(data) if isinstance(data, list) else data)
+    return StreamWrapper(stream, name=url)

@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from .._download import LoadStats, load_in_order
-from .._metadata import ObjectInfo
-from .._streams import MemoryStream
 from .._uri import parse_url
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ..errors import InvalidURIError
-from ._source import as_source
+from ._source import Item, as_source, as_stream, split_item
 
 __all__ = ["GCSFileLoaderIterDataPipe"]
-
-Item = str | tuple[str, ObjectInfo]
-
-
-def _split_item(item: Item) -> tuple[str, ObjectInfo | None]:
-    if isinstance(item, str):
-        return item, None
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], ObjectInfo):
-        return item
-    raise InvalidURIError(f"expected a gs:// URL or a (url, ObjectInfo) pair, got {item!r}")
 
 
 @functional_datapipe("load_files_by_gcs")
@@ -87,7 +73,7 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         self.source_datapipe = as_source(source_datapipe)
         if isinstance(self.source_datapipe, tuple):
             for item in self.source_datapipe:
-                parse_url(_split_item(item)[0], allow_prefix=False)
+                parse_url(split_item(item)[0], allow_prefix=False)
         self.skip_missing = skip_missing
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
@@ -97,14 +83,12 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
         """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
         self.stats = LoadStats()
-        items = (_split_item(item) for item in self.source_datapipe)
-        loaded = load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing)
+        items = (split_item(item) for item in self.source_datapipe)
+        loaded = load_in_order(
+            items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing
+        )
         for url, data in loaded:
-            if isinstance(data, bytes):
-                stream: io.IOBase = io.BytesIO(data)  # shares the bytes
-            else:
-                stream = io.BufferedReader(MemoryStream(data) if isinstance(data, list) else data)
-            yield url, StreamWrapper(stream, name=url)
+            yield url, as_stream(url, data)
 
     def __len__(self) -> int:
         if self.skip_missing:

@@ -104,7 +104,13 @@ class Emulator(LocalService):
             args += ["-filesystem-root", os.path.join(scratch, "data")]
         environment = {**os.environ, "GOMEMLIMIT": self.memory_limit}
         self._server = ServerProcess(
-            self, "fake-gcs-server", args, scratch, endpoint=self.endpoint, timeout=self.startup_timeout, env=environment
+            self,
+            "fake-gcs-server",
+            args,
+            scratch,
+            endpoint=self.endpoint,
+            timeout=self.startup_timeout,
+            env=environment,
         )
         return self
 
@@ -114,7 +120,6 @@ class Emulator(LocalService):
             self._server.stop()
         self._server = None
         self._buckets.clear()
-
 
     def create_bucket(self, bucket: str) -> None:
         """Create ``bucket`` unless it exists."""
@@ -170,8 +175,21 @@ class Emulator(LocalService):
     def delete(self, bucket: str, name: str) -> None:
         """Delete one object."""
         self._require_running()
-        response = self._http.delete(
-            f"{self.endpoint}/storage/v1/b/{bucket}/o/{quote(name, safe='')}", timeout=30
-        )
+        response = self._http.delete(f"{self.endpoint}/storage/v1/b/{bucket}/o/{quote(name, safe='')}", timeout=30)
         if not response.ok:
             raise EmulatorError(f"deleting {name!r} from {bucket!r} failed: {response.status_code}")
+
+    def names(self, bucket: str) -> list[str]:
+        """Every object name in ``bucket``, torchdata-gcs's temporary objects included (an independent check)."""
+        self._require_running()
+        names: list[str] = []
+        params = {"fields": "items(name),nextPageToken"}
+        while True:
+            response = self._http.get(f"{self.endpoint}/storage/v1/b/{bucket}/o", params=params, timeout=60)
+            if not response.ok:
+                raise EmulatorError(f"listing {bucket!r} failed: {response.status_code}")
+            page = response.json()
+            names += [item["name"] for item in page.get("items", [])]
+            if not page.get("nextPageToken"):
+                return names
+            params["pageToken"] = page["nextPageToken"]

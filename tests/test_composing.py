@@ -1,0 +1,312 @@
+"""compose_shards_by_gcs against the emulator, through the GCS front where GCS's semantics matter."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+from torch.utils.data import DataLoader
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from torchdata_gcs import (
+    ClientConfig,
+    ComposeFallbackWarning,
+    GCSShardComposerIterDataPipe,
+    InvalidURIError,
+    MissingObjectWarning,
+    NotFoundError,
+    RetryConfig,
+    TransferConfig,
+)
+from torchdata_gcs._uri import TEMPORARY_PREFIX
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning)
+    from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
+
+FAST_RETRY = RetryConfig(initial_delay=0.01, max_delay=0.05)
+
+
+def seed(emulator: Emulator, bucket: str, count: int, prefix: str = "d/") -> dict[str, bytes]:
+    """``count`` objects of varied sizes (some empty); returns url -> bytes."""
+    objects = {f"{prefix}{i:04d}.bin": (f"object {i};".encode() * (i % 13)) for i in range(count)}
+    emulator.seed(bucket, objects)
+    return {f"gs://{bucket}/{name}": data for name, data in objects.items()}
+
+
+def listed(bucket: str, client: ClientConfig, prefix: str = "d/"):
+    return IterableWrapper([f"gs://{bucket}/{prefix}"]).list_files_by_gcs(client=client, with_metadata=True)
+
+
+def read_all(pipe) -> list[tuple[str, bytes]]:
+    return [(url, stream.read()) for url, stream in pipe]
+
+
+def temporary(emulator: Emulator, bucket: str) -> list[str]:
+    return [name for name in emulator.names(bucket) if name.startswith(TEMPORARY_PREFIX)]
+
+
+def decode(item):
+    url, stream = item
+    return url, stream.read()
+
+
+def failing_decode(item):
+    raise ValueError("a bad sample")
+
+
+def test_in_order_bit_exact_with_few_requests(gcs_emulator: Emulator) -> None:
+    expected = seed(gcs_emulator, "compose-basic", 200)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        pipe = listed("compose-basic", front.client_config).compose_shards_by_gcs(client=front.client_config)
+        before = dict(front.counts)
+        delivered = read_all(pipe)
+        counts = {kind: front.counts[kind] - before.get(kind, 0) for kind in front.counts}
+    assert delivered == list(expected.items())
+    groups = -(-200 // 32)
+    assert pipe.stats.composes == counts["compose"] == groups
+    assert counts["get"] == groups  # one read per composite, none per object
+    assert counts["delete"] == groups + 1  # each composite, and the permission probe
+    assert counts["upload"] == 1  # the probe
+    assert pipe.stats.objects == 200
+    assert temporary(gcs_emulator, "compose-basic") == []
+
+
+def test_groups_respect_size_limit_buckets_and_large_objects(gcs_emulator: Emulator) -> None:
+    small = seed(gcs_emulator, "compose-mixed-a", 6)
+    large = {"gs://compose-mixed-a/big.bin": os.urandom(50_000)}
+    gcs_emulator.seed("compose-mixed-a", {"big.bin": large["gs://compose-mixed-a/big.bin"]})
+    other = seed(gcs_emulator, "compose-mixed-b", 5)
+    items = [*small, "gs://compose-mixed-a/big.bin", *other]  # plain URLs: metadata is fetched
+    expected = {**small, **large, **other}
+    with GCSFront(gcs_emulator.endpoint) as front:
+        pipe = GCSShardComposerIterDataPipe(
+            items, max_sources=4, max_composite_bytes=20_000, client=front.client_config
+        )
+        delivered = read_all(pipe)
+        assert front.counts["metadata"] == len(items)
+    assert delivered == [(url, expected[url]) for url in items]
+    # bucket a: 6 small -> 4 + 2; big.bin (over the limit) alone; bucket b: 5 -> 4 + 1 (one is read directly)
+    assert pipe.stats.composes == 3
+    assert temporary(gcs_emulator, "compose-mixed-a") == temporary(gcs_emulator, "compose-mixed-b") == []
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_exactly_once_through_dataloader2(gcs_emulator: Emulator, start_method: str) -> None:
+    expected = seed(gcs_emulator, "compose-dl2", 500)
+    client = gcs_emulator.client_config
+    pipe = listed("compose-dl2", client).shuffle().sharding_filter().compose_shards_by_gcs(client=client).map(decode)
+    loader = DataLoader2(
+        pipe, reading_service=MultiProcessingReadingService(num_workers=2, multiprocessing_context=start_method)
+    )
+    try:
+        for epoch in range(2):
+            loader.seed(epoch)
+            delivered = list(loader)
+            counts = collections.Counter(url for url, _ in delivered)
+            assert set(counts) == set(expected) and max(counts.values()) == 1
+            assert all(data == expected[url] for url, data in delivered)
+            assert [url for url, _ in delivered] != sorted(expected)  # shuffled
+    finally:
+        loader.shutdown()
+    assert temporary(gcs_emulator, "compose-dl2") == []
+
+
+def test_object_overwritten_after_listing(gcs_emulator: Emulator) -> None:
+    expected = seed(gcs_emulator, "compose-changed", 40)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        items = list(listed("compose-changed", front.client_config))
+        gcs_emulator.upload("compose-changed", "d/0005.bin", b"new bytes")
+        pipe = GCSShardComposerIterDataPipe(items, client=front.client_config, retry=FAST_RETRY)
+        received = []
+        with pytest.raises(NotFoundError, match="0005.bin generation .* no longer exists"):
+            for url, stream in pipe:
+                received.append((url, stream.read()))
+        assert received == list(expected.items())[:5]  # never the new bytes, nothing after in order
+        assert front.counts["compose"] == 2  # 32 + 8; the first refused by GCS's rules, then read directly
+
+        skipping = GCSShardComposerIterDataPipe(items, client=front.client_config, skip_missing=True)
+        with pytest.warns(MissingObjectWarning, match="0005.bin"):
+            delivered = read_all(skipping)
+    assert delivered == [(url, data) for url, data in expected.items() if not url.endswith("0005.bin")]
+    assert temporary(gcs_emulator, "compose-changed") == []
+
+
+def test_missing_plain_url(gcs_emulator: Emulator) -> None:
+    expected = seed(gcs_emulator, "compose-missing", 3)
+    items = [*expected, "gs://compose-missing/d/nope.bin"]
+    pipe = GCSShardComposerIterDataPipe(items, client=gcs_emulator.client_config)
+    with pytest.raises(NotFoundError):
+        read_all(pipe)
+    with pytest.warns(MissingObjectWarning):
+        assert read_all(pipe.__class__(items, client=gcs_emulator.client_config, skip_missing=True)) == list(
+            expected.items()
+        )
+
+
+def test_early_stop_and_exception_leave_nothing(gcs_emulator: Emulator) -> None:
+    seed(gcs_emulator, "compose-stop", 400)
+    with GCSFront(gcs_emulator.endpoint, latency=0.02) as front:
+        pipe = listed("compose-stop", front.client_config).compose_shards_by_gcs(client=front.client_config)
+        iterator = iter(pipe)
+        for _ in range(3):
+            next(iterator)
+        assert pipe.stats.composes > 1
+        iterator.close()  # what a `break` does to the generator
+        assert temporary(gcs_emulator, "compose-stop") == []
+
+        with pytest.raises(ValueError, match="a bad sample"):
+            list(pipe.map(failing_decode))
+        assert temporary(gcs_emulator, "compose-stop") == []
+
+
+def test_worker_processes_stopped_mid_epoch_leave_nothing(gcs_emulator: Emulator) -> None:
+    seed(gcs_emulator, "compose-shutdown", 600)
+    with GCSFront(gcs_emulator.endpoint, latency=0.02) as front:
+        client = front.client_config
+        pipe = listed("compose-shutdown", client).sharding_filter().compose_shards_by_gcs(client=client).map(decode)
+        iterator = iter(DataLoader(pipe, batch_size=None, num_workers=2))
+        for _ in range(20):
+            next(iterator)
+        assert front.counts["compose"] > 0
+        del iterator  # stops the workers mid-epoch
+    assert temporary(gcs_emulator, "compose-shutdown") == []
+
+
+SIGTERM_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torchdata_gcs import ClientConfig
+    client = ClientConfig(endpoint=sys.argv[1], anonymous=True)
+    pipe = IterableWrapper(["gs://compose-sigterm/d/"]).list_files_by_gcs(client=client, with_metadata=True)
+    for url, stream in pipe.compose_shards_by_gcs(client=client):
+        print("got", url, flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def test_sigterm_leaves_nothing(gcs_emulator: Emulator) -> None:
+    seed(gcs_emulator, "compose-sigterm", 2000)
+    # Slow deletes keep composites alive long enough to be seen before the signal.
+    with GCSFront(
+        gcs_emulator.endpoint,
+        latency=0.05,
+        faults=[Fault("stall", match=r"DELETE .*%2F\d{9}", stall_seconds=1.0, times=10)],
+    ) as front:
+        command = [sys.executable, "-c", SIGTERM_CHILD, front.endpoint]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            try:
+                assert child.stdout is not None and child.stdout.readline().startswith("got "), child.stderr.read()
+                deadline = time.monotonic() + 30
+                while not temporary(gcs_emulator, "compose-sigterm"):
+                    assert time.monotonic() < deadline, (
+                        "no temporary composite ever existed: the test would prove nothing"
+                    )
+                    time.sleep(0.05)
+                child.send_signal(signal.SIGTERM)
+                _, errors = child.communicate(timeout=60)
+            finally:
+                child.kill()
+        assert child.returncode == -signal.SIGTERM, errors
+    assert temporary(gcs_emulator, "compose-sigterm") == []
+
+
+def test_no_permission_falls_back_with_one_warning(gcs_emulator: Emulator) -> None:
+    expected = seed(gcs_emulator, "compose-denied", 70)
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="upload")]) as front:
+        pipe = listed("compose-denied", front.client_config).compose_shards_by_gcs(client=front.client_config)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            delivered = read_all(pipe)
+        assert front.counts["compose"] == 0
+        assert front.counts["get"] == 70
+    fallbacks = [w for w in caught if issubclass(w.category, ComposeFallbackWarning)]
+    assert len(fallbacks) == 1 and "compose-denied" in str(fallbacks[0].message)
+    assert delivered == list(expected.items())
+
+
+def test_reuse_across_epochs(gcs_emulator: Emulator) -> None:
+    expected = seed(gcs_emulator, "compose-reuse", 100)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        client = front.client_config
+        pipe = listed("compose-reuse", client).compose_shards_by_gcs(client=client, reuse_prefix="cache/composites/")
+        assert read_all(pipe) == list(expected.items())
+        first = front.counts["compose"]
+        assert first == pipe.stats.composes == 4
+        kept = [name for name in gcs_emulator.names("compose-reuse") if name.startswith("cache/composites/")]
+        assert len(kept) == 4
+
+        assert read_all(pipe) == list(expected.items())  # epoch 2
+        assert front.counts["compose"] == first and pipe.stats.reused == 4
+
+        # Damaged kept composites are detected (by the pieces' checksums) and rebuilt.
+        for name in kept:
+            gcs_emulator.upload("compose-reuse", name, b"x" * len(gcs_emulator.read("compose-reuse", name)))
+        assert read_all(pipe) == list(expected.items())  # epoch 3
+        assert front.counts["compose"] == first + 4 and pipe.stats.reused == 0
+
+        # A changed source makes its group a new composite; the other groups are still reused.
+        gcs_emulator.upload("compose-reuse", "d/0040.bin", b"changed")
+        expected["gs://compose-reuse/d/0040.bin"] = b"changed"
+        assert read_all(
+            IterableWrapper(list(listed("compose-reuse", client))).compose_shards_by_gcs(
+                client=client, reuse_prefix="cache/composites/"
+            )
+        ) == list(expected.items())  # epoch 4
+        assert front.counts["compose"] == first + 5
+        assert read_all(pipe) == list(expected.items())  # epoch 5: all kept again
+        assert front.counts["compose"] == first + 5 and pipe.stats.reused == 4
+    assert temporary(gcs_emulator, "compose-reuse") == []
+
+
+def test_reuse_with_order_changing_warns(gcs_emulator: Emulator) -> None:
+    expected = seed(gcs_emulator, "compose-reuse-order", 64)
+    client = gcs_emulator.client_config
+    urls = list(expected)
+    pipe = GCSShardComposerIterDataPipe(urls, client=client, reuse_prefix="kept/")
+    read_all(pipe)
+    with pytest.warns(ComposeFallbackWarning, match="same order"):
+        read_all(GCSShardComposerIterDataPipe(urls[::-1], client=client, reuse_prefix="kept/"))
+
+
+def test_listing_skips_temporary_objects(gcs_emulator: Emulator, client: ClientConfig) -> None:
+    gcs_emulator.seed("compose-hidden", {"a.bin": b"a", f"{TEMPORARY_PREFIX}job/1": b"tmp"})
+    assert list(IterableWrapper(["gs://compose-hidden/"]).list_files_by_gcs(client=client)) == [
+        "gs://compose-hidden/a.bin"
+    ]
+    assert list(IterableWrapper([f"gs://compose-hidden/{TEMPORARY_PREFIX}"]).list_files_by_gcs(client=client)) == [
+        f"gs://compose-hidden/{TEMPORARY_PREFIX}job/1"
+    ]
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(ValueError, match="max_sources"):
+        GCSShardComposerIterDataPipe([], max_sources=33)
+    with pytest.raises(ValueError, match="max_sources"):
+        GCSShardComposerIterDataPipe([], max_sources=1)
+    with pytest.raises(ValueError, match="max_composite_bytes"):
+        GCSShardComposerIterDataPipe([], max_composite_bytes=0)
+    with pytest.raises(InvalidURIError, match="reuse_prefix"):
+        GCSShardComposerIterDataPipe([], reuse_prefix="cache")
+    with pytest.raises(InvalidURIError, match="reuse_prefix"):
+        GCSShardComposerIterDataPipe([], reuse_prefix=TEMPORARY_PREFIX + "x/")
+    with pytest.raises(InvalidURIError):
+        GCSShardComposerIterDataPipe(["gs://bucket/"])
+
+
+def test_small_budget_keeps_composites_whole(gcs_emulator: Emulator) -> None:
+    expected = seed(gcs_emulator, "compose-budget", 64)
+    pipe = listed("compose-budget", gcs_emulator.client_config).compose_shards_by_gcs(
+        client=gcs_emulator.client_config, transfer=TransferConfig(max_buffered_bytes=2048, max_in_flight=4)
+    )
+    assert read_all(pipe) == list(expected.items())

@@ -1,0 +1,461 @@
+"""Compose runs of small objects server-side, download each composite once, split it back.
+
+One :class:`Composer` serves one iteration. Consecutive objects of one bucket are grouped (at most
+``MAX_SOURCES`` and ``max_bytes`` each); GCS concatenates a group in one compose call whose sources
+are pinned to their listed generations; the composite is read through the loader's data path
+(concurrency, retries, byte budget) and cut back by the listed sizes, each piece checked against
+its listed crc32c. A group whose sources changed, or whose composite is wrong, is loaded object by
+object instead, so a changed object raises (or is skipped) exactly as ``load_files_by_gcs`` would.
+
+Temporary composites live under ``TEMPORARY_PREFIX/<time>-<host>-<pid>-<random>/`` and are deleted
+once downloaded; :meth:`Composer.close` waits for composes still running and deletes whatever is
+left, and runs at the end of iteration, on early stop, on exceptions, at interpreter or worker
+exit and on SIGTERM. With ``reuse_prefix`` composites are kept, named by a hash of their sources,
+and that prefix's listing is the manifest later iterations consult.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import hashlib
+import json
+import logging
+import multiprocessing.util
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator
+from concurrent.futures import TimeoutError as FutureTimeout
+from types import FrameType
+from typing import Any
+
+import google_crc32c
+
+from ._aio import io_loop
+from ._download import (
+    Loaded,
+    LoadStats,
+    Outcome,
+    Unit,
+    _Job,
+    _with_retry,
+    deliver_in_order,
+    fetch_object,
+    load_one,
+    new_job,
+)
+from ._listing import MAX_PAGE_SIZE, list_objects
+from ._metadata import ObjectInfo, check_crc32c, crc32c_base64
+from ._objects import create_object, delete_object
+from ._uri import TEMPORARY_PREFIX, format_url, parse_url
+from .config import ClientConfig, RetryConfig, TransferConfig
+from .errors import (
+    AccessDeniedError,
+    ComposeFallbackWarning,
+    IntegrityError,
+    NotFoundError,
+    PreconditionFailedError,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MAX_SOURCES", "Composer", "compose_in_order", "new_job_id"]
+
+MAX_SOURCES = 32
+"""GCS composes at most this many source objects in one call."""
+_DESCRIBE_BATCH = 256  # plain URLs whose metadata is fetched at once
+_CLOSE_TIMEOUT = 60.0
+
+
+def new_job_id() -> str:
+    """A name for one iteration's temporary composites: UTC start time, host, process and a random tag."""
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32] or "host"
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+Member = tuple[str, str, ObjectInfo]  # url, object name, listed version
+
+
+class Composer:
+    """One iteration's compose-and-split work and the temporary objects it owns."""
+
+    def __init__(
+        self,
+        job: _Job,
+        *,
+        max_sources: int,
+        max_bytes: int,
+        reuse_prefix: str | None,
+    ) -> None:
+        self.job = job
+        self.max_sources = max_sources
+        self.max_bytes = min(max_bytes, job.budget.limit // 2)  # a composite is always held whole
+        self.reuse_prefix = reuse_prefix
+        self.job_id = new_job_id()
+        self._names = 0
+        self._usable: dict[str, bool] = {}  # bucket -> may compose there
+        self._cache: dict[str, dict[str, ObjectInfo]] = {}  # bucket -> kept composites (reuse mode)
+        self._cached_before: set[str] = set()  # buckets whose cache was not empty at the start
+        self._unsettled: set[tuple[str, str]] = set()  # composites that may exist and are not ours to keep
+        self._running: set[asyncio.Future[Any]] = set()  # composes and deletes in flight
+        self._found = 0  # groups whose kept composite existed (reuse mode)
+        self._closed = False
+        _live.add(self)
+        _install_exit_handlers()
+
+    # -- planning (consumer thread) --------------------------------------------------------------
+
+    def units(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[Unit]:
+        """Group consecutive items into compose units; the rest become single-object loads."""
+        group: list[Member] = []
+        group_bucket = ""
+        group_bytes = 0
+
+        def flush() -> Iterator[Unit]:
+            nonlocal group, group_bytes
+            if len(group) == 1:
+                url, _, info = group[0]
+                yield functools.partial(load_one, url, info)
+            elif group:
+                yield functools.partial(self._load_group, group)
+            group, group_bytes = [], 0
+
+        for url, info in self._described(items):
+            if isinstance(info, NotFoundError):
+                yield from flush()
+                yield functools.partial(_missing, url, info)
+                continue
+            bucket, name = parse_url(url, allow_prefix=False)
+            if info is None or info.size > self.max_bytes or not self._may_compose(bucket):
+                yield from flush()
+                yield functools.partial(load_one, url, info)
+                continue
+            if bucket != group_bucket or len(group) == self.max_sources or group_bytes + info.size > self.max_bytes:
+                yield from flush()
+            group_bucket = bucket
+            group.append((url, name, info))
+            group_bytes += info.size
+        yield from flush()
+
+    def _described(
+        self, items: Iterable[tuple[str, ObjectInfo | None]]
+    ) -> Iterator[tuple[str, ObjectInfo | NotFoundError | None]]:
+        """The items with metadata: a plain URL's is fetched (in concurrent batches) only when it is
+        unknown; ``None`` when the object is not one to compose (its bucket refuses composites)."""
+        pending: list[str] = []
+
+        def resolve() -> Iterator[tuple[str, ObjectInfo | NotFoundError | None]]:
+            async def describe_all() -> list[ObjectInfo | NotFoundError]:
+                return await asyncio.gather(*(_describe(self.job, url) for url in pending))
+
+            infos = asyncio.run_coroutine_threadsafe(describe_all(), io_loop()).result()
+            yield from zip(pending, infos)
+            pending.clear()
+
+        for url, info in items:
+            if info is None and self._may_compose(parse_url(url, allow_prefix=False)[0]):
+                pending.append(url)
+                if len(pending) == _DESCRIBE_BATCH:
+                    yield from resolve()
+                continue
+            if pending:
+                yield from resolve()
+            yield url, info
+        if pending:
+            yield from resolve()
+
+    def _may_compose(self, bucket: str) -> bool:
+        """Whether composites may be written and deleted in ``bucket``: tried once, up front, by
+        writing and deleting a probe object; a refusal means direct loads and one warning."""
+        usable = self._usable.get(bucket)
+        if usable is None:
+            transport, retry = self.job.reader.transport, self.job.retry
+            probe = f"{TEMPORARY_PREFIX}{self.job_id}/probe"
+            try:
+                generation = create_object(transport, bucket, probe, b"", retry, if_generation_match=0)
+                self._unsettled.add((bucket, probe))
+                delete_object(transport, bucket, probe, retry, if_generation_match=generation)
+                self._unsettled.discard((bucket, probe))
+                usable = True
+            except AccessDeniedError as exc:
+                usable = False
+                warnings.warn(
+                    f"compose_shards_by_gcs loads objects of gs://{bucket} one by one: these credentials may "
+                    f"not create and delete its temporary composites ({exc})",
+                    ComposeFallbackWarning,
+                    stacklevel=2,
+                )
+            if usable and self.reuse_prefix is not None:
+                listed = list_objects(transport, bucket, self.reuse_prefix, retry, MAX_PAGE_SIZE)
+                self._cache[bucket] = {
+                    item["name"]: ObjectInfo.from_json(item) for batch in listed for _, item in batch
+                }
+                if self._cache[bucket]:
+                    self._cached_before.add(bucket)
+            self._usable[bucket] = usable
+        return usable
+
+    # -- one group (I/O loop) --------------------------------------------------------------------
+
+    async def _load_group(self, members: list[Member], job: _Job, seq: int) -> tuple[list[Outcome], int]:
+        bucket = parse_url(members[0][0], allow_prefix=False)[0]
+        name = self._composite_name(members)
+        kept = self._cache.get(bucket, {}).get(name) if self.reuse_prefix is not None else None
+        total = sum(info.size for _, _, info in members)
+        if kept is not None and kept.size == total:
+            self._found += 1
+            loaded = await self._download(bucket, name, kept, members, job, seq)
+            if loaded is not None:
+                job.stats.reused += 1
+                return loaded
+            logger.warning("kept composite gs://%s/%s no longer matches its sources: rebuilding it", bucket, name)
+        try:
+            composite = await self._compose(bucket, name, members, job)
+        except (NotFoundError, PreconditionFailedError) as exc:  # a source changed since it was listed
+            logger.info(
+                "composing %d objects into gs://%s/%s failed (%s): loading them directly",
+                len(members),
+                bucket,
+                name,
+                exc,
+            )
+            return await _load_each(members, job, seq)
+        except AccessDeniedError as exc:
+            warnings.warn(
+                f"compose refused in gs://{bucket}: loading directly ({exc})", ComposeFallbackWarning, stacklevel=1
+            )
+            self._usable[bucket] = False
+            return await _load_each(members, job, seq)
+        loaded = await self._download(bucket, name, composite, members, job, seq)
+        return loaded if loaded is not None else await _load_each(members, job, seq)
+
+    def _composite_name(self, members: list[Member]) -> str:
+        if self.reuse_prefix is None:
+            self._names += 1
+            return f"{TEMPORARY_PREFIX}{self.job_id}/{self._names:09d}"
+        identity = json.dumps([(name, info.generation, info.size, info.crc32c) for _, name, info in members])
+        return self.reuse_prefix + hashlib.sha256(identity.encode()).hexdigest()
+
+    async def _compose(self, bucket: str, name: str, members: list[Member], job: _Job) -> ObjectInfo:
+        """Ask GCS to concatenate the members (each pinned to its generation) into ``name``."""
+        reader = job.reader
+        url = format_url(bucket, name)
+        body = {
+            "sourceObjects": [
+                {
+                    "name": source,
+                    "generation": str(info.generation),
+                    "objectPreconditions": {"ifGenerationMatch": str(info.generation)},
+                }
+                for _, source, info in members
+            ],
+            "destination": {"contentType": "application/octet-stream"},
+        }
+        params: dict[str, Any] = {"fields": "size,generation,crc32c"}
+        if self.reuse_prefix is None:
+            params["ifGenerationMatch"] = 0  # a temporary name is new: never replace anything
+            self._unsettled.add((bucket, name))
+
+        async def attempt() -> ObjectInfo:
+            async with reader.send(
+                "POST", url, reader.object_path(bucket, name) + "/compose", params, json=body
+            ) as response:
+                return ObjectInfo.from_json(await response.json())
+
+        job.stats.composes += 1
+        # Shielded: a compose already sent may still land, so it runs to its end and close() waits for it.
+        return await asyncio.shield(self._track(_with_retry(job, url, attempt)))
+
+    async def _download(
+        self, bucket: str, name: str, composite: ObjectInfo, members: list[Member], job: _Job, seq: int
+    ) -> tuple[list[Outcome], int] | None:
+        """Read the composite and cut it into the members' bytes; ``None`` if it is gone or wrong."""
+        url = format_url(bucket, name)
+        try:
+            data, reserved = await fetch_object(job, url, composite, seq)
+        except (NotFoundError, IntegrityError) as exc:
+            logger.info("reading %s failed (%s)", url, exc)
+            self._forget(bucket, name, composite)
+            return None
+        finally:
+            if self.reuse_prefix is None:
+                self._delete_soon(bucket, name, composite.generation)
+        whole = data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
+        try:
+            return _split(whole, members), reserved
+        except IntegrityError as exc:
+            logger.warning("%s", exc)
+            job.budget.release(reserved)
+            self._forget(bucket, name, composite)
+            return None
+
+    def _forget(self, bucket: str, name: str, composite: ObjectInfo) -> None:
+        """Drop a kept composite that proved wrong, so that it is rebuilt."""
+        if self.reuse_prefix is not None and self._cache.get(bucket, {}).pop(name, None) is not None:
+            self._delete_soon(bucket, name, composite.generation)
+
+    # -- temporary objects -----------------------------------------------------------------------
+
+    def _track(self, coroutine: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(coroutine)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return task
+
+    def _delete_soon(self, bucket: str, name: str, generation: int | None) -> None:
+        self._track(self._delete(bucket, name, generation))
+
+    async def _delete(self, bucket: str, name: str, generation: int | None) -> None:
+        reader = self.job.reader
+        url = format_url(bucket, name)
+        params = {} if generation is None else {"ifGenerationMatch": generation}
+
+        async def attempt() -> None:
+            async with reader.send("DELETE", url, reader.object_path(bucket, name), params):
+                pass
+
+        try:
+            await _with_retry(self.job, url, attempt)
+        except NotFoundError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - left for close() to retry and report
+            logger.debug("deleting %s failed: %r", url, exc)
+            return
+        self._unsettled.discard((bucket, name))
+
+    async def _settle(self) -> None:
+        """Wait for composes and deletes in flight, then delete every temporary composite left."""
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+        await asyncio.gather(*(self._delete(bucket, name, None) for bucket, name in list(self._unsettled)))
+
+    def close(self) -> None:
+        """Delete this iteration's temporary composites (idempotent; safe from any thread but the I/O loop)."""
+        if self._closed:
+            return
+        self._closed = True
+        _live.discard(self)
+        try:
+            asyncio.run_coroutine_threadsafe(self._settle(), io_loop()).result(timeout=_CLOSE_TIMEOUT)
+        except (FutureTimeout, RuntimeError) as exc:
+            logger.warning("could not settle the temporary composites of job %s: %r", self.job_id, exc)
+        if self._unsettled:
+            left = ", ".join(format_url(bucket, name) for bucket, name in sorted(self._unsettled))
+            logger.warning("temporary composites could not be deleted: %s; `torchdata-gcs clean` removes them", left)
+        for bucket in self._cached_before:
+            if self.job.stats.composes and not self._found:
+                warnings.warn(
+                    f"no kept composite under gs://{bucket}/{self.reuse_prefix} was reused: they are reused only "
+                    "when the same objects arrive in the same order (shuffle after compose_shards_by_gcs)",
+                    ComposeFallbackWarning,
+                    stacklevel=2,
+                )
+
+
+async def _describe(job: _Job, url: str) -> ObjectInfo | NotFoundError:
+    """An object's size, generation and crc32c (one metadata request), or the error saying it is gone."""
+    reader = job.reader
+    bucket, name = parse_url(url, allow_prefix=False)
+
+    async def attempt() -> ObjectInfo:
+        params = {"fields": "size,generation,crc32c"}
+        async with reader.send("GET", url, reader.object_path(bucket, name), params) as response:
+            return ObjectInfo.from_json(await response.json())
+
+    try:
+        return await _with_retry(job, url, attempt)
+    except NotFoundError as exc:
+        return exc
+
+
+async def _missing(url: str, error: NotFoundError, job: _Job, seq: int) -> tuple[list[Outcome], int]:
+    return [(url, error)], 0
+
+
+async def _load_each(members: list[Member], job: _Job, seq: int) -> tuple[list[Outcome], int]:
+    """The members read one request each (pinned to their listed generations), concurrently."""
+    results = await asyncio.gather(*(load_one(url, info, job, seq) for url, _, info in members))
+    return [outcome for outcomes, _ in results for outcome in outcomes], sum(held for _, held in results)
+
+
+def _split(whole: bytes, members: list[Member]) -> list[Outcome]:
+    """Cut a composite back into its sources' bytes, each checked against its listed size and crc32c."""
+    total = sum(info.size for _, _, info in members)
+    if len(whole) != total:
+        raise IntegrityError(f"composite of {len(members)} objects has {len(whole)} bytes, expected {total}")
+    outcomes: list[Outcome] = []
+    start = 0
+    for url, _, info in members:
+        piece = whole[start : start + info.size]
+        start += info.size
+        if info.crc32c is not None:
+            check_crc32c(url, crc32c_base64(google_crc32c.value(piece)), {"the listing": info.crc32c})
+        outcomes.append((url, piece))
+    return outcomes
+
+
+def compose_in_order(
+    items: Iterable[tuple[str, ObjectInfo | None]],
+    config: ClientConfig,
+    transfer: TransferConfig,
+    retry: RetryConfig,
+    stats: LoadStats,
+    *,
+    max_sources: int,
+    max_bytes: int,
+    reuse_prefix: str | None,
+    skip_missing: bool,
+) -> Iterator[tuple[str, Loaded]]:
+    """Yield ``(url, bytes or stream)`` for each item in input order, small runs loaded as composites."""
+    job = new_job(config, transfer, retry, stats)
+    composer = Composer(job, max_sources=max_sources, max_bytes=max_bytes, reuse_prefix=reuse_prefix)
+    try:
+        yield from deliver_in_order(composer.units(items), job, 2 * transfer.max_in_flight, skip_missing=skip_missing)
+    finally:
+        composer.close()
+
+
+# -- leftovers at exit and on SIGTERM ----------------------------------------------------------------
+
+_live: weakref.WeakSet[Composer] = weakref.WeakSet()
+_installed_in: int | None = None  # the process whose exit handlers are installed
+
+
+def _close_all() -> None:
+    for composer in list(_live):
+        composer.close()
+
+
+def _install_exit_handlers() -> None:
+    """Close live composers at interpreter exit, at a multiprocessing worker's exit (which skips
+    ``atexit``) and on SIGTERM (whose default action would skip both); once per process."""
+    global _installed_in
+    if _installed_in == os.getpid():
+        return
+    _installed_in = os.getpid()
+    multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        _close_all()
+        if callable(previous):
+            previous(signum, frame)
+        else:  # the default action: die of SIGTERM, as the sender expects
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+atexit.register(_close_all)  # after _reader's own exit hook (imported first), so it runs before it

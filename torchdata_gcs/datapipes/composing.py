@@ -1,0 +1,142 @@
+"""``compose_shards_by_gcs``: load many small objects as a few server-side composites."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from torch.utils.data import IterDataPipe, functional_datapipe
+from torch.utils.data.datapipes.utils.common import StreamWrapper
+
+from .._compose import MAX_SOURCES, compose_in_order
+from .._download import LoadStats
+from .._uri import TEMPORARY_PREFIX, parse_url, validate_object_name
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from ..errors import InvalidURIError
+from ._source import Item, as_source, as_stream, split_item
+
+__all__ = ["GCSShardComposerIterDataPipe"]
+
+
+@functional_datapipe("compose_shards_by_gcs")
+class GCSShardComposerIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
+    """Loads small objects through server-side composites, yielding ``(url, StreamWrapper)`` pairs in
+    input order (functional name: ``compose_shards_by_gcs``): a drop-in for ``load_files_by_gcs``.
+
+    Consecutive objects of one bucket, up to ``max_sources`` of them and ``max_composite_bytes`` in
+    all, are concatenated by one GCS compose call, downloaded in one request and cut back into
+    the original objects: about three requests (compose, read, delete) per ``max_sources`` objects
+    instead of one per object. Objects larger than ``max_composite_bytes`` are read directly.
+
+    Nothing wrong is ever yielded: every compose source is pinned to its listed generation, and
+    every piece is checked against its listed size and crc32c; a group whose objects changed since
+    they were listed is loaded object by object, so an overwritten object raises ``NotFoundError``
+    (or is skipped) as with ``load_files_by_gcs``. Plain URLs cost one metadata request each
+    first: feed ``list_files_by_gcs(with_metadata=True)`` to avoid it.
+
+    Temporary composites are written under ``.torchdata-gcs-tmp/<time>-<host>-<pid>-<random>/`` in
+    the objects' bucket (listings skip that prefix) and deleted once read; what is left when the
+    iteration ends, stops early or fails, at process exit or on SIGTERM is deleted then. Only a
+    killed process leaves some: ``torchdata-gcs clean gs://bucket`` or a lifecycle rule removes
+    them. Where the credentials may not create and delete objects (checked once per bucket by
+    writing and deleting an empty probe), objects are loaded directly with one
+    ``ComposeFallbackWarning``.
+
+    With ``reuse_prefix``, composites are kept under that prefix of the bucket, named by a hash of
+    their sources (names, generations, sizes, checksums), and the prefix's listing serves as the
+    manifest: a later iteration that meets the same objects in the same order reads the kept
+    composites and makes no compose call; changed sources make a new name, a wrong composite is
+    rebuilt. Put ``shuffle`` after this DataPipe when reusing (before it, groups differ every epoch).
+
+    Args:
+        source_datapipe: a DataPipe, an iterable or one item; items are ``gs://`` URLs or the
+            ``(url, ObjectInfo)`` pairs that ``list_files_by_gcs(with_metadata=True)`` yields.
+        max_sources: objects per composite, 2 to 32 (GCS's limit).
+        max_composite_bytes: size limit of one composite (at most half of
+            ``transfer.max_buffered_bytes`` is used); larger objects are read directly.
+        reuse_prefix: object-name prefix (such as ``"cache/composites/"``) under which composites
+            are kept across iterations; ``None`` deletes them once read.
+        skip_missing: skip an object that no longer exists with a ``MissingObjectWarning``.
+        client: endpoint and credentials; defaults to ``ClientConfig()``.
+        transfer: concurrency and buffering; defaults to ``TransferConfig()``.
+        retry: retry policy; defaults to ``RetryConfig()``.
+
+    Returns:
+        ``(url, StreamWrapper)`` pairs whose streams are binary and seekable.
+
+    Raises:
+        InvalidURIError: an item is not a valid object URL.
+        NotFoundError: an object does not exist or changed since it was listed (unless ``skip_missing``).
+        IntegrityError: bytes did not match their checksum after retries.
+        TransientError: GCS kept failing until the retry policy gave up.
+
+    Example:
+        >>> from torchdata_gcs import testing
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> with testing.Emulator() as emulator:
+        ...     emulator.seed("demo", {f"{i}.txt": f"sample {i}".encode() for i in range(5)})
+        ...     pipe = IterableWrapper(["gs://demo/"]).list_files_by_gcs(client=emulator.client_config, with_metadata=True)
+        ...     pipe = pipe.compose_shards_by_gcs(client=emulator.client_config)
+        ...     samples = [(url, stream.read()) for url, stream in pipe]
+        ...     samples[:2], pipe.stats.composes, emulator.names("demo")
+        ([('gs://demo/0.txt', b'sample 0'), ('gs://demo/1.txt', b'sample 1')], 1, ['0.txt', '1.txt', '2.txt', '3.txt', '4.txt'])
+    """
+
+    _is_child_datapipe = False  # torch checks it per item; found here, it skips a slow miss
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[Item] | Iterable[Item] | str,
+        *,
+        max_sources: int = MAX_SOURCES,
+        max_composite_bytes: int = 32 * 1024 * 1024,
+        reuse_prefix: str | None = None,
+        skip_missing: bool = False,
+        client: ClientConfig | None = None,
+        transfer: TransferConfig | None = None,
+        retry: RetryConfig | None = None,
+    ) -> None:
+        self.source_datapipe = as_source(source_datapipe)
+        if isinstance(self.source_datapipe, tuple):
+            for item in self.source_datapipe:
+                parse_url(split_item(item)[0], allow_prefix=False)
+        if not 2 <= max_sources <= MAX_SOURCES:
+            raise ValueError(f"max_sources must be 2 to {MAX_SOURCES}, got {max_sources}")
+        if max_composite_bytes < 1:
+            raise ValueError(f"max_composite_bytes must be positive, got {max_composite_bytes}")
+        if reuse_prefix is not None:
+            validate_object_name(reuse_prefix, allow_empty=False)
+            if not reuse_prefix.endswith("/") or reuse_prefix.startswith(TEMPORARY_PREFIX):
+                raise InvalidURIError(
+                    f"reuse_prefix must end with '/' and lie outside {TEMPORARY_PREFIX!r}, got {reuse_prefix!r}"
+                )
+        self.max_sources = max_sources
+        self.max_composite_bytes = max_composite_bytes
+        self.reuse_prefix = reuse_prefix
+        self.skip_missing = skip_missing
+        self.client = client or ClientConfig()
+        self.transfer = transfer or TransferConfig()
+        self.retry = retry or RetryConfig()
+        self.stats = LoadStats()
+
+    def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
+        """Load every item; :attr:`stats` counts this iteration's requests, composes and reuses."""
+        self.stats = LoadStats()
+        items = (split_item(item) for item in self.source_datapipe)
+        loaded = compose_in_order(
+            items,
+            self.client,
+            self.transfer,
+            self.retry,
+            self.stats,
+            max_sources=self.max_sources,
+            max_bytes=self.max_composite_bytes,
+            reuse_prefix=self.reuse_prefix,
+            skip_missing=self.skip_missing,
+        )
+        for url, data in loaded:
+            yield url, as_stream(url, data)
+
+    def __len__(self) -> int:
+        if self.skip_missing:
+            raise TypeError(f"{type(self).__name__} with skip_missing=True has no known length")
+        return len(self.source_datapipe)  # type: ignore[arg-type]
