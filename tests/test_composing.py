@@ -11,7 +11,10 @@ import textwrap
 import time
 import warnings
 
+import google_crc32c
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 
@@ -25,6 +28,7 @@ from torchdata_gcs import (
     RetryConfig,
     TransferConfig,
 )
+from torchdata_gcs._metadata import crc32c_of_concatenation
 from torchdata_gcs._uri import TEMPORARY_PREFIX
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -249,7 +253,7 @@ def test_reuse_across_epochs(gcs_emulator: Emulator) -> None:
         assert read_all(pipe) == list(expected.items())  # epoch 2
         assert front.counts["compose"] == first and pipe.stats.reused == 4
 
-        # Damaged kept composites are detected (by the pieces' checksums) and rebuilt.
+        # Damaged kept composites are detected (their checksum is not the sources' combined) and rebuilt.
         for name in kept:
             gcs_emulator.upload("compose-reuse", name, b"x" * len(gcs_emulator.read("compose-reuse", name)))
         assert read_all(pipe) == list(expected.items())  # epoch 3
@@ -310,3 +314,9 @@ def test_small_budget_keeps_composites_whole(gcs_emulator: Emulator) -> None:
         client=gcs_emulator.client_config, transfer=TransferConfig(max_buffered_bytes=2048, max_in_flight=4)
     )
     assert read_all(pipe) == list(expected.items())
+
+
+@given(st.lists(st.binary(max_size=300), max_size=8))
+def test_crc32c_of_concatenation_needs_no_bytes(pieces: list[bytes]) -> None:
+    combined = crc32c_of_concatenation((google_crc32c.value(piece), len(piece)) for piece in pieces)
+    assert combined == google_crc32c.value(b"".join(pieces))

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import calendar
+import datetime
 import functools
 import hashlib
 import json
 import logging
 import multiprocessing.util
 import os
+import re
 import secrets
 import signal
 import socket
@@ -36,9 +39,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import FrameType
 from typing import Any
 
-import google_crc32c
-
 from ._aio import io_loop
+from ._client import Transport
 from ._download import (
     Loaded,
     LoadStats,
@@ -52,8 +54,8 @@ from ._download import (
     new_job,
 )
 from ._listing import MAX_PAGE_SIZE, list_objects
-from ._metadata import ObjectInfo, check_crc32c, crc32c_base64
-from ._objects import create_object, delete_object
+from ._metadata import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
+from ._objects import create_object, delete_object, object_resource
 from ._uri import TEMPORARY_PREFIX, format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import (
@@ -66,7 +68,7 @@ from .errors import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_SOURCES", "Composer", "compose_in_order", "new_job_id"]
+__all__ = ["MAX_SOURCES", "Composer", "compose_in_order", "leftovers", "new_job_id"]
 
 MAX_SOURCES = 32
 """GCS composes at most this many source objects in one call."""
@@ -207,15 +209,15 @@ class Composer:
     async def _load_group(self, members: list[Member], job: _Job, seq: int) -> tuple[list[Outcome], int]:
         bucket = parse_url(members[0][0], allow_prefix=False)[0]
         name = self._composite_name(members)
+        expected = _composite_info(members)
         kept = self._cache.get(bucket, {}).get(name) if self.reuse_prefix is not None else None
-        total = sum(info.size for _, _, info in members)
-        if kept is not None and kept.size == total:
+        if kept is not None:
             self._found += 1
-            loaded = await self._download(bucket, name, kept, members, job, seq)
+            loaded = await self._download(bucket, name, kept, expected, members, job, seq)
             if loaded is not None:
                 job.stats.reused += 1
                 return loaded
-            logger.warning("kept composite gs://%s/%s no longer matches its sources: rebuilding it", bucket, name)
+            logger.warning("kept composite gs://%s/%s does not match its sources: rebuilding it", bucket, name)
         try:
             composite = await self._compose(bucket, name, members, job)
         except (NotFoundError, PreconditionFailedError) as exc:  # a source changed since it was listed
@@ -233,7 +235,7 @@ class Composer:
             )
             self._usable[bucket] = False
             return await _load_each(members, job, seq)
-        loaded = await self._download(bucket, name, composite, members, job, seq)
+        loaded = await self._download(bucket, name, composite, expected, members, job, seq)
         return loaded if loaded is not None else await _load_each(members, job, seq)
 
     def _composite_name(self, members: list[Member]) -> str:
@@ -274,12 +276,22 @@ class Composer:
         return await asyncio.shield(self._track(_with_retry(job, url, attempt)))
 
     async def _download(
-        self, bucket: str, name: str, composite: ObjectInfo, members: list[Member], job: _Job, seq: int
+        self,
+        bucket: str,
+        name: str,
+        composite: ObjectInfo,
+        expected: ObjectInfo,
+        members: list[Member],
+        job: _Job,
+        seq: int,
     ) -> tuple[list[Outcome], int] | None:
-        """Read the composite and cut it into the members' bytes; ``None`` if it is gone or wrong."""
+        """Read the composite and cut it into the members' bytes; ``None`` if it is gone or is not the
+        concatenation of the listed sources (then a kept one is dropped, to be rebuilt)."""
         url = format_url(bucket, name)
         try:
-            data, reserved = await fetch_object(job, url, composite, seq)
+            if composite.size != expected.size or expected.crc32c not in (None, composite.crc32c):
+                raise IntegrityError(f"{url} is not the concatenation of its {len(members)} listed sources", url=url)
+            data, reserved = await fetch_object(job, url, composite, seq)  # its bytes checked against its crc32c
         except (NotFoundError, IntegrityError) as exc:
             logger.info("reading %s failed (%s)", url, exc)
             self._forget(bucket, name, composite)
@@ -287,14 +299,9 @@ class Composer:
         finally:
             if self.reuse_prefix is None:
                 self._delete_soon(bucket, name, composite.generation)
-        whole = data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
-        try:
-            return _split(whole, members), reserved
-        except IntegrityError as exc:
-            logger.warning("%s", exc)
-            job.budget.release(reserved)
-            self._forget(bucket, name, composite)
-            return None
+        chunks = [data] if isinstance(data, bytes) else data
+        assert isinstance(chunks, list), "a composite is at most half the byte budget, so never a stream"
+        return _split(chunks, members), reserved
 
     def _forget(self, bucket: str, name: str, composite: ObjectInfo) -> None:
         """Drop a kept composite that proved wrong, so that it is rebuilt."""
@@ -385,19 +392,34 @@ async def _load_each(members: list[Member], job: _Job, seq: int) -> tuple[list[O
     return [outcome for outcomes, _ in results for outcome in outcomes], sum(held for _, held in results)
 
 
-def _split(whole: bytes, members: list[Member]) -> list[Outcome]:
-    """Cut a composite back into its sources' bytes, each checked against its listed size and crc32c."""
-    total = sum(info.size for _, _, info in members)
-    if len(whole) != total:
-        raise IntegrityError(f"composite of {len(members)} objects has {len(whole)} bytes, expected {total}")
+def _composite_info(members: list[Member]) -> ObjectInfo:
+    """Size and crc32c the members' composite must have, from their listed ones (crc32c ``None``
+    unless every member's is known)."""
+    infos = [info for _, _, info in members]
+    crc = None
+    if all(info.crc32c is not None for info in infos):
+        crc = crc32c_base64(crc32c_of_concatenation((crc32c_value(i.crc32c), i.size) for i in infos))  # type: ignore[arg-type]
+    return ObjectInfo(sum(info.size for info in infos), 0, crc)
+
+
+def _split(chunks: list[bytes] | list[memoryview], members: list[Member]) -> list[Outcome]:
+    """Cut a composite (as received, in chunks) into its members' bytes, as views: nothing is copied.
+
+    The composite was checked whole against a crc32c that equals the members' listed checksums
+    combined in order, with the listed sizes, so each piece matches its listed size and crc32c.
+    """
+    views = (memoryview(chunk) for chunk in chunks if chunk)
+    current = memoryview(b"")
     outcomes: list[Outcome] = []
-    start = 0
     for url, _, info in members:
-        piece = whole[start : start + info.size]
-        start += info.size
-        if info.crc32c is not None:
-            check_crc32c(url, crc32c_base64(google_crc32c.value(piece)), {"the listing": info.crc32c})
-        outcomes.append((url, piece))
+        parts, needed = [], info.size
+        while needed:
+            if not current:
+                current = next(views)
+            parts.append(current[:needed])
+            current = current[needed:]
+            needed -= len(parts[-1])
+        outcomes.append((url, parts))
     return outcomes
 
 
@@ -459,3 +481,32 @@ def _install_exit_handlers() -> None:
 
 
 atexit.register(_close_all)  # after _reader's own exit hook (imported first), so it runs before it
+
+
+# -- leftovers of killed jobs --------------------------------------------------------------------
+
+_JOB_TIME = re.compile(r"(\d{8}T\d{6}Z)-")
+
+
+def leftovers(transport: Transport, bucket: str, older_than: float, retry: RetryConfig) -> list[tuple[str, int]]:
+    """Temporary objects in ``bucket`` created more than ``older_than`` seconds ago, as ``(name, generation)``.
+
+    The job time in a name is when the job started, so a name older than the limit is confirmed by
+    the object's own creation time (a long job keeps writing under its start time).
+    """
+    now = time.time()
+    found = []
+    for batch in list_objects(transport, bucket, TEMPORARY_PREFIX, retry, MAX_PAGE_SIZE):
+        for _, item in batch:
+            match = _JOB_TIME.match(item["name"], len(TEMPORARY_PREFIX))
+            started = calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ")) if match else 0.0
+            if now - started < older_than:
+                continue
+            resource = object_resource(transport, bucket, item["name"], retry, "generation,timeCreated")
+            if resource is not None and now - _rfc3339_seconds(resource["timeCreated"]) >= older_than:
+                found.append((item["name"], int(resource["generation"])))
+    return found
+
+
+def _rfc3339_seconds(value: str) -> float:
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

@@ -251,8 +251,9 @@ async def _read_at_most(response: Any, limit: int) -> list[bytes]:
     return chunks
 
 
-Loaded = bytes | list[bytes] | PartStream
-"""An object's bytes (whole, or in chunks), or a stream over one too large for the byte budget."""
+Loaded = bytes | list[bytes] | list[memoryview] | PartStream
+"""An object's bytes (whole, or in chunks, or views into a composite's chunks), or a stream over
+one too large for the byte budget."""
 
 
 async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -> tuple[Loaded, int]:

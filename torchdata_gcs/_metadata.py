@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import base64
+import functools
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import google_crc32c
 
 from .errors import IntegrityError
 
-__all__ = ["ObjectInfo", "check_crc32c", "crc32c_base64"]
+__all__ = ["ObjectInfo", "check_crc32c", "crc32c_base64", "crc32c_of_concatenation", "crc32c_value"]
 
 
 class ObjectInfo(NamedTuple):
@@ -39,6 +41,11 @@ def crc32c_base64(data: bytes | int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
+def crc32c_value(encoded: str) -> int:
+    """The CRC32C value of GCS's base64 encoding; the inverse of :func:`crc32c_base64`."""
+    return int.from_bytes(base64.b64decode(encoded), "big")
+
+
 def check_crc32c(url: str, actual: str, expected: dict[str, str | None]) -> None:
     """Raise ``IntegrityError`` unless every known checksum in ``expected`` equals ``actual``.
 
@@ -47,3 +54,21 @@ def check_crc32c(url: str, actual: str, expected: dict[str, str | None]) -> None
     for source, value in expected.items():
         if value is not None and value != actual:
             raise IntegrityError(f"{url}: crc32c of the downloaded bytes is {actual}, {source} says {value}", url=url)
+
+
+@functools.lru_cache(maxsize=256)
+def _crc32c_of_zeros(length: int) -> int:
+    return google_crc32c.value(bytes(length))
+
+
+def crc32c_of_concatenation(pieces: Iterable[tuple[int, int]]) -> int:
+    """CRC32C of pieces laid end to end, from each piece's ``(crc32c, length)`` alone.
+
+    CRC32C is affine in the message: ``crc(A + B) == extend(crc(A), zeros) ^ crc(B) ^ crc(zeros)``
+    where ``zeros`` has the length of ``B``. So a composite's checksum can be predicted from its
+    sources' listed checksums without their bytes.
+    """
+    crc = 0
+    for piece_crc, length in pieces:
+        crc = google_crc32c.extend(crc, bytes(length)) ^ piece_crc ^ _crc32c_of_zeros(length)
+    return crc
