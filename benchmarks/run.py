@@ -69,6 +69,7 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "dataflux_checkpoint": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: DatafluxCheckpoint",
         "ours": f"{ours}: load_files_by_gcs (defaults: 128 in flight)",
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
+        "ours_compose": f"{ours}: list_files_by_gcs + compose_shards_by_gcs (32 per composite)",
         "ceiling": f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work",
     }.get(reader, reader)
 
@@ -93,7 +94,7 @@ def build_workloads(quick: bool) -> list[Workload]:
     listing = {f"list/{i:07d}.jpg": b"" for i in range(100_000 // scale)}
     readers = [
         "gcs_loop", "gcs_threads", "gcsfs_cat", "torchdata_fsspec",
-        "dataflux_compose", "dataflux_direct", "ours", "ours_pipeline", "ceiling",
+        "dataflux_compose", "dataflux_direct", "ours", "ours_pipeline", "ours_compose", "ceiling",
     ]
     return [
         Workload("small objects", "bench-small", "small/", 0, readers, 3, small),
@@ -182,13 +183,15 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         else:
             columns = [
                 "reader", "objects/s", "MB/s", "vs direct", "vs ceiling", "seconds", "first object after ms",
-                "peak RSS growth MiB", "runs",
+                "peak RSS growth MiB", "client CPU s per 1k objects", "emulator CPU s per 1k objects", "requests per object", "runs",
             ]
             lines += _table(columns, group, lambda r: [
                 fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
                 fmt(r["bytes"] / 1e6 / r["seconds"], 1), ratio(r["objects"] / r["seconds"], direct),
                 ratio(r["objects"] / r["seconds"], ceiling), fmt(r["seconds"], 2), fmt(r["first_seconds"] * 1000),
-                fmt(r["peak_rss_growth_mib"]), str(len(r["all_seconds"])),
+                fmt(r["peak_rss_growth_mib"]), fmt(r["cpu_seconds"] * 1000 / r["objects"], 3),
+                fmt(r["server_cpu_seconds"] * 1000 / r["objects"], 3), fmt(r.get("requests_per_object"), 3),
+                str(len(r["all_seconds"])),
             ])
     return "\n".join(lines) + "\n"
 
@@ -289,9 +292,14 @@ def main() -> None:
                     endpoint = listing_front.endpoint
                 for reader in workload.readers:
                     index_front.reset_counts()
+                    server_cpu = emulator.cpu_seconds()
                     result = run_reader(workload, reader, endpoint, manifest, args)
+                    if "error" not in result:
+                        result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(result["all_seconds"])
                     if workload.indexed and "error" not in result:
                         result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
+                    if workload.name == "small objects" and workload.latency_ms and "error" not in result:
+                        result["requests_per_object"] = count_requests(workload, reader, index_front, manifest, args)
                     row = {"workload": workload.name, "latency_ms": workload.latency_ms, "reader": reader, "label": reader_label(workload.name, reader, args.threads), **result}
                     rows.append(row)
                     summary = row.get("error") or f"{row['seconds']:.2f}s median of {len(row['all_seconds'])}"
@@ -325,6 +333,16 @@ def main() -> None:
     if not args.quick and not args.only:
         update_readme(markdown + "\n" + "\n".join(f"![{p.stem}](results/{p.name})" for p in plots) + "\n", header)
     print(header + "\n" + markdown)
+
+
+def count_requests(
+    workload: Workload, reader: str, front: GCSFront, manifest: dict[str, list[int]], args: argparse.Namespace
+) -> float | None:
+    """Requests per object of one extra, untimed run through the counting front (no added latency)."""
+    counted = Workload(workload.name, workload.bucket, workload.prefix, 0, [reader], 1)
+    front.reset_counts()
+    result = run_reader(counted, reader, front.endpoint, manifest, args)
+    return None if "error" in result else sum(front.counts.values()) / len(manifest)
 
 
 def front_overhead(emulator: Emulator, small: Workload, manifest: dict[str, list[int]], args: argparse.Namespace) -> dict[str, float]:

@@ -87,6 +87,14 @@ class Emulator(LocalService):
         self._require_running()
         return {"STORAGE_EMULATOR_HOST": self.endpoint}
 
+    def cpu_seconds(self) -> float:
+        """CPU time the emulator process has used so far (Linux): what the server side of a workload costs."""
+        self._require_running()
+        assert self._server is not None
+        with open(f"/proc/{self._server.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
     def start(self) -> Emulator:
         """Start the server; returns ``self``."""
         if self._server is not None:

@@ -123,6 +123,10 @@ class ServerProcess:
             time.sleep(0.05)
         raise EmulatorError(f"{self.name} did not answer within {timeout} s")
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def stop(self) -> None:
         """Stop the process and remove its scratch folder; safe to call more than once."""
         self._finalizer()
