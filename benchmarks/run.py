@@ -189,11 +189,21 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
                 fmt(r["bytes"] / 1e6 / r["seconds"], 1), ratio(r["objects"] / r["seconds"], direct),
                 ratio(r["objects"] / r["seconds"], ceiling), fmt(r["seconds"], 2), fmt(r["first_seconds"] * 1000),
-                fmt(r["peak_rss_growth_mib"]), fmt(r["cpu_seconds"] * 1000 / r["objects"], 3),
-                fmt(r["server_cpu_seconds"] * 1000 / r["objects"], 3), fmt(r.get("requests_per_object"), 3),
+                fmt(r["peak_rss_growth_mib"]), *per_thousand(r),
                 str(len(r["all_seconds"])),
             ])
     return "\n".join(lines) + "\n"
+
+
+def per_thousand(row: dict[str, Any]) -> list[str]:
+    """Client and emulator CPU seconds per 1,000 objects and requests per object (small objects only)."""
+    if row["workload"] != "small objects":
+        return ["–"] * 3
+    return [
+        fmt(row["cpu_seconds"] * 1000 / row["objects"], 3),
+        fmt(row["server_cpu_seconds"] * 1000 / row["objects"], 3),
+        fmt(row.get("requests_per_object"), 3),
+    ]
 
 
 def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:

@@ -7,7 +7,8 @@ from collections.abc import Iterable, Iterator
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._download import LoadStats, load_in_order
+from .._download import Loaded, LoadStats, load_in_order
+from .._metadata import ObjectInfo
 from .._uri import parse_url
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ._source import Item, as_source, as_stream, split_item
@@ -83,12 +84,11 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
         """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
         self.stats = LoadStats()
-        items = (split_item(item) for item in self.source_datapipe)
-        loaded = load_in_order(
-            items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing
-        )
-        for url, data in loaded:
+        for url, data in self._load(split_item(item) for item in self.source_datapipe):
             yield url, as_stream(url, data)
+
+    def _load(self, items: Iterator[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
+        return load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing)
 
     def __len__(self) -> int:
         if self.skip_missing:
