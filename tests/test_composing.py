@@ -185,13 +185,13 @@ def test_worker_processes_stopped_mid_epoch_leave_nothing(gcs_emulator: Emulator
     assert temporary(gcs_emulator, "compose-shutdown") == []
 
 
-SIGTERM_CHILD = textwrap.dedent(
+SIGNALLED_CHILD = textwrap.dedent(
     """
     import sys, time
     from torch.utils.data.datapipes.iter import IterableWrapper
     from torchdata_gcs import ClientConfig
     client = ClientConfig(endpoint=sys.argv[1], anonymous=True)
-    pipe = IterableWrapper(["gs://compose-sigterm/d/"]).list_files_by_gcs(client=client, with_metadata=True)
+    pipe = IterableWrapper([f"gs://{sys.argv[2]}/d/"]).list_files_by_gcs(client=client, with_metadata=True)
     for url, stream in pipe.compose_shards_by_gcs(client=client):
         print("got", url, flush=True)
         time.sleep(60)
@@ -199,30 +199,34 @@ SIGTERM_CHILD = textwrap.dedent(
 )
 
 
-def test_sigterm_leaves_nothing(gcs_emulator: Emulator) -> None:
-    seed(gcs_emulator, "compose-sigterm", 2000)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "KeyboardInterrupt"])
+def test_signals_leave_nothing(gcs_emulator: Emulator, signum: int) -> None:
+    """SIGTERM is handled; SIGINT raises KeyboardInterrupt in the consumer's loop, outside the DataPipe,
+    and the composites are deleted at interpreter exit."""
+    bucket = f"compose-signal-{signum}"
+    seed(gcs_emulator, bucket, 2000)
     # Slow deletes keep composites alive long enough to be seen before the signal.
     with GCSFront(
         gcs_emulator.endpoint,
         latency=0.05,
         faults=[Fault("stall", match=r"DELETE .*%2F\d{9}", stall_seconds=1.0, times=10)],
     ) as front:
-        command = [sys.executable, "-c", SIGTERM_CHILD, front.endpoint]
+        command = [sys.executable, "-c", SIGNALLED_CHILD, front.endpoint, bucket]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
             try:
                 assert child.stdout is not None and child.stdout.readline().startswith("got "), child.stderr.read()
                 deadline = time.monotonic() + 30
-                while not temporary(gcs_emulator, "compose-sigterm"):
+                while not temporary(gcs_emulator, bucket):
                     assert time.monotonic() < deadline, (
                         "no temporary composite ever existed: the test would prove nothing"
                     )
                     time.sleep(0.05)
-                child.send_signal(signal.SIGTERM)
+                child.send_signal(signum)
                 _, errors = child.communicate(timeout=60)
             finally:
                 child.kill()
-        assert child.returncode == -signal.SIGTERM, errors
-    assert temporary(gcs_emulator, "compose-sigterm") == []
+        assert child.returncode == -signum, errors
+    assert temporary(gcs_emulator, bucket) == []
 
 
 def test_no_permission_falls_back_with_one_warning(gcs_emulator: Emulator) -> None:
