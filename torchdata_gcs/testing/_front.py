@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._listing import MAX_PAGE_SIZE
 from ._list_index import ListingIndex
+from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
         return "upload"
     if method == "POST" and _COMPOSE.fullmatch(path):
         return "compose"
+    if method == "GET" and "uploadId" in params:  # listing a multipart upload's parts
+        return "other"
     if method == "GET":
         if path.startswith("/download/") or params.get("alt") == "media" or (xml and _XML_OBJECT.fullmatch(path)):
             return "range_get" if has_range else "get"
@@ -171,7 +174,10 @@ class GCSFront(LocalService):
     back the same way, so no body is ever held whole. Client and upstream connections are kept
     alive. Compose requests are checked as GCS checks them, which the emulator does not: a source
     that is missing or not at its given ``generation`` is answered 404, a source whose
-    ``objectPreconditions.ifGenerationMatch`` fails 412, and nothing is written. On top, per request:
+    ``objectPreconditions.ifGenerationMatch`` fails 412, and nothing is written. XML API multipart
+    uploads, which the emulator lacks, are served by the front itself (see ``_multipart``; parts
+    other than the last must reach ``min_part_size``, GCS's 5 MiB by default) and written to the
+    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
     - response bodies go out at most ``bandwidth`` bytes/s per connection (``None``: no cap);
@@ -203,6 +209,7 @@ class GCSFront(LocalService):
         bandwidth: float | None = None,
         faults: Sequence[Fault] = (),
         seed: int | None = 0,
+        min_part_size: int = MIN_PART_SIZE,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -224,6 +231,8 @@ class GCSFront(LocalService):
         self._stopping = threading.Event()
         self._pool = _UpstreamPool(self._upstream_address)
         self._indexes: dict[str, ListingIndex] = {}
+        address = self._upstream_address
+        self._multipart = MultipartUploads(lambda: http.client.HTTPConnection(*address, timeout=300), min_part_size)
         self.set_faults(faults)
 
     def __repr__(self) -> str:
@@ -269,6 +278,11 @@ class GCSFront(LocalService):
         """Requests received so far by kind (a copy)."""
         with self._lock:
             return Counter(self._counts)
+
+    @property
+    def open_uploads(self) -> list[tuple[str, str]]:
+        """``(bucket, object name)`` of every XML multipart upload neither completed nor aborted."""
+        return self._multipart.open_uploads
 
     @property
     def faults_injected(self) -> Counter[str]:
@@ -317,6 +331,7 @@ class GCSFront(LocalService):
         self._pool.close()
         if self._thread is not None:
             self._thread.join()
+        self._multipart.close()
 
 
     def _record(self, kind: str, request_line: str) -> Fault | None:
@@ -481,6 +496,9 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._close_now()
             return
+        if is_multipart_request(self.command, self.path):
+            self._answer_multipart(body)
+            return
         refusal = None
         if kind == "compose" and self.command == "POST":
             data = b"".join(body or ())
@@ -494,6 +512,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._forward(body, chunked, truncate=fault is not None)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
+
+    def _answer_multipart(self, body: Iterator[bytes] | None) -> None:
+        """Serve an XML API multipart upload request, which the emulator lacks."""
+        front = self.server.front
+        status, reason, headers, payload = front._multipart.answer(self.command, self.path, body)
+        if front._pause(front.latency):
+            headers = [*headers, ("Content-Length", str(len(payload)))]
+            self.wfile.write(_head(status, reason, headers) + payload)
+        else:
+            self._close_now()
 
     def _answer_from_index(self) -> bool:
         """Answer a list request from the front's snapshot of its bucket, if it has one that fits."""

@@ -1,0 +1,134 @@
+"""The test front's XML API multipart upload, spoken over HTTP as a GCS client would."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from urllib.parse import quote
+from xml.etree import ElementTree
+
+import google_crc32c
+import pytest
+import requests
+
+from torchdata_gcs._metadata import crc32c_base64
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
+
+MiB = 1024 * 1024
+BUCKET = "multipart-front"
+
+
+@pytest.fixture
+def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint) as running:
+        yield running
+
+
+def url(front: GCSFront, name: str) -> str:
+    return f"{front.endpoint}/{BUCKET}/{quote(name)}"
+
+
+def text(response: requests.Response, tag: str) -> str:
+    return ElementTree.fromstring(response.content).findtext(f"{{*}}{tag}") or ""
+
+
+def initiate(front: GCSFront, name: str) -> str:
+    response = requests.post(url(front, name), params={"uploads": ""}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert text(response, "Key") == name and text(response, "Bucket") == BUCKET
+    return text(response, "UploadId")
+
+
+def put_part(front: GCSFront, name: str, upload_id: str, number: int, data: bytes) -> requests.Response:
+    params = {"partNumber": str(number), "uploadId": upload_id}
+    return requests.put(url(front, name), params=params, data=data, timeout=60)
+
+
+def complete(front: GCSFront, name: str, upload_id: str, parts: list[tuple[int, str]]) -> requests.Response:
+    listed = "".join(f"<Part><PartNumber>{n}</PartNumber><ETag>{etag}</ETag></Part>" for n, etag in parts)
+    document = f"<CompleteMultipartUpload>{listed}</CompleteMultipartUpload>"
+    return requests.post(url(front, name), params={"uploadId": upload_id}, data=document, timeout=60)
+
+
+def error_code(response: requests.Response) -> str:
+    return text(response, "Code")
+
+
+def test_round_trip_in_any_part_order(front: GCSFront, gcs_emulator: Emulator) -> None:
+    name = "ckpt/model #1.pt"
+    first, second = os.urandom(5 * MiB), os.urandom(123_457)
+    upload_id = initiate(front, name)
+    assert front.open_uploads == [(BUCKET, name)]
+    last = put_part(front, name, upload_id, 2, second)  # parts may arrive in any order
+    head = put_part(front, name, upload_id, 1, first)
+    assert head.status_code == last.status_code == 200
+    assert re.fullmatch(r'"[0-9a-f]{32}"', head.headers["ETag"])
+    assert head.headers["x-goog-hash"] == f"crc32c={crc32c_base64(google_crc32c.value(first))}"
+
+    listing = requests.get(url(front, name), params={"uploadId": upload_id}, timeout=30)
+    parts = ElementTree.fromstring(listing.content).findall("{*}Part")
+    assert [(p.findtext("{*}PartNumber"), p.findtext("{*}Size")) for p in parts] == [
+        ("1", str(5 * MiB)),
+        ("2", "123457"),
+    ]
+    assert name not in gcs_emulator.names(BUCKET)  # nothing is visible before completion
+
+    done = complete(front, name, upload_id, [(1, head.headers["ETag"]), (2, last.headers["ETag"])])
+    assert done.status_code == 200, done.text
+    assert text(done, "Key") == name
+    assert f"crc32c={crc32c_base64(google_crc32c.value(first + second))}" in done.headers["x-goog-hash"]
+    assert int(done.headers["x-goog-generation"]) > 0
+    assert gcs_emulator.read(BUCKET, name) == first + second
+    assert front.open_uploads == []
+    assert front.counts["upload"] == 4  # initiate, two parts, complete
+
+
+def test_errors_as_gcs_answers_them(front: GCSFront, gcs_emulator: Emulator) -> None:
+    name = "bad.bin"
+    upload_id = initiate(front, name)
+    small = put_part(front, name, upload_id, 1, b"x" * 1000)
+    tail = put_part(front, name, upload_id, 2, b"tail")
+    small_etag, tail_etag = small.headers["ETag"], tail.headers["ETag"]
+
+    unknown = complete(front, name, "no-such-upload", [(1, small_etag)])
+    assert (unknown.status_code, error_code(unknown)) == (404, "NoSuchUpload")
+    assert put_part(front, name, "no-such-upload", 1, b"x").status_code == 404
+    assert error_code(put_part(front, name, upload_id, 0, b"x")) == "InvalidArgument"
+    assert error_code(put_part(front, name, upload_id, 10_001, b"x")) == "InvalidArgument"
+
+    disorder = complete(front, name, upload_id, [(2, tail_etag), (1, small_etag)])
+    assert (disorder.status_code, error_code(disorder)) == (400, "InvalidPartOrder")
+    wrong = complete(front, name, upload_id, [(1, '"0123456789abcdef0123456789abcdef"'), (2, tail_etag)])
+    assert (wrong.status_code, error_code(wrong)) == (400, "InvalidPart")
+    missing = complete(front, name, upload_id, [(1, small_etag), (3, tail_etag)])
+    assert error_code(missing) == "InvalidPart"
+    too_small = complete(front, name, upload_id, [(1, small_etag), (2, tail_etag)])
+    assert (too_small.status_code, error_code(too_small)) == (400, "EntityTooSmall")
+    malformed = requests.post(url(front, name), params={"uploadId": upload_id}, data=b"<Complete", timeout=30)
+    assert (malformed.status_code, error_code(malformed)) == (400, "MalformedXML")
+
+    assert complete(front, name, upload_id, [(2, tail_etag)]).status_code == 200  # one part: may be small
+    assert gcs_emulator.read(BUCKET, name) == b"tail"
+
+
+def test_abort_publishes_nothing(front: GCSFront, gcs_emulator: Emulator) -> None:
+    upload_id = initiate(front, "aborted.bin")
+    put_part(front, "aborted.bin", upload_id, 1, b"data")
+    assert requests.delete(url(front, "aborted.bin"), params={"uploadId": upload_id}, timeout=30).status_code == 204
+    assert front.open_uploads == []
+    assert requests.delete(url(front, "aborted.bin"), params={"uploadId": upload_id}, timeout=30).status_code == 404
+    assert error_code(complete(front, "aborted.bin", upload_id, [(1, '"x"')])) == "NoSuchUpload"
+    assert "aborted.bin" not in gcs_emulator.names(BUCKET)
+
+
+def test_faults_apply_to_parts(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_503", match=r"PUT .*partNumber", times=1)]) as front:
+        upload_id = initiate(front, "flaky.bin")
+        assert put_part(front, "flaky.bin", upload_id, 1, b"a").status_code == 503
+        retried = put_part(front, "flaky.bin", upload_id, 1, b"a")
+        assert retried.status_code == 200
+        assert complete(front, "flaky.bin", upload_id, [(1, retried.headers["ETag"])]).status_code == 200
+    assert gcs_emulator.read(BUCKET, "flaky.bin") == b"a"

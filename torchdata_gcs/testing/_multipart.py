@@ -1,0 +1,224 @@
+"""GCS's XML API multipart upload, served by the test front on top of an emulator that lacks it.
+
+Initiate (``POST /bucket/object?uploads``), upload part (``PUT ?partNumber=N&uploadId=ID``, answered
+with its ``ETag``), list parts (``GET ?uploadId=ID``), complete (``POST ?uploadId=ID`` with the part
+list) and abort (``DELETE ?uploadId=ID``), with GCS's XML error answers: ``NoSuchUpload`` (404),
+``InvalidArgument`` for a part number outside 1-10,000, ``MalformedXML``, ``InvalidPartOrder``,
+``InvalidPart`` (unknown part or ETag) and ``EntityTooSmall`` (a part other than the last under the
+minimum), all 400. Parts are kept in files; a completed upload is written to the emulator in one
+streamed media upload, so the object appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, quote, unquote
+from xml.etree import ElementTree
+from xml.sax.saxutils import escape
+
+import google_crc32c
+
+from .._metadata import crc32c_base64
+
+__all__ = ["MultipartUploads", "is_multipart_request"]
+
+MIN_PART_SIZE = 5 * 1024 * 1024
+MAX_PART_NUMBER = 10_000
+_JSON_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/")
+_NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
+
+Answer = tuple[int, str, list[tuple[str, str]], bytes]
+"""Status, reason, headers and body of an answer to the client."""
+Connect = Callable[[], http.client.HTTPConnection]
+
+
+def is_multipart_request(method: str, target: str) -> bool:
+    """Whether ``target`` (``/path?query``) is an XML API multipart upload request."""
+    path, _, query = target.partition("?")
+    if path.startswith(_JSON_PREFIXES) or path.count("/") < 2:
+        return False
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    return (method == "POST" and "uploads" in params) or "uploadId" in params
+
+
+@dataclass
+class _Upload:
+    bucket: str
+    name: str
+    folder: str
+    parts: dict[int, tuple[str, int]] = field(default_factory=dict)  # number -> (etag, size)
+
+
+def _xml(root: str, fields: list[tuple[str, str]], inner: str = "") -> bytes:
+    body = "".join(f"<{key}>{escape(value)}</{key}>" for key, value in fields)
+    return f"<?xml version='1.0' encoding='UTF-8'?><{root} xmlns='{_NAMESPACE}'>{body}{inner}</{root}>".encode()
+
+
+def _error(status: int, reason: str, code: str, message: str) -> Answer:
+    body = (
+        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{escape(message)}</Message></Error>"
+    )
+    return status, reason, [("Content-Type", "application/xml; charset=UTF-8")], body.encode()
+
+
+def _ok(body: bytes, headers: list[tuple[str, str]] | None = None) -> Answer:
+    return 200, "OK", [("Content-Type", "application/xml; charset=UTF-8"), *(headers or [])], body
+
+
+class MultipartUploads:
+    """The unfinished uploads of one front, and the protocol that drives them."""
+
+    def __init__(self, connect: Connect, min_part_size: int = MIN_PART_SIZE) -> None:
+        self._connect = connect
+        self.min_part_size = min_part_size
+        self._folder = tempfile.mkdtemp(prefix="torchdata-gcs-multipart-")
+        self._uploads: dict[str, _Upload] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def open_uploads(self) -> list[tuple[str, str]]:
+        """``(bucket, object name)`` of every upload initiated and neither completed nor aborted."""
+        with self._lock:
+            return sorted((upload.bucket, upload.name) for upload in self._uploads.values())
+
+    def close(self) -> None:
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def answer(self, method: str, target: str, body: Iterator[bytes] | None) -> Answer:
+        """Serve one multipart request (``is_multipart_request`` was true for it)."""
+        path, _, query = target.partition("?")
+        bucket, _, name = path[1:].partition("/")
+        bucket, name = unquote(bucket), unquote(name)
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        chunks = body if body is not None else iter(())
+        if "uploadId" not in params:
+            return self._initiate(bucket, name)
+        with self._lock:
+            upload = self._uploads.get(params["uploadId"])
+        if upload is None or (upload.bucket, upload.name) != (bucket, name):
+            for _ in chunks:  # take the whole request before answering
+                pass
+            return _error(404, "Not Found", "NoSuchUpload", "The requested upload was not found.")
+        if method == "PUT":
+            return self._put_part(upload, params.get("partNumber", ""), chunks)
+        if method == "GET":
+            return self._list_parts(params["uploadId"], upload)
+        if method == "DELETE":
+            self._forget(params["uploadId"])
+            return 204, "No Content", [], b""
+        return self._complete(params["uploadId"], upload, b"".join(chunks))
+
+    def _initiate(self, bucket: str, name: str) -> Answer:
+        upload_id = secrets.token_urlsafe(24)
+        folder = os.path.join(self._folder, upload_id)
+        os.mkdir(folder)
+        with self._lock:
+            self._uploads[upload_id] = _Upload(bucket, name, folder)
+        return _ok(_xml("InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", name), ("UploadId", upload_id)]))
+
+    def _put_part(self, upload: _Upload, number_text: str, chunks: Iterator[bytes]) -> Answer:
+        number = int(number_text) if number_text.isdigit() else 0
+        if not 1 <= number <= MAX_PART_NUMBER:
+            for _ in chunks:
+                pass
+            return _error(400, "Bad Request", "InvalidArgument", f"Part number must be 1 to {MAX_PART_NUMBER}.")
+        md5, crc, size = hashlib.md5(usedforsecurity=False), 0, 0
+        with open(os.path.join(upload.folder, str(number)), "wb") as part:
+            for chunk in chunks:
+                part.write(chunk)
+                md5.update(chunk)
+                crc = google_crc32c.extend(crc, chunk)
+                size += len(chunk)
+        etag = f'"{md5.hexdigest()}"'
+        with self._lock:
+            upload.parts[number] = (etag, size)
+        return 200, "OK", [("ETag", etag), ("x-goog-hash", f"crc32c={crc32c_base64(crc)}")], b""
+
+    def _list_parts(self, upload_id: str, upload: _Upload) -> Answer:
+        with self._lock:
+            parts = sorted(upload.parts.items())
+        inner = "".join(
+            f"<Part><PartNumber>{number}</PartNumber><ETag>{escape(etag)}</ETag><Size>{size}</Size></Part>"
+            for number, (etag, size) in parts
+        )
+        fields = [("Bucket", upload.bucket), ("Key", upload.name), ("UploadId", upload_id)]
+        return _ok(_xml("ListPartsResult", fields, inner))
+
+    def _complete(self, upload_id: str, upload: _Upload, document: bytes) -> Answer:
+        try:
+            listed = [
+                (int(part.findtext("{*}PartNumber") or ""), (part.findtext("{*}ETag") or "").strip())
+                for part in ElementTree.fromstring(document).findall("{*}Part")
+            ]
+        except (ElementTree.ParseError, ValueError):
+            return _error(400, "Bad Request", "MalformedXML", "The XML you provided was not well-formed.")
+        if not listed:
+            return _error(400, "Bad Request", "MalformedXML", "The part list is empty.")
+        numbers = [number for number, _ in listed]
+        if numbers != sorted(set(numbers)):
+            return _error(400, "Bad Request", "InvalidPartOrder", "The parts must be listed in ascending order.")
+        with self._lock:
+            known = dict(upload.parts)
+        for number, etag in listed:
+            if number not in known or known[number][0].strip('"') != etag.strip('"'):
+                return _error(400, "Bad Request", "InvalidPart", f"Part {number} was not uploaded with that ETag.")
+        for number, _ in listed[:-1]:
+            if known[number][1] < self.min_part_size:
+                return _error(
+                    400, "Bad Request", "EntityTooSmall", f"Part {number} is smaller than {self.min_part_size} bytes."
+                )
+        try:
+            resource = self._publish(upload, numbers)
+        except (OSError, http.client.HTTPException, ValueError) as exc:  # the upload stays, to be retried
+            return _error(503, "Service Unavailable", "ServiceUnavailable", str(exc))
+        self._forget(upload_id)
+        headers = [
+            ("x-goog-generation", resource["generation"]),
+            ("x-goog-hash", f"crc32c={resource['crc32c']},md5={resource.get('md5Hash', '')}"),
+            ("x-goog-stored-content-length", resource["size"]),
+        ]
+        fields = [
+            ("Location", f"/{upload.bucket}/{upload.name}"),
+            ("Bucket", upload.bucket),
+            ("Key", upload.name),
+            ("ETag", f'"{resource.get("etag", "")}"'),
+        ]
+        return _ok(_xml("CompleteMultipartUploadResult", fields), headers)
+
+    def _publish(self, upload: _Upload, numbers: list[int]) -> dict[str, str]:
+        """Write the listed parts, in order, to the emulator as one object; returns its resource."""
+        path = f"/upload/storage/v1/b/{quote(upload.bucket, safe='')}/o?uploadType=media&name={quote(upload.name, safe='')}"
+        connection = self._connect()
+        try:
+            connection.putrequest("POST", path)
+            connection.putheader("Content-Type", "application/octet-stream")
+            connection.putheader("Transfer-Encoding", "chunked")
+            connection.endheaders()
+            for number in numbers:
+                with open(os.path.join(upload.folder, str(number)), "rb") as part:
+                    while piece := part.read(1024 * 1024):
+                        connection.send(b"%x\r\n%b\r\n" % (len(piece), piece))
+            connection.send(b"0\r\n\r\n")
+            response = connection.getresponse()
+            answer = response.read()
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise ConnectionError(f"the emulator refused the completed upload: {response.status} {answer[:200]!r}")
+        resource: dict[str, str] = json.loads(answer)
+        return resource
+
+    def _forget(self, upload_id: str) -> None:
+        with self._lock:
+            upload = self._uploads.pop(upload_id, None)
+        if upload is not None:
+            shutil.rmtree(upload.folder, ignore_errors=True)
