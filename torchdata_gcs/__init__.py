@@ -30,6 +30,7 @@ from .errors import (
     NotFoundError,
     PreconditionFailedError,
     TransientError,
+    UploadError,
 )
 
 __version__ = "0.1.0"
@@ -53,6 +54,7 @@ __all__ = [
     "RetryConfig",
     "TransferConfig",
     "TransientError",
+    "UploadError",
     "format_url",
     "parse_url",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import io
 import os
 import threading
 import urllib.request
@@ -78,9 +79,10 @@ class ObjectReader:
         params: dict[str, Any],
         headers: dict[str, str] | None = None,
         json: Any = None,
+        data: bytes | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Send ``method`` to ``path`` (with a ``json`` body, if given); a non-2xx answer raises its
-        typed error naming ``url``."""
+        """Send ``method`` to ``path`` (with a ``json`` or ``data`` body, if given); a non-2xx answer
+        raises its typed error naming ``url``."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
@@ -94,7 +96,12 @@ class ObjectReader:
         # The path is percent-encoded already: yarl need not parse and encode it again.
         target = yarl.URL(f"{path}?{urlencode(params)}", encoded=True)
         async with self._session.request(
-            method, target, headers=request_headers, proxy=self._proxy, json=json
+            method,
+            target,
+            headers=request_headers,
+            proxy=self._proxy,
+            json=json,
+            data=None if data is None else io.BytesIO(data),  # shares the bytes; aiohttp streams it
         ) as response:
             if response.status >= 400:
                 text = await response.text(errors="replace")

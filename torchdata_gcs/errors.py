@@ -18,6 +18,7 @@ __all__ = [
     "NotFoundError",
     "PreconditionFailedError",
     "TransientError",
+    "UploadError",
 ]
 
 
@@ -75,6 +76,10 @@ class TransientError(GCSError, ConnectionError):
 
 class IntegrityError(GCSError, OSError):
     """Downloaded bytes do not match the size or crc32c that GCS recorded for the object."""
+
+
+class UploadError(GCSError, OSError):
+    """A write failed and was aborted: nothing was published (the object, if it existed, is unchanged)."""
 
 
 class MissingObjectWarning(UserWarning):

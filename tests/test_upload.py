@@ -1,0 +1,101 @@
+"""The streaming multipart writer over real HTTP: through GCSFront's XML multipart upload on the emulator."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from torchdata_gcs import RetryConfig, UploadError
+from torchdata_gcs._upload import MIN_PART_SIZE, MultipartWriter
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
+
+MiB = 1024 * 1024
+BUCKET = "upload-writer"
+FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
+
+
+@pytest.fixture
+def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint) as running:
+        yield running
+
+
+def writer(front: GCSFront, name: str, **settings) -> MultipartWriter:
+    settings.setdefault("part_size", MIN_PART_SIZE)
+    return MultipartWriter(f"gs://{BUCKET}/{name}", client=front.client_config, **settings)
+
+
+def test_streams_parts_and_publishes_on_close(front: GCSFront, gcs_emulator: Emulator) -> None:
+    data = os.urandom(12 * MiB + 12345)
+    with writer(front, "ckpt/a.bin") as out:
+        for start in range(0, len(data), 777_777):  # writes of any size
+            out.write(memoryview(data)[start : start + 777_777])
+        assert front.open_uploads == [(BUCKET, "ckpt/a.bin")]  # parts are out before close
+        assert "ckpt/a.bin" not in gcs_emulator.names(BUCKET)
+    assert gcs_emulator.read(BUCKET, "ckpt/a.bin") == data
+    assert front.counts["upload"] == 1 + 3 + 1  # initiate, 5 + 5 + 2.01 MiB parts, complete
+    assert front.open_uploads == [] and out.generation
+
+
+def test_small_payload_is_one_request(front: GCSFront, gcs_emulator: Emulator) -> None:
+    with writer(front, "small.bin") as out:
+        out.write(b"tiny")
+    assert gcs_emulator.read(BUCKET, "small.bin") == b"tiny"
+    assert front.counts["upload"] == 1 and front.open_uploads == []
+
+
+def test_exception_inside_with_publishes_nothing(front: GCSFront, gcs_emulator: Emulator) -> None:
+    with pytest.raises(RuntimeError, match="model diverged"), writer(front, "failed.bin") as out:
+        out.write(os.urandom(11 * MiB))
+        raise RuntimeError("model diverged")
+    assert "failed.bin" not in gcs_emulator.names(BUCKET)
+    assert front.open_uploads == [] and front.counts["delete"] == 1  # the abort
+
+
+def test_dropped_writer_publishes_nothing(front: GCSFront, gcs_emulator: Emulator) -> None:
+    out = writer(front, "dropped.bin")
+    out.write(os.urandom(6 * MiB))
+    assert front.open_uploads == [(BUCKET, "dropped.bin")]
+    del out
+    gc.collect()
+    assert "dropped.bin" not in gcs_emulator.names(BUCKET)
+    assert front.open_uploads == []
+
+
+def test_part_failures_are_retried(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_503", match=r"PUT .*partNumber", times=2)]) as front:
+        data = os.urandom(11 * MiB)
+        with writer(front, "flaky.bin", retry=FAST_RETRY) as out:
+            out.write(data)
+        assert front.faults_injected["http_503"] == 2
+    assert gcs_emulator.read(BUCKET, "flaky.bin") == data
+
+
+def test_a_part_that_keeps_failing_aborts(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_503", match=r"PUT .*partNumber=2")]) as front:
+        with pytest.raises(UploadError, match="aborted"), writer(front, "doomed.bin", retry=FAST_RETRY) as out:
+            out.write(os.urandom(16 * MiB))
+        assert front.open_uploads == []
+    assert "doomed.bin" not in gcs_emulator.names(BUCKET)
+
+
+def test_part_sizes_grow_to_stay_within_the_part_limit(front: GCSFront, gcs_emulator: Emulator) -> None:
+    data = os.urandom(31 * MiB)
+    with writer(front, "growing.bin", parts_per_size=2, max_parts_in_flight=2) as out:
+        out.write(data)
+    # 5, 5, 10, 10 MiB and the last 1 MiB: 5 parts, where a fixed 5 MiB would take 7.
+    assert front.counts["upload"] == 1 + 5 + 1
+    assert gcs_emulator.read(BUCKET, "growing.bin") == data
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(ValueError, match="part_size"):
+        MultipartWriter("gs://bucket/x", part_size=MiB)
+    with pytest.raises(ValueError, match="max_parts_in_flight"):
+        MultipartWriter("gs://bucket/x", max_parts_in_flight=0)
