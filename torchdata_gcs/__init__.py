@@ -14,6 +14,7 @@ Importing the package registers the functional DataPipes on ``IterDataPipe``::
     )
 """
 
+from . import checkpoint
 from ._download import LoadStats
 from ._metadata import ObjectInfo
 from ._parallel_listing import ListingStats
@@ -55,6 +56,7 @@ __all__ = [
     "TransferConfig",
     "TransientError",
     "UploadError",
+    "checkpoint",
     "format_url",
     "parse_url",
 ]

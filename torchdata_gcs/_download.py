@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import google_crc32c
 
 from ._aio import io_loop
-from ._metadata import ObjectInfo, check_crc32c, crc32c_base64
+from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from ._reader import ObjectReader, object_reader
 from ._retry import Attempts
 from ._streams import PartStream
@@ -43,6 +43,7 @@ __all__ = [
     "load_in_order",
     "load_one",
     "new_job",
+    "read_into_buffer",
     "reported_crc32c",
     "verify_bytes",
 ]
@@ -201,11 +202,12 @@ def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError
     )
 
 
-async def _read_range(job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
-    """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
-    would hold them twice), by ranged GETs that resume where one broke."""
+async def _stream_range(
+    job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int, take: Callable[[int, bytes], None]
+) -> None:
+    """Hand bytes ``[start, start + length)`` of the object to ``take(offset, chunk)`` as they arrive,
+    by ranged GETs that resume from the byte they reached (each byte is taken once)."""
     end = start + length
-    chunks: list[bytes] = []
     position = start
 
     async def attempt() -> None:
@@ -214,7 +216,7 @@ async def _read_range(job: _Job, url: str, path: str, params: dict[str, Any], st
             async for chunk in response.content.iter_any():
                 if position + len(chunk) > end:
                     raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
-                chunks.append(chunk)
+                take(position, chunk)
                 position += len(chunk)
                 job.stats.bytes += len(chunk)
         if position < end:
@@ -224,6 +226,13 @@ async def _read_range(job: _Job, url: str, path: str, params: dict[str, Any], st
         await _with_retry(job, url, attempt)
     except NotFoundError as exc:
         raise _gone(url, params, exc) from exc
+
+
+async def _read_range(job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
+    """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
+    would hold them twice)."""
+    chunks: list[bytes] = []
+    await _stream_range(job, url, path, params, start, length, lambda _, chunk: chunks.append(chunk))
     return chunks
 
 
@@ -427,3 +436,44 @@ def load_in_order(
     units = (functools.partial(load_one, url, info) for url, info in items)
     job = new_job(config, transfer, retry, stats)
     return deliver_in_order(units, job, 2 * transfer.max_in_flight, skip_missing=skip_missing)
+
+
+async def _read_range_into(
+    job: _Job, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
+) -> int:
+    """Fill ``buffer`` with the object's bytes from ``start``; returns their crc32c, computed from
+    the chunks as they arrive."""
+    crc = 0
+
+    def take(position: int, chunk: bytes) -> None:
+        nonlocal crc
+        buffer[position - start : position - start + len(chunk)] = chunk
+        crc = google_crc32c.extend(crc, chunk)
+
+    await _stream_range(job, url, path, params, start, len(buffer), take)
+    return crc
+
+
+def read_into_buffer(
+    url: str, info: ObjectInfo, config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
+) -> bytearray:
+    """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
+    one preallocated buffer, and checked against ``info``'s crc32c without another pass over the bytes."""
+    bucket, name = parse_url(url, allow_prefix=False)
+    buffer = bytearray(info.size)
+    job = new_job(config, transfer, retry, stats)
+    path = job.reader.media_path(bucket, name)
+    params: dict[str, Any] = {"alt": "media", "generation": info.generation}
+    view = memoryview(buffer)
+    starts = range(0, info.size, transfer.part_size)
+
+    async def read_all() -> list[int]:
+        ranges = (view[start : start + transfer.part_size] for start in starts)
+        return await asyncio.gather(
+            *(_read_range_into(job, url, path, params, part, s) for part, s in zip(ranges, starts))
+        )
+
+    crcs = asyncio.run_coroutine_threadsafe(read_all(), io_loop()).result()
+    lengths = [min(transfer.part_size, info.size - start) for start in starts]
+    check_crc32c(url, crc32c_base64(crc32c_of_concatenation(zip(crcs, lengths))), {"GCS": info.crc32c})
+    return buffer

@@ -25,7 +25,7 @@ __all__ = ["MemoryStream", "PartStream"]
 class MemoryStream(io.RawIOBase):
     """A seekable read-only stream over an object held as consecutive parts, without joining them."""
 
-    def __init__(self, parts: list[bytes] | list[memoryview]) -> None:
+    def __init__(self, parts: list[bytes] | list[memoryview] | list[bytearray]) -> None:
         super().__init__()
         self._parts = parts
         self._starts = [0, *accumulate(map(len, parts))][:-1]

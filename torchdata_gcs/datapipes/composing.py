@@ -56,19 +56,13 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
             ``transfer.max_buffered_bytes`` is used); larger objects are read directly.
         reuse_prefix: object-name prefix (such as ``"cache/composites/"``) under which composites
             are kept across iterations; ``None`` deletes them once read.
-        skip_missing: skip an object that no longer exists with a ``MissingObjectWarning``.
-        client: endpoint and credentials; defaults to ``ClientConfig()``.
-        transfer: concurrency and buffering; defaults to ``TransferConfig()``.
-        retry: retry policy; defaults to ``RetryConfig()``.
+        skip_missing, client, transfer, retry: as for ``load_files_by_gcs``.
 
     Returns:
-        ``(url, StreamWrapper)`` pairs whose streams are binary and seekable.
+        ``(url, StreamWrapper)`` pairs, as ``load_files_by_gcs`` yields them.
 
     Raises:
-        InvalidURIError: an item is not a valid object URL.
-        NotFoundError: an object does not exist or changed since it was listed (unless ``skip_missing``).
-        IntegrityError: bytes did not match their checksum after retries.
-        TransientError: GCS kept failing until the retry policy gave up.
+        As ``load_files_by_gcs``; ``NotFoundError`` also for an object changed since it was listed.
 
     Example:
         >>> from torchdata_gcs import testing
