@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from torchdata_gcs import RetryConfig, UploadError
+from torchdata_gcs._aio import io_loop
 from torchdata_gcs._upload import MIN_PART_SIZE, MultipartWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -99,3 +102,20 @@ def test_bad_settings() -> None:
         MultipartWriter("gs://bucket/x", part_size=MiB)
     with pytest.raises(ValueError, match="max_parts_in_flight"):
         MultipartWriter("gs://bucket/x", max_parts_in_flight=0)
+
+
+def test_writer_dropped_on_the_io_thread_aborts_without_deadlock(front: GCSFront, gcs_emulator: Emulator) -> None:
+    out = writer(front, "dropped-on-loop.bin")
+    out.write(os.urandom(6 * MiB))
+    holder = [out]
+    del out
+
+    async def drop() -> None:
+        holder.clear()  # the last reference goes on the I/O thread: the finalizer runs there
+
+    asyncio.run_coroutine_threadsafe(drop(), io_loop()).result(timeout=10)
+    deadline = time.monotonic() + 10
+    while front.open_uploads:
+        assert time.monotonic() < deadline, "the dropped writer's upload was never aborted"
+        time.sleep(0.05)
+    assert "dropped-on-loop.bin" not in gcs_emulator.names(BUCKET)

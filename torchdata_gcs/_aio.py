@@ -9,7 +9,7 @@ import asyncio
 import os
 import threading
 
-__all__ = ["io_loop"]
+__all__ = ["io_loop", "on_io_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -24,6 +24,15 @@ def io_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="torchdata-gcs-io", daemon=True).start()
             _loop = loop
         return _loop
+
+
+def on_io_loop() -> bool:
+    """Whether this code runs on the I/O loop's thread (say, a finalizer the garbage collector ran
+    there), where waiting for the loop would wait forever."""
+    try:
+        return asyncio.get_running_loop() is _loop
+    except RuntimeError:
+        return False
 
 
 def _forget_after_fork() -> None:

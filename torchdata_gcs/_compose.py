@@ -39,7 +39,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import FrameType
 from typing import Any
 
-from ._aio import io_loop
+from ._aio import io_loop, on_io_loop
 from ._client import Transport
 from ._download import (
     Loaded,
@@ -349,6 +349,9 @@ class Composer:
             return
         self._closed = True
         _live.discard(self)
+        if on_io_loop():  # finalized on the I/O thread, which cannot wait for itself
+            asyncio.ensure_future(self._settle())
+            return
         try:
             asyncio.run_coroutine_threadsafe(self._settle(), io_loop()).result(timeout=_CLOSE_TIMEOUT)
         except (FutureTimeout, RuntimeError) as exc:
