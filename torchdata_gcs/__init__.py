@@ -20,7 +20,12 @@ from ._metadata import ObjectInfo
 from ._parallel_listing import ListingStats
 from ._uri import format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
-from .datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
+from .datapipes import (
+    GCSFileListerIterDataPipe,
+    GCSFileLoaderIterDataPipe,
+    GCSSaverIterDataPipe,
+    GCSShardComposerIterDataPipe,
+)
 from .errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
@@ -43,6 +48,7 @@ __all__ = [
     "GCSError",
     "GCSFileListerIterDataPipe",
     "GCSFileLoaderIterDataPipe",
+    "GCSSaverIterDataPipe",
     "GCSShardComposerIterDataPipe",
     "IntegrityError",
     "InvalidURIError",

@@ -80,10 +80,7 @@ class MultipartWriter(io.RawIOBase):
         parts_per_size: int = PARTS_PER_SIZE,
     ) -> None:
         super().__init__()
-        if part_size < MIN_PART_SIZE:
-            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (GCS's minimum), got {part_size}")
-        if max_parts_in_flight < 1:
-            raise ValueError(f"max_parts_in_flight must be at least 1, got {max_parts_in_flight}")
+        self.check_settings(part_size, max_parts_in_flight)
         self.url = url
         self._bucket, self._name = parse_url(url, allow_prefix=False)
         client = client or ClientConfig()
@@ -102,6 +99,14 @@ class MultipartWriter(io.RawIOBase):
         self._state = "open"  # then "published" or "aborted"
         self.generation: int | None = None
         """The published object's generation, once closed cleanly."""
+
+    @staticmethod
+    def check_settings(part_size: int, max_parts_in_flight: int) -> None:
+        """Raise ``ValueError`` for settings GCS or the writer cannot work with."""
+        if part_size < MIN_PART_SIZE:
+            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (GCS's minimum), got {part_size}")
+        if max_parts_in_flight < 1:
+            raise ValueError(f"max_parts_in_flight must be at least 1, got {max_parts_in_flight}")
 
     def writable(self) -> bool:
         return True

@@ -3,5 +3,11 @@
 from .composing import GCSShardComposerIterDataPipe
 from .listing import GCSFileListerIterDataPipe
 from .loading import GCSFileLoaderIterDataPipe
+from .saving import GCSSaverIterDataPipe
 
-__all__ = ["GCSFileListerIterDataPipe", "GCSFileLoaderIterDataPipe", "GCSShardComposerIterDataPipe"]
+__all__ = [
+    "GCSFileListerIterDataPipe",
+    "GCSFileLoaderIterDataPipe",
+    "GCSSaverIterDataPipe",
+    "GCSShardComposerIterDataPipe",
+]

@@ -1,0 +1,100 @@
+"""``save_by_gcs``: the sink that streams ``(url, payload)`` items out to GCS and yields each URL once durable."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from collections.abc import Iterable, Iterator
+from typing import IO, Any, cast
+
+import torch
+from torch.utils.data import IterDataPipe, functional_datapipe
+
+from .._upload import MultipartWriter
+from .._uri import parse_url
+from ..config import ClientConfig, RetryConfig
+from ..errors import InvalidURIError
+from ._source import as_source
+
+__all__ = ["GCSSaverIterDataPipe"]
+
+_COPY_CHUNK = 8 * 1024 * 1024
+
+
+@functional_datapipe("save_by_gcs")
+class GCSSaverIterDataPipe(IterDataPipe[str]):
+    """Writes each ``(url, payload)`` item to GCS and yields ``url`` once the object is published
+    (functional name: ``save_by_gcs``).
+
+    A payload is ``bytes``-like (written as is), a binary file object (copied from its current
+    position), or anything else ``torch.save`` accepts (a state dict, a tensor), which is
+    serialized straight into the upload. Each object goes out through the streaming multipart
+    writer: parts uploaded concurrently as they are produced, the object published only when the
+    payload was written whole; a failure aborts that upload, publishes nothing and raises.
+
+    Args:
+        source_datapipe: a DataPipe or an iterable of ``(url, payload)`` pairs.
+        client: endpoint and credentials; defaults to ``ClientConfig()``.
+        retry: retry policy; defaults to ``RetryConfig()``.
+        part_size: bytes per uploaded part (at least 5 MiB; doubles every 1,000 parts).
+        max_parts_in_flight: parts uploaded at once per object.
+
+    Returns:
+        The URL of each object, after it is published.
+
+    Raises:
+        InvalidURIError: an item is not a ``(gs:// object URL, payload)`` pair.
+        UploadError: a part kept failing; the upload was aborted.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> from torchdata_gcs import checkpoint, testing
+        >>> with testing.Emulator() as emulator:
+        ...     emulator.create_bucket("out")
+        ...     items = [("gs://out/raw.bin", b"raw bytes"), ("gs://out/state.pt", {"w": torch.ones(2)})]
+        ...     saved = list(IterableWrapper(items).save_by_gcs(client=emulator.client_config))
+        ...     saved, emulator.read("out", "raw.bin"), checkpoint.load("gs://out/state.pt", client=emulator.client_config)
+        (['gs://out/raw.bin', 'gs://out/state.pt'], b'raw bytes', {'w': tensor([1., 1.])})
+    """
+
+    _is_child_datapipe = False  # torch checks it per item; found here, it skips a slow miss
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[tuple[str, Any]] | Iterable[tuple[str, Any]],
+        *,
+        client: ClientConfig | None = None,
+        retry: RetryConfig | None = None,
+        part_size: int = 32 * 1024 * 1024,
+        max_parts_in_flight: int = 4,
+    ) -> None:
+        self.source_datapipe = as_source(source_datapipe)  # type: ignore[arg-type]
+        self.client = client or ClientConfig()
+        self.retry = retry or RetryConfig()
+        self.part_size = part_size
+        self.max_parts_in_flight = max_parts_in_flight
+        MultipartWriter.check_settings(part_size, max_parts_in_flight)
+
+    def __iter__(self) -> Iterator[str]:
+        for item in self.source_datapipe:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise InvalidURIError(f"expected a (gs:// URL, payload) pair, got {type(item).__name__}")
+            url, payload = item
+            parse_url(url, allow_prefix=False)
+            settings = {"part_size": self.part_size, "max_parts_in_flight": self.max_parts_in_flight}
+            with MultipartWriter(url, client=self.client, retry=self.retry, **settings) as writer:
+                _write(payload, writer)
+            yield url
+
+    def __len__(self) -> int:
+        return len(self.source_datapipe)  # type: ignore[arg-type]
+
+
+def _write(payload: Any, writer: MultipartWriter) -> None:
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        writer.write(payload)
+    elif isinstance(payload, io.IOBase) or hasattr(payload, "readinto"):
+        shutil.copyfileobj(payload, writer, _COPY_CHUNK)
+    else:
+        torch.save(payload, cast(IO[bytes], writer))
