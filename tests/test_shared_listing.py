@@ -203,6 +203,8 @@ def test_dataloader2_restored_from_its_state_replays_the_epoch_without_listing(
         iterator = iter(loader)
         head = [next(iterator) for _ in range(100)]
         state = loader.state_dict()
+        for _ in iterator:  # finish the epoch: shutting DataLoader2 down mid-epoch can hang in torchdata 0.9
+            pass
     finally:
         loader.shutdown()
     wait_for_manifest(gcs_emulator, bucket, folder)  # the listing worker publishes in the background
