@@ -8,7 +8,7 @@ import pytest
 
 from tests.http_proxy import RecordingProxy
 from torchdata_gcs import ClientConfig
-from torchdata_gcs.testing import Emulator
+from torchdata_gcs.testing import Emulator, GCSFront
 
 pytest_plugins = ["torchdata_gcs.testing.fixtures"]
 
@@ -21,4 +21,11 @@ def client(gcs_emulator: Emulator) -> ClientConfig:
 @pytest.fixture
 def proxy(gcs_emulator: Emulator) -> Iterator[RecordingProxy]:
     with RecordingProxy(gcs_emulator.endpoint) as running:
+        yield running
+
+
+@pytest.fixture
+def gcs_front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+    """A GCS front (GCS's rules, XML multipart upload, request counts) over the shared emulator."""
+    with GCSFront(gcs_emulator.endpoint) as running:
         yield running

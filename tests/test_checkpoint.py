@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -15,10 +13,9 @@ BUCKET = "checkpoints"
 
 
 @pytest.fixture
-def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+def front(gcs_emulator: Emulator, gcs_front: GCSFront) -> GCSFront:
     gcs_emulator.create_bucket(BUCKET)
-    with GCSFront(gcs_emulator.endpoint) as running:
-        yield running
+    return gcs_front
 
 
 def state_dict() -> dict[str, torch.Tensor]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from urllib.parse import quote
 from xml.etree import ElementTree
 
@@ -20,10 +19,9 @@ BUCKET = "multipart-front"
 
 
 @pytest.fixture
-def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+def front(gcs_emulator: Emulator, gcs_front: GCSFront) -> GCSFront:
     gcs_emulator.create_bucket(BUCKET)
-    with GCSFront(gcs_emulator.endpoint) as running:
-        yield running
+    return gcs_front
 
 
 def url(front: GCSFront, name: str) -> str:

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,10 +20,9 @@ FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
 
 
 @pytest.fixture
-def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+def front(gcs_emulator: Emulator, gcs_front: GCSFront) -> GCSFront:
     gcs_emulator.create_bucket(BUCKET)
-    with GCSFront(gcs_emulator.endpoint) as running:
-        yield running
+    return gcs_front
 
 
 def writer(front: GCSFront, name: str, **settings) -> MultipartWriter:

@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
-__all__ = ["io_loop", "on_io_loop"]
+T = TypeVar("T")
+
+__all__ = ["io_loop", "wait_unless_on_io_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -26,13 +30,19 @@ def io_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def on_io_loop() -> bool:
-    """Whether this code runs on the I/O loop's thread (say, a finalizer the garbage collector ran
-    there), where waiting for the loop would wait forever."""
+def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T | None:
+    """Run ``coroutine`` on the I/O loop and wait for its result; on the loop's own thread (say, a
+    finalizer the garbage collector ran there), where waiting would wait forever, schedule it and
+    return ``None``."""
+    loop = io_loop()
     try:
-        return asyncio.get_running_loop() is _loop
+        on_loop = asyncio.get_running_loop() is loop
     except RuntimeError:
-        return False
+        on_loop = False
+    if on_loop:
+        asyncio.ensure_future(coroutine)
+        return None
+    return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout)
 
 
 def _forget_after_fork() -> None:

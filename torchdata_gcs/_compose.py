@@ -39,7 +39,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import FrameType
 from typing import Any
 
-from ._aio import io_loop, on_io_loop
+from ._aio import io_loop, wait_unless_on_io_loop
 from ._client import Transport
 from ._download import (
     Loaded,
@@ -337,11 +337,12 @@ class Composer:
             return
         self._unsettled.discard((bucket, name))
 
-    async def _settle(self) -> None:
-        """Wait for composes and deletes in flight, then delete every temporary composite left."""
+    async def _settle(self) -> bool:
+        """Wait for composes and deletes in flight, then delete every temporary composite left; ``True``."""
         while self._running:
             await asyncio.gather(*list(self._running), return_exceptions=True)
         await asyncio.gather(*(self._delete(bucket, name, None) for bucket, name in list(self._unsettled)))
+        return True
 
     def close(self) -> None:
         """Delete this iteration's temporary composites (idempotent; safe from any thread but the I/O loop)."""
@@ -349,11 +350,9 @@ class Composer:
             return
         self._closed = True
         _live.discard(self)
-        if on_io_loop():  # finalized on the I/O thread, which cannot wait for itself
-            asyncio.ensure_future(self._settle())
-            return
         try:
-            asyncio.run_coroutine_threadsafe(self._settle(), io_loop()).result(timeout=_CLOSE_TIMEOUT)
+            if not wait_unless_on_io_loop(self._settle(), timeout=_CLOSE_TIMEOUT):
+                return  # finalized on the I/O thread: the deletes are scheduled, not waited for
         except (FutureTimeout, RuntimeError) as exc:
             logger.warning("could not settle the temporary composites of job %s: %r", self.job_id, exc)
         if self._unsettled:

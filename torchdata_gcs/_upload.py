@@ -24,7 +24,7 @@ from xml.sax.saxutils import escape
 
 import google_crc32c
 
-from ._aio import io_loop, on_io_loop
+from ._aio import io_loop, wait_unless_on_io_loop
 from ._client import transport_for
 from ._download import LoadStats, _Job, _with_retry, new_job, reported_crc32c
 from ._metadata import crc32c_base64
@@ -159,13 +159,10 @@ class MultipartWriter(io.RawIOBase):
             future.cancel()
         self._pending.clear()
         if self._upload_id is not None:
-            abort = _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
-            if on_io_loop():  # collected on the I/O thread, which cannot wait for itself
-                asyncio.ensure_future(abort)
-                super().close()
-                return
-            try:
-                self._run(abort)
+            try:  # a writer collected on the I/O thread only schedules the abort
+                wait_unless_on_io_loop(
+                    _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
+                )
             except NotFoundError:
                 pass
             except Exception as exc:  # noqa: BLE001 - an upload left open is billed until GCS drops it
