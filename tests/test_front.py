@@ -283,13 +283,18 @@ def test_latency_delays_every_answer_faults_included(gcs_emulator: Emulator, gcs
         assert time.monotonic() - started >= 0.1
 
 
-def test_bandwidth_caps_each_download(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+def test_bandwidth_caps_each_download_and_upload(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     data = os.urandom(1_000_000)
     gcs_emulator.seed(gcs_bucket, {"x": data})
     with GCSFront(gcs_emulator.endpoint, bandwidth=2_000_000) as front:
         started = time.monotonic()
         assert requests.get(media_url(front.endpoint, gcs_bucket, "x"), timeout=10).content == data
         assert time.monotonic() - started >= 0.9 * len(data) / 2_000_000
+        started = time.monotonic()
+        upload = f"{front.endpoint}/upload/storage/v1/b/{gcs_bucket}/o"
+        answer = requests.post(upload, params={"uploadType": "media", "name": "y"}, data=data, timeout=10)
+        assert answer.status_code == 200 and time.monotonic() - started >= 0.9 * len(data) / 2_000_000
+    assert gcs_emulator.read(gcs_bucket, "y") == data
 
 
 def _rss() -> int:

@@ -34,7 +34,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import FrameType
 from typing import Any
@@ -68,7 +68,7 @@ from .errors import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_SOURCES", "Composer", "compose_in_order", "leftovers", "new_job_id"]
+__all__ = ["MAX_SOURCES", "Composer", "compose_in_order", "compose_objects", "delete_temporary", "leftovers", "new_job_id"]
 
 MAX_SOURCES = 32
 """GCS composes at most this many source objects in one call."""
@@ -247,33 +247,13 @@ class Composer:
 
     async def _compose(self, bucket: str, name: str, members: list[Member], job: _Job) -> ObjectInfo:
         """Ask GCS to concatenate the members (each pinned to its generation) into ``name``."""
-        reader = job.reader
-        url = format_url(bucket, name)
-        body = {
-            "sourceObjects": [
-                {
-                    "name": source,
-                    "generation": str(info.generation),
-                    "objectPreconditions": {"ifGenerationMatch": str(info.generation)},
-                }
-                for _, source, info in members
-            ],
-            "destination": {"contentType": "application/octet-stream"},
-        }
-        params: dict[str, Any] = {"fields": "size,generation,crc32c"}
-        if self.reuse_prefix is None:
-            params["ifGenerationMatch"] = 0  # a temporary name is new: never replace anything
+        new_name = self.reuse_prefix is None
+        if new_name:
             self._unsettled.add((bucket, name))
-
-        async def attempt() -> ObjectInfo:
-            async with reader.send(
-                "POST", url, reader.object_path(bucket, name) + "/compose", params, json=body
-            ) as response:
-                return ObjectInfo.from_json(await response.json())
-
+        sources = [(source, info.generation) for _, source, info in members]
         job.stats.composes += 1
         # Shielded: a compose already sent may still land, so it runs to its end and close() waits for it.
-        return await asyncio.shield(self._track(_with_retry(job, url, attempt)))
+        return await asyncio.shield(self._track(compose_objects(job, bucket, name, sources, only_if_new=new_name)))
 
     async def _download(
         self,
@@ -320,22 +300,8 @@ class Composer:
         self._track(self._delete(bucket, name, generation))
 
     async def _delete(self, bucket: str, name: str, generation: int | None) -> None:
-        reader = self.job.reader
-        url = format_url(bucket, name)
-        params = {} if generation is None else {"ifGenerationMatch": generation}
-
-        async def attempt() -> None:
-            async with reader.send("DELETE", url, reader.object_path(bucket, name), params):
-                pass
-
-        try:
-            await _with_retry(self.job, url, attempt)
-        except NotFoundError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - left for close() to retry and report
-            logger.debug("deleting %s failed: %r", url, exc)
-            return
-        self._unsettled.discard((bucket, name))
+        if await delete_temporary(self.job, bucket, name, generation):
+            self._unsettled.discard((bucket, name))
 
     async def _settle(self) -> bool:
         """Wait for composes and deletes in flight, then delete every temporary composite left; ``True``."""
@@ -366,6 +332,58 @@ class Composer:
                     ComposeFallbackWarning,
                     stacklevel=2,
                 )
+
+
+async def compose_objects(
+    job: _Job, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
+) -> ObjectInfo:
+    """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
+    compose call, retried; ``only_if_new`` never replaces an existing object."""
+    reader = job.reader
+    url = format_url(bucket, name)
+    body = {
+        "sourceObjects": [
+            {"name": source}
+            if generation is None
+            else {
+                "name": source,
+                "generation": str(generation),
+                "objectPreconditions": {"ifGenerationMatch": str(generation)},
+            }
+            for source, generation in sources
+        ],
+        "destination": {"contentType": "application/octet-stream"},
+    }
+    params: dict[str, Any] = {"fields": "size,generation,crc32c"}
+    if only_if_new:
+        params["ifGenerationMatch"] = 0
+
+    async def attempt() -> ObjectInfo:
+        async with reader.send("POST", url, reader.object_path(bucket, name) + "/compose", params, json=body) as answer:
+            return ObjectInfo.from_json(await answer.json())
+
+    return await _with_retry(job, url, attempt)
+
+
+async def delete_temporary(job: _Job, bucket: str, name: str, generation: int | None) -> bool:
+    """Delete ``name`` (that generation, if given), retried; ``True`` once it is gone, ``False`` if
+    deleting failed (logged)."""
+    reader = job.reader
+    url = format_url(bucket, name)
+    params = {} if generation is None else {"ifGenerationMatch": generation}
+
+    async def attempt() -> None:
+        async with reader.send("DELETE", url, reader.object_path(bucket, name), params):
+            pass
+
+    try:
+        await _with_retry(job, url, attempt)
+    except NotFoundError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - the caller retries later or leaves it to `clean`
+        logger.debug("deleting %s failed: %r", url, exc)
+        return False
+    return True
 
 
 async def _describe(job: _Job, url: str) -> ObjectInfo | NotFoundError:

@@ -14,7 +14,7 @@ from ._uri import format_url
 from .config import RetryConfig
 from .errors import NotFoundError
 
-__all__ = ["create_object", "delete_object", "object_resource", "read_object"]
+__all__ = ["create_object", "delete_object", "multipart_body", "object_resource", "read_object"]
 
 
 def object_resource(
@@ -46,6 +46,22 @@ def read_object(transport: Transport, bucket: str, name: str, retry: RetryConfig
         return None
 
 
+def multipart_body(name: str, data: bytes, content_type: str = "application/octet-stream") -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a JSON API multipart upload of ``data`` as ``name``, its crc32c in the
+    metadata so that GCS refuses bytes damaged on the way."""
+    boundary = uuid.uuid4().hex
+    metadata = json.dumps({"name": name, "crc32c": crc32c_base64(data), "contentType": content_type})
+    body = b"".join(
+        (
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n".encode(),
+            f"--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
+            data,
+            f"\r\n--{boundary}--\r\n".encode(),
+        )
+    )
+    return body, {"Content-Type": f"multipart/related; boundary={boundary}"}
+
+
 def create_object(
     transport: Transport,
     bucket: str,
@@ -63,20 +79,10 @@ def create_object(
     ``PreconditionFailedError``; a retried request may meet its own first attempt's write there.
     """
     url = format_url(bucket, name)
-    boundary = uuid.uuid4().hex
-    metadata = json.dumps({"name": name, "crc32c": crc32c_base64(data), "contentType": content_type})
-    body = b"".join(
-        (
-            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n".encode(),
-            f"--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
-            data,
-            f"\r\n--{boundary}--\r\n".encode(),
-        )
-    )
+    body, headers = multipart_body(name, data, content_type)
     params: dict[str, Any] = {"uploadType": "multipart", "fields": "generation"}
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
-    headers = {"Content-Type": f"multipart/related; boundary={boundary}"}
     path = f"/upload{transport.bucket_objects_path(bucket)}"
 
     def attempt() -> int:

@@ -1,12 +1,19 @@
-"""Streaming writes: a binary file object whose bytes go out as the parts of an XML API multipart upload.
+"""Streaming writes: binary file objects whose bytes go out in parts, concurrently, as they are produced.
 
-Parts are uploaded on the I/O loop as they fill, at most ``max_parts_in_flight`` held at once, so
-memory stays near ``part_size x max_parts_in_flight`` whatever the object's size. Part sizes double
-every ``PARTS_PER_SIZE`` parts, so 10,000 parts (GCS's limit) reach past GCS's 5 TiB object limit
-from 5 MiB parts. The object is published only by a clean :meth:`MultipartWriter.close`; an exception
-inside ``with``, a writer dropped without closing, or a part that fails after retries aborts the
-upload, and nothing is published. A payload that fits one part goes out in a single request. After
-completion the object's crc32c is compared with that of the bytes written; a mismatch deletes it.
+Two ways to assemble the parts into one object: :class:`MultipartWriter` uses GCS's XML API
+multipart upload; :class:`CompositeWriter` uploads each part as a temporary object and composes
+them (this works wherever the JSON API does, the emulator included, and in buckets where XML
+multipart uploads are not wanted). Both share :class:`StreamingWriter`'s behaviour:
+
+- parts are uploaded on the I/O loop as they fill, at most ``max_parts_in_flight`` held at once,
+  so memory stays near ``part_size x (max_parts_in_flight + 1)`` whatever the object's size;
+- part sizes double every ``PARTS_PER_SIZE`` parts, so 10,000 parts reach past GCS's 5 TiB object
+  limit from 5 MiB parts;
+- the object is published only by a clean :meth:`StreamingWriter.close`; an exception inside
+  ``with``, a writer dropped without closing, or a part that fails after retries discards the parts,
+  and nothing is published;
+- a payload that fits one part goes out in a single request;
+- the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ import asyncio
 import io
 import logging
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
@@ -26,21 +33,22 @@ import google_crc32c
 
 from ._aio import io_loop, wait_unless_on_io_loop
 from ._client import transport_for
+from ._compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
 from ._download import LoadStats, _Job, _with_retry, new_job, reported_crc32c
 from ._metadata import crc32c_base64
-from ._objects import create_object, delete_object
-from ._uri import parse_url
+from ._objects import create_object, delete_object, multipart_body
+from ._uri import TEMPORARY_PREFIX, format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import GCSError, IntegrityError, NotFoundError, UploadError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_PARTS", "MIN_PART_SIZE", "MultipartWriter", "part_size"]
+__all__ = ["MAX_PARTS", "MIN_PART_SIZE", "CompositeWriter", "MultipartWriter", "StreamingWriter", "part_size"]
 
 T = TypeVar("T")
 
 MIN_PART_SIZE = 5 * 1024 * 1024
-"""GCS refuses smaller parts, except the last."""
+"""GCS refuses smaller parts of an XML multipart upload, except the last."""
 MAX_PARTS = 10_000
 PARTS_PER_SIZE = 1000
 """Parts of one size before the size doubles."""
@@ -55,19 +63,13 @@ def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> i
     return base << ((number - 1) // parts_per_size)
 
 
-class MultipartWriter(io.RawIOBase):
+class StreamingWriter(io.RawIOBase):
     """Write one object as it is produced; publish it on a clean close, never otherwise.
 
-    Example:
-        >>> from torchdata_gcs.testing import Emulator, GCSFront
-        >>> with Emulator() as emulator, GCSFront(emulator.endpoint) as front:
-        ...     emulator.create_bucket("demo")
-        ...     with MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE) as writer:
-        ...         _ = writer.write(b"x" * (6 * 1024 * 1024))
-        ...         _ = writer.write(b"tail")
-        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads
-        (6291460, 4, [])
+    Subclasses say how parts are started, uploaded, assembled and discarded.
     """
+
+    min_part_size: ClassVar[int] = MIN_PART_SIZE
 
     def __init__(
         self,
@@ -87,26 +89,29 @@ class MultipartWriter(io.RawIOBase):
         self._retry = retry or RetryConfig()
         self._transport = transport_for(client)
         self._job: _Job = new_job(client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats())
-        self._xml_path = f"{self._transport.endpoint}/{quote(self._bucket, safe='')}/{quote(self._name, safe='')}"
         self._base, self._parts_per_size, self._max_in_flight = part_size, parts_per_size, max_parts_in_flight
         self._buffer = bytearray()
         self._crc = 0
         self._size = 0
-        self._upload_id: str | None = None
+        self._started = False
         self._sent = 0  # parts handed to the I/O loop
-        self._pending: deque[Future[tuple[int, str]]] = deque()
-        self._etags: dict[int, str] = {}
+        self._pending: deque[Future[tuple[int, Any]]] = deque()
+        self._parts: dict[int, Any] = {}  # part number -> what assembling it needs
         self._state = "open"  # then "published" or "aborted"
         self.generation: int | None = None
         """The published object's generation, once closed cleanly."""
 
-    @staticmethod
-    def check_settings(part_size: int, max_parts_in_flight: int) -> None:
+    @classmethod
+    def check_settings(cls, part_size: int, max_parts_in_flight: int) -> None:
         """Raise ``ValueError`` for settings GCS or the writer cannot work with."""
-        if part_size < MIN_PART_SIZE:
-            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (GCS's minimum), got {part_size}")
+        if part_size < cls.min_part_size:
+            raise ValueError(f"part_size must be at least {cls.min_part_size} bytes, got {part_size}")
         if max_parts_in_flight < 1:
             raise ValueError(f"max_parts_in_flight must be at least 1, got {max_parts_in_flight}")
+
+    @property
+    def bytes_written(self) -> int:
+        return self._size
 
     def writable(self) -> bool:
         return True
@@ -133,7 +138,7 @@ class MultipartWriter(io.RawIOBase):
         if self._state != "open":
             return
         try:
-            if self._upload_id is None:
+            if not self._started:
                 self.generation = create_object(
                     self._transport, self._bucket, self._name, bytes(self._buffer), self._retry
                 )
@@ -141,7 +146,7 @@ class MultipartWriter(io.RawIOBase):
                 self._send_part(bytes(self._buffer))
                 while self._pending:
                     self._collect(self._pending.popleft())
-                self.generation = self._complete()
+                self.generation = self._publish()
         except BaseException:
             self.abort()
             raise
@@ -155,18 +160,13 @@ class MultipartWriter(io.RawIOBase):
             return
         self._state = "aborted"
         self._buffer = bytearray()
-        for future in self._pending:
-            future.cancel()
+        pending = list(self._pending)
         self._pending.clear()
-        if self._upload_id is not None:
-            try:  # a writer collected on the I/O thread only schedules the abort
-                wait_unless_on_io_loop(
-                    _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
-                )
-            except NotFoundError:
-                pass
-            except Exception as exc:  # noqa: BLE001 - an upload left open is billed until GCS drops it
-                logger.warning("could not abort the multipart upload of %s: %r", self.url, exc)
+        if self._started:
+            try:  # a writer collected on the I/O thread only schedules the discarding
+                wait_unless_on_io_loop(self._discard(pending))
+            except Exception as exc:  # noqa: BLE001 - parts left behind are billed until removed
+                logger.warning("could not discard the parts of %s: %r", self.url, exc)
         super().close()
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
@@ -179,52 +179,180 @@ class MultipartWriter(io.RawIOBase):
         if getattr(self, "_state", None) == "open":  # dropped without close(): never publish
             self.abort()
 
-    # -- the protocol ----------------------------------------------------------------------------
+    # -- parts -----------------------------------------------------------------------------------
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
 
-    def _request(
-        self, method: str, params: dict[str, Any], data: bytes | None = None
-    ) -> tuple[Mapping[str, str], bytes]:
-        return self._run(_send(self._job, self.url, self._xml_path, method, params, data))
-
     def _send_part(self, data: bytes) -> None:
-        if self._upload_id is None:
-            _, body = self._request("POST", {"uploads": ""})
-            self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
+        if not self._started:
+            self._start()
+            self._started = True
         if self._sent == MAX_PARTS:
             raise UploadError(f"{self.url}: more than {MAX_PARTS} parts; use a larger part_size", url=self.url)
         while len(self._pending) >= self._max_in_flight:
             self._collect(self._pending.popleft())
         self._sent += 1
-        put = _put_part(self._job, self.url, self._xml_path, self._sent, self._upload_id, data)
-        self._pending.append(asyncio.run_coroutine_threadsafe(put, io_loop()))
+        self._pending.append(asyncio.run_coroutine_threadsafe(self._upload_part(self._sent, data), io_loop()))
 
-    def _collect(self, future: Future[tuple[int, str]]) -> None:
+    def _collect(self, future: Future[tuple[int, Any]]) -> None:
         try:
-            number, etag = future.result()
+            number, token = future.result()
         except GCSError as exc:
             raise UploadError(f"{self.url}: a part failed ({exc}); the upload was aborted", url=self.url) from exc
-        self._etags[number] = etag
+        self._parts[number] = token
 
-    def _complete(self) -> int:
-        parts = "".join(
-            f"<Part><PartNumber>{number}</PartNumber><ETag>{escape(etag)}</ETag></Part>"
-            for number, etag in sorted(self._etags.items())
-        )
-        document = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+    def _publish(self) -> int:
+        """Assemble the parts; check the object's crc32c against the bytes written (deleting it on a
+        mismatch) and return its generation."""
+        generation, reported = self._assemble()
         expected = crc32c_base64(self._crc)
-        headers, _ = self._request("POST", {"uploadId": self._upload_id}, document)
-        generation = int(headers["x-goog-generation"])
-        if reported_crc32c(headers) != expected:
+        if reported != expected:
             delete_object(self._transport, self._bucket, self._name, self._retry, if_generation_match=generation)
             raise IntegrityError(
-                f"{self.url}: the published object's crc32c is {reported_crc32c(headers)}, the bytes written "
-                f"have {expected}; it was deleted",
+                f"{self.url}: the published object's crc32c is {reported}, the bytes written have {expected}; "
+                "it was deleted",
                 url=self.url,
             )
         return generation
+
+    # -- what a strategy provides ----------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Called before the first part."""
+
+    def _upload_part(self, number: int, data: bytes) -> Coroutine[Any, Any, tuple[int, Any]]:
+        """A coroutine that uploads part ``number`` and returns ``(number, token)``. It must not
+        refer to the writer, or a dropped writer would live until its parts finish."""
+        raise NotImplementedError
+
+    def _assemble(self) -> tuple[int, str | None]:
+        """Publish the object from ``self._parts``; its generation and reported crc32c."""
+        raise NotImplementedError
+
+    async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
+        """Remove every part sent; ``pending`` are the parts still in flight."""
+        raise NotImplementedError
+
+
+class MultipartWriter(StreamingWriter):
+    """A :class:`StreamingWriter` over GCS's XML API multipart upload: parts of at least 5 MiB (but
+    the last), assembled by one complete request, discarded by one abort request.
+
+    Example:
+        >>> from torchdata_gcs.testing import Emulator, GCSFront
+        >>> with Emulator() as emulator, GCSFront(emulator.endpoint) as front:
+        ...     emulator.create_bucket("demo")
+        ...     with MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE) as writer:
+        ...         _ = writer.write(b"x" * (6 * 1024 * 1024))
+        ...         _ = writer.write(b"tail")
+        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads
+        (6291460, 4, [])
+    """
+
+    def __init__(self, url: str, **settings: Any) -> None:
+        super().__init__(url, **settings)
+        self._xml_path = f"{self._transport.endpoint}/{quote(self._bucket, safe='')}/{quote(self._name, safe='')}"
+        self._upload_id: str | None = None
+
+    def _start(self) -> None:
+        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": ""}))
+        self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
+
+    def _upload_part(self, number: int, data: bytes) -> Coroutine[Any, Any, tuple[int, Any]]:
+        return _put_part(self._job, self.url, self._xml_path, number, self._upload_id, data)
+
+    def _assemble(self) -> tuple[int, str | None]:
+        parts = "".join(
+            f"<Part><PartNumber>{number}</PartNumber><ETag>{escape(etag)}</ETag></Part>"
+            for number, etag in sorted(self._parts.items())
+        )
+        document = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+        params = {"uploadId": self._upload_id}
+        headers, _ = self._run(_send(self._job, self.url, self._xml_path, "POST", params, document))
+        return int(headers["x-goog-generation"]), reported_crc32c(headers)
+
+    async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
+        for future in pending:  # the abort drops whatever parts still arrive
+            future.cancel()
+        try:
+            await _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
+        except NotFoundError:
+            pass
+
+
+class CompositeWriter(StreamingWriter):
+    """A :class:`StreamingWriter` that uploads each part as a temporary object and composes them.
+
+    Parts are named ``.torchdata-gcs-tmp/<time>-<host>-<pid>-<random>/part-<n>`` in the destination
+    bucket (GCS composes only within a bucket), so ``torchdata-gcs clean`` finds any that a killed
+    process leaves. At close, parts are composed 32 at a time (GCS's limit per call) into
+    intermediates until one compose writes the object, each source pinned to its generation; then
+    every temporary object is deleted. Parts may be as small as 256 KiB. It needs only the JSON API,
+    so it runs on the emulator; on GCS, composes are billed as Class A operations (one per part
+    uploaded and one per 31 or so parts composed).
+
+    Example:
+        >>> from torchdata_gcs.testing import Emulator
+        >>> with Emulator() as emulator:
+        ...     emulator.create_bucket("demo")
+        ...     with CompositeWriter("gs://demo/big.bin", client=emulator.client_config, part_size=256 * 1024) as w:
+        ...         _ = w.write(b"x" * (1024 * 1024))
+        ...     len(emulator.read("demo", "big.bin")), emulator.names("demo")
+        (1048576, ['big.bin'])
+    """
+
+    min_part_size: ClassVar[int] = 256 * 1024
+
+    def __init__(self, url: str, **settings: Any) -> None:
+        super().__init__(url, **settings)
+        self._prefix = f"{TEMPORARY_PREFIX}{new_job_id()}/"
+        self._temporaries: set[str] = set()  # every temporary name written or being written
+
+    def _upload_part(self, number: int, data: bytes) -> Coroutine[Any, Any, tuple[int, Any]]:
+        name = f"{self._prefix}part-{number:05d}"
+        self._temporaries.add(name)
+        return _create_part(self._job, self._bucket, name, number, data)
+
+    def _assemble(self) -> tuple[int, str | None]:
+        sources: list[tuple[str, int | None]] = [self._parts[number] for number in sorted(self._parts)]
+        try:
+            info = self._run(self._compose_all(sources))
+        finally:
+            self._run(self._delete_temporaries())
+        return info.generation, info.crc32c
+
+    async def _compose_all(self, sources: list[tuple[str, int | None]]) -> Any:
+        """Compose ``sources`` into the destination, through as many levels of intermediates as needed."""
+        level = 0
+        while len(sources) > MAX_SOURCES:
+            level += 1
+            groups = [sources[i : i + MAX_SOURCES] for i in range(0, len(sources), MAX_SOURCES)]
+            names = [f"{self._prefix}level-{level}-{n:05d}" for n in range(len(groups))]
+            self._temporaries.update(names)
+            composed = await asyncio.gather(
+                *(compose_objects(self._job, self._bucket, n, g, only_if_new=False) for n, g in zip(names, groups))
+            )
+            sources = [(name, info.generation) for name, info in zip(names, composed)]
+        return await compose_objects(self._job, self._bucket, self._name, sources, only_if_new=False)
+
+    async def _delete_temporaries(self) -> None:
+        names = sorted(self._temporaries)
+        deleted = await asyncio.gather(*(delete_temporary(self._job, self._bucket, n, None) for n in names))
+        self._temporaries.difference_update(n for n, gone in zip(names, deleted) if gone)
+        left = [format_url(self._bucket, n) for n in sorted(self._temporaries)]
+        if left:
+            logger.warning(
+                "%d temporary parts of %s were not deleted (torchdata-gcs clean removes them): %s",
+                len(left),
+                self.url,
+                left[:3],
+            )
+
+    async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
+        # Parts in flight run to their end first, so none lands after the deletes.
+        await asyncio.gather(*(asyncio.wrap_future(future) for future in pending), return_exceptions=True)
+        await self._delete_temporaries()
 
 
 # Module-level coroutines: a part in flight must not hold the writer, or a dropped writer (which
@@ -246,3 +374,18 @@ async def _send(
 async def _put_part(job: _Job, url: str, path: str, number: int, upload_id: str | None, data: bytes) -> tuple[int, str]:
     headers, _ = await _send(job, url, path, "PUT", {"partNumber": number, "uploadId": upload_id}, data)
     return number, headers["ETag"]
+
+
+async def _create_part(job: _Job, bucket: str, name: str, number: int, data: bytes) -> tuple[int, tuple[str, int]]:
+    """Upload one part as the object ``name`` (GCS checks its crc32c); ``(number, (name, generation))``."""
+    reader = job.reader
+    url = format_url(bucket, name)
+    body, headers = multipart_body(name, data)
+    path = f"{reader.transport.endpoint}/upload{reader.transport.bucket_objects_path(bucket)}"
+
+    async def attempt() -> int:
+        params = {"uploadType": "multipart", "name": name, "fields": "generation"}
+        async with reader.send("POST", url, path, params, headers, data=body) as response:
+            return int((await response.json())["generation"])
+
+    return number, (name, await _with_retry(job, url, attempt))

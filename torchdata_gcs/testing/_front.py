@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "request_kind"]
 
 FaultKind = Literal["http_403", "http_429", "http_503", "reset", "truncate", "stall"]
+MAX_COMPOSE_SOURCES = 32
 FAULT_KINDS: tuple[str, ...] = ("http_403", "http_429", "http_503", "reset", "truncate", "stall")
 _HTTP_FAULTS = {
     "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
@@ -180,7 +181,8 @@ class GCSFront(LocalService):
     emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
-    - response bodies go out at most ``bandwidth`` bytes/s per connection (``None``: no cap);
+    - request and response bodies travel at most ``bandwidth`` bytes/s each way per connection
+      (``None``: no cap), as one connection to GCS has a throughput of its own;
     - the first of ``faults`` that applies (matches, has ``times`` left, and wins its ``rate``
       draw from a ``random.Random(seed)``) is injected instead; see :class:`Fault`.
 
@@ -547,14 +549,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _compose_refusal(self, data: bytes) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
 
-        A source that does not exist, or whose ``generation`` is not the live one (buckets without
-        versioning keep no other), gets 404; a failed ``objectPreconditions.ifGenerationMatch``, 412.
+        More than 32 sources (GCS's limit per call) get 400; a source that does not exist, or whose
+        ``generation`` is not the live one (buckets without versioning keep no other), 404; a failed
+        ``objectPreconditions.ifGenerationMatch``, 412.
         """
         bucket = unquote(self.path.split("/")[4])
         try:
             sources = json.loads(data).get("sourceObjects", [])
         except (ValueError, AttributeError):
             return None  # malformed: the emulator answers it
+        if len(sources) > MAX_COMPOSE_SOURCES:
+            return 400, "Bad Request", f"The number of source components provided ({len(sources)}) exceeds the maximum (32)"
         for source in sources:
             name = str(source.get("name", ""))
             live = self._live_generation(bucket, name)
@@ -590,12 +595,20 @@ class _Handler(BaseHTTPRequestHandler):
         return (self._read_exact(length) if length else None), False
 
     def _read_exact(self, length: int) -> Iterator[bytes]:
+        """``length`` bytes of the request body, taken in at most ``bandwidth`` bytes/s."""
+        front = self.server.front
+        bandwidth = front.bandwidth
+        size = CHUNK if bandwidth is None else int(min(CHUNK, max(1024, bandwidth / 20)))
+        received, started = 0, time.monotonic()
         while length > 0:
-            piece = self.rfile.read(min(CHUNK, length))
+            piece = self.rfile.read(min(size, length))
             if not piece:
                 raise ConnectionError("the client closed the connection in the middle of its body")
             length -= len(piece)
+            received += len(piece)
             yield piece
+            if bandwidth is not None and not front._pause(started + received / bandwidth - time.monotonic()):
+                raise ConnectionError("the front is stopping")
 
     def _read_chunked(self) -> Iterator[bytes]:
         while size := _chunk_size(self.rfile.readline(1024)):
