@@ -19,7 +19,7 @@ from ._download import LoadStats
 from ._metadata import ObjectInfo
 from ._parallel_listing import ListingStats
 from ._uri import format_url, parse_url
-from .config import ClientConfig, RetryConfig, TransferConfig
+from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
 from .datapipes import (
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
@@ -62,6 +62,7 @@ __all__ = [
     "TransferConfig",
     "TransientError",
     "UploadError",
+    "Zstd",
     "checkpoint",
     "format_url",
     "parse_url",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["ClientConfig", "RetryConfig", "TransferConfig"]
+__all__ = ["ClientConfig", "RetryConfig", "TransferConfig", "Zstd"]
 
 MiB = 1024 * 1024
 
@@ -115,3 +115,31 @@ class TransferConfig:
         _require(1 <= self.max_in_flight <= 1024, f"max_in_flight must be 1..1024, got {self.max_in_flight}")
         _require(self.max_buffered_bytes >= 1, f"max_buffered_bytes must be >= 1, got {self.max_buffered_bytes}")
         _require(self.part_size >= 256 * 1024, f"part_size must be >= 256 KiB, got {self.part_size}")
+
+
+@dataclass(frozen=True)
+class Zstd:
+    """zstd compression of what a checkpoint writer writes; readers detect it themselves.
+
+    The stream is cut into ``block_size`` blocks compressed independently on ``threads`` threads
+    (decompressed in parallel too). With ``byte_grouping``, each block's bytes are regrouped by
+    position within 2, 4 or 8-byte words before compression (all first bytes, then all second
+    bytes, ...) when a sample of the block compresses better so: the exponent bytes of floats then
+    sit together, which zstd finds far more compressible than interleaved with mantissas.
+
+    Args:
+        level: zstd level, 1 (fast) to 19 (small); negative levels are faster still.
+        threads: blocks compressed at once; 0 means one per CPU, at most 4.
+        block_size: bytes of input per independently compressed block.
+        byte_grouping: try regrouping bytes per block and keep it where it compresses better.
+    """
+
+    level: int = 3
+    threads: int = 0
+    block_size: int = 4 * MiB
+    byte_grouping: bool = True
+
+    def __post_init__(self) -> None:
+        _require(-7 <= self.level <= 19, f"level must be -7..19, got {self.level}")
+        _require(0 <= self.threads <= 64, f"threads must be 0..64, got {self.threads}")
+        _require(64 * 1024 <= self.block_size <= 256 * MiB, f"block_size must be 64 KiB..256 MiB, got {self.block_size}")

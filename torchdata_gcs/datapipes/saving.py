@@ -10,9 +10,9 @@ from typing import IO, Any, cast
 import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
-from .._upload import MultipartWriter
 from .._uri import parse_url
-from ..config import ClientConfig, RetryConfig
+from ..checkpoint import DEFAULT_PART_SIZE, Strategy, check_writer_settings, open_writer
+from ..config import ClientConfig, RetryConfig, Zstd
 from ..errors import InvalidURIError
 from ._source import as_source
 
@@ -28,16 +28,20 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
 
     A payload is ``bytes``-like (written as is), a binary file object (copied from its current
     position), or anything else ``torch.save`` accepts (a state dict, a tensor), which is
-    serialized straight into the upload. Each object goes out through the streaming multipart
-    writer: parts uploaded concurrently as they are produced, the object published only when the
-    payload was written whole; a failure aborts that upload, publishes nothing and raises.
+    serialized straight into the upload. Each object goes out through a streaming writer
+    (:func:`torchdata_gcs.checkpoint.open_writer`): parts uploaded concurrently as they are produced,
+    the object published only when the payload was written whole; a failure discards that upload,
+    publishes nothing and raises.
 
     Args:
         source_datapipe: a DataPipe or an iterable of ``(url, payload)`` pairs.
         client: endpoint and credentials; defaults to ``ClientConfig()``.
         retry: retry policy; defaults to ``RetryConfig()``.
-        part_size: bytes per uploaded part (at least 5 MiB; doubles every 1,000 parts).
+        part_size: bytes per uploaded part (doubles every 1,000 parts).
         max_parts_in_flight: parts uploaded at once per object.
+        strategy: ``"multipart"`` (XML API multipart upload) or ``"compose"`` (temporary objects
+            composed; works on the emulator).
+        compression: ``None``, ``"zstd"`` or ``Zstd(...)``; ``checkpoint.load`` detects it.
 
     Returns:
         The URL of each object, after it is published.
@@ -66,15 +70,21 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         *,
         client: ClientConfig | None = None,
         retry: RetryConfig | None = None,
-        part_size: int = 32 * 1024 * 1024,
+        part_size: int = DEFAULT_PART_SIZE,
         max_parts_in_flight: int = 4,
+        strategy: Strategy = "multipart",
+        compression: str | Zstd | None = None,
     ) -> None:
         self.source_datapipe = as_source(source_datapipe)  # type: ignore[arg-type]
         self.client = client or ClientConfig()
         self.retry = retry or RetryConfig()
-        self.part_size = part_size
-        self.max_parts_in_flight = max_parts_in_flight
-        MultipartWriter.check_settings(part_size, max_parts_in_flight)
+        check_writer_settings(part_size, max_parts_in_flight, strategy, compression)
+        self.settings: dict[str, Any] = {
+            "part_size": part_size,
+            "max_parts_in_flight": max_parts_in_flight,
+            "strategy": strategy,
+            "compression": compression,
+        }
 
     def __iter__(self) -> Iterator[str]:
         for item in self.source_datapipe:
@@ -82,16 +92,15 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
                 raise InvalidURIError(f"expected a (gs:// URL, payload) pair, got {type(item).__name__}")
             url, payload = item
             parse_url(url, allow_prefix=False)
-            settings = {"part_size": self.part_size, "max_parts_in_flight": self.max_parts_in_flight}
-            with MultipartWriter(url, client=self.client, retry=self.retry, **settings) as writer:
-                _write(payload, writer)
+            with open_writer(url, client=self.client, retry=self.retry, **self.settings) as writer:
+                _write(payload, cast(IO[bytes], writer))
             yield url
 
     def __len__(self) -> int:
         return len(self.source_datapipe)  # type: ignore[arg-type]
 
 
-def _write(payload: Any, writer: MultipartWriter) -> None:
+def _write(payload: Any, writer: IO[bytes]) -> None:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         writer.write(payload)
     elif isinstance(payload, io.IOBase) or hasattr(payload, "readinto"):

@@ -1,0 +1,152 @@
+"""zstd checkpoints: bit-exact round trips, byte grouping where it pays, detection on read, damage caught."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zstandard
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from torchdata_gcs import IntegrityError, Zstd, checkpoint
+from torchdata_gcs._compression import _HEADER, MAGIC, CompressingWriter, _blocks, decompress
+from torchdata_gcs.testing import Emulator, GCSFront
+
+KiB = 1024
+
+
+def trained_like_state() -> dict[str, torch.Tensor]:
+    """Weights of a small network after a few hundred SGD steps on a real regression task."""
+    generator = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    inputs = torch.randn(512, 64, generator=generator)
+    targets = torch.sin(inputs.cumsum(dim=1))
+    for _ in range(200):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    state["half"] = state["0.weight"].to(torch.bfloat16)
+    state["step"] = torch.tensor(200)
+    return state
+
+
+def assert_equal(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert loaded.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert loaded[key].dtype == tensor.dtype and torch.equal(loaded[key], tensor), key
+
+
+def widths(data: bytes) -> list[int]:
+    return [width for _, _, _, width in _blocks(memoryview(data), "test")]
+
+
+def test_round_trip_is_bit_exact_and_detected_on_read(gcs_bucket: str, gcs_emulator: Emulator) -> None:
+    state = trained_like_state()
+    client = gcs_emulator.client_config
+    plain, packed = f"gs://{gcs_bucket}/plain.pt", f"gs://{gcs_bucket}/packed.pt"
+    checkpoint.save(state, plain, client=client)
+    checkpoint.save(state, packed, client=client, compression=Zstd(level=3, block_size=64 * KiB), strategy="compose")
+    stored = gcs_emulator.read(gcs_bucket, "packed.pt")
+    assert stored.startswith(MAGIC) and len(stored) < len(gcs_emulator.read(gcs_bucket, "plain.pt"))
+    assert len(widths(stored)) >= 3  # several blocks, compressed on several threads
+    assert_equal(checkpoint.load(packed, client=client), state)  # no need to say it is compressed
+    assert_equal(checkpoint.load(plain, client=client), state)
+
+
+def test_byte_grouping_is_chosen_per_block_and_pays_on_floats() -> None:
+    state = trained_like_state()
+    floats = state["0.weight"].numpy().tobytes()  # 64 KiB each: one block apiece
+    halves = torch.cat([state["0.weight"].ravel(), state["2.weight"].ravel()]).to(torch.bfloat16).view(torch.int16)
+    halves = halves.numpy().tobytes()
+    text = Path(torch.__file__).read_bytes()[: 64 * KiB]  # source code
+    sizes = {}
+    for grouping in (True, False):
+        sink = MemorySink()
+        with CompressingWriter(sink, Zstd(block_size=64 * KiB, byte_grouping=grouping)) as writer:
+            for part in (floats, halves, text):
+                writer.write(part)
+        assert decompress(sink.data) == floats + halves + text
+        sizes[grouping] = len(sink.data)
+        chosen = widths(sink.data)
+        if grouping:  # float32 grouped by 4 or 8 (exponent bytes together either way), bfloat16 by 2+, text not
+            assert chosen[0] in (4, 8) and chosen[1] in (2, 4, 8) and chosen[2] == 1, chosen
+        else:
+            assert chosen == [1, 1, 1]
+    assert sizes[True] < 0.97 * sizes[False], sizes
+
+
+class MemorySink(io.BytesIO):
+    """A stand-in sink for the format tests (the GCS writers are tested over HTTP elsewhere)."""
+
+    url = "memory"
+    generation: int | None = None
+    aborted = False
+
+    def close(self) -> None:
+        self.data = self.getvalue()
+        self.generation = 1
+        super().close()
+
+    def abort(self) -> None:
+        self.aborted = True
+        super().close()
+
+
+def test_plain_zstd_and_uncompressed_objects_load_too(gcs_bucket: str, gcs_emulator: Emulator) -> None:
+    state = trained_like_state()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    gcs_emulator.seed(gcs_bucket, {"by-zstd-tool.pt.zst": zstandard.ZstdCompressor().compress(buffer.getvalue())})
+    assert_equal(checkpoint.load(f"gs://{gcs_bucket}/by-zstd-tool.pt.zst", client=gcs_emulator.client_config), state)
+    assert decompress(b"not compressed") == b"not compressed"
+
+
+def test_damaged_compressed_data_raises_integrity_error(gcs_bucket: str, gcs_emulator: Emulator) -> None:
+    sink = MemorySink()
+    with CompressingWriter(sink, Zstd(block_size=64 * KiB)) as writer:
+        writer.write(np.arange(100_000, dtype=np.float32).tobytes())
+    damaged = bytearray(sink.data)
+    damaged[len(MAGIC) + _HEADER.size + 40] ^= 0xFF  # inside the first zstd frame
+    with pytest.raises(IntegrityError):
+        decompress(damaged, "gs://b/x")
+    with pytest.raises(IntegrityError, match="ends inside a block header"):
+        decompress(sink.data[: len(MAGIC) + 3], "gs://b/x")
+    gcs_emulator.seed(gcs_bucket, {"damaged.pt": bytes(damaged)})  # stored whole: only its content is wrong
+    with pytest.raises(IntegrityError):
+        checkpoint.load(f"gs://{gcs_bucket}/damaged.pt", client=gcs_emulator.client_config)
+
+
+def test_failure_while_compressing_publishes_nothing(
+    gcs_bucket: str, gcs_emulator: Emulator, gcs_front: GCSFront
+) -> None:
+    state = {**trained_like_state(), "not a tensor": lambda: None}
+    url = f"gs://{gcs_bucket}/broken.pt"
+    with pytest.raises(Exception, match="pickle|lambda"):
+        checkpoint.save(state, url, client=gcs_front.client_config, compression="zstd", part_size=5 * 1024 * KiB)
+    assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
+
+
+def test_sink_datapipe_compresses(gcs_bucket: str, gcs_emulator: Emulator) -> None:
+    state = trained_like_state()
+    url = f"gs://{gcs_bucket}/epoch-1.pt"
+    saved = list(
+        IterableWrapper([(url, state)]).save_by_gcs(client=gcs_emulator.client_config, compression=Zstd(level=1))
+    )
+    assert saved == [url] and gcs_emulator.read(gcs_bucket, "epoch-1.pt").startswith(MAGIC)
+    assert_equal(checkpoint.load(url, client=gcs_emulator.client_config), state)
+
+
+def test_bad_compression_settings() -> None:
+    with pytest.raises(ValueError, match="compression"):
+        checkpoint.open_writer("gs://bucket/x", compression="lz4")
+    with pytest.raises(ValueError, match="strategy"):
+        checkpoint.open_writer("gs://bucket/x", strategy="resumable")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="level"):
+        Zstd(level=30)
+    with pytest.raises(ValueError, match="block_size"):
+        Zstd(block_size=1)

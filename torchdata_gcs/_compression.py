@@ -1,0 +1,227 @@
+"""Block-wise zstd for checkpoints, with byte grouping of numeric data, compressed and decompressed on
+several threads.
+
+Format (all integers little-endian)::
+
+    MAGIC                                   8 bytes
+    per block: compressed size  u32
+               raw size         u32
+               group width      u8     (1: bytes as they are; 2, 4, 8: grouped by position in words)
+               zstd frame       compressed size bytes
+
+A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every word,
+and so on, for the first ``n - n % width`` bytes; the rest follow as they are. Blocks are
+independent, so they compress and decompress in parallel, each into its own slice of the output.
+Readers also accept a plain zstd stream (from the ``zstd`` tool, say) and uncompressed bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+import numpy as np
+import zstandard
+
+from .config import Zstd
+from .errors import IntegrityError
+
+__all__ = ["MAGIC", "CompressingWriter", "decompress", "is_compressed"]
+
+MAGIC = b"\x89TDGCSZ\n"
+"""Starts every compressed checkpoint; not a valid start of a zip archive, a pickle or a zstd frame."""
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_HEADER = struct.Struct("<IIB")
+_WIDTHS = (2, 4, 8)
+_SAMPLE = 128 * 1024  # bytes of a block compressed in each layout to choose one
+
+
+class _Sink(Protocol):
+    url: str
+    generation: int | None
+
+    def write(self, data: Any, /) -> int: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+def is_compressed(head: bytes | bytearray | memoryview) -> bool:
+    """Whether an object starting with ``head`` is compressed (by this module or by plain zstd)."""
+    return bytes(head[: len(MAGIC)]) == MAGIC or bytes(head[:4]) == _ZSTD_MAGIC
+
+
+def _grouped(block: memoryview, width: int) -> bytes:
+    whole = len(block) - len(block) % width
+    words = np.frombuffer(block, dtype=np.uint8, count=whole).reshape(-1, width)
+    return words.T.tobytes() + bytes(block[whole:])
+
+
+def _best_width(block: memoryview) -> int:
+    """The layout in which a sample from the middle of ``block`` compresses smallest at level 1."""
+    start = max(0, (len(block) // 2 - _SAMPLE // 2)) & ~7
+    sample = block[start : start + _SAMPLE]
+    compressor = zstandard.ZstdCompressor(level=1)
+    sizes = {1: len(compressor.compress(sample))}
+    for width in _WIDTHS:
+        sizes[width] = len(compressor.compress(_grouped(sample, width)))
+    return min(sizes, key=lambda width: (sizes[width], width))
+
+
+def _compress_block(block: bytes, settings: Zstd) -> bytes:
+    view = memoryview(block)
+    width = _best_width(view) if settings.byte_grouping and len(block) >= 4 * 1024 else 1
+    data = _grouped(view, width) if width > 1 else block
+    frame = zstandard.ZstdCompressor(level=settings.level, write_checksum=True).compress(data)
+    return _HEADER.pack(len(frame), len(block), width) + frame
+
+
+def _threads(settings: Zstd) -> int:
+    return settings.threads or min(4, os.cpu_count() or 1)
+
+
+class CompressingWriter(io.RawIOBase):
+    """Compresses what is written to it, block by block on a thread pool, into ``sink`` (a streaming
+    writer), in order. ``close()`` publishes through the sink; ``abort()`` or an exception inside
+    ``with`` discards everything. Holds at most ``2 x threads`` blocks in memory."""
+
+    def __init__(self, sink: _Sink, settings: Zstd) -> None:
+        super().__init__()
+        self.sink = sink
+        self._settings = settings
+        self._pool = ThreadPoolExecutor(_threads(settings), thread_name_prefix="torchdata-gcs-zstd")
+        self._pending: deque[Future[bytes]] = deque()
+        self._buffer = bytearray()
+        self._raw = 0
+        self._open = True
+        sink.write(MAGIC)
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def bytes_written(self) -> int:
+        """Uncompressed bytes written so far."""
+        return self._raw
+
+    def write(self, data: Any) -> int:  # type: ignore[override]
+        if not self._open:
+            raise ValueError("write to a closed writer")
+        size = len(memoryview(data).cast("B"))
+        self._buffer += data
+        self._raw += size
+        block_size = self._settings.block_size
+        try:
+            while len(self._buffer) >= block_size:
+                self._submit(bytes(self._buffer[:block_size]))
+                del self._buffer[:block_size]
+        except BaseException:
+            self.abort()
+            raise
+        return size
+
+    def _submit(self, block: bytes) -> None:
+        while len(self._pending) >= 2 * _threads(self._settings):
+            self.sink.write(self._pending.popleft().result())
+        self._pending.append(self._pool.submit(_compress_block, block, self._settings))
+
+    def close(self) -> None:
+        """Compress what is left, then publish through the sink; on failure discard and raise."""
+        if not self._open:
+            return
+        try:
+            if self._buffer:
+                self._submit(bytes(self._buffer))
+            while self._pending:
+                self.sink.write(self._pending.popleft().result())
+            self.sink.close()
+        except BaseException:
+            self.abort()
+            raise
+        self._finish()
+
+    def abort(self) -> None:
+        """Publish nothing."""
+        if not self._open:
+            return
+        for future in self._pending:
+            future.cancel()
+        self.sink.abort()
+        self._finish()
+
+    def _finish(self) -> None:
+        self._open = False
+        self._buffer = bytearray()
+        self._pending.clear()
+        self._pool.shutdown(wait=False)
+        super().close()
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    @property
+    def url(self) -> str:
+        return str(self.sink.url)
+
+    @property
+    def generation(self) -> int | None:
+        """The published object's generation, once closed cleanly."""
+        return self.sink.generation
+
+
+def _blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
+    """``(frame offset, compressed size, raw size, width)`` of each block, checked for consistency."""
+    offset = len(MAGIC)
+    while offset < len(data):
+        if offset + _HEADER.size > len(data):
+            raise IntegrityError(f"{url}: compressed data ends inside a block header", url=url)
+        compressed, raw, width = _HEADER.unpack_from(data, offset)
+        offset += _HEADER.size
+        if width not in (1, *_WIDTHS) or offset + compressed > len(data):
+            raise IntegrityError(f"{url}: compressed data has a damaged block header", url=url)
+        yield offset, compressed, raw, width
+        offset += compressed
+
+
+def decompress(data: bytes | bytearray | memoryview, url: str = "", threads: int = 0) -> bytes | bytearray:
+    """The original bytes of a compressed object (this module's format or plain zstd), or ``data``
+    itself if it is not compressed. A damaged stream raises :class:`IntegrityError`."""
+    view = memoryview(data).cast("B")
+    if bytes(view[:4]) == _ZSTD_MAGIC:
+        try:
+            return zstandard.ZstdDecompressor().stream_reader(view, read_across_frames=True).read()
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"{url}: damaged zstd stream ({exc})", url=url) from exc
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        return data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    blocks = list(_blocks(view, url))
+    output = bytearray(sum(raw for _, _, raw, _ in blocks))
+    starts = np.cumsum([0] + [raw for _, _, raw, _ in blocks[:-1]]).tolist()
+
+    def restore(block: tuple[int, int, int, int], start: int) -> None:
+        offset, compressed, raw, width = block
+        try:
+            plain = zstandard.ZstdDecompressor().decompress(view[offset : offset + compressed], max_output_size=raw)
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"{url}: damaged zstd block at byte {offset} ({exc})", url=url) from exc
+        if len(plain) != raw:
+            raise IntegrityError(f"{url}: a block holds {len(plain)} bytes, its header says {raw}", url=url)
+        target = memoryview(output)[start : start + raw]
+        if width == 1:
+            target[:] = plain
+            return
+        whole = raw - raw % width
+        words = np.frombuffer(target, dtype=np.uint8, count=whole).reshape(-1, width)
+        words[:] = np.frombuffer(plain, dtype=np.uint8, count=whole).reshape(width, -1).T
+        target[whole:] = plain[whole:]
+
+    with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
+        list(pool.map(restore, blocks, starts))
+    return output
