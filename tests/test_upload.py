@@ -117,3 +117,15 @@ def test_writer_dropped_on_the_io_thread_aborts_without_deadlock(front: GCSFront
         assert time.monotonic() < deadline, "the dropped writer's upload was never aborted"
         time.sleep(0.05)
     assert "dropped-on-loop.bin" not in gcs_emulator.names(BUCKET)
+
+
+def test_a_lost_completion_answer_is_recognised_by_the_published_bytes(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    completion = Fault("truncate", match=r"POST .*uploadId=", times=1)  # done, but the answer is cut
+    with GCSFront(gcs_emulator.endpoint, faults=[completion]) as front:
+        data = os.urandom(6 * MiB)
+        with writer(front, "lost-answer.bin", retry=FAST_RETRY) as out:
+            out.write(data)
+        assert front.faults_injected["truncate"] == 1 and front.open_uploads == []
+    assert gcs_emulator.read(BUCKET, "lost-answer.bin") == data
+    assert out.generation is not None

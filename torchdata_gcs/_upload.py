@@ -36,19 +36,31 @@ from ._client import transport_for
 from ._compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
 from ._download import LoadStats, _Job, _with_retry, new_job, reported_crc32c
 from ._metadata import crc32c_base64
-from ._objects import create_object, delete_object, multipart_body
+from ._objects import create_object, delete_object, multipart_body, object_resource
 from ._uri import TEMPORARY_PREFIX, format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import GCSError, IntegrityError, NotFoundError, UploadError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_PARTS", "MIN_PART_SIZE", "CompositeWriter", "MultipartWriter", "StreamingWriter", "part_size"]
+__all__ = [
+    "DEFAULT_PARTS_IN_FLIGHT",
+    "DEFAULT_PART_SIZE",
+    "MAX_PARTS",
+    "MIN_PART_SIZE",
+    "CompositeWriter",
+    "MultipartWriter",
+    "StreamingWriter",
+    "part_size",
+]
 
 T = TypeVar("T")
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 """GCS refuses smaller parts of an XML multipart upload, except the last."""
+DEFAULT_PART_SIZE = 8 * 1024 * 1024
+DEFAULT_PARTS_IN_FLIGHT = 8
+"""Defaults: 8 connections, each with its own per-connection throughput; about 72 MiB held."""
 MAX_PARTS = 10_000
 PARTS_PER_SIZE = 1000
 """Parts of one size before the size doubles."""
@@ -77,8 +89,8 @@ class StreamingWriter(io.RawIOBase):
         *,
         client: ClientConfig | None = None,
         retry: RetryConfig | None = None,
-        part_size: int = 32 * 1024 * 1024,
-        max_parts_in_flight: int = 4,
+        part_size: int = DEFAULT_PART_SIZE,
+        max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
         parts_per_size: int = PARTS_PER_SIZE,
     ) -> None:
         super().__init__()
@@ -269,8 +281,24 @@ class MultipartWriter(StreamingWriter):
         )
         document = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
         params = {"uploadId": self._upload_id}
-        headers, _ = self._run(_send(self._job, self.url, self._xml_path, "POST", params, document))
+        try:
+            headers, _ = self._run(_send(self._job, self.url, self._xml_path, "POST", params, document))
+        except NotFoundError:
+            return self._completed_before()
         return int(headers["x-goog-generation"]), reported_crc32c(headers)
+
+    def _completed_before(self) -> tuple[int, str | None]:
+        """The object a completion published, when a retried completion finds the upload gone (GCS's
+        ``NoSuchUpload``) because the answer to an earlier attempt was lost on the way: it must hold
+        exactly the bytes written, else the upload failed."""
+        resource = object_resource(self._transport, self._bucket, self._name, self._retry, "size,generation,crc32c")
+        if (
+            resource is None
+            or int(resource["size"]) != self._size
+            or resource.get("crc32c") != crc32c_base64(self._crc)
+        ):
+            raise UploadError(f"{self.url}: the multipart upload vanished before it completed", url=self.url)
+        return int(resource["generation"]), resource.get("crc32c")
 
     async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
         for future in pending:  # the abort drops whatever parts still arrive

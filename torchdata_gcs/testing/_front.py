@@ -499,7 +499,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._close_now()
             return
         if is_multipart_request(self.command, self.path):
-            self._answer_multipart(body)
+            self._answer_multipart(body, truncate=fault is not None)
             return
         refusal = None
         if kind == "compose" and self.command == "POST":
@@ -515,13 +515,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
 
-    def _answer_multipart(self, body: Iterator[bytes] | None) -> None:
-        """Serve an XML API multipart upload request, which the emulator lacks."""
+    def _answer_multipart(self, body: Iterator[bytes] | None, *, truncate: bool) -> None:
+        """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
+        request out but cuts the answer's body in half (an answer lost on the way)."""
         front = self.server.front
         status, reason, headers, payload = front._multipart.answer(self.command, self.path, body)
         if front._pause(front.latency):
             headers = [*headers, ("Content-Length", str(len(payload)))]
-            self.wfile.write(_head(status, reason, headers) + payload)
+            self.wfile.write(_head(status, reason, headers) + (payload[: len(payload) // 2] if truncate else payload))
+            if truncate:
+                self._close_now()
         else:
             self._close_now()
 
