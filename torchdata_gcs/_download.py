@@ -44,6 +44,7 @@ __all__ = [
     "load_one",
     "new_job",
     "read_into_buffer",
+    "read_ranges_into",
     "reported_crc32c",
     "verify_bytes",
 ]
@@ -454,26 +455,27 @@ async def _read_range_into(
     return crc
 
 
+async def read_ranges_into(job: _Job, url: str, generation: int, start: int, buffer: memoryview, part_size: int) -> int:
+    """Fill ``buffer`` with the object's bytes from ``start`` as concurrent ranged GETs of ``part_size``, all
+    pinned to ``generation``, each checked for its length and resumed if cut; their combined crc32c."""
+    bucket, name = parse_url(url, allow_prefix=False)
+    path = job.reader.media_path(bucket, name)
+    params: dict[str, Any] = {"alt": "media", "generation": generation}
+    offsets = range(0, len(buffer), part_size)
+    crcs = await asyncio.gather(
+        *(_read_range_into(job, url, path, params, buffer[o : o + part_size], start + o) for o in offsets)
+    )
+    return crc32c_of_concatenation(zip(crcs, (min(part_size, len(buffer) - o) for o in offsets)))
+
+
 def read_into_buffer(
     url: str, info: ObjectInfo, config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
 ) -> bytearray:
     """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
     one preallocated buffer, and checked against ``info``'s crc32c without another pass over the bytes."""
-    bucket, name = parse_url(url, allow_prefix=False)
     buffer = bytearray(info.size)
     job = new_job(config, transfer, retry, stats)
-    path = job.reader.media_path(bucket, name)
-    params: dict[str, Any] = {"alt": "media", "generation": info.generation}
-    view = memoryview(buffer)
-    starts = range(0, info.size, transfer.part_size)
-
-    async def read_all() -> list[int]:
-        ranges = (view[start : start + transfer.part_size] for start in starts)
-        return await asyncio.gather(
-            *(_read_range_into(job, url, path, params, part, s) for part, s in zip(ranges, starts))
-        )
-
-    crcs = asyncio.run_coroutine_threadsafe(read_all(), io_loop()).result()
-    lengths = [min(transfer.part_size, info.size - start) for start in starts]
-    check_crc32c(url, crc32c_base64(crc32c_of_concatenation(zip(crcs, lengths))), {"GCS": info.crc32c})
+    reading = read_ranges_into(job, url, info.generation, 0, memoryview(buffer), transfer.part_size)
+    crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
+    check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
     return buffer

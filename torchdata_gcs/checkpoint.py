@@ -23,16 +23,25 @@ from ._metadata import ObjectInfo
 from ._objects import delete_object, object_resource
 from ._parallel_listing import ITEM_FIELDS
 from ._streams import MemoryStream
-from ._upload import CompositeWriter, MultipartWriter, StreamingWriter
+from ._upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT, CompositeWriter, MultipartWriter, StreamingWriter
 from ._uri import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
 from .errors import NotFoundError
 
-__all__ = ["Strategy", "check_writer_settings", "load", "open_reader", "open_writer", "remove", "save"]
+__all__ = [
+    "DEFAULT_PARTS_IN_FLIGHT",
+    "DEFAULT_PART_SIZE",
+    "Strategy",
+    "check_writer_settings",
+    "load",
+    "open_reader",
+    "open_writer",
+    "remove",
+    "save",
+]
 
 Strategy = Literal["multipart", "compose"]
 _WRITERS: dict[str, type[StreamingWriter]] = {"multipart": MultipartWriter, "compose": CompositeWriter}
-DEFAULT_PART_SIZE = 32 * 1024 * 1024
 
 
 def check_writer_settings(
@@ -55,7 +64,7 @@ def open_writer(
     client: ClientConfig | None = None,
     retry: RetryConfig | None = None,
     part_size: int = DEFAULT_PART_SIZE,
-    max_parts_in_flight: int = 4,
+    max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
     strategy: Strategy = "multipart",
     compression: str | Zstd | None = None,
 ) -> StreamingWriter | CompressingWriter:
@@ -88,7 +97,7 @@ def save(
     client: ClientConfig | None = None,
     retry: RetryConfig | None = None,
     part_size: int = DEFAULT_PART_SIZE,
-    max_parts_in_flight: int = 4,
+    max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
     strategy: Strategy = "multipart",
     compression: str | Zstd | None = None,
 ) -> int:
@@ -152,12 +161,13 @@ def load(
     url: str,
     *,
     map_location: Any = None,
-    weights_only: bool = True,
+    weights_only: bool | None = True,
     client: ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
 ) -> Any:
-    """``torch.load`` of ``url``, read through :func:`open_reader` (compressed or not)."""
+    """``torch.load`` of ``url``, read through :func:`open_reader` (compressed or not); ``weights_only=None``
+    leaves the choice to ``torch.load``'s own default."""
     stream = open_reader(url, client=client, transfer=transfer, retry=retry)
     return torch.load(stream, map_location=map_location, weights_only=weights_only)
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._uri import parse_url
-from ..checkpoint import DEFAULT_PART_SIZE, Strategy, check_writer_settings, open_writer
+from ..checkpoint import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT, Strategy, check_writer_settings, open_writer
 from ..config import ClientConfig, RetryConfig, Zstd
 from ..errors import InvalidURIError
 from ._source import as_source
@@ -71,7 +71,7 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         client: ClientConfig | None = None,
         retry: RetryConfig | None = None,
         part_size: int = DEFAULT_PART_SIZE,
-        max_parts_in_flight: int = 4,
+        max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
         strategy: Strategy = "multipart",
         compression: str | Zstd | None = None,
     ) -> None:

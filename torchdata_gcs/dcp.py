@@ -1,0 +1,742 @@
+"""``torch.distributed.checkpoint`` (DCP) on GCS: :class:`GCSStorageWriter` and :class:`GCSStorageReader`.
+
+Both are torch's ``FileSystemWriter`` / ``FileSystemReader`` over a GCS "file system", so DCP's planning,
+resharding, ``async_save`` staging and stream extensions (``ZStandard``) work as they do on disk. What differs
+is how bytes move:
+
+- Writing: every data file is streamed out through :func:`torchdata_gcs.checkpoint.open_writer` and appears
+  only once complete; an exception aborts it. ``.metadata``, which is what makes a checkpoint loadable, is
+  written last and straight to its name: a GCS object appears whole or not at all, so the temporary file and
+  rename a file system needs are unnecessary (and GCS has no rename). Before any data file is written, a
+  ``.metadata`` left at the same path by an earlier save is deleted, so an interrupted overwrite leaves no
+  checkpoint rather than old metadata pointing into new data files.
+- Reading: a rank fetches only the byte ranges its load plan names, as concurrent ranged GETs pinned to one
+  generation of each file, fetched ahead of DCP in the order DCP reads them, within a byte budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import os
+import pickle
+import queue
+import threading
+from collections.abc import Generator, Sequence
+from concurrent.futures import Future as ConcurrentFuture
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch.distributed.checkpoint.filesystem as torch_filesystem
+from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from ._aio import io_loop
+from ._client import transport_for
+from ._download import LoadStats, _Job, new_job, read_ranges_into
+from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from ._objects import create_object, delete_object, object_resource
+from ._parallel_listing import ITEM_FIELDS
+from ._upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
+from ._uri import format_url, parse_url
+from .checkpoint import check_writer_settings, open_writer
+from .config import ClientConfig, RetryConfig, TransferConfig
+from .errors import IntegrityError, InvalidURIError, NotFoundError, UploadError
+
+__all__ = ["GCSStorageReader", "GCSStorageWriter"]
+
+
+COALESCE_GAP = 256 * 1024
+"""Items of one file read one after the other are fetched as one range when at most this many unneeded bytes
+lie between them: fewer requests for a few wasted bytes."""
+
+
+class _Publisher(Protocol):
+    """What ``open_writer`` returns: a binary writer that publishes on ``close()`` or a clean ``__exit__``."""
+
+    def write(self, data: Any) -> int: ...
+
+    def close(self) -> None: ...
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> object: ...
+
+
+def _url(path: str | os.PathLike[str]) -> str:
+    url = os.fspath(path)
+    if not isinstance(url, str):
+        raise InvalidURIError(f"expected a gs:// URL, got {url!r}")
+    return url
+
+
+# -- writing -------------------------------------------------------------------------------------------------
+
+
+class _WriteStream(io.RawIOBase):
+    """A data file being written: publishes on ``close()``, knows its position (DCP records items by offset).
+
+    Dropped without ``close()`` it aborts, never publishes (``IOBase`` would otherwise close it when collected).
+    """
+
+    def __init__(self, writer: _Publisher) -> None:
+        super().__init__()
+        self._writer = writer
+        self._position = 0
+        self._done = False
+        self.error: BaseException | None = None
+        """What the writer itself raised (torch.save reports it as an unrelated position mismatch)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:  # type: ignore[override]
+        try:
+            written = self._writer.write(data)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        self._position += written
+        return written
+
+    def tell(self) -> int:
+        return self._position
+
+    def flush(self) -> None:
+        pass  # the writer sends parts as they fill; only close() can publish
+
+    def close(self) -> None:
+        """Publish the file (a no-op once published or aborted)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._writer.close()
+        finally:
+            super().close()
+
+    def abort(self, exc: BaseException) -> None:
+        """Give the file up: nothing is published."""
+        self._done = True
+        try:
+            self._writer.__exit__(type(exc), exc, exc.__traceback__)
+        finally:
+            super().close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self.abort(RuntimeError("dropped without close()"))
+
+
+# -- reading -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Span:
+    """A byte range ``[start, end)`` of one file that the load plan reads: one item, or neighbours fetched together."""
+
+    url: str
+    start: int
+    end: int
+    future: ConcurrentFuture[int] | None = None
+    buffer: bytearray | None = None
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class _ReadAhead:
+    """The spans one load plan reads, fetched ahead of DCP in the order it reads them, at most ``budget`` bytes
+    held at once (one span larger than that is still fetched, alone).
+
+    DCP reads the spans in the order given (the reader hands it the plan in file order), so reaching span ``k``
+    frees every span before it. A read that finds its span already freed (some other order) fetches it again:
+    correctness never depends on the order.
+    """
+
+    fs: _GCSFileSystem
+    spans: list[_Span]
+    budget: int
+    job: _Job
+    infos: dict[str, ObjectInfo] = field(default_factory=dict, init=False)
+    fetched: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict, init=False)  # {start: (size, crc)}
+    _by_url: dict[str, list[int]] = field(default_factory=dict, init=False)
+    _cursor: int = field(default=0, init=False)  # the span DCP reads now
+    _launched: int = field(default=0, init=False)  # spans before this one were started (or skipped)
+    _held: int = field(default=0, init=False)
+    _again: _Span | None = field(default=None, init=False)  # a span read again, out of plan order
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # torch reads from one thread today
+
+    def __post_init__(self) -> None:
+        for index, span in enumerate(self.spans):
+            self._by_url.setdefault(span.url, []).append(index)
+
+    def info(self, url: str) -> ObjectInfo:
+        """The file's size, generation and crc32c, looked up once per load: every read is pinned to it."""
+        if url not in self.infos:
+            self.infos[url] = self.fs.object_info(url)
+        return self.infos[url]
+
+    def view(self, url: str, position: int, limit: int) -> memoryview | None:
+        """Up to ``limit`` bytes at ``position`` if a planned span holds them (waiting for its fetch), else ``None``."""
+        with self._lock:
+            return self._view(url, position, limit)
+
+    def _view(self, url: str, position: int, limit: int) -> memoryview | None:
+        index = self._find(url, position)
+        if index is None:
+            return None
+        if index >= self._cursor:
+            self._advance(index)
+            span = self.spans[index]
+        else:
+            span = self._read_again(self.spans[index])
+        data = self._wait(span)
+        offset = position - span.start
+        return memoryview(data)[offset : offset + min(limit, span.end - position)]
+
+    def _find(self, url: str, position: int) -> int | None:
+        """The planned span holding ``position``: the current one or the next (the usual cases), else the first
+        at or after the cursor, else the last before it."""
+        for index in (self._cursor, self._cursor + 1):
+            if index < len(self.spans):
+                span = self.spans[index]
+                if span.url == url and span.start <= position < span.end:
+                    return index
+        before = None
+        for index in self._by_url.get(url, ()):
+            span = self.spans[index]
+            if span.start <= position < span.end:
+                if index >= self._cursor:
+                    return index
+                before = index
+        return before
+
+    def _advance(self, index: int) -> None:
+        for span in self.spans[self._cursor : index]:
+            self._release(span)
+        self._cursor = index
+        self._launched = max(self._launched, index)
+        while self._launched < len(self.spans):
+            span = self.spans[self._launched]
+            if self._held and self._held + span.size > self.budget:
+                break
+            self._start(span)
+            self._held += span.size
+            self._launched += 1
+
+    def _start(self, span: _Span) -> None:
+        info = self.info(span.url)
+        if span.end > info.size:
+            raise IntegrityError(
+                f"{span.url} has {info.size} bytes, but the checkpoint's metadata places an item at "
+                f"[{span.start}, {span.end}): the file does not belong to this checkpoint",
+                url=span.url,
+            )
+        span.buffer = bytearray(span.size)
+        coroutine = read_ranges_into(
+            self.job, span.url, info.generation, span.start, memoryview(span.buffer), self.fs.transfer.part_size
+        )
+        span.future = asyncio.run_coroutine_threadsafe(coroutine, io_loop())
+
+    def _release(self, span: _Span) -> None:
+        if span.future is not None:
+            span.future.cancel()
+            self._held -= span.size
+        span.future, span.buffer = None, None
+
+    def _read_again(self, span: _Span) -> _Span:
+        again = self._again
+        if again is None or (again.url, again.start, again.end) != (span.url, span.start, span.end):
+            again = self._again = _Span(span.url, span.start, span.end)
+            self._start(again)
+        return again
+
+    def _wait(self, span: _Span) -> bytearray:
+        assert span.future is not None and span.buffer is not None
+        crc = span.future.result()
+        self.fetched.setdefault(span.url, {}).setdefault(span.start, (span.size, crc))
+        return span.buffer
+
+    def verify_whole_files(self) -> None:
+        """Check the crc32c of every file read whole (the spans fetched tile it): GCS keeps a checksum per
+        object only, so a file read in part is checked by the length of each range alone."""
+        for url, pieces in self.fetched.items():
+            info = self.infos[url]
+            position, tiles = 0, []
+            for start in sorted(pieces):
+                length, crc = pieces[start]
+                if start != position:
+                    break
+                tiles.append((crc, length))
+                position += length
+            if position == info.size and info.crc32c is not None:
+                check_crc32c(url, crc32c_base64(crc32c_of_concatenation(tiles)), {"GCS": info.crc32c})
+
+    def close(self) -> None:
+        for span in self.spans:
+            self._release(span)
+        if self._again is not None and self._again.future is not None:
+            self._again.future.cancel()
+        self._again = None
+
+
+class _ReadStream(io.RawIOBase):
+    """A seekable binary view of one object version, read by ranged GETs (all pinned to its generation).
+
+    Bytes the current load plan names come from its read-ahead; any other read fetches a window of
+    ``transfer.part_size`` bytes from the position. A window that covers the whole object (a small
+    ``.metadata``) is checked against the object's crc32c; partial reads are checked by length only, as GCS
+    keeps no checksum for a byte range.
+    """
+
+    def __init__(self, fs: _GCSFileSystem, url: str, info: ObjectInfo, ahead: _ReadAhead | None) -> None:
+        super().__init__()
+        self.url, self.info = url, info
+        self._fs, self._ahead = fs, ahead
+        self._position = 0
+        self._window_start = 0
+        self._window: bytes | bytearray = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            position = offset
+        elif whence == io.SEEK_CUR:
+            position = self._position + offset
+        elif whence == io.SEEK_END:
+            position = self.info.size + offset
+        else:
+            raise ValueError(f"invalid whence {whence!r}")
+        if position < 0:
+            raise ValueError(f"negative seek position {position}")
+        self._position = position
+        return position
+
+    def read(self, size: int | None = -1) -> bytes:
+        remaining = max(0, self.info.size - self._position)
+        count = remaining if size is None or size < 0 else min(size, remaining)
+        pieces = []
+        while count > 0:
+            piece = self._bytes_at(self._position, count)
+            pieces.append(piece)
+            self._position += len(piece)
+            count -= len(piece)
+        return pieces[0].tobytes() if len(pieces) == 1 else b"".join(pieces)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        count = min(len(target), max(0, self.info.size - self._position))
+        done = 0
+        while done < count:
+            piece = self._bytes_at(self._position, count - done)
+            target[done : done + len(piece)] = piece
+            done += len(piece)
+            self._position += len(piece)
+        return done
+
+    def _bytes_at(self, position: int, limit: int) -> memoryview:
+        """Some (at least one, at most ``limit``) of the bytes at ``position``."""
+        if self._ahead is not None:
+            view = self._ahead.view(self.url, position, limit)
+            if view is not None:
+                return view
+        offset = position - self._window_start
+        if not 0 <= offset < len(self._window):
+            length = min(max(limit, self._fs.transfer.part_size), self.info.size - position)
+            self._window_start, self._window = position, self._fs.read_range(self.url, self.info, position, length)
+            offset = 0
+        return memoryview(self._window)[offset : offset + limit]
+
+
+# -- the file system -----------------------------------------------------------------------------------------
+
+
+class _GCSFileSystem(FileSystemBase):
+    """DCP's file operations on GCS: paths are ``gs://`` URLs, directories do not exist, files appear whole.
+
+    Holds settings only (and, during a load, that load's read-ahead), so writers and readers pickle.
+    """
+
+    def __init__(
+        self,
+        client: ClientConfig | None,
+        transfer: TransferConfig | None,
+        retry: RetryConfig | None,
+        writer_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.client = client or ClientConfig()
+        self.transfer = transfer or TransferConfig()
+        self.retry = retry or RetryConfig()
+        self.writer_options = dict(writer_options or {})
+        self.stats = LoadStats()
+        self.failed_writes: list[str] = []
+        self.read_ahead: _ReadAhead | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "read_ahead": None}
+
+    # -- paths
+
+    def init_path(self, path: str | os.PathLike[str]) -> str:
+        bucket, prefix = parse_url(_url(path), allow_prefix=True)
+        return format_url(bucket, prefix.rstrip("/"))
+
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str:
+        return f"{_url(path).rstrip('/')}/{suffix}"
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        try:
+            parse_url(_url(checkpoint_id), allow_prefix=True)
+        except InvalidURIError:
+            return False
+        return True
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        """Nothing to do: GCS has no directories."""
+
+    # -- objects
+
+    def object_info(self, url: str) -> ObjectInfo:
+        bucket, name = parse_url(url, allow_prefix=False)
+        resource = object_resource(transport_for(self.client), bucket, name, self.retry, ITEM_FIELDS)
+        if resource is None:
+            raise NotFoundError(f"{url} does not exist", url=url, status=404)
+        return ObjectInfo.from_json(resource)
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        bucket, name = parse_url(_url(path), allow_prefix=False)
+        return object_resource(transport_for(self.client), bucket, name, self.retry, "generation") is not None
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        url = _url(path)
+        if not self.delete(url):
+            raise NotFoundError(f"{url} does not exist", url=url, status=404)
+
+    def delete(self, url: str) -> bool:
+        """Delete ``url``; ``False`` if it did not exist."""
+        bucket, name = parse_url(url, allow_prefix=False)
+        return delete_object(transport_for(self.client), bucket, name, self.retry)
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        """GCS has no rename; the writer never needs one (it writes ``.metadata`` in place)."""
+        raise NotImplementedError("GCS objects cannot be renamed; GCSStorageWriter writes .metadata in place")
+
+    # -- streams
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
+        url = _url(path)
+        if mode == "wb":
+            stream = _WriteStream(
+                open_writer(url, client=self.client, retry=self.retry, **self.writer_options)  # type: ignore[arg-type]
+            )
+            try:
+                yield stream
+                stream.close()
+            except BaseException as exc:
+                stream.abort(exc)
+                self.failed_writes.append(url)
+                if stream.error is not None and stream.error is not exc:
+                    raise stream.error  # the cause, not what torch.save made of it
+                raise
+        elif mode == "rb":
+            ahead = self.read_ahead
+            info = ahead.info(url) if ahead is not None else self.object_info(url)
+            with _ReadStream(self, url, info, ahead) as reader:
+                yield reader
+        else:
+            raise ValueError(f"mode must be 'wb' or 'rb' (GCS objects are written whole or read), got {mode!r}")
+
+    def read_range(self, url: str, info: ObjectInfo, start: int, length: int) -> bytearray:
+        """Bytes ``[start, start + length)`` of the version ``info`` names; checked against its crc32c if that is
+        the whole object."""
+        buffer = bytearray(length)
+        job = new_job(self.client, self.transfer, self.retry, self.stats)
+        coroutine = read_ranges_into(job, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
+        crc = asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
+        if start == 0 and length == info.size and info.crc32c is not None:
+            check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
+        return buffer
+
+
+# -- the public classes --------------------------------------------------------------------------------------
+
+
+class GCSStorageWriter(FileSystemWriter):
+    """Where ``dcp.save`` / ``dcp.async_save`` write a checkpoint on GCS: ``path`` is a ``gs://bucket/prefix``.
+
+    Data files stream out through :func:`torchdata_gcs.checkpoint.open_writer` (``part_size`` parts,
+    ``max_parts_in_flight`` at once; further ``writer_options``, such as ``strategy="compose"``, are passed to
+    it) and each is published only when complete. ``.metadata`` is written last, in one request, straight to its
+    name; with ``overwrite=False`` that write also fails if a checkpoint appeared at ``path`` meanwhile.
+    ``_extensions`` (such as ``[ZStandard()]``) transform each item's bytes as in ``FileSystemWriter``; compress
+    that way, not with ``open_writer``'s whole-file ``compression`` (DCP addresses items by byte offset).
+
+    Example:
+        >>> import warnings
+        >>> import torch
+        >>> import torch.distributed.checkpoint as dcp
+        >>> from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
+        >>> from torchdata_gcs.testing import Emulator
+        >>> warnings.filterwarnings("ignore", "torch.distributed is disabled")  # one process, no process group
+        >>> with Emulator() as emulator:
+        ...     emulator.create_bucket("ckpt")
+        ...     client = emulator.client_config
+        ...     state = {"w": torch.arange(4.0), "step": 7}
+        ...     _ = dcp.save(state, storage_writer=GCSStorageWriter("gs://ckpt/run/step-7", client=client))
+        ...     restored = {"w": torch.zeros(4), "step": 0}
+        ...     dcp.load(restored, storage_reader=GCSStorageReader("gs://ckpt/run/step-7", client=client))
+        ...     sorted(emulator.names("ckpt")), restored
+        (['run/step-7/.metadata', 'run/step-7/__0_0.distcp'], {'w': tensor([0., 1., 2., 3.]), 'step': 7})
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        client: ClientConfig | None = None,
+        retry: RetryConfig | None = None,
+        part_size: int = DEFAULT_PART_SIZE,
+        max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
+        single_file_per_rank: bool = True,
+        thread_count: int = 1,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
+        overwrite: bool = True,
+        _extensions: Sequence[StreamTransformExtension] | None = None,
+        **writer_options: Any,
+    ) -> None:
+        if writer_options.get("compression") is not None:
+            raise ValueError(
+                "compression would shift the byte offsets DCP records for each item; compress items instead "
+                "with _extensions=[torch.distributed.checkpoint._extension.ZStandard()]"
+            )
+        check_writer_settings(part_size, max_parts_in_flight, writer_options.get("strategy", "multipart"), None)
+        super().__init__(
+            path,
+            single_file_per_rank=single_file_per_rank,
+            sync_files=False,  # nothing to fsync: a file exists once its upload completed
+            thread_count=thread_count,
+            per_thread_copy_ahead=per_thread_copy_ahead,
+            cache_staged_state_dict=cache_staged_state_dict,
+            overwrite=overwrite,
+            _extensions=_extensions,
+        )
+        options = {"part_size": part_size, "max_parts_in_flight": max_parts_in_flight, **writer_options}
+        self.fs: _GCSFileSystem = _GCSFileSystem(client, None, retry, options)  # type: ignore[assignment]
+        self.path: str = self.fs.init_path(path)
+
+    def _metadata_url(self) -> str:
+        """Where this writer's ``finish`` puts the metadata: ``.metadata``, or ``__{rank}.metadata`` when DCP
+        saves without rank coordination (``use_collectives=False``)."""
+        rank = getattr(self, "rank", None)
+        local = not getattr(self, "use_collectives", True) and rank is not None
+        return _url(self._get_metadata_path(rank if local else None))
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        plans = super().prepare_global_plan(plans)
+        if self.overwrite:  # before any rank writes data: old metadata must never describe new files
+            self.fs.delete(self._metadata_url())
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        self.fs.failed_writes.clear()
+        future = super().write_data(plan, planner)
+        if self.fs.failed_writes:  # never describe files that were not published
+            failed = ", ".join(self.fs.failed_writes)
+            raise UploadError(f"writing {failed} failed: nothing was published for it, the checkpoint is not complete")
+        return future
+
+    def _write_data(self, planner: SavePlanner, file_queue: queue.Queue[Any]) -> Future[list[WriteResult]]:
+        """Write the queued files on ``thread_count`` threads, each running torch's one-thread loop, and join
+        them all: torch's own threads leave an error of theirs unreported, and run on after one of this thread."""
+        threads, copy_ahead = self.thread_count, self.per_thread_copy_ahead
+        if threads <= 1:
+            return super()._write_data(planner, file_queue)
+
+        def one_thread() -> list[WriteResult]:
+            try:
+                return super(GCSStorageWriter, self)._write_data(planner, file_queue).wait()
+            except BaseException:
+                while not file_queue.empty():  # the others finish their current file and stop
+                    try:
+                        file_queue.get_nowait()
+                    except queue.Empty:
+                        break
+                raise
+
+        # torch's loop reads these settings when it starts: one thread each, and (as torch does with
+        # several threads) no overlapping device-to-host copies.
+        self.thread_count, self.per_thread_copy_ahead = 1, 0
+        try:
+            with ThreadPoolExecutor(threads, thread_name_prefix="dcp-gcs-writer") as pool:
+                futures = [pool.submit(one_thread) for _ in range(threads)]
+                wait(futures)
+        finally:
+            self.thread_count, self.per_thread_copy_ahead = threads, copy_ahead
+        results: list[WriteResult] = []
+        for done in futures:
+            results += done.result()  # the first error, once every thread has stopped
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write the checkpoint's metadata, which makes it loadable, in one request to its final name."""
+        version = getattr(torch_filesystem, "CURRENT_DCP_VERSION", None)
+        if version is not None:
+            metadata.version = version
+        metadata.storage_data = {result.index: result.storage_data for rank in results for result in rank}
+        metadata.storage_meta = self.storage_meta()
+        url = self._metadata_url()
+        bucket, name = parse_url(url, allow_prefix=False)
+        create_object(
+            transport_for(self.fs.client),
+            bucket,
+            name,
+            pickle.dumps(metadata),
+            self.fs.retry,
+            if_generation_match=None if self.overwrite else 0,
+        )
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return _GCSFileSystem.validate_checkpoint_id(checkpoint_id)
+
+
+class GCSStorageReader(FileSystemReader):
+    """Where ``dcp.load`` reads a checkpoint from GCS: ``path`` is the ``gs://bucket/prefix`` it was saved to.
+
+    Each rank fetches only the byte ranges of the items its load plan names (never whole files unless it
+    needs them whole), as concurrent ranged GETs of at most ``transfer.part_size`` bytes, ``transfer.max_in_flight``
+    at once, pinned to the generation of each file seen when first read: a file overwritten during the load
+    fails it rather than mixing versions. Ranges are fetched ahead of DCP, at most ``transfer.max_buffered_bytes``
+    held at once. Every range is checked for its exact length; a file read whole is also checked against GCS's
+    crc32c (a part of a file cannot be: GCS keeps one checksum per object). :attr:`stats` counts the requests
+    and bytes. Files written with extensions (``ZStandard``) are decoded through ``_extension_registry``.
+
+    Example:
+        >>> import warnings
+        >>> import torch
+        >>> import torch.distributed.checkpoint as dcp
+        >>> from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
+        >>> from torchdata_gcs.testing import Emulator
+        >>> warnings.filterwarnings("ignore", "torch.distributed is disabled")  # one process, no process group
+        >>> with Emulator() as emulator:
+        ...     emulator.create_bucket("ckpt")
+        ...     client = emulator.client_config
+        ...     state = {"big": torch.zeros(1024, 1024), "small": torch.ones(3)}
+        ...     _ = dcp.save(state, storage_writer=GCSStorageWriter("gs://ckpt/step-1", client=client))
+        ...     reader = GCSStorageReader("gs://ckpt/step-1", client=client)
+        ...     only_small = {"small": torch.zeros(3)}  # a subset: only its bytes are fetched
+        ...     dcp.load(only_small, storage_reader=reader)
+        ...     only_small["small"], reader.stats.bytes < 10_000
+        (tensor([1., 1., 1.]), True)
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        client: ClientConfig | None = None,
+        transfer: TransferConfig | None = None,
+        retry: RetryConfig | None = None,
+        _extension_registry: ExtensionRegistry | None = None,
+    ) -> None:
+        super().__init__(path, _extension_registry=_extension_registry)
+        self.fs: _GCSFileSystem = _GCSFileSystem(client, transfer, retry)  # type: ignore[assignment]
+        self.path: str = self.fs.init_path(path)
+
+    @property
+    def stats(self) -> LoadStats:
+        """Ranged GETs sent and bytes received by this reader so far, ``.metadata`` included (the small
+        requests that look up each file's size and generation are not counted)."""
+        return self.fs.stats
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        try:
+            return super().read_metadata(*args, **kwargs)
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"no DCP checkpoint at {self.path}: {exc.url} does not exist (the save did not finish, or the "
+                "path is wrong)",
+                url=exc.url,
+                status=exc.status,
+            ) from None
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        # Items are independent (each is loaded, narrowed and copied on its own), so they are read file by file
+        # in byte order: neighbours then share a request, and each range is done with once DCP moves past it.
+        plan = dataclasses.replace(plan, items=self._in_file_order(plan.items))
+        ahead = _ReadAhead(
+            self.fs,
+            self._spans(plan.items),
+            self.fs.transfer.max_buffered_bytes,
+            new_job(self.fs.client, self.fs.transfer, self.fs.retry, self.fs.stats),
+        )
+        self.fs.read_ahead = ahead
+        try:
+            future = super().read_data(plan, planner)
+            ahead.verify_whole_files()
+            return future
+        finally:
+            self.fs.read_ahead = None
+            ahead.close()
+
+    def _in_file_order(self, items: list[ReadItem]) -> list[ReadItem]:
+        """``items`` grouped by file (in order of first use), by offset within each file."""
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+
+        def offset(item: ReadItem) -> tuple[int, int]:
+            stored = self.storage_data[item.storage_index]
+            return stored.offset, stored.length
+
+        return [item for group in per_file.values() for item in sorted(group, key=offset)]
+
+    def _spans(self, items: list[ReadItem]) -> list[_Span]:
+        """The byte ranges ``items`` (in file order) read, in that order; ranges that overlap, touch or lie at most
+        ``COALESCE_GAP`` apart share a span of up to ``transfer.part_size`` bytes (a larger item is a span alone)."""
+        limit = self.fs.transfer.part_size
+        spans: list[_Span] = []
+        span: _Span | None = None
+        for item in items:
+            stored = self.storage_data[item.storage_index]
+            url = self.fs.concat_path(self.path, stored.relative_path)
+            start, end = stored.offset, stored.offset + stored.length
+            if (
+                span is not None
+                and span.url == url
+                and span.start <= start <= span.end + COALESCE_GAP
+                and max(end, span.end) - span.start <= limit
+            ):
+                span.end = max(end, span.end)
+            else:
+                span = _Span(url, start, end)
+                spans.append(span)
+        return spans
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return _GCSFileSystem.validate_checkpoint_id(checkpoint_id)
