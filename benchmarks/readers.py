@@ -8,6 +8,7 @@ this process. Every object of every run is checked (size and crc32c) as it arriv
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import os
@@ -29,7 +30,7 @@ import google_crc32c
 class Spec:
     """What to measure: passed from the runner as JSON."""
 
-    workload: str  # small | large | listing | checkpoint
+    workload: str  # small | large | listing | checkpoint | compression
     reader: str
     endpoint: str
     bucket: str
@@ -38,6 +39,7 @@ class Spec:
     runs: int
     threads: int = 16
     checkpoint_mib: int = 512
+    real_weights: str = ""  # a saved trained state (compression workload)
     budget_seconds: float = 30.0  # no further runs once the runs so far took this long
 
 
@@ -266,61 +268,186 @@ LISTERS: dict[str, Callable[[Spec], Iterable[str]]] = {
 # --- checkpoints: save then load a state dict -----------------------------------------------------
 
 
-def _state_dict(mib: int) -> dict[str, Any]:
+def _state_dict(spec: Spec) -> Any:
     import torch
 
+    if spec.real_weights:  # the compression workload: a trained model and its optimizer state
+        return torch.load(spec.real_weights, weights_only=True)
     generator = torch.Generator().manual_seed(0)
-    layers = mib // 16
-    return {f"layer{i}.weight": torch.randn(2048, 2048, generator=generator) for i in range(layers)}
+    return {f"layer{i}.weight": torch.randn(2048, 2048, generator=generator) for i in range(spec.checkpoint_mib // 16)}
 
 
-def _save_load_gcs(spec: Spec, state: dict[str, Any], name: str) -> tuple[float, float, dict[str, Any]]:
-    import torch
+class Checkpointer:
+    """Saves a state dict as one object and loads it back, one library's way."""
 
-    blob = _gcs_bucket(spec).blob(name)
-    started = time.perf_counter()
-    with blob.open("wb", chunk_size=32 * 1024 * 1024, ignore_flush=True) as file:
-        torch.save(state, file)
-    saved = time.perf_counter()
-    with blob.open("rb", chunk_size=32 * 1024 * 1024) as file:
-        loaded = torch.load(io.BytesIO(file.read()))
-    return saved - started, time.perf_counter() - saved, loaded
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
 
+    def save(self, state: Any, name: str) -> None:
+        raise NotImplementedError
 
-def _save_load_gcsfs(spec: Spec, state: dict[str, Any], name: str) -> tuple[float, float, dict[str, Any]]:
-    import torch
-
-    fs = _gcsfs(spec)
-    path = f"{spec.bucket}/{name}"
-    started = time.perf_counter()
-    with fs.open(path, "wb") as file:
-        torch.save(state, file)
-    saved = time.perf_counter()
-    with fs.open(path, "rb") as file:
-        loaded = torch.load(file)
-    return saved - started, time.perf_counter() - saved, loaded
+    def load(self, name: str) -> Any:
+        raise NotImplementedError
 
 
-def _save_load_dataflux(spec: Spec, state: dict[str, Any], name: str) -> tuple[float, float, dict[str, Any]]:
-    import torch
-    from dataflux_pytorch.dataflux_checkpoint import DatafluxCheckpoint
+class Ours(Checkpointer):
+    """checkpoint.save / checkpoint.load with the defaults, or a given strategy or compression."""
 
-    os.environ["STORAGE_EMULATOR_HOST"] = spec.endpoint
-    checkpoint = DatafluxCheckpoint(project_name="bench", bucket_name=spec.bucket)
-    started = time.perf_counter()
-    with checkpoint.writer(name) as file:
-        torch.save(state, file)
-    saved = time.perf_counter()
-    with checkpoint.reader(name) as file:
-        loaded = torch.load(file)
-    return saved - started, time.perf_counter() - saved, loaded
+    def _settings(self) -> dict[str, Any]:
+        from torchdata_gcs import Zstd
+
+        reader = self.spec.reader
+        if reader == "ours_compose":
+            return {"strategy": "compose"}
+        if reader.startswith("zstd"):  # zstd-LEVEL, zstd-LEVEL-plain
+            _, level, *plain = reader.split("-")
+            return {"compression": Zstd(level=int(level), byte_grouping=not plain)}
+        return {}
+
+    def save(self, state: Any, name: str) -> None:
+        from torchdata_gcs import ClientConfig, checkpoint
+
+        url = f"gs://{self.spec.bucket}/{name}"
+        checkpoint.save(state, url, client=ClientConfig(endpoint=self.spec.endpoint), **self._settings())
+
+    def load(self, name: str) -> Any:
+        from torchdata_gcs import ClientConfig, checkpoint
+
+        return checkpoint.load(f"gs://{self.spec.bucket}/{name}", client=ClientConfig(endpoint=self.spec.endpoint))
 
 
-CHECKPOINTERS: dict[str, Callable[[Spec, dict[str, Any], str], tuple[float, float, dict[str, Any]]]] = {
-    "gcs_loop": _save_load_gcs,
-    "gcsfs": _save_load_gcsfs,
-    "dataflux_checkpoint": _save_load_dataflux,
+class UploadFromFile(Checkpointer):
+    """torch.save into memory, then ``blob.upload_from_file`` (one resumable stream); load with
+    ``blob.download_as_bytes`` (one stream)."""
+
+    def save(self, state: Any, name: str) -> None:
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        buffer.seek(0)
+        _gcs_bucket(self.spec).blob(name, chunk_size=32 * 1024 * 1024).upload_from_file(buffer)
+
+    def load(self, name: str) -> Any:
+        import torch
+
+        return torch.load(io.BytesIO(_gcs_bucket(self.spec).blob(name).download_as_bytes()), weights_only=True)
+
+
+class Gcsfs(Checkpointer):
+    def save(self, state: Any, name: str) -> None:
+        import torch
+
+        with _gcsfs(self.spec).open(f"{self.spec.bucket}/{name}", "wb") as file:
+            torch.save(state, file)
+
+    def load(self, name: str) -> Any:
+        import torch
+
+        with _gcsfs(self.spec).open(f"{self.spec.bucket}/{name}", "rb") as file:
+            return torch.load(file, weights_only=True)
+
+
+class Dataflux(Checkpointer):
+    def _checkpoint(self) -> Any:
+        from dataflux_pytorch.dataflux_checkpoint import DatafluxCheckpoint
+
+        os.environ["STORAGE_EMULATOR_HOST"] = self.spec.endpoint
+        return DatafluxCheckpoint(project_name="bench", bucket_name=self.spec.bucket)
+
+    def save(self, state: Any, name: str) -> None:
+        import torch
+
+        with self._checkpoint().writer(name) as file:
+            torch.save(state, file)
+
+    def load(self, name: str) -> Any:
+        import torch
+
+        with self._checkpoint().reader(name) as file:
+            return torch.load(file, weights_only=True)
+
+
+CHECKPOINTERS: dict[str, type[Checkpointer]] = {
+    "ours": Ours,
+    "ours_compose": Ours,
+    "gcs_upload_from_file": UploadFromFile,
+    "gcsfs": Gcsfs,
+    "dataflux_checkpoint": Dataflux,
+    **{name: Ours for name in ("none", "zstd-1-plain", "zstd-1", "zstd-3")},
 }
+
+
+def _same(loaded: Any, expected: Any) -> bool:
+    """Whether two (nested) state dicts hold equal tensors and values."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        return isinstance(loaded, torch.Tensor) and loaded.dtype == expected.dtype and torch.equal(loaded, expected)
+    if isinstance(expected, dict):
+        return isinstance(loaded, dict) and loaded.keys() == expected.keys() and all(
+            _same(loaded[key], value) for key, value in expected.items()
+        )
+    if isinstance(expected, (list, tuple)):
+        return len(loaded) == len(expected) and all(_same(a, b) for a, b in zip(loaded, expected))
+    return bool(loaded == expected)
+
+
+def _phase(work: Callable[[], Any]) -> tuple[Any, float, float, float]:
+    """Run ``work``; its result, seconds, CPU seconds and peak RSS growth in MiB."""
+    baseline = _reset_peak_rss()
+    cpu, started = _cpu_seconds(), time.perf_counter()
+    result = work()
+    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
+    return result, seconds, cpu, max(0, _status_kib("VmHWM") - baseline) / 1024
+
+
+def measure_checkpoint(spec: Spec) -> dict[str, Any]:
+    """Save and load ``spec.runs`` times (within the time budget), checking every load; medians."""
+    state = _state_dict(spec)
+    checkpointer = CHECKPOINTERS[spec.reader](spec)
+    phases: dict[str, list[tuple[float, float, float]]] = {"save": [], "load": []}
+    stored = 0
+    while len(phases["save"]) < spec.runs and sum(s for s, _, _ in phases["save"] + phases["load"]) < spec.budget_seconds:
+        name = f"ckpt/{spec.reader}-{len(phases['save'])}.pt"
+        _, *save = _phase(functools.partial(checkpointer.save, state, name))
+        loaded, *load = _phase(functools.partial(checkpointer.load, name))
+        if not _same(loaded, state):
+            raise SystemExit(f"{spec.reader} loaded a different state dict")
+        del loaded
+        phases["save"].append(tuple(save))  # type: ignore[arg-type]
+        phases["load"].append(tuple(load))  # type: ignore[arg-type]
+        stored = _gcs_bucket(spec).get_blob(name).size
+    moved = sum(t.numel() * t.element_size() for t in _tensors(state))
+
+    def median(phase: str, field: int) -> float:
+        return statistics.median(run[field] for run in phases[phase])
+
+    return {
+        "seconds": median("save", 0),
+        "all_seconds": [run[0] for run in phases["save"]],
+        "load_seconds": median("load", 0),
+        "save_cpu_seconds": median("save", 1),
+        "load_cpu_seconds": median("load", 1),
+        "peak_rss_growth_mib": median("save", 2),
+        "load_peak_rss_growth_mib": median("load", 2),
+        "bytes": moved,
+        "stored_bytes": stored,
+        "objects": 1,
+    }
+
+
+def _tensors(value: Any) -> Iterator[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
 
 
 def _check_as_they_arrive(spec: Spec, results: Iterable[tuple[str, bytes]], started: float) -> tuple[set[str], float]:
@@ -344,6 +471,8 @@ def _check_as_they_arrive(spec: Spec, results: Iterable[tuple[str, bytes]], star
 
 def measure(spec: Spec) -> dict[str, Any]:
     """Run the reader ``spec.runs`` times, verifying each result; return medians and memory."""
+    if spec.workload in ("checkpoint", "compression"):
+        return measure_checkpoint(spec)
     baseline = _reset_peak_rss()
     timings: list[float] = []
     extra: dict[str, Any] = {}
@@ -362,21 +491,6 @@ def measure(spec: Spec) -> dict[str, Any]:
                 raise SystemExit(f"{spec.reader} listed {len(listed)} names, expected {len(expected)}")
         extra["first_seconds"] = statistics.median(firsts)
         moved, objects = 0, len(expected)
-    elif spec.workload == "checkpoint":
-        import torch
-
-        state = _state_dict(spec.checkpoint_mib)
-        baseline = _reset_peak_rss()
-        loads: list[float] = []
-        for run in range(spec.runs):
-            save_s, load_s, loaded = CHECKPOINTERS[spec.reader](spec, state, f"ckpt/{spec.reader}-{run}.pt")
-            if loaded.keys() != state.keys() or not all(torch.equal(loaded[k], state[k]) for k in state):
-                raise SystemExit(f"{spec.reader} loaded a different state dict")
-            del loaded
-            timings.append(save_s)
-            loads.append(load_s)
-        extra["load_seconds"] = statistics.median(loads)
-        moved, objects = sum(t.numel() * t.element_size() for t in state.values()), 1
     else:
         firsts, cpu = [], []
         while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:

