@@ -71,13 +71,16 @@ def test_byte_grouping_is_chosen_per_block_and_pays_on_floats() -> None:
             for part in (floats, halves, text):
                 writer.write(part)
         assert decompress(sink.data) == floats + halves + text
-        sizes[grouping] = len(sink.data)
-        chosen = widths(sink.data)
+        blocks = list(_blocks(memoryview(sink.data), "test"))
+        sizes[grouping] = [compressed for _, compressed, _, _ in blocks]
+        chosen = [width for _, _, _, width in blocks]
         if grouping:  # float32 grouped by 4 or 8 (exponent bytes together either way), bfloat16 by 2+, text not
             assert chosen[0] in (4, 8) and chosen[1] in (2, 4, 8) and chosen[2] == 1, chosen
         else:
             assert chosen == [1, 1, 1]
-    assert sizes[True] < 0.97 * sizes[False], sizes
+    # smaller where grouped (on real trained weights by about 10%: see benchmarks/), the same where not
+    assert sizes[True][0] < sizes[False][0] and sizes[True][1] < sizes[False][1], sizes
+    assert sizes[True][2] == sizes[False][2], sizes
 
 
 class MemorySink(io.BytesIO):

@@ -80,7 +80,7 @@ class MultipartUploads:
     def __init__(self, connect: Connect, min_part_size: int = MIN_PART_SIZE) -> None:
         self._connect = connect
         self.min_part_size = min_part_size
-        self._folder = tempfile.mkdtemp(prefix="torchdata-gcs-multipart-")
+        self._folder: str | None = None  # made by the first upload: a front that never sees one leaves nothing
         self._uploads: dict[str, _Upload] = {}
         self._lock = threading.Lock()
 
@@ -91,7 +91,8 @@ class MultipartUploads:
             return sorted((upload.bucket, upload.name) for upload in self._uploads.values())
 
     def close(self) -> None:
-        shutil.rmtree(self._folder, ignore_errors=True)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def answer(self, method: str, target: str, body: Iterator[bytes] | None) -> Answer:
         """Serve one multipart request (``is_multipart_request`` was true for it)."""
@@ -119,9 +120,10 @@ class MultipartUploads:
 
     def _initiate(self, bucket: str, name: str) -> Answer:
         upload_id = secrets.token_urlsafe(24)
-        folder = os.path.join(self._folder, upload_id)
-        os.mkdir(folder)
         with self._lock:
+            self._folder = self._folder or tempfile.mkdtemp(prefix="torchdata-gcs-multipart-")
+            folder = os.path.join(self._folder, upload_id)
+            os.mkdir(folder)
             self._uploads[upload_id] = _Upload(bucket, name, folder)
         return _ok(_xml("InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", name), ("UploadId", upload_id)]))
 
