@@ -114,7 +114,6 @@ def build_workloads(quick: bool) -> list[Workload]:
         Workload("large objects", "bench-large", "large/", 0, ["gcs_loop", "gcs_threads", "gcsfs_cat", "dataflux_direct", "ours", "ceiling"], 3, large),
         Workload("listing", "bench-list", "list/", 20, ["gcs_loop", "gcsfs_find", "dataflux_list", "ours_sequential", "ours"], 3, listing, indexed=True, timeout=90),
         Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["ours", "ours_compose", "gcs_upload_from_file", "gcsfs", "dataflux_checkpoint"], 3, capped=True),
-        Workload("checkpoint (2 GiB)", "bench-ckpt", "ckpt/", 0, ["ours"], 2, capped=True, checkpoint_mib=2048),
         Workload("compression", "bench-ckpt", "ckpt/", 0, ["none", "zstd-1-plain", "zstd-1", "zstd-3"], 3, capped=True),
     ]
 

@@ -63,3 +63,12 @@ def test_misuse_raises_emulator_error() -> None:
 def test_fixture_buckets_are_fresh_and_empty(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     listing = requests.get(f"{gcs_emulator.endpoint}/storage/v1/b/{gcs_bucket}/o", timeout=5).json()
     assert listing.get("items", []) == []
+
+
+def test_a_data_dir_keeps_objects_for_the_next_emulator(tmp_path) -> None:
+    with Emulator(data_dir=tmp_path / "data") as first:
+        first.seed("kept", {"a/1.bin": b"one"})
+    with Emulator(data_dir=tmp_path / "data") as second:
+        second.create_bucket("kept")  # exists already: no error
+        assert second.names("kept") == ["a/1.bin"] and second.read("kept", "a/1.bin") == b"one"
+    assert (tmp_path / "data").is_dir()  # stopping keeps a given folder

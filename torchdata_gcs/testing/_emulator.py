@@ -52,6 +52,8 @@ class Emulator(LocalService):
             of thousands, but collapses ``//`` in object names.
         startup_timeout: seconds to wait for the server to answer.
         memory_limit: soft memory limit for the server (``GOMEMLIMIT``), such as ``"4GiB"``.
+        data_dir: keep the objects in this folder (filesystem backend), where a later emulator
+            started with the same folder finds them again; ``None``: a scratch folder removed on stop.
 
     Example:
         >>> from torchdata_gcs import testing
@@ -69,10 +71,12 @@ class Emulator(LocalService):
         backend: Literal["memory", "filesystem"] = "memory",
         startup_timeout: float = 30.0,
         memory_limit: str = "4GiB",
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if backend not in ("memory", "filesystem"):
             raise ValueError(f"backend must be 'memory' or 'filesystem', got {backend!r}")
-        self.backend = backend
+        self.backend = "filesystem" if data_dir is not None else backend
+        self.data_dir = None if data_dir is None else os.fspath(data_dir)
         self.startup_timeout = startup_timeout
         self.memory_limit = memory_limit
         self.endpoint = ""
@@ -108,7 +112,10 @@ class Emulator(LocalService):
             *("-external-url", self.endpoint, "-public-host", f"127.0.0.1:{port}", "-log-level", "error"),
             *("-backend", self.backend),
         ]
-        if self.backend == "filesystem":
+        if self.data_dir is not None:
+            os.makedirs(self.data_dir, exist_ok=True)
+            args += ["-filesystem-root", os.path.abspath(self.data_dir)]
+        elif self.backend == "filesystem":
             args += ["-filesystem-root", os.path.join(scratch, "data")]
         environment = {**os.environ, "GOMEMLIMIT": self.memory_limit}
         self._server = ServerProcess(
