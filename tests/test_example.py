@@ -29,7 +29,7 @@ def test_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert "seeded 240 images under gs://shapes/images/" in first
     assert "resumed" not in first
     for epoch in (1, 2):
-        assert re.search(rf"epoch {epoch}: loss [\d.]+, accuracy [\d.]+% .*240 of 240 samples read, 0 read more", first)
+        assert re.search(rf"epoch {epoch}: loss [\d.]+, accuracy [\d.]+%.*240 of 240 samples read, 0 read more", first)
         assert re.search(rf"checkpoint   gs://shapes/checkpoints/single/epoch-000{epoch}\.pt: [\d.]+ MB", first)
     samples = re.search(r"samples      ([\d,]+) in [\d.]+ s of training: ([\d,]+) samples/s, ([\d.]+) MB/s", first)
     assert samples and samples.group(1) == "480" and float(samples.group(3)) > 0
