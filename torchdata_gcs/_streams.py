@@ -39,14 +39,17 @@ class MemoryStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        if self._position >= self._size:
-            return 0
-        index = bisect.bisect_right(self._starts, self._position) - 1
-        offset = self._position - self._starts[index]
-        chunk = memoryview(self._parts[index])[offset : offset + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self._position += len(chunk)
-        return len(chunk)
+        """Fill ``buffer`` across parts (short only at the end), as readers such as PIL expect of a file."""
+        target = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(target) and self._position < self._size:
+            index = bisect.bisect_right(self._starts, self._position) - 1
+            offset = self._position - self._starts[index]
+            chunk = memoryview(self._parts[index])[offset : offset + len(target) - filled]
+            target[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+            self._position += len(chunk)
+        return filled
 
     def readall(self) -> bytes:
         """The rest in one copy (``RawIOBase.readall`` would go 8 KiB at a time)."""
