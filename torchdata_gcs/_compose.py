@@ -68,7 +68,16 @@ from .errors import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_SOURCES", "Composer", "compose_in_order", "compose_objects", "delete_temporary", "leftovers", "new_job_id"]
+__all__ = [
+    "MAX_SOURCES",
+    "Composer",
+    "compose_in_order",
+    "compose_objects",
+    "delete_temporary",
+    "leftovers",
+    "new_job_id",
+    "rfc3339_seconds",
+]
 
 MAX_SOURCES = 32
 """GCS composes at most this many source objects in one call."""
@@ -523,10 +532,10 @@ def leftovers(transport: Transport, bucket: str, older_than: float, retry: Retry
             if now - started < older_than:
                 continue
             resource = object_resource(transport, bucket, item["name"], retry, "generation,timeCreated")
-            if resource is not None and now - _rfc3339_seconds(resource["timeCreated"]) >= older_than:
+            if resource is not None and now - rfc3339_seconds(resource["timeCreated"]) >= older_than:
                 found.append((item["name"], int(resource["generation"])))
     return found
 
 
-def _rfc3339_seconds(value: str) -> float:
+def rfc3339_seconds(value: str) -> float:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

@@ -1,4 +1,4 @@
-"""The ``torchdata-gcs`` command.
+"""The ``torchdata-gcs`` command: list, measure and clean datasets on GCS, and run a local emulator.
 
 Exit codes: 0 done, 1 GCS refused or failed (one line on stderr; ``--verbose`` for the traceback),
 2 bad usage.
@@ -7,27 +7,45 @@ Exit codes: 0 done, 1 GCS refused or failed (one line on stderr; ``--verbose`` f
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
+import os
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar, cast
 
-from ._client import transport_for
-from ._compose import leftovers
+from ._bench import MAX_IN_FLIGHT, human_size, listed_with_stats
+from ._bench import bench as run_bench
+from ._client import EMULATOR_ENV, transport_for
+from ._compose import leftovers, rfc3339_seconds
+from ._metadata import ObjectInfo
+from ._multipart_uploads import NoMultipartListing, abort_upload, unfinished_uploads
 from ._objects import delete_object
-from ._uri import TEMPORARY_PREFIX, format_url, parse_url
-from .config import ClientConfig, RetryConfig
+from ._uri import TEMPORARY_PREFIX, format_url, parse_url, validate_bucket
+from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import GCSError, InvalidURIError
+from .testing import Emulator, EmulatorError
 
 __all__ = ["main"]
 
+
+T = TypeVar("T")
+
 _AGE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_SEED_BATCH = 256  # objects held in memory at once while seeding the emulator
+
+
+# -- argument types --------------------------------------------------------------------------------
 
 
 def _age(text: str) -> str:
-    """Accept ``90s``, ``30m``, ``6h`` or ``2d``."""
+    """Accept ``0s``, ``90s``, ``30m``, ``6h`` or ``2d``."""
     if _AGE.fullmatch(text) is None:
         raise argparse.ArgumentTypeError(f"expected an age such as 30m, 6h or 2d, got {text!r}")
     return text
@@ -38,62 +56,306 @@ def _seconds(age: str) -> float:
     return float(number) * _SECONDS[unit]
 
 
-def _bucket(text: str) -> str:
+def _url(text: str) -> str:
+    """Accept ``gs://bucket`` or ``gs://bucket/prefix``."""
     try:
-        bucket, name = parse_url(text)
+        parse_url(text)
     except InvalidURIError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _bucket(text: str) -> str:
+    bucket, name = parse_url(_url(text))
     if name:
         raise argparse.ArgumentTypeError(f"expected a bucket (gs://bucket), got {text!r}")
     return bucket
 
 
+def _bucket_name(text: str) -> str:
+    try:
+        return validate_bucket(text)
+    except InvalidURIError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    """A type accepting integers from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        value = int(text) if re.fullmatch(r"\d+", text) else low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _duration(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _folder(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {text!r}")
+    return path
+
+
+# -- ls --------------------------------------------------------------------------------------------
+
+
+def _ls(args: argparse.Namespace) -> int:
+    lister, listed = listed_with_stats(args.url, ClientConfig(endpoint=args.endpoint), args.concurrency)
+    count = total = 0
+    started = time.perf_counter()
+    for url, info in cast("Iterator[tuple[str, ObjectInfo]]", listed):
+        count += 1
+        total += info.size
+        if args.long:
+            print(f"{info.size:>14}  {url}")
+    seconds = time.perf_counter() - started
+    print(
+        f"{count:,} objects, {human_size(total)} ({total:,} bytes) in {seconds:.2f} s: "
+        f"{count / seconds:,.0f} objects/s ({lister.stats.requests:,} list request(s), concurrency {args.concurrency})"
+    )
+    return 0
+
+
+# -- clean -----------------------------------------------------------------------------------------
+
+
+def _done(action: Callable[[T], bool], items: list[T], dry_run: bool) -> list[T]:
+    """The items ``action`` took effect on, 16 at a time; all of them for a dry run, which runs nothing."""
+    if dry_run:
+        return items
+    with ThreadPoolExecutor(16) as pool:
+        return [item for item, done in zip(items, pool.map(action, items)) if done]
+
+
 def _clean(args: argparse.Namespace) -> int:
     transport = transport_for(ClientConfig(endpoint=args.endpoint))
     retry = RetryConfig()
-    found = leftovers(transport, args.bucket, _seconds(args.older_than), retry)
-    verb = "would delete" if args.dry_run else "deleted"
-    if not args.dry_run:
-        with ThreadPoolExecutor(16) as pool:
-            deleted = list(
-                pool.map(
-                    lambda item: delete_object(transport, args.bucket, item[0], retry, if_generation_match=item[1]),
-                    found,
-                )
-            )
-        found = [item for item, done in zip(found, deleted) if done]
-    for name, _ in found:
-        print(f"{verb} {format_url(args.bucket, name)}")
-    print(
-        f"{verb} {len(found)} temporary object(s) older than {args.older_than} in gs://{args.bucket}/{TEMPORARY_PREFIX}"
+    bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
+    found = leftovers(transport, bucket, older_than, retry)
+    deleted = _done(
+        lambda item: delete_object(transport, bucket, item[0], retry, if_generation_match=item[1]), found, args.dry_run
     )
+    verb = "would delete" if args.dry_run else "deleted"
+    for name, _ in deleted:
+        print(f"{verb} {format_url(bucket, name)}")
+    print(f"{verb} {len(deleted)} temporary object(s) older than {age} in gs://{bucket}/{TEMPORARY_PREFIX}")
+
+    now = time.time()
+    try:
+        uploads = [
+            upload
+            for upload in unfinished_uploads(transport, bucket, retry)
+            if now - rfc3339_seconds(upload.initiated) >= older_than
+        ]
+    except NoMultipartListing as exc:
+        print(f"multipart uploads not listed: {exc}, not with the uploads (an emulator without the XML API?)")
+        return 0
+    aborted = _done(lambda upload: abort_upload(transport, bucket, upload, retry), uploads, args.dry_run)
+    verb = "would abort" if args.dry_run else "aborted"
+    for upload in aborted:
+        print(
+            f"{verb} multipart upload {format_url(bucket, upload.name)} "
+            f"(upload ID {upload.upload_id}, initiated {upload.initiated})"
+        )
+    print(f"{verb} {len(aborted)} unfinished multipart upload(s) older than {age} in gs://{bucket}")
     return 0
+
+
+# -- emulator --------------------------------------------------------------------------------------
+
+
+def _seed(emulator: Emulator, bucket: str, objects: Iterator[tuple[str, bytes]]) -> int:
+    """Upload ``objects`` a batch at a time, so a large seed is never held whole; how many there were."""
+    count = 0
+    while batch := list(itertools.islice(objects, _SEED_BATCH)):
+        emulator.seed(bucket, batch)
+        count += len(batch)
+    return count
+
+
+def _fill(emulator: Emulator, args: argparse.Namespace) -> None:
+    """Create ``--bucket`` and upload ``--seed-dir``'s files and ``--objects`` random objects into it."""
+    bucket = args.bucket
+    emulator.create_bucket(bucket)
+    if args.seed_dir:
+        folder: Path = args.seed_dir
+        files = (path for path in sorted(folder.rglob("*")) if path.is_file())
+        count = _seed(emulator, bucket, ((path.relative_to(folder).as_posix(), path.read_bytes()) for path in files))
+        print(f"gs://{bucket}/: {count:,} files from {folder}", flush=True)
+    if args.objects:
+        size = args.object_size
+        count = _seed(emulator, bucket, ((f"objects/{i:07d}.bin", os.urandom(size)) for i in range(args.objects)))
+        print(f"gs://{bucket}/objects/: {count:,} random objects of {size:,} bytes", flush=True)
+    print(f"gs://{bucket}/ is ready", flush=True)
+
+
+def _emulator(args: argparse.Namespace) -> int:
+    if (args.seed_dir or args.objects) and not args.bucket:
+        args.parser.error("--seed-dir and --objects need --bucket")
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does
+    try:
+        with Emulator(backend=args.backend, data_dir=args.data_dir, port=args.port) as emulator:
+            kept = f", objects kept in {args.data_dir}" if args.data_dir else ""
+            print(f"fake-gcs-server ({emulator.backend} backend) at {emulator.endpoint}{kept}", flush=True)
+            if args.bucket:
+                _fill(emulator, args)
+            print(f"export {EMULATOR_ENV}={emulator.endpoint}", flush=True)
+            print("serving until Ctrl-C or SIGTERM", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        print("emulator stopped", flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# -- the command line ------------------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchdata-gcs",
-        description="Tools for torchdata-gcs datasets on Google Cloud Storage.",
-        epilog="Credentials: Application Default Credentials, or STORAGE_EMULATOR_HOST for an emulator.",
+        description="List, measure and clean datasets on Google Cloud Storage, and run a local emulator.",
+        epilog=(
+            "Credentials: Application Default Credentials, or STORAGE_EMULATOR_HOST for an emulator. "
+            "Exit codes: 0 done, 1 GCS refused or failed, 2 bad usage."
+        ),
     )
     parser.add_argument("--verbose", action="store_true", help="log requests and show tracebacks")
-    parser.add_argument("--endpoint", help="JSON API endpoint (default: STORAGE_EMULATOR_HOST, else GCS)")
+    parser.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="where requests go, such as an emulator (default: STORAGE_EMULATOR_HOST, else GCS)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ls = commands.add_parser(
+        "ls",
+        help="count the objects under a prefix and their total size",
+        description=(
+            "List gs://BUCKET/PREFIX with list_files_by_gcs's parallel lister and print how many objects it "
+            "holds, their total size, and how fast they were listed. A URL that does not end in '/' lists "
+            f"that object and everything under URL/, as list_files_by_gcs does; {TEMPORARY_PREFIX} is skipped."
+        ),
+    )
+    ls.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET or gs://BUCKET/PREFIX")
+    ls.add_argument("--long", "-l", action="store_true", help="also print each object: size in bytes, URL")
+    ls.add_argument(
+        "--concurrency", type=_integer(1, 256), default=32, metavar="N", help="list requests at once (default: 32)"
+    )
+    ls.set_defaults(run=_ls)
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure listing and loading throughput on a prefix and suggest settings",
+        description=(
+            "Measure, on gs://BUCKET/PREFIX: listing throughput; then, on the first --limit objects listed, "
+            "load_files_by_gcs at max_in_flight M and 2M, and compose_shards_by_gcs at M (objects/s, MB/s, "
+            "requests, 429 answers), after an untimed read that opens the connections. Each step stops "
+            "after --seconds. Prints a table and suggestions drawn only from what was measured. "
+            "compose_shards_by_gcs needs permission to create and delete objects under "
+            f"gs://BUCKET/{TEMPORARY_PREFIX}; without it the table says 'compose not permitted'. "
+            "Objects are downloaded and discarded; GCS bills the requests (and egress outside its region)."
+        ),
+    )
+    bench.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET/PREFIX to measure on")
+    bench.add_argument(
+        "--limit", type=_integer(1, 1_000_000), default=2000, metavar="N", help="objects to load (default: 2000)"
+    )
+    bench.add_argument(
+        "--seconds", type=_duration, default=10.0, metavar="S", help="time limit of each step (default: 10)"
+    )
+    bench.add_argument(
+        "--concurrency", type=_integer(1, 256), default=32, metavar="N", help="list requests at once (default: 32)"
+    )
+    bench.add_argument(
+        "--max-in-flight",
+        type=_integer(1, MAX_IN_FLIGHT),
+        default=TransferConfig().max_in_flight,
+        metavar="M",
+        help=f"requests a loader keeps in flight (TransferConfig.max_in_flight; default: {TransferConfig().max_in_flight})",
+    )
+    bench.set_defaults(run=run_bench)
+
     clean = commands.add_parser(
         "clean",
-        help="delete temporary composites that killed jobs left behind",
+        help="delete temporary composites and abort multipart uploads that killed jobs left behind",
         description=(
-            f"Delete objects under gs://BUCKET/{TEMPORARY_PREFIX} (compose_shards_by_gcs's temporary composites) "
-            "created longer ago than --older-than. Running jobs delete their own; a killed one may leave some. "
-            "A running job whose composite is deleted loads those objects directly instead."
+            f"Delete objects under gs://BUCKET/{TEMPORARY_PREFIX} (the temporary composites and parts of "
+            "compose_shards_by_gcs and CompositeWriter) created longer ago than --older-than, and abort the "
+            "bucket's unfinished XML API multipart uploads (MultipartWriter's) initiated longer ago than that, "
+            "whose parts are billed until then. Running jobs clean up after themselves; a killed one may leave "
+            "some. A running job whose composite is deleted loads those objects directly instead; one whose "
+            "upload is aborted fails, so keep --older-than above your longest upload."
         ),
     )
     clean.add_argument("bucket", type=_bucket, help="the bucket, as gs://BUCKET")
     clean.add_argument(
-        "--older-than", type=_age, default="1d", metavar="AGE", help="minimum age, such as 30m, 6h or 2d (default: 1d)"
+        "--older-than",
+        type=_age,
+        default="1d",
+        metavar="AGE",
+        help="minimum age, such as 0s, 30m, 6h or 2d (default: 1d)",
     )
-    clean.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    clean.add_argument("--dry-run", action="store_true", help="list what would be deleted or aborted, change nothing")
     clean.set_defaults(run=_clean)
+
+    emulator = commands.add_parser(
+        "emulator",
+        help="run a local GCS emulator for notebooks and development",
+        description=(
+            "Start the embedded emulator (fake-gcs-server, from the 'emulator' extra) on a free port of "
+            "127.0.0.1, optionally create a bucket and seed it, print the endpoint and the "
+            f"'export {EMULATOR_ENV}=...' line that points torchdata-gcs and Google's clients at it, and serve "
+            "until Ctrl-C or SIGTERM; then stop it and delete its data (unless --data-dir). The emulator has no XML API: "
+            "MultipartWriter needs torchdata_gcs.testing.GCSFront in front of it."
+        ),
+    )
+    emulator.add_argument("--bucket", type=_bucket_name, metavar="NAME", help="create this bucket")
+    emulator.add_argument(
+        "--seed-dir", type=_folder, metavar="DIR", help="upload DIR's files into --bucket, named by their path in DIR"
+    )
+    emulator.add_argument(
+        "--objects", type=_integer(1, 10_000_000), metavar="N", help="upload N random objects to --bucket/objects/"
+    )
+    emulator.add_argument(
+        "--object-size",
+        type=_integer(0, 64 * 1024 * 1024),
+        default=1024,
+        metavar="BYTES",
+        help="size of each of --objects (default: 1024)",
+    )
+    emulator.add_argument(
+        "--backend",
+        choices=("memory", "filesystem"),
+        default="memory",
+        help="memory (default) suits a few thousand objects; filesystem (RAM-backed) scales further",
+    )
+    emulator.add_argument(
+        "--port", type=_integer(1, 65535), metavar="PORT", help="serve on this port (default: a free one)"
+    )
+    emulator.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the objects in DIR for the next run (filesystem backend); default: deleted on exit",
+    )
+    emulator.set_defaults(run=_emulator, parser=emulator)
     return parser
 
 
@@ -104,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return int(args.run(args))
-    except (GCSError, OSError) as exc:
+    except (GCSError, OSError, EmulatorError) as exc:
         if args.verbose:
             raise
         print(f"torchdata-gcs {args.command}: {exc}".splitlines()[0], file=sys.stderr)

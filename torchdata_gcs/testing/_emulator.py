@@ -54,6 +54,7 @@ class Emulator(LocalService):
         memory_limit: soft memory limit for the server (``GOMEMLIMIT``), such as ``"4GiB"``.
         data_dir: keep the objects in this folder (filesystem backend), where a later emulator
             started with the same folder finds them again; ``None``: a scratch folder removed on stop.
+        port: the loopback port to serve on; ``None``: a free one.
 
     Example:
         >>> from torchdata_gcs import testing
@@ -72,11 +73,13 @@ class Emulator(LocalService):
         startup_timeout: float = 30.0,
         memory_limit: str = "4GiB",
         data_dir: str | os.PathLike[str] | None = None,
+        port: int | None = None,
     ) -> None:
         if backend not in ("memory", "filesystem"):
             raise ValueError(f"backend must be 'memory' or 'filesystem', got {backend!r}")
         self.backend = "filesystem" if data_dir is not None else backend
         self.data_dir = None if data_dir is None else os.fspath(data_dir)
+        self.port = port
         self.startup_timeout = startup_timeout
         self.memory_limit = memory_limit
         self.endpoint = ""
@@ -103,7 +106,7 @@ class Emulator(LocalService):
         """Start the server; returns ``self``."""
         if self._server is not None:
             raise EmulatorError("the emulator is already running")
-        port = free_port()
+        port = self.port or free_port()
         self.endpoint = f"http://127.0.0.1:{port}"
         scratch = _scratch_dir()
         args = [

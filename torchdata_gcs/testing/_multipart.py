@@ -7,6 +7,11 @@ list) and abort (``DELETE ?uploadId=ID``), with GCS's XML error answers: ``NoSuc
 ``InvalidPart`` (unknown part or ETag) and ``EntityTooSmall`` (a part other than the last under the
 minimum), all 400. Parts are kept in files; a completed upload is written to the emulator in one
 streamed media upload, so the object appears whole or not at all.
+
+A bucket's unfinished uploads are listed by ``GET /bucket?uploads`` as GCS lists them: by object
+name, then upload ID, at most ``max-uploads`` (1,000) a page, each with its ``Initiated`` time,
+continued with ``key-marker`` and ``upload-id-marker``; ``prefix`` is honoured, ``delimiter`` and
+``encoding-type`` are refused (501), and a bucket missing upstream is ``NoSuchBucket`` (404).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote
@@ -33,6 +39,7 @@ __all__ = ["MultipartUploads", "is_multipart_request"]
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PART_NUMBER = 10_000
+MAX_UPLOADS_PAGE = 1000
 _JSON_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/")
 _NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
 
@@ -42,11 +49,19 @@ Connect = Callable[[], http.client.HTTPConnection]
 
 
 def is_multipart_request(method: str, target: str) -> bool:
-    """Whether ``target`` (``/path?query``) is an XML API multipart upload request."""
+    """Whether ``target`` (``/path?query``) is an XML API multipart upload request.
+
+    Example:
+        >>> is_multipart_request("GET", "/bkt?uploads"), is_multipart_request("GET", "/bkt/obj?uploads")
+        (True, False)
+    """
     path, _, query = target.partition("?")
-    if path.startswith(_JSON_PREFIXES) or path.count("/") < 2:
+    if path.startswith(_JSON_PREFIXES):
         return False
     params = dict(parse_qsl(query, keep_blank_values=True))
+    bucket, _, name = path[1:].partition("/")
+    if not name:  # ``/bucket`` or ``/bucket/``: only the listing of its uploads
+        return bool(bucket) and method == "GET" and "uploads" in params
     return (method == "POST" and "uploads" in params) or "uploadId" in params
 
 
@@ -56,6 +71,7 @@ class _Upload:
     name: str
     folder: str
     parts: dict[int, tuple[str, int]] = field(default_factory=dict)  # number -> (etag, size)
+    initiated: float = field(default_factory=time.time)
 
 
 def _xml(root: str, fields: list[tuple[str, str]], inner: str = "") -> bytes:
@@ -72,6 +88,15 @@ def _error(status: int, reason: str, code: str, message: str) -> Answer:
 
 def _ok(body: bytes, headers: list[tuple[str, str]] | None = None) -> Answer:
     return 200, "OK", [("Content-Type", "application/xml; charset=UTF-8"), *(headers or [])], body
+
+
+def _timestamp(seconds: float) -> str:
+    """GCS's XML API time format.
+
+    >>> _timestamp(1700000000.25)
+    '2023-11-14T22:13:20.250Z'
+    """
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}Z"
 
 
 class MultipartUploads:
@@ -101,6 +126,8 @@ class MultipartUploads:
         bucket, name = unquote(bucket), unquote(name)
         params = dict(parse_qsl(query, keep_blank_values=True))
         chunks = body if body is not None else iter(())
+        if not name:
+            return self._list_uploads(bucket, params)
         if "uploadId" not in params:
             return self._initiate(bucket, name)
         with self._lock:
@@ -126,6 +153,51 @@ class MultipartUploads:
             os.mkdir(folder)
             self._uploads[upload_id] = _Upload(bucket, name, folder)
         return _ok(_xml("InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", name), ("UploadId", upload_id)]))
+
+    def _list_uploads(self, bucket: str, params: dict[str, str]) -> Answer:
+        """One page of ``bucket``'s unfinished uploads, after the markers, in (name, upload ID) order."""
+        for unsupported in ("delimiter", "encoding-type"):
+            if unsupported in params:
+                return _error(
+                    501, "Not Implemented", "NotImplemented", f"{unsupported} is not served by the test front."
+                )
+        limit_text = params.get("max-uploads", str(MAX_UPLOADS_PAGE))
+        if not limit_text.isdigit():
+            return _error(400, "Bad Request", "InvalidArgument", "max-uploads must be a non-negative integer.")
+        limit = min(int(limit_text), MAX_UPLOADS_PAGE)
+        if not self._bucket_exists(bucket):
+            return _error(404, "Not Found", "NoSuchBucket", "The specified bucket does not exist.")
+        prefix, key_marker = params.get("prefix", ""), params.get("key-marker", "")
+        id_marker = params.get("upload-id-marker", "") if key_marker else ""  # GCS ignores it alone
+        with self._lock:
+            uploads = sorted(
+                (upload.name, upload_id, upload.initiated)
+                for upload_id, upload in self._uploads.items()
+                if upload.bucket == bucket
+                and upload.name.startswith(prefix)
+                and (upload.name > key_marker or (upload.name == key_marker and id_marker and upload_id > id_marker))
+            )
+        page, truncated = uploads[:limit], len(uploads) > limit
+        fields = [("Bucket", bucket), ("KeyMarker", key_marker), ("UploadIdMarker", id_marker)]
+        if truncated and page:
+            fields += [("NextKeyMarker", page[-1][0]), ("NextUploadIdMarker", page[-1][1])]
+        fields += [("Prefix", prefix), ("MaxUploads", str(limit)), ("IsTruncated", "true" if truncated else "false")]
+        inner = "".join(
+            f"<Upload><Key>{escape(name)}</Key><UploadId>{upload_id}</UploadId><StorageClass>STANDARD</StorageClass>"
+            f"<Initiated>{_timestamp(initiated)}</Initiated></Upload>"
+            for name, upload_id, initiated in page
+        )
+        return _ok(_xml("ListMultipartUploadsResult", fields, inner))
+
+    def _bucket_exists(self, bucket: str) -> bool:
+        connection = self._connect()
+        try:
+            connection.request("GET", f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")
+            response = connection.getresponse()
+            response.read()
+        finally:
+            connection.close()
+        return response.status == 200
 
     def _put_part(self, upload: _Upload, number_text: str, chunks: Iterator[bytes]) -> Answer:
         number = int(number_text) if number_text.isdigit() else 0

@@ -1,0 +1,73 @@
+"""Unfinished XML API multipart uploads of a bucket: list them and abort them (what ``torchdata-gcs clean``
+does for uploads that killed processes left open; GCS bills their parts until then)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import quote
+from xml.etree import ElementTree
+
+from ._client import Transport
+from ._retry import call_with_retry
+from ._uri import format_url
+from .config import RetryConfig
+from .errors import GCSError, NotFoundError
+
+__all__ = ["NoMultipartListing", "Upload", "abort_upload", "unfinished_uploads"]
+
+
+class NoMultipartListing(GCSError):
+    """The endpoint answers the list of multipart uploads with something else (the emulator lists objects)."""
+
+
+@dataclass(frozen=True)
+class Upload:
+    """An unfinished XML API multipart upload, as GCS lists it."""
+
+    name: str
+    upload_id: str
+    initiated: str  # RFC 3339
+
+
+def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig) -> Iterator[Upload]:
+    """The bucket's unfinished multipart uploads, page by page (``GET /BUCKET?uploads`` on the XML API)."""
+    url = format_url(bucket)
+    path = f"/{quote(bucket, safe='')}"
+    params = {"uploads": ""}
+
+    def page() -> bytes:
+        with transport.request("GET", path, url=url, params=params) as response:
+            return response.content
+
+    while True:
+        try:
+            root = ElementTree.fromstring(call_with_retry(page, retry, url=url))
+        except ElementTree.ParseError as exc:
+            raise GCSError(f"the multipart uploads of {url} came back as no XML document ({exc})", url=url) from None
+        answer = root.tag.rpartition("}")[2]
+        if answer != "ListMultipartUploadsResult":
+            raise NoMultipartListing(f"{transport.endpoint} answered GET {path}?uploads with <{answer}>", url=url)
+        for upload in root.iterfind("{*}Upload"):
+            yield Upload(
+                upload.findtext("{*}Key", ""), upload.findtext("{*}UploadId", ""), upload.findtext("{*}Initiated", "")
+            )
+        if root.findtext("{*}IsTruncated") != "true":
+            return
+        params = {
+            "uploads": "",
+            "key-marker": root.findtext("{*}NextKeyMarker", ""),
+            "upload-id-marker": root.findtext("{*}NextUploadIdMarker", ""),
+        }
+
+
+def abort_upload(transport: Transport, bucket: str, upload: Upload, retry: RetryConfig) -> bool:
+    """Abort one multipart upload (its parts are dropped); ``False`` if it was already gone."""
+    url = format_url(bucket, upload.name)
+    path = f"/{quote(bucket, safe='')}/{quote(upload.name, safe='')}"
+    params = {"uploadId": upload.upload_id}
+    try:
+        call_with_retry(lambda: transport.request("DELETE", path, url=url, params=params).close(), retry, url=url)
+    except NotFoundError:
+        return False
+    return True
