@@ -277,7 +277,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         axes.invert_yaxis()
         axes.set_xlim(0, max(values) * 1.18)  # room for the value labels
         axes.set_xlabel(unit)
-        axes.set_title(f"{workload}, {latency} ms added latency")
+        capped = workload.startswith(("checkpoint", "compression"))
+        axes.set_title(f"{workload}, " + (f"{CHECKPOINT_BANDWIDTH / 1e6:.0f} MB/s per connection" if capped else f"{latency} ms added latency"))
         for y, value in enumerate(values):
             axes.text(value, y, f" {value:,.0f}", va="center")
         figure.tight_layout()
