@@ -283,7 +283,7 @@ class Composer:
             data, reserved = await fetch_object(job, url, composite, seq)  # its bytes checked against its crc32c
         except (NotFoundError, IntegrityError) as exc:
             logger.info("reading %s failed (%s)", url, exc)
-            self._forget(bucket, name, composite)
+            self._forget(bucket, name)
             return None
         finally:
             if self.reuse_prefix is None:
@@ -292,10 +292,12 @@ class Composer:
         assert isinstance(chunks, list), "a composite is at most half the byte budget, so never a stream"
         return _split(chunks, members), reserved
 
-    def _forget(self, bucket: str, name: str, composite: ObjectInfo) -> None:
-        """Drop a kept composite that proved wrong, so that it is rebuilt."""
-        if self.reuse_prefix is not None and self._cache.get(bucket, {}).pop(name, None) is not None:
-            self._delete_soon(bucket, name, composite.generation)
+    def _forget(self, bucket: str, name: str) -> None:
+        """Drop a kept composite that proved wrong from the manifest, so that it is rebuilt: the new compose
+        replaces it in place (deleting it first would race that compose wherever delete preconditions are not
+        enforced, as on the emulator)."""
+        if self.reuse_prefix is not None:
+            self._cache.get(bucket, {}).pop(name, None)
 
     # -- temporary objects -----------------------------------------------------------------------
 
