@@ -59,13 +59,13 @@ lie between them: fewer requests for a few wasted bytes."""
 
 
 class _Publisher(Protocol):
-    """What ``open_writer`` returns: a binary writer that publishes on ``close()`` or a clean ``__exit__``."""
+    """What ``open_writer`` returns: a binary writer that publishes on ``close()`` and discards on ``abort()``."""
 
     def write(self, data: Any) -> int: ...
 
     def close(self) -> None: ...
 
-    def __exit__(self, exc_type: object, exc: object, traceback: object) -> object: ...
+    def abort(self) -> None: ...
 
 
 def _url(path: str | os.PathLike[str]) -> str:
@@ -120,17 +120,17 @@ class _WriteStream(io.RawIOBase):
         finally:
             super().close()
 
-    def abort(self, exc: BaseException) -> None:
+    def abort(self) -> None:
         """Give the file up: nothing is published."""
         self._done = True
         try:
-            self._writer.__exit__(type(exc), exc, exc.__traceback__)
+            self._writer.abort()
         finally:
             super().close()
 
     def __del__(self) -> None:
         if not getattr(self, "_done", True):
-            self.abort(RuntimeError("dropped without close()"))
+            self.abort()
 
 
 # -- reading -------------------------------------------------------------------------------------------------
@@ -454,7 +454,7 @@ class _GCSFileSystem(FileSystemBase):
                 yield stream
                 stream.close()
             except BaseException as exc:
-                stream.abort(exc)
+                stream.abort()
                 self.failed_writes.append(url)
                 if stream.error is not None and stream.error is not exc:
                     raise stream.error  # the cause, not what torch.save made of it
