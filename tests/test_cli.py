@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from xml.etree import ElementTree
 
 import pytest
 import requests
@@ -193,33 +192,6 @@ def test_clean_aborts_old_multipart_uploads(
     assert one_line(err, "clean") and "403" in err
 
 
-def test_front_lists_multipart_uploads_as_gcs_pages_them(gcs_emulator: Emulator, gcs_front: GCSFront) -> None:
-    """What clean relies on: pages in (name, upload ID) order, continued by both markers, none twice."""
-    gcs_emulator.create_bucket("cli-upload-pages")
-    base = f"{gcs_front.endpoint}/cli-upload-pages"
-    for name in ("a.pt", "b.pt", "b.pt", "c/d.pt", "e.pt"):
-        assert requests.post(f"{base}/{name}", params={"uploads": ""}, timeout=30).status_code == 200
-    pages, params = [], {"uploads": "", "max-uploads": "2"}
-    while True:
-        root = ElementTree.fromstring(requests.get(base, params=params, timeout=30).content)
-        assert root.tag == "{http://s3.amazonaws.com/doc/2006-03-01/}ListMultipartUploadsResult"
-        uploads = root.findall("{*}Upload")
-        pages.append([(upload.findtext("{*}Key", ""), upload.findtext("{*}UploadId", "")) for upload in uploads])
-        for upload in uploads:
-            assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", upload.findtext("{*}Initiated") or "")
-        if root.findtext("{*}IsTruncated") != "true":
-            break
-        assert (root.findtext("{*}NextKeyMarker"), root.findtext("{*}NextUploadIdMarker")) == pages[-1][-1]
-        params = {**params, "key-marker": pages[-1][-1][0], "upload-id-marker": pages[-1][-1][1]}
-    listed = [upload for page in pages for upload in page]
-    assert [len(page) for page in pages] == [2, 2, 1] and listed == sorted(set(listed))  # b.pt's two are split
-    assert [name for name, _ in listed] == ["a.pt", "b.pt", "b.pt", "c/d.pt", "e.pt"]
-    prefixed = ElementTree.fromstring(requests.get(base, params={"uploads": "", "prefix": "c/"}, timeout=30).content)
-    assert [upload.findtext("{*}Key") for upload in prefixed.findall("{*}Upload")] == ["c/d.pt"]
-    missing = requests.get(f"{gcs_front.endpoint}/cli-no-such-bucket", params={"uploads": ""}, timeout=30)
-    assert missing.status_code == 404 and b"<Code>NoSuchBucket</Code>" in missing.content
-
-
 # -- emulator --------------------------------------------------------------------------------------
 
 
@@ -354,3 +326,13 @@ def test_emulator_keeps_its_objects_in_a_data_dir_and_serves_on_a_given_port(tmp
                 if process.poll() is None:
                     process.kill()
         assert any((tmp_path / "data").iterdir()), run  # still there after stopping
+
+
+def test_ls_into_a_pipe_closed_early_stops_quietly(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {f"x/{i:05d}": b"." for i in range(3000)})
+    command = [sys.executable, "-m", "torchdata_gcs.cli", "--endpoint", gcs_emulator.endpoint, "ls", "--long"]
+    with subprocess.Popen([*command, f"gs://{gcs_bucket}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as ls:
+        assert ls.stdout is not None and ls.stderr is not None
+        assert ls.stdout.readline().decode().strip().endswith(f"gs://{gcs_bucket}/x/00000")
+        ls.stdout.close()  # as `| head -1` does
+        assert ls.wait(timeout=60) == 0 and ls.stderr.read() == b""

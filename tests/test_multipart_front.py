@@ -130,3 +130,30 @@ def test_faults_apply_to_parts(gcs_emulator: Emulator) -> None:
         assert retried.status_code == 200
         assert complete(front, "flaky.bin", upload_id, [(1, retried.headers["ETag"])]).status_code == 200
     assert gcs_emulator.read(BUCKET, "flaky.bin") == b"a"
+
+
+def test_front_lists_multipart_uploads_as_gcs_pages_them(gcs_emulator: Emulator, gcs_front: GCSFront) -> None:
+    """What clean relies on: pages in (name, upload ID) order, continued by both markers, none twice."""
+    gcs_emulator.create_bucket("cli-upload-pages")
+    base = f"{gcs_front.endpoint}/cli-upload-pages"
+    for name in ("a.pt", "b.pt", "b.pt", "c/d.pt", "e.pt"):
+        assert requests.post(f"{base}/{name}", params={"uploads": ""}, timeout=30).status_code == 200
+    pages, params = [], {"uploads": "", "max-uploads": "2"}
+    while True:
+        root = ElementTree.fromstring(requests.get(base, params=params, timeout=30).content)
+        assert root.tag == "{http://s3.amazonaws.com/doc/2006-03-01/}ListMultipartUploadsResult"
+        uploads = root.findall("{*}Upload")
+        pages.append([(upload.findtext("{*}Key", ""), upload.findtext("{*}UploadId", "")) for upload in uploads])
+        for upload in uploads:
+            assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", upload.findtext("{*}Initiated") or "")
+        if root.findtext("{*}IsTruncated") != "true":
+            break
+        assert (root.findtext("{*}NextKeyMarker"), root.findtext("{*}NextUploadIdMarker")) == pages[-1][-1]
+        params = {**params, "key-marker": pages[-1][-1][0], "upload-id-marker": pages[-1][-1][1]}
+    listed = [upload for page in pages for upload in page]
+    assert [len(page) for page in pages] == [2, 2, 1] and listed == sorted(set(listed))  # b.pt's two are split
+    assert [name for name, _ in listed] == ["a.pt", "b.pt", "b.pt", "c/d.pt", "e.pt"]
+    prefixed = ElementTree.fromstring(requests.get(base, params={"uploads": "", "prefix": "c/"}, timeout=30).content)
+    assert [upload.findtext("{*}Key") for upload in prefixed.findall("{*}Upload")] == ["c/d.pt"]
+    missing = requests.get(f"{gcs_front.endpoint}/cli-no-such-bucket", params={"uploads": ""}, timeout=30)
+    assert missing.status_code == 404 and b"<Code>NoSuchBucket</Code>" in missing.content

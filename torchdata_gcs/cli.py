@@ -366,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return int(args.run(args))
+    except BrokenPipeError:  # the reader went away (`torchdata-gcs ls --long | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush fails quietly
+        return 0
     except (GCSError, OSError, EmulatorError) as exc:
         if args.verbose:
             raise
