@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import io
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from itertools import accumulate
 
@@ -25,7 +25,7 @@ __all__ = ["MemoryStream", "PartStream"]
 class MemoryStream(io.RawIOBase):
     """A seekable read-only stream over an object held as consecutive parts, without joining them."""
 
-    def __init__(self, parts: list[bytes] | list[memoryview] | list[bytearray]) -> None:
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         super().__init__()
         self._parts = parts
         self._starts = [0, *accumulate(map(len, parts))][:-1]

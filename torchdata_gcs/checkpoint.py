@@ -153,8 +153,7 @@ def open_reader(
     if resource is None:
         raise NotFoundError(f"{url} does not exist", url=url, status=404)
     buffer = read_into_buffer(url, ObjectInfo.from_json(resource), client, transfer, retry, LoadStats())
-    data = decompress(buffer, url)
-    return cast(IO[bytes], MemoryStream([bytes(data)] if isinstance(data, bytes) else [data]))
+    return cast(IO[bytes], MemoryStream([decompress(buffer, url)]))
 
 
 def load(
