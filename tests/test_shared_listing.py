@@ -154,6 +154,22 @@ def test_a_lock_left_by_a_dead_replica_is_taken_over(
     assert manifest_objects(gcs_emulator, bucket, folder) == [shared.manifest_name]
 
 
+def test_a_412_on_the_lock_takeover_keeps_the_replica_waiting(
+    gcs_emulator: Emulator, dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GCS answers the pinned delete of a stale lock 412 when its holder renewed it in between."""
+    bucket, expected, folder = dataset
+    monkeypatch.setattr(_shared_listing, "LEASE", 0.3)
+    shared = _shared_listing.SharedListing(
+        transport_for(gcs_emulator.client_config), f"gs://{bucket}/{folder}", [f"gs://{bucket}/data/"], [""], FAST_RETRY
+    )
+    gcs_emulator.upload(bucket, shared.lock_name, b"a replica that was killed")
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_412", match=r"^DELETE .*\.lock", times=1)]) as front:
+        assert list(lister(bucket, folder, front.client_config)) == expected
+        assert front.faults_injected["http_412"] == 1 and front.counts["delete"] == 3  # refused, taken, released
+    assert manifest_objects(gcs_emulator, bucket, folder) == [shared.manifest_name]
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_resumes_after_the_last_object_yielded(gcs_emulator: Emulator, front: GCSFront, dataset, shared: bool) -> None:
     bucket, expected, folder = dataset

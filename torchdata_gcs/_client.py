@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 from urllib.parse import quote
+from xml.etree import ElementTree
 
 import google.auth
 import google.auth.credentials
@@ -94,11 +95,26 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 
 def error_detail(text: str) -> str:
-    """The message of a GCS JSON error body (or the start of any other body)."""
+    """The message of a GCS error body: JSON API ``{"error": {"message"}}``, XML API
+    ``<Error><Code/><Message/></Error>`` as ``"Code: Message"``, or the start of any other body.
+
+    >>> error_detail('<?xml version="1.0"?><Error><Code>BadDigest</Code><Message>No match.</Message></Error>')
+    'BadDigest: No match.'
+    """
     try:
         return str(json.loads(text)["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
-        return text.strip()[:300]
+        pass
+    if text.lstrip().startswith("<"):
+        try:
+            root = ElementTree.fromstring(text)
+        except ElementTree.ParseError:
+            pass
+        else:
+            code, message = root.findtext("Code"), root.findtext("Message")
+            if code:
+                return f"{code}: {message or ''}".strip()[:300]
+    return text.strip()[:300]
 
 
 class Transport:
@@ -165,6 +181,22 @@ class Transport:
     def bucket_objects_path(self, bucket: str) -> str:
         return f"/storage/v1/b/{quote(bucket, safe='')}/o"
 
+    def xml_path(self, bucket: str, name: str = "") -> str:
+        """XML API path of a bucket (``/bucket``) or an object (``/bucket/name``, encoded whole)."""
+        return f"/{quote(bucket, safe='')}" + (f"/{quote(name, safe='')}" if name else "")
+
+    def billed(
+        self, params: dict[str, Any], headers: dict[str, str] | None, *, xml_api: bool
+    ) -> tuple[dict[str, Any], dict[str, str] | None]:
+        """``params`` and ``headers`` naming the project billed for requests to requester-pays buckets:
+        the JSON API takes it as the ``userProject`` parameter, the XML API as the
+        ``x-goog-user-project`` header."""
+        if not self._user_project:
+            return params, headers
+        if xml_api:
+            return params, {**(headers or {}), "x-goog-user-project": self._user_project}
+        return {**params, "userProject": self._user_project}, headers
+
     def request(
         self,
         method: str,
@@ -175,11 +207,11 @@ class Transport:
         stream: bool = False,
         data: bytes | None = None,
         headers: dict[str, str] | None = None,
+        xml_api: bool = False,
     ) -> requests.Response:
-        """Send one request; raise the typed error for any non-2xx answer (``url`` names the object)."""
-        params = dict(params or {})
-        if self._user_project:
-            params["userProject"] = self._user_project
+        """Send one request (to the XML API if ``xml_api``, else the JSON API); raise the typed error
+        for any non-2xx answer (``url`` names the object)."""
+        params, headers = self.billed(dict(params or {}), headers, xml_api=xml_api)
         try:
             response = self._session.request(
                 method, self.endpoint + path, params=params, data=data, headers=headers, stream=stream, timeout=self._timeout

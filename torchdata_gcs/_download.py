@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
+import sys
 import time
 import warnings
 from collections import deque
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import google_crc32c
 
 from ._aio import io_loop
-from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, reported_crc32c
 from ._reader import ObjectReader, object_reader
 from ._retry import Attempts
 from ._streams import PartStream
@@ -45,7 +45,6 @@ __all__ = [
     "new_job",
     "read_into_buffer",
     "read_ranges_into",
-    "reported_crc32c",
     "verify_bytes",
 ]
 
@@ -53,7 +52,6 @@ T = TypeVar("T")
 
 STREAM_AHEAD_PARTS = 4
 """An object larger than the byte budget is read at most this many parts ahead of its reader."""
-_CRC32C_IN_HASH_HEADER = re.compile(r"crc32c=([A-Za-z0-9+/=]+)")
 
 
 @dataclass
@@ -157,11 +155,6 @@ class _Job:
             await self.slots.acquire()
 
 
-def reported_crc32c(headers: Any) -> str | None:
-    match = _CRC32C_IN_HASH_HEADER.search(headers.get("x-goog-hash", ""))
-    return match.group(1) if match else None
-
-
 def verify_bytes(url: str, parts: Sequence[bytes], size: int | None, crc32cs: dict[str, str | None]) -> None:
     """Raise ``IntegrityError`` unless the object made of ``parts`` has ``size`` bytes and matches every
     known crc32c (``crc32cs`` maps a checksum's source, such as ``"GCS"``, to its base64 value)."""
@@ -261,6 +254,21 @@ async def _read_at_most(response: Any, limit: int) -> list[bytes]:
     return chunks
 
 
+async def _learn_version(job: _Job, url: str, params: dict[str, Any], checksums: dict[str, str | None]) -> None:
+    """Pin ``params`` to the object's generation and learn its crc32c from its metadata, for an object
+    read in several ranges whose first answer did not report them."""
+    bucket, name = parse_url(url, allow_prefix=False)
+    query = {"fields": "generation,crc32c", **({"generation": params["generation"]} if "generation" in params else {})}
+
+    async def attempt() -> Any:
+        async with job.reader.get(url, job.reader.object_path(bucket, name), query) as response:
+            return await response.json(content_type=None)
+
+    resource = await _with_retry(job, url, attempt)
+    params["generation"] = resource["generation"]
+    checksums["GCS"] = checksums["GCS"] or resource.get("crc32c")
+
+
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream
 """An object's bytes (whole, or in chunks, or views into a composite's chunks), or a stream over
 one too large for the byte budget."""
@@ -301,10 +309,21 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
         """The whole object, or its first part (in chunks); and the object's size."""
         nonlocal reserved
         async with job.reader.get(url, path, params) as response:
+            # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing.
             checksums["GCS"] = reported_crc32c(response.headers)
-            params.setdefault("generation", response.headers.get("x-goog-generation"))
+            if "x-goog-generation" in response.headers:
+                params.setdefault("generation", response.headers["x-goog-generation"])
             length = response.headers.get("Content-Length")
-            total = int(length) if length is not None else job.part_size  # unknown: read it whole
+            if length is None:  # size unknown until the end: read the answer whole
+                chunks = await _read_at_most(response, sys.maxsize)
+                received = sum(map(len, chunks))
+                job.stats.bytes += received
+                if not reserved:
+                    reserved = received
+                    await job.reserve_while_sending(reserved, seq)
+                verify_bytes(url, chunks, info.size if info is not None else None, checksums)
+                return chunks, received
+            total = int(length)
             if not reserved:
                 reserved = share(total)
                 await job.reserve_while_sending(reserved, seq)
@@ -336,6 +355,8 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
             if sum(map(len, first)) == size:
                 return (first[0] if len(first) == 1 else first), reserved
             parts = first
+            if "generation" not in params or checksums["GCS"] is None:  # the answer did not say: ask
+                await _learn_version(job, url, params, checksums)
         if size > limit:
             return stream(size, parts), reserved
         rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)

@@ -11,7 +11,15 @@ import google_crc32c
 
 from .errors import IntegrityError
 
-__all__ = ["ObjectInfo", "check_crc32c", "crc32c_base64", "crc32c_of_concatenation", "crc32c_value"]
+__all__ = [
+    "ObjectInfo",
+    "check_crc32c",
+    "crc32c_base64",
+    "crc32c_of_concatenation",
+    "crc32c_value",
+    "hash_header",
+    "reported_crc32c",
+]
 
 
 class ObjectInfo(NamedTuple):
@@ -54,6 +62,52 @@ def check_crc32c(url: str, actual: str, expected: dict[str, str | None]) -> None
     for source, value in expected.items():
         if value is not None and value != actual:
             raise IntegrityError(f"{url}: crc32c of the downloaded bytes is {actual}, {source} says {value}", url=url)
+
+
+def _header_values(headers: Any, name: str) -> list[str]:
+    """Every line of header ``name``: aiohttp and ``http.client`` keep repeated lines apart, while
+    ``requests`` joins them with commas (which the caller splits anyway)."""
+    for get_all in ("getall", "get_all"):
+        method = getattr(headers, get_all, None)
+        if method is not None:
+            return list(method(name, None) or [])
+    value = headers.get(name)
+    return [] if value is None else [value]
+
+
+def reported_crc32c(headers: Any) -> str | None:
+    """The crc32c that GCS's ``x-goog-hash`` answer header reports, or ``None`` when it reports none.
+
+    GCS may send ``crc32c=`` and ``md5=`` on one line, comma-separated, or as separate header lines
+    in any order; every line and every value is read. Two different crc32c values raise
+    ``IntegrityError``.
+
+    >>> reported_crc32c({"x-goog-hash": "md5=XrY7u+Ae7tCTyyK7j1rNww==, crc32c=yZRlqg=="})
+    'yZRlqg=='
+    >>> from multidict import CIMultiDict
+    >>> reported_crc32c(CIMultiDict([("X-Goog-Hash", "md5=XrY7u+Ae7tCTyyK7j1rNww=="), ("x-goog-hash", "crc32c=yZRlqg==")]))
+    'yZRlqg=='
+    >>> reported_crc32c({}) is None
+    True
+    """
+    found: set[str] = set()
+    for line in _header_values(headers, "x-goog-hash"):
+        for item in line.split(","):
+            kind, _, value = item.strip().partition("=")
+            if kind.strip().lower() == "crc32c" and value.strip():
+                found.add(value.strip())
+    if len(found) > 1:
+        raise IntegrityError(f"GCS reported several different crc32c values: {sorted(found)}")
+    return found.pop() if found else None
+
+
+def hash_header(crc32c: int) -> dict[str, str]:
+    """The request header that asks GCS to refuse a body whose crc32c is not ``crc32c``.
+
+    >>> hash_header(0)
+    {'x-goog-hash': 'crc32c=AAAAAA=='}
+    """
+    return {"x-goog-hash": f"crc32c={crc32c_base64(crc32c)}"}
 
 
 @functools.lru_cache(maxsize=256)

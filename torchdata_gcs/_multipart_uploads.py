@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import quote
 from xml.etree import ElementTree
 
 from ._client import Transport
@@ -33,11 +32,11 @@ class Upload:
 def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig) -> Iterator[Upload]:
     """The bucket's unfinished multipart uploads, page by page (``GET /BUCKET?uploads`` on the XML API)."""
     url = format_url(bucket)
-    path = f"/{quote(bucket, safe='')}"
+    path = transport.xml_path(bucket)
     params = {"uploads": ""}
 
     def page() -> bytes:
-        with transport.request("GET", path, url=url, params=params) as response:
+        with transport.request("GET", path, url=url, params=params, xml_api=True) as response:
             return response.content
 
     while True:
@@ -64,10 +63,12 @@ def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig) ->
 def abort_upload(transport: Transport, bucket: str, upload: Upload, retry: RetryConfig) -> bool:
     """Abort one multipart upload (its parts are dropped); ``False`` if it was already gone."""
     url = format_url(bucket, upload.name)
-    path = f"/{quote(bucket, safe='')}/{quote(upload.name, safe='')}"
+    path = transport.xml_path(bucket, upload.name)
     params = {"uploadId": upload.upload_id}
     try:
-        call_with_retry(lambda: transport.request("DELETE", path, url=url, params=params).close(), retry, url=url)
+        call_with_retry(
+            lambda: transport.request("DELETE", path, url=url, params=params, xml_api=True).close(), retry, url=url
+        )
     except NotFoundError:
         return False
     return True

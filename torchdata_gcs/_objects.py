@@ -7,8 +7,8 @@ import uuid
 from typing import Any
 
 from ._client import Transport
-from ._download import reported_crc32c, verify_bytes
-from ._metadata import crc32c_base64
+from ._download import verify_bytes
+from ._metadata import crc32c_base64, reported_crc32c
 from ._retry import call_with_retry
 from ._uri import format_url
 from .config import RetryConfig
@@ -18,13 +18,17 @@ __all__ = ["create_object", "delete_object", "multipart_body", "object_resource"
 
 
 def object_resource(
-    transport: Transport, bucket: str, name: str, retry: RetryConfig, fields: str
+    transport: Transport, bucket: str, name: str, retry: RetryConfig, fields: str, *, generation: int | None = None
 ) -> dict[str, Any] | None:
-    """The object's JSON resource trimmed to ``fields``, or ``None`` if it does not exist."""
+    """The object's JSON resource (of ``generation``, else the live one) trimmed to ``fields``, or
+    ``None`` if it does not exist."""
     url = format_url(bucket, name)
     path = transport.object_path(bucket, name)
+    params: dict[str, Any] = {"fields": fields}
+    if generation is not None:
+        params["generation"] = generation
     try:
-        return call_with_retry(lambda: transport.get_json(path, url=url, params={"fields": fields}), retry, url=url)
+        return call_with_retry(lambda: transport.get_json(path, url=url, params=params), retry, url=url)
     except NotFoundError:
         return None
 
@@ -46,11 +50,14 @@ def read_object(transport: Transport, bucket: str, name: str, retry: RetryConfig
         return None
 
 
-def multipart_body(name: str, data: bytes, content_type: str = "application/octet-stream") -> tuple[bytes, dict[str, str]]:
-    """The body and headers of a JSON API multipart upload of ``data`` as ``name``, its crc32c in the
-    metadata so that GCS refuses bytes damaged on the way."""
+def multipart_body(
+    name: str, data: bytes, content_type: str = "application/octet-stream", crc32c: int | None = None
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a JSON API multipart upload of ``data`` as ``name``, its crc32c (computed
+    unless given) in the metadata so that GCS refuses bytes damaged on the way."""
     boundary = uuid.uuid4().hex
-    metadata = json.dumps({"name": name, "crc32c": crc32c_base64(data), "contentType": content_type})
+    checksum = crc32c_base64(data if crc32c is None else crc32c)
+    metadata = json.dumps({"name": name, "crc32c": checksum, "contentType": content_type})
     body = b"".join(
         (
             f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n".encode(),

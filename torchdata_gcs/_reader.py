@@ -80,9 +80,10 @@ class ObjectReader:
         headers: dict[str, str] | None = None,
         json: Any = None,
         data: bytes | None = None,
+        xml_api: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Send ``method`` to ``path`` (with a ``json`` or ``data`` body, if given); a non-2xx answer
-        raises its typed error naming ``url``."""
+        """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
+        ``data`` body if given; a non-2xx answer raises its typed error naming ``url``."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
@@ -90,8 +91,7 @@ class ObjectReader:
                 auto_decompress=False,
                 headers={"Accept-Encoding": "gzip"},
             )
-        if self.transport.user_project:
-            params = {**params, "userProject": self.transport.user_project}
+        params, headers = self.transport.billed(params, headers, xml_api=xml_api)
         request_headers = {**(await self._headers()), **(headers or {})} if self._signed else headers
         # The path is percent-encoded already: yarl need not parse and encode it again.
         target = yarl.URL(f"{path}?{urlencode(params)}", encoded=True)

@@ -120,9 +120,14 @@ class SharedListing:
                 seen, since = resource["generation"], time.monotonic()
             elif time.monotonic() - since > LEASE:
                 logger.warning("taking over the listing lock %s: its holder stopped renewing it", self.lock_name)
-                delete_object(
-                    self.transport, self.bucket, self.lock_name, self.retry, if_generation_match=int(resource["generation"])
-                )
+                try:
+                    delete_object(
+                        self.transport, self.bucket, self.lock_name, self.retry,
+                        if_generation_match=int(resource["generation"]),
+                    )
+                except PreconditionFailedError:  # renewed or taken over meanwhile: someone holds it
+                    seen, since = None, time.monotonic()
+                    continue
                 return
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)

@@ -13,7 +13,10 @@ multipart uploads are not wanted). Both share :class:`StreamingWriter`'s behavio
   ``with``, a writer dropped without closing, or a part that fails after retries discards the parts,
   and nothing is published;
 - a payload that fits one part goes out in a single request;
+- every part travels with its crc32c, so GCS refuses a part damaged on the way and it is sent again;
 - the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
+  GCS does not promise the generation and checksum headers in the answer that publishes a multipart
+  upload: when they are missing (or the answer was lost), they are asked of the object's metadata.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from collections import deque
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import quote
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
@@ -34,8 +36,8 @@ import google_crc32c
 from ._aio import io_loop, wait_unless_on_io_loop
 from ._client import transport_for
 from ._compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
-from ._download import LoadStats, _Job, _with_retry, new_job, reported_crc32c
-from ._metadata import crc32c_base64
+from ._download import LoadStats, _Job, _with_retry, new_job
+from ._metadata import crc32c_base64, hash_header, reported_crc32c
 from ._objects import create_object, delete_object, multipart_body, object_resource
 from ._uri import TEMPORARY_PREFIX, format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
@@ -205,7 +207,8 @@ class StreamingWriter(io.RawIOBase):
         while len(self._pending) >= self._max_in_flight:
             self._collect(self._pending.popleft())
         self._sent += 1
-        self._pending.append(asyncio.run_coroutine_threadsafe(self._upload_part(self._sent, data), io_loop()))
+        upload = self._upload_part(self._sent, data, google_crc32c.value(data))
+        self._pending.append(asyncio.run_coroutine_threadsafe(upload, io_loop()))
 
     def _collect(self, future: Future[tuple[int, Any]]) -> None:
         try:
@@ -218,6 +221,8 @@ class StreamingWriter(io.RawIOBase):
         """Assemble the parts; check the object's crc32c against the bytes written (deleting it on a
         mismatch) and return its generation."""
         generation, reported = self._assemble()
+        if generation is None or reported is None:
+            generation, reported = self._published_version(generation)
         expected = crc32c_base64(self._crc)
         if reported != expected:
             delete_object(self._transport, self._bucket, self._name, self._retry, if_generation_match=generation)
@@ -228,18 +233,40 @@ class StreamingWriter(io.RawIOBase):
             )
         return generation
 
+    def _published_version(self, generation: int | None) -> tuple[int, str | None]:
+        """Generation and crc32c of the version the parts were assembled into, asked of GCS (of
+        ``generation`` if known, else the live version, which must then hold exactly the bytes
+        written: otherwise it is not known to be this upload's, and it is left alone)."""
+        resource = object_resource(
+            self._transport, self._bucket, self._name, self._retry, "size,generation,crc32c", generation=generation
+        )
+        ours = resource is not None and (
+            generation is not None
+            or (int(resource["size"]) == self._size and resource.get("crc32c") == crc32c_base64(self._crc))
+        )
+        if resource is None or not ours:
+            now = "no object" if resource is None else f"generation {resource['generation']}, other bytes"
+            raise UploadError(
+                f"{self.url}: the upload's outcome is unknown (its answer was lost or said nothing) and the URL "
+                f"holds {now}; nothing was deleted",
+                url=self.url,
+            )
+        return int(resource["generation"]), resource.get("crc32c")
+
     # -- what a strategy provides ----------------------------------------------------------------
 
     def _start(self) -> None:
         """Called before the first part."""
 
-    def _upload_part(self, number: int, data: bytes) -> Coroutine[Any, Any, tuple[int, Any]]:
-        """A coroutine that uploads part ``number`` and returns ``(number, token)``. It must not
-        refer to the writer, or a dropped writer would live until its parts finish."""
+    def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
+        """A coroutine that uploads part ``number`` (whose crc32c is ``crc32c``) and returns
+        ``(number, token)``. It must not refer to the writer, or a dropped writer would live until
+        its parts finish."""
         raise NotImplementedError
 
-    def _assemble(self) -> tuple[int, str | None]:
-        """Publish the object from ``self._parts``; its generation and reported crc32c."""
+    def _assemble(self) -> tuple[int | None, str | None]:
+        """Publish the object from ``self._parts``; its generation and crc32c as the answer reported
+        them (``None`` for what it did not say)."""
         raise NotImplementedError
 
     async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
@@ -264,17 +291,23 @@ class MultipartWriter(StreamingWriter):
 
     def __init__(self, url: str, **settings: Any) -> None:
         super().__init__(url, **settings)
-        self._xml_path = f"{self._transport.endpoint}/{quote(self._bucket, safe='')}/{quote(self._name, safe='')}"
+        self._xml_path = self._transport.endpoint + self._transport.xml_path(self._bucket, self._name)
         self._upload_id: str | None = None
 
     def _start(self) -> None:
-        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": ""}))
-        self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
+        headers = {"Content-Type": "application/octet-stream"}
+        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": ""}, headers=headers))
+        try:
+            self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
+        except ElementTree.ParseError:
+            self._upload_id = None
+        if not self._upload_id:
+            raise UploadError(f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url)
 
-    def _upload_part(self, number: int, data: bytes) -> Coroutine[Any, Any, tuple[int, Any]]:
-        return _put_part(self._job, self.url, self._xml_path, number, self._upload_id, data)
+    def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
+        return _put_part(self._job, self.url, self._xml_path, number, self._upload_id, data, crc32c)
 
-    def _assemble(self) -> tuple[int, str | None]:
+    def _assemble(self) -> tuple[int | None, str | None]:
         parts = "".join(
             f"<Part><PartNumber>{number}</PartNumber><ETag>{escape(etag)}</ETag></Part>"
             for number, etag in sorted(self._parts.items())
@@ -284,21 +317,11 @@ class MultipartWriter(StreamingWriter):
         try:
             headers, _ = self._run(_send(self._job, self.url, self._xml_path, "POST", params, document))
         except NotFoundError:
-            return self._completed_before()
-        return int(headers["x-goog-generation"]), reported_crc32c(headers)
-
-    def _completed_before(self) -> tuple[int, str | None]:
-        """The object a completion published, when a retried completion finds the upload gone (GCS's
-        ``NoSuchUpload``) because the answer to an earlier attempt was lost on the way: it must hold
-        exactly the bytes written, else the upload failed."""
-        resource = object_resource(self._transport, self._bucket, self._name, self._retry, "size,generation,crc32c")
-        if (
-            resource is None
-            or int(resource["size"]) != self._size
-            or resource.get("crc32c") != crc32c_base64(self._crc)
-        ):
-            raise UploadError(f"{self.url}: the multipart upload vanished before it completed", url=self.url)
-        return int(resource["generation"]), resource.get("crc32c")
+            # GCS's NoSuchUpload to a retried completion whose first answer was lost on the way: the
+            # upload may have completed; what the URL holds now decides (see _published_version).
+            return None, None
+        generation = headers.get("x-goog-generation")
+        return (int(generation) if generation else None), reported_crc32c(headers)
 
     async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
         for future in pending:  # the abort drops whatever parts still arrive
@@ -337,12 +360,12 @@ class CompositeWriter(StreamingWriter):
         self._prefix = f"{TEMPORARY_PREFIX}{new_job_id()}/"
         self._temporaries: set[str] = set()  # every temporary name written or being written
 
-    def _upload_part(self, number: int, data: bytes) -> Coroutine[Any, Any, tuple[int, Any]]:
+    def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
         self._temporaries.add(name)
-        return _create_part(self._job, self._bucket, name, number, data)
+        return _create_part(self._job, self._bucket, name, number, data, crc32c)
 
-    def _assemble(self) -> tuple[int, str | None]:
+    def _assemble(self) -> tuple[int | None, str | None]:
         sources: list[tuple[str, int | None]] = [self._parts[number] for number in sorted(self._parts)]
         try:
             info = self._run(self._compose_all(sources))
@@ -388,27 +411,52 @@ class CompositeWriter(StreamingWriter):
 
 
 async def _send(
-    job: _Job, url: str, path: str, method: str, params: dict[str, Any], data: bytes | None = None
+    job: _Job,
+    url: str,
+    path: str,
+    method: str,
+    params: dict[str, Any],
+    data: bytes | None = None,
+    *,
+    headers: dict[str, str] | None = None,
 ) -> tuple[Mapping[str, str], bytes]:
-    """One XML API request, retried; its headers (case-insensitive) and body."""
+    """One XML API request, retried; its headers (case-insensitive, repeated lines kept) and body."""
 
     async def attempt() -> tuple[Mapping[str, str], bytes]:
-        async with job.reader.send(method, url, path, params, data=data) as response:
+        async with job.reader.send(method, url, path, params, headers, data=data, xml_api=True) as response:
             return response.headers.copy(), await response.read()
 
     return await _with_retry(job, url, attempt)
 
 
-async def _put_part(job: _Job, url: str, path: str, number: int, upload_id: str | None, data: bytes) -> tuple[int, str]:
-    headers, _ = await _send(job, url, path, "PUT", {"partNumber": number, "uploadId": upload_id}, data)
-    return number, headers["ETag"]
+async def _put_part(
+    job: _Job, url: str, path: str, number: int, upload_id: str | None, data: bytes, crc32c: int
+) -> tuple[int, str]:
+    """Upload part ``number`` with its crc32c, so GCS refuses it if damaged on the way (a refusal, or an
+    answer reporting another crc32c, is retried); ``(number, ETag)``."""
+    params = {"partNumber": number, "uploadId": upload_id}
+    expected = crc32c_base64(crc32c)
+
+    async def attempt() -> tuple[int, str]:
+        async with job.reader.send("PUT", url, path, params, hash_header(crc32c), data=data, xml_api=True) as response:
+            await response.read()
+            reported, etag = reported_crc32c(response.headers), response.headers.get("ETag")
+        if reported is not None and reported != expected:
+            raise IntegrityError(f"{url}: GCS stored part {number} with crc32c {reported}, sent {expected}", url=url)
+        if not etag:
+            raise UploadError(f"{url}: GCS answered part {number} without an ETag", url=url)
+        return number, etag
+
+    return await _with_retry(job, url, attempt)
 
 
-async def _create_part(job: _Job, bucket: str, name: str, number: int, data: bytes) -> tuple[int, tuple[str, int]]:
+async def _create_part(
+    job: _Job, bucket: str, name: str, number: int, data: bytes, crc32c: int
+) -> tuple[int, tuple[str, int]]:
     """Upload one part as the object ``name`` (GCS checks its crc32c); ``(number, (name, generation))``."""
     reader = job.reader
     url = format_url(bucket, name)
-    body, headers = multipart_body(name, data)
+    body, headers = multipart_body(name, data, crc32c=crc32c)
     path = f"{reader.transport.endpoint}/upload{reader.transport.bucket_objects_path(bucket)}"
 
     async def attempt() -> int:

@@ -75,7 +75,8 @@ class TransientError(GCSError, ConnectionError):
 
 
 class IntegrityError(GCSError, OSError):
-    """Downloaded bytes do not match the size or crc32c that GCS recorded for the object."""
+    """Bytes damaged on the way: a download that does not match the size or crc32c GCS recorded for
+    the object, or an upload GCS refused because its body did not match the checksum sent with it."""
 
 
 class UploadError(GCSError, OSError):
@@ -95,6 +96,11 @@ RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses GCS documents as safe to retry with backoff."""
 
 
+DIGEST_MISMATCHES = ("BadDigest", "InvalidDigest", "CrcMismatch", "Provided CRC32C", "Provided MD5")
+"""How GCS's 400 answers begin when a request body does not match the checksum sent with it: the
+XML API's error codes (as ``"Code: Message"``) and the JSON API's messages."""
+
+
 def error_for_status(status: int, url: str | None, detail: str, *, retry_after: float | None = None) -> GCSError:
     """Turn an HTTP status GCS answered into the matching error; the one translation point."""
     where = f" ({url})" if url else ""
@@ -105,6 +111,8 @@ def error_for_status(status: int, url: str | None, detail: str, *, retry_after: 
         return AccessDeniedError(message, url=url, status=status)
     if status == 412:
         return PreconditionFailedError(message, url=url, status=status)
+    if status == 400 and detail.startswith(DIGEST_MISMATCHES):  # damaged on the way: a new attempt may cure it
+        return IntegrityError(message, url=url, status=status)
     if status in RETRYABLE_STATUSES:
         return TransientError(message, url=url, status=status, retry_after=retry_after)
     return GCSError(message, url=url, status=status)

@@ -5,12 +5,23 @@ Use :class:`Emulator` directly as a context manager, or load the fixtures in a `
     pytest_plugins = ["torchdata_gcs.testing.fixtures"]
 
 which provides ``gcs_emulator`` (one emulator per test session) and ``gcs_bucket`` (a new, empty
-bucket per test). Put a :class:`GCSFront` before the emulator to add latency, bandwidth caps and
-injected faults (throttling, outages, resets, cut bodies, stalls) and to count requests by kind.
+bucket per test). Put a :class:`GCSFront` before the emulator to hold it to GCS's rules (XML
+multipart upload, preconditions, composite objects, only the headers GCS promises), to add latency,
+bandwidth caps and injected faults (throttling, outages, resets, cut or damaged bodies, stalls), and
+to count and record requests.
 """
 
 from ._emulator import Emulator, EmulatorError
-from ._front import FAULT_KINDS, REQUEST_KINDS, Fault, GCSFront
+from ._front import FAULT_KINDS, REQUEST_KINDS, Fault, GCSFront, RecordedRequest
 from ._latency import LatencyFront
 
-__all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Emulator", "EmulatorError", "Fault", "GCSFront", "LatencyFront"]
+__all__ = [
+    "FAULT_KINDS",
+    "REQUEST_KINDS",
+    "Emulator",
+    "EmulatorError",
+    "Fault",
+    "GCSFront",
+    "LatencyFront",
+    "RecordedRequest",
+]

@@ -8,7 +8,9 @@ behaviours, so clients can be tested and measured against them over real sockets
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import io
 import json
 import random
 import re
@@ -28,19 +30,24 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._listing import MAX_PAGE_SIZE
 from ._list_index import ListingIndex
+from ._gcs_rules import GCSRules
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "request_kind"]
+__all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "RecordedRequest", "request_kind"]
 
-FaultKind = Literal["http_403", "http_429", "http_503", "reset", "truncate", "stall"]
+FaultKind = Literal["http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt"]
 MAX_COMPOSE_SOURCES = 32
-FAULT_KINDS: tuple[str, ...] = ("http_403", "http_429", "http_503", "reset", "truncate", "stall")
+FAULT_KINDS: tuple[str, ...] = (
+    "http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt"
+)
 _HTTP_FAULTS = {
     "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
+    "http_404": (404, "Not Found", "injected by the test front: No such object"),
+    "http_412": (412, "Precondition Failed", "injected by the test front: At least one of the pre-conditions you specified did not hold."),
     "http_429": (429, "Too Many Requests", "injected by the test front: Too Many Requests"),
     "http_503": (503, "Service Unavailable", "injected by the test front: Service Unavailable"),
 }
@@ -116,6 +123,20 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
 
 
 @dataclass(frozen=True)
+class RecordedRequest:
+    """A request as the front received it: method, ``/path?query``, headers in order, and body."""
+
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> list[str]:
+        """Every value of header ``name`` (case-insensitive)."""
+        return [value for key, value in self.headers if key.lower() == name.lower()]
+
+
+@dataclass(frozen=True)
 class Fault:
     """A failure to inject into matching requests.
 
@@ -124,7 +145,10 @@ class Fault:
             status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the connection (the client gets ECONNRESET)
             instead of answering; ``"truncate"`` forwards the request and sends the real status and
             headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
-            answers nothing for ``stall_seconds``, then closes. Only ``"truncate"`` reaches upstream.
+            answers nothing for ``stall_seconds``, then closes; ``"corrupt"`` flips one bit of the
+            request body (a request that has one) or of the answer's body, as damage in transit
+            would. Only ``"truncate"`` and ``"corrupt"`` reach upstream. ``"http_404"`` and
+            ``"http_412"`` answer as a missing object and a failed precondition do.
         rate: probability that a matching request is hit, drawn from the front's seeded generator.
         match: a request kind from :data:`REQUEST_KINDS` (``"get"``, ``"list"``, ...), or a regular
             expression searched in ``"METHOD /path?query"`` as the client sent it; ``None``: all.
@@ -173,12 +197,18 @@ class GCSFront(LocalService):
     (except that JSON list requests are capped at 1,000 objects a page, as GCS caps them),
     its end-to-end headers (``Host`` included) and its body streamed in chunks; the answer comes
     back the same way, so no body is ever held whole. Client and upstream connections are kept
-    alive. Compose requests are checked as GCS checks them, which the emulator does not: a source
-    that is missing or not at its given ``generation`` is answered 404, a source whose
-    ``objectPreconditions.ifGenerationMatch`` fails 412, and nothing is written. XML API multipart
-    uploads, which the emulator lacks, are served by the front itself (see ``_multipart``; parts
-    other than the last must reach ``min_part_size``, GCS's 5 MiB by default) and written to the
-    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. On top, per request:
+    alive. GCS's rules that the emulator does not keep are kept here (see ``_gcs_rules``): a
+    compose source that is missing or not at its given ``generation`` is answered 404, a failed
+    ``ifGenerationMatch``/``ifGenerationNotMatch`` on a compose (source or destination), a delete or
+    a media upload 412, and nothing is written; composite and multipart-uploaded objects have no MD5
+    and a ``componentCount``; ``x-goog-hash`` values come on separate lines, ``md5`` first. With
+    ``only_promised_headers`` the answers carry only the headers GCS promises (no ``x-goog-*``
+    metadata headers, no ``Content-Length``: bodies go chunked) but those named in ``also_send``.
+    XML API multipart uploads, which the emulator lacks, are served by the front itself (see
+    ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
+    a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
+    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. With ``record``,
+    :attr:`recorded` keeps every request as the client sent it. On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
     - request and response bodies travel at most ``bandwidth`` bytes/s each way per connection
@@ -212,6 +242,9 @@ class GCSFront(LocalService):
         faults: Sequence[Fault] = (),
         seed: int | None = 0,
         min_part_size: int = MIN_PART_SIZE,
+        only_promised_headers: bool = False,
+        also_send: Sequence[str] = (),
+        record: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -234,7 +267,12 @@ class GCSFront(LocalService):
         self._pool = _UpstreamPool(self._upstream_address)
         self._indexes: dict[str, ListingIndex] = {}
         address = self._upstream_address
-        self._multipart = MultipartUploads(lambda: http.client.HTTPConnection(*address, timeout=300), min_part_size)
+        self.rules = GCSRules(self._live_generation, only_promised_headers=only_promised_headers, also_send=also_send)
+        self._multipart = MultipartUploads(
+            lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size
+        )
+        self._record_requests = record
+        self._recorded: list[RecordedRequest] = []
         self.set_faults(faults)
 
     def __repr__(self) -> str:
@@ -285,6 +323,12 @@ class GCSFront(LocalService):
     def open_uploads(self) -> list[tuple[str, str]]:
         """``(bucket, object name)`` of every XML multipart upload neither completed nor aborted."""
         return self._multipart.open_uploads
+
+    @property
+    def recorded(self) -> list[RecordedRequest]:
+        """Every request received, as the client sent it, when the front was made with ``record=True``."""
+        with self._lock:
+            return list(self._recorded)
 
     @property
     def faults_injected(self) -> Counter[str]:
@@ -375,6 +419,20 @@ class GCSFront(LocalService):
             self._indexes[bucket] = ListingIndex(resources)
         return len(resources)
 
+    def _live_generation(self, bucket: str, name: str) -> int | None:
+        """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
+        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation"
+        connection, _ = self._pool.get()
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            answer = response.read()
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            raise
+        self._pool.put(connection)
+        return int(json.loads(answer)["generation"]) if response.status == 200 else None
+
     def _forget_indexes(self) -> None:
         with self._lock:
             self._indexes = {}
@@ -452,6 +510,43 @@ def _chunk_size(line: bytes) -> int:
         raise ConnectionError(f"malformed chunk size line {line[:40]!r}") from None
 
 
+def _object_of(target: str) -> tuple[str | None, str | None]:
+    """``(bucket, name)`` of a JSON API object path (``name`` is ``None`` for a bucket's paths)."""
+    parts = target.partition("?")[0].split("/")
+    if parts[1:4] == ["storage", "v1", "b"] and len(parts) > 4:
+        offset = 4
+    elif parts[1:5] in (["download", "storage", "v1", "b"], ["upload", "storage", "v1", "b"]) and len(parts) > 5:
+        offset = 5
+    else:
+        return None, None
+    bucket = unquote(parts[offset])
+    rest = parts[offset + 1 :]
+    if len(rest) < 2 or rest[0] != "o" or not rest[1]:
+        return bucket, None
+    name = "/".join(rest[1:])
+    return bucket, unquote(name.removesuffix("/compose") if target.split("?")[0].endswith("/compose") else name)
+
+
+def _compose_sources(data: bytes) -> list[dict[str, Any]]:
+    """The ``sourceObjects`` of a compose request body (none if it is malformed: the emulator answers it)."""
+    try:
+        sources = json.loads(data).get("sourceObjects", [])
+    except (ValueError, AttributeError):
+        return []
+    return [source for source in sources if isinstance(source, dict)] if isinstance(sources, list) else []
+
+
+def _flip_one_byte(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """``chunks`` with one bit of the middle byte of the first non-empty chunk flipped."""
+    for chunk in chunks:
+        if chunk:
+            middle = len(chunk) // 2
+            yield chunk[:middle] + bytes([chunk[middle] ^ 0x01]) + chunk[middle + 1 :]
+            break
+        yield chunk
+    yield from chunks
+
+
 def _chunk(piece: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(piece), piece) if piece else b""
 
@@ -490,7 +585,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the body's end is unknown
             self._answer_error(400, "Bad Request", "malformed Content-Length")
             return
-        if fault is not None and fault.kind != "truncate":
+        if front._record_requests:
+            data = b"".join(body or ())
+            body = iter([data]) if body is not None else None
+            with front._lock:
+                front._recorded.append(RecordedRequest(self.command, self.path, list(self.headers.items()), data))
+        if fault is not None and fault.kind not in ("truncate", "corrupt"):
             for _ in body or ():  # take the whole request, so the client waits for an answer
                 pass
             if front._pause(front.latency):
@@ -498,20 +598,32 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._close_now()
             return
+        truncate = fault is not None and fault.kind == "truncate"
+        corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
+        if fault is not None and fault.kind == "corrupt" and body is not None:
+            body = _flip_one_byte(body)
         if is_multipart_request(self.command, self.path):
-            self._answer_multipart(body, truncate=fault is not None)
+            self._answer_multipart(body, truncate=truncate)
             return
-        refusal = None
+        sources: list[dict[str, Any]] = []
         if kind == "compose" and self.command == "POST":
             data = b"".join(body or ())
-            body, refusal = iter([data]), self._compose_refusal(data)
+            body, sources = iter([data]), _compose_sources(data)
         if not front._pause(front.latency):
             self._close_now()
             return
-        if refusal is not None:
-            self._answer_error(*refusal)
-            return
-        self._forward(body, chunked, truncate=fault is not None)
+        path, _, query = self.path.partition("?")
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        checked = kind in ("upload", "delete", "compose") and params.keys() & {"ifGenerationMatch", "ifGenerationNotMatch"}
+        with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
+            refusal = self._compose_refusal(sources) if kind == "compose" else None
+            refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
+            if refusal is not None:
+                for _ in body or ():
+                    pass
+                self._answer_error(*refusal)
+                return
+            self._forward(body, chunked, truncate=truncate, corrupt=corrupt_answer, kind=kind, sources=sources)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
 
@@ -519,7 +631,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
         request out but cuts the answer's body in half (an answer lost on the way)."""
         front = self.server.front
-        status, reason, headers, payload = front._multipart.answer(self.command, self.path, body)
+        status, reason, headers, payload = front._multipart.answer(self.command, self.path, self.headers, body)
         if front._pause(front.latency):
             headers = [*headers, ("Content-Length", str(len(payload)))]
             self.wfile.write(_head(status, reason, headers) + (payload[: len(payload) // 2] if truncate else payload))
@@ -549,7 +661,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(_head(200, "OK", headers) + body)
         return True
 
-    def _compose_refusal(self, data: bytes) -> tuple[int, str, str] | None:
+    def _compose_refusal(self, sources: list[dict[str, Any]]) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
 
         More than 32 sources (GCS's limit per call) get 400; a source that does not exist, or whose
@@ -557,15 +669,11 @@ class _Handler(BaseHTTPRequestHandler):
         ``objectPreconditions.ifGenerationMatch``, 412.
         """
         bucket = unquote(self.path.split("/")[4])
-        try:
-            sources = json.loads(data).get("sourceObjects", [])
-        except (ValueError, AttributeError):
-            return None  # malformed: the emulator answers it
         if len(sources) > MAX_COMPOSE_SOURCES:
             return 400, "Bad Request", f"The number of source components provided ({len(sources)}) exceeds the maximum (32)"
         for source in sources:
             name = str(source.get("name", ""))
-            live = self._live_generation(bucket, name)
+            live = self.server.front._live_generation(bucket, name)
             pinned = source.get("generation")
             if live is None or (pinned is not None and int(pinned) != live):
                 return 404, "Not Found", f"No such object: {bucket}/{name}" + (f"#{pinned}" if pinned else "")
@@ -573,20 +681,6 @@ class _Handler(BaseHTTPRequestHandler):
             if wanted is not None and int(wanted) != live:
                 return 412, "Precondition Failed", "At least one of the pre-conditions you specified did not hold."
         return None
-
-    def _live_generation(self, bucket: str, name: str) -> int | None:
-        """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation"
-        connection, _ = self.server.front._pool.get()
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            answer = response.read()
-        except (OSError, http.client.HTTPException):
-            connection.close()
-            raise
-        self.server.front._pool.put(connection)
-        return int(json.loads(answer)["generation"]) if response.status == 200 else None
 
     def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
         """The request body as it arrives, and whether it is chunked."""
@@ -646,7 +740,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.front._pause(fault.stall_seconds)
             self._close_now()
 
-    def _forward(self, body: Iterator[bytes] | None, chunked: bool, *, truncate: bool) -> None:
+    def _forward(
+        self,
+        body: Iterator[bytes] | None,
+        chunked: bool,
+        *,
+        truncate: bool,
+        corrupt: bool = False,
+        kind: str = "other",
+        sources: Sequence[dict[str, Any]] = (),
+    ) -> None:
         try:
             connection, response = self._exchange(body, chunked)
         except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -657,7 +760,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         complete = False
         try:
-            complete = self._relay(response, truncate)
+            complete = self._relay(response, truncate, corrupt, kind, sources)
         finally:
             if complete:
                 self.server.front._pool.put(connection)
@@ -697,15 +800,37 @@ class _Handler(BaseHTTPRequestHandler):
                 connection.close()
                 raise
 
-    def _relay(self, response: http.client.HTTPResponse, truncate: bool) -> bool:
-        """Stream ``response`` to the client; returns whether it was read to its end."""
+    def _relay(
+        self,
+        response: http.client.HTTPResponse,
+        truncate: bool,
+        corrupt: bool = False,
+        kind: str = "other",
+        sources: Sequence[dict[str, Any]] = (),
+    ) -> bool:
+        """Stream ``response`` to the client (with one byte flipped if ``corrupt``) as GCS would send
+        it (see ``GCSRules``); returns whether it was read to its end."""
         front = self.server.front
+        rules = front.rules
         has_body = self.command != "HEAD" and response.status >= 200 and response.status not in (204, 304)
+        bucket, name = _object_of(self.path)
+        headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+        source: io.BufferedIOBase | http.client.HTTPResponse = response
         length = response.length  # None: chunked or until close
-        rechunk = has_body and length is None and self.request_version == "HTTP/1.1"
+        json_answer = response.getheader("Content-Type", "").startswith("application/json")
+        if has_body and response.status == 200 and json_answer and kind in ("metadata", "list", "compose", "upload"):
+            data = response.read()  # object resources are small: rewritten whole
+            if kind == "compose" and bucket is not None and name is not None:
+                generation = json.loads(data).get("generation")
+                if generation is not None:
+                    rules.add_composite(bucket, name, int(generation), rules.components_of(bucket, sources))
+            data = rules.rewrite_resources(data)
+            source, length = io.BytesIO(data), len(data)
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(length))]
+        headers = rules.answer_headers(headers, bucket=bucket, name=name)
+        rechunk = has_body and (length is None or not rules.sends("content-length")) and self.request_version == "HTTP/1.1"
         if has_body and length is None and not rechunk:
             self.close_connection = True
-        headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
         if rechunk:
             headers.append(("Transfer-Encoding", "chunked"))
         if self.close_connection:
@@ -720,7 +845,7 @@ class _Handler(BaseHTTPRequestHandler):
         cut_at = (length // 2 if length is not None else -1) if truncate else None  # -1: half the first piece
         sent, started = 0, time.monotonic()
         while True:
-            piece = response.read1(size)
+            piece = source.read1(size)
             if cut_at == -1:
                 cut_at = len(piece) // 2
             if cut_at is not None and sent + len(piece) >= cut_at:
@@ -730,6 +855,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
             if not piece:
                 break
+            if corrupt:
+                piece, corrupt = next(_flip_one_byte(iter([piece]))), False
             self.wfile.write(pending + (_chunk(piece) if rechunk else piece))
             pending = b""
             sent += len(piece)

@@ -4,9 +4,12 @@ Initiate (``POST /bucket/object?uploads``), upload part (``PUT ?partNumber=N&upl
 with its ``ETag``), list parts (``GET ?uploadId=ID``), complete (``POST ?uploadId=ID`` with the part
 list) and abort (``DELETE ?uploadId=ID``), with GCS's XML error answers: ``NoSuchUpload`` (404),
 ``InvalidArgument`` for a part number outside 1-10,000, ``MalformedXML``, ``InvalidPartOrder``,
-``InvalidPart`` (unknown part or ETag) and ``EntityTooSmall`` (a part other than the last under the
-minimum), all 400. Parts are kept in files; a completed upload is written to the emulator in one
-streamed media upload, so the object appears whole or not at all.
+``InvalidPart`` (unknown part or ETag), ``EntityTooSmall`` (a part other than the last under the
+minimum) and ``BadDigest`` (a part whose ``x-goog-hash`` or ``Content-MD5`` does not match its body),
+all 400. Parts are kept in files; a completed upload is written to the emulator in one streamed
+upload with the ``Content-Type`` and ``x-goog-meta-*`` headers given at initiation, so the object
+appears whole or not at all, and it is then described as GCS describes it: no MD5, a component
+count.
 
 A bucket's unfinished uploads are listed by ``GET /bucket?uploads`` as GCS lists them: by object
 name, then upload ID, at most ``max-uploads`` (1,000) a page, each with its ``Initiated`` time,
@@ -16,6 +19,7 @@ continued with ``key-marker`` and ``upload-id-marker``; ``prefix`` is honoured, 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import json
@@ -27,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from email.message import Message
 from urllib.parse import parse_qsl, quote, unquote
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
@@ -34,6 +39,7 @@ from xml.sax.saxutils import escape
 import google_crc32c
 
 from .._metadata import crc32c_base64
+from ._gcs_rules import PROMISED_ON_PARTS, GCSRules
 
 __all__ = ["MultipartUploads", "is_multipart_request"]
 
@@ -70,6 +76,8 @@ class _Upload:
     bucket: str
     name: str
     folder: str
+    content_type: str = "application/octet-stream"
+    metadata: dict[str, str] = field(default_factory=dict)  # x-goog-meta-* given at initiation
     parts: dict[int, tuple[str, int]] = field(default_factory=dict)  # number -> (etag, size)
     initiated: float = field(default_factory=time.time)
 
@@ -79,15 +87,33 @@ def _xml(root: str, fields: list[tuple[str, str]], inner: str = "") -> bytes:
     return f"<?xml version='1.0' encoding='UTF-8'?><{root} xmlns='{_NAMESPACE}'>{body}{inner}</{root}>".encode()
 
 
-def _error(status: int, reason: str, code: str, message: str) -> Answer:
+def _error(status: int, reason: str, code: str, message: str, details: str = "") -> Answer:
     body = (
-        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{escape(message)}</Message></Error>"
+        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{escape(message)}</Message>"
+        f"<Details>{escape(details)}</Details></Error>"
     )
     return status, reason, [("Content-Type", "application/xml; charset=UTF-8")], body.encode()
 
 
 def _ok(body: bytes, headers: list[tuple[str, str]] | None = None) -> Answer:
     return 200, "OK", [("Content-Type", "application/xml; charset=UTF-8"), *(headers or [])], body
+
+
+def _digest_mismatch(headers: Message, received: dict[str, str]) -> str | None:
+    """What does not match when a part's ``x-goog-hash`` (any line, crc32c or md5) or ``Content-MD5``
+    differs from the digests of the bytes ``received``; ``None`` when all given ones match."""
+    claimed = [
+        tuple(item.strip().split("=", 1))
+        for line in headers.get_all("x-goog-hash") or []
+        for item in line.split(",")
+        if "=" in item
+    ]
+    if headers.get("Content-MD5"):
+        claimed.append(("md5", headers["Content-MD5"].strip()))
+    for kind, value in claimed:
+        if kind.lower() in received and value != received[kind.lower()]:
+            return f"{kind} {value} was sent; the bytes received have {received[kind.lower()]}"
+    return None
 
 
 def _timestamp(seconds: float) -> str:
@@ -102,8 +128,9 @@ def _timestamp(seconds: float) -> str:
 class MultipartUploads:
     """The unfinished uploads of one front, and the protocol that drives them."""
 
-    def __init__(self, connect: Connect, min_part_size: int = MIN_PART_SIZE) -> None:
+    def __init__(self, connect: Connect, rules: GCSRules, min_part_size: int = MIN_PART_SIZE) -> None:
         self._connect = connect
+        self._rules = rules
         self.min_part_size = min_part_size
         self._folder: str | None = None  # made by the first upload: a front that never sees one leaves nothing
         self._uploads: dict[str, _Upload] = {}
@@ -119,8 +146,8 @@ class MultipartUploads:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
 
-    def answer(self, method: str, target: str, body: Iterator[bytes] | None) -> Answer:
-        """Serve one multipart request (``is_multipart_request`` was true for it)."""
+    def answer(self, method: str, target: str, headers: Message, body: Iterator[bytes] | None) -> Answer:
+        """Serve one multipart request (``is_multipart_request`` was true for it) with its ``headers``."""
         path, _, query = target.partition("?")
         bucket, _, name = path[1:].partition("/")
         bucket, name = unquote(bucket), unquote(name)
@@ -129,7 +156,7 @@ class MultipartUploads:
         if not name:
             return self._list_uploads(bucket, params)
         if "uploadId" not in params:
-            return self._initiate(bucket, name)
+            return self._initiate(bucket, name, headers)
         with self._lock:
             upload = self._uploads.get(params["uploadId"])
         if upload is None or (upload.bucket, upload.name) != (bucket, name):
@@ -137,7 +164,7 @@ class MultipartUploads:
                 pass
             return _error(404, "Not Found", "NoSuchUpload", "The requested upload was not found.")
         if method == "PUT":
-            return self._put_part(upload, params.get("partNumber", ""), chunks)
+            return self._put_part(upload, params.get("partNumber", ""), headers, chunks)
         if method == "GET":
             return self._list_parts(params["uploadId"], upload)
         if method == "DELETE":
@@ -145,13 +172,19 @@ class MultipartUploads:
             return 204, "No Content", [], b""
         return self._complete(params["uploadId"], upload, b"".join(chunks))
 
-    def _initiate(self, bucket: str, name: str) -> Answer:
+    def _initiate(self, bucket: str, name: str, headers: Message) -> Answer:
         upload_id = secrets.token_urlsafe(24)
+        content_type = headers.get("Content-Type") or "application/octet-stream"
+        metadata = {
+            key.lower().removeprefix("x-goog-meta-"): value
+            for key, value in headers.items()
+            if key.lower().startswith("x-goog-meta-")
+        }
         with self._lock:
             self._folder = self._folder or tempfile.mkdtemp(prefix="torchdata-gcs-multipart-")
             folder = os.path.join(self._folder, upload_id)
             os.mkdir(folder)
-            self._uploads[upload_id] = _Upload(bucket, name, folder)
+            self._uploads[upload_id] = _Upload(bucket, name, folder, content_type, metadata)
         return _ok(_xml("InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", name), ("UploadId", upload_id)]))
 
     def _list_uploads(self, bucket: str, params: dict[str, str]) -> Answer:
@@ -199,23 +232,31 @@ class MultipartUploads:
             connection.close()
         return response.status == 200
 
-    def _put_part(self, upload: _Upload, number_text: str, chunks: Iterator[bytes]) -> Answer:
+    def _put_part(self, upload: _Upload, number_text: str, headers: Message, chunks: Iterator[bytes]) -> Answer:
         number = int(number_text) if number_text.isdigit() else 0
         if not 1 <= number <= MAX_PART_NUMBER:
             for _ in chunks:
                 pass
             return _error(400, "Bad Request", "InvalidArgument", f"Part number must be 1 to {MAX_PART_NUMBER}.")
         md5, crc, size = hashlib.md5(usedforsecurity=False), 0, 0
-        with open(os.path.join(upload.folder, str(number)), "wb") as part:
+        path = os.path.join(upload.folder, f"{number}.new")
+        with open(path, "wb") as part:
             for chunk in chunks:
                 part.write(chunk)
                 md5.update(chunk)
                 crc = google_crc32c.extend(crc, chunk)
                 size += len(chunk)
+        received = {"crc32c": crc32c_base64(crc), "md5": base64.b64encode(md5.digest()).decode()}
+        mismatch = _digest_mismatch(headers, received)
+        if mismatch is not None:  # GCS refuses a damaged part and keeps any earlier one of that number
+            os.remove(path)
+            return _error(400, "Bad Request", "BadDigest", "The digest you specified did not match what we received.", mismatch)
+        os.replace(path, os.path.join(upload.folder, str(number)))
         etag = f'"{md5.hexdigest()}"'
         with self._lock:
             upload.parts[number] = (etag, size)
-        return 200, "OK", [("ETag", etag), ("x-goog-hash", f"crc32c={crc32c_base64(crc)}")], b""
+        hashes = [("x-goog-hash", f"crc32c={received['crc32c']}"), ("x-goog-hash", f"md5={received['md5']}")]
+        return 200, "OK", self._rules.answer_headers([("ETag", etag), *hashes], keep=PROMISED_ON_PARTS), b""
 
     def _list_parts(self, upload_id: str, upload: _Upload) -> Answer:
         with self._lock:
@@ -255,11 +296,14 @@ class MultipartUploads:
         except (OSError, http.client.HTTPException, ValueError) as exc:  # the upload stays, to be retried
             return _error(503, "Service Unavailable", "ServiceUnavailable", str(exc))
         self._forget(upload_id)
-        headers = [
-            ("x-goog-generation", resource["generation"]),
-            ("x-goog-hash", f"crc32c={resource['crc32c']},md5={resource.get('md5Hash', '')}"),
-            ("x-goog-stored-content-length", resource["size"]),
-        ]
+        self._rules.add_composite(upload.bucket, upload.name, int(resource["generation"]), len(numbers))
+        headers = self._rules.answer_headers(
+            [
+                ("x-goog-generation", resource["generation"]),
+                ("x-goog-hash", f"crc32c={resource['crc32c']}"),  # GCS keeps no MD5 of a multipart object
+                ("x-goog-stored-content-length", resource["size"]),
+            ]
+        )
         fields = [
             ("Location", f"/{upload.bucket}/{upload.name}"),
             ("Bucket", upload.bucket),
@@ -269,18 +313,32 @@ class MultipartUploads:
         return _ok(_xml("CompleteMultipartUploadResult", fields), headers)
 
     def _publish(self, upload: _Upload, numbers: list[int]) -> dict[str, str]:
-        """Write the listed parts, in order, to the emulator as one object; returns its resource."""
-        path = f"/upload/storage/v1/b/{quote(upload.bucket, safe='')}/o?uploadType=media&name={quote(upload.name, safe='')}"
+        """Write the listed parts, in order, to the emulator as one object with the metadata given at
+        initiation (a JSON API multipart upload, streamed); returns its resource."""
+        path = f"/upload/storage/v1/b/{quote(upload.bucket, safe='')}/o?uploadType=multipart"
+        boundary = secrets.token_hex(16)
+        resource = {"name": upload.name, "contentType": upload.content_type, "metadata": upload.metadata}
+        head = (
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps(resource)}\r\n"
+            f"--{boundary}\r\nContent-Type: {upload.content_type}\r\n\r\n"
+        ).encode()
+        tail = f"\r\n--{boundary}--\r\n".encode()
+
+        def send(piece: bytes) -> None:
+            connection.send(b"%x\r\n%b\r\n" % (len(piece), piece))
+
         connection = self._connect()
         try:
             connection.putrequest("POST", path)
-            connection.putheader("Content-Type", "application/octet-stream")
+            connection.putheader("Content-Type", f"multipart/related; boundary={boundary}")
             connection.putheader("Transfer-Encoding", "chunked")
             connection.endheaders()
+            send(head)
             for number in numbers:
                 with open(os.path.join(upload.folder, str(number)), "rb") as part:
                     while piece := part.read(1024 * 1024):
-                        connection.send(b"%x\r\n%b\r\n" % (len(piece), piece))
+                        send(piece)
+            send(tail)
             connection.send(b"0\r\n\r\n")
             response = connection.getresponse()
             answer = response.read()

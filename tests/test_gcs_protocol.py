@@ -1,0 +1,276 @@
+"""Requests and answers as GCS documents them, through a front as strict as GCS: headers GCS does not
+promise may be missing, hashes come on separate lines, damaged parts are refused, preconditions hold."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, urlsplit
+from xml.etree import ElementTree
+
+import pytest
+import torch
+
+from torchdata_gcs import (
+    ClientConfig,
+    GCSFileListerIterDataPipe,
+    GCSFileLoaderIterDataPipe,
+    IntegrityError,
+    RetryConfig,
+    TransferConfig,
+    UploadError,
+    checkpoint,
+)
+from torchdata_gcs._client import transport_for
+from torchdata_gcs._metadata import crc32c_base64
+from torchdata_gcs._multipart_uploads import unfinished_uploads
+from torchdata_gcs._uri import TEMPORARY_PREFIX
+from torchdata_gcs._upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
+from torchdata_gcs.testing import Emulator, Fault, GCSFront, RecordedRequest
+
+MiB = 1024 * 1024
+BUCKET = "gcs-protocol"
+FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
+
+
+@pytest.fixture
+def strict(gcs_emulator: Emulator) -> Iterator[GCSFront]:
+    """A front that sends only the response headers GCS promises."""
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, only_promised_headers=True) as running:
+        yield running
+
+
+@pytest.fixture
+def front(gcs_emulator: Emulator, gcs_front: GCSFront) -> GCSFront:
+    gcs_emulator.create_bucket(BUCKET)
+    return gcs_front
+
+
+def multipart_save(front: GCSFront, name: str, data: bytes, **settings) -> MultipartWriter:
+    with MultipartWriter(
+        f"gs://{BUCKET}/{name}", client=front.client_config, part_size=MIN_PART_SIZE, **settings
+    ) as writer:
+        writer.write(data)
+    return writer
+
+
+def live_generation(emulator: Emulator, name: str) -> int:
+    return int(transport_for(emulator.client_config).get_json(f"/storage/v1/b/{BUCKET}/o/{name}", url=name)["generation"])
+
+
+# -- the multipart writer ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sent", [(), ("x-goog-generation",), ("x-goog-hash",)], ids=["neither", "no-hash", "no-generation"])
+def test_a_completion_answer_without_generation_or_hash_saves_and_keeps_the_object(
+    gcs_emulator: Emulator, sent: tuple[str, ...]
+) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    gcs_emulator.upload(BUCKET, "ckpt.pt", b"the previous checkpoint")
+    data = os.urandom(11 * MiB)
+    with GCSFront(gcs_emulator.endpoint, only_promised_headers=True, also_send=sent) as strict:
+        writer = multipart_save(strict, "ckpt.pt", data)
+        assert strict.open_uploads == [] and strict.counts["delete"] == 0
+    assert gcs_emulator.read(BUCKET, "ckpt.pt") == data
+    assert writer.generation == live_generation(gcs_emulator, "ckpt.pt")
+
+
+def test_a_part_damaged_on_the_way_is_refused_by_gcs_and_sent_again(front: GCSFront, gcs_emulator: Emulator) -> None:
+    front.set_faults([Fault("corrupt", match=r"^PUT .*partNumber=2", times=1)])
+    data = os.urandom(12 * MiB)
+    multipart_save(front, "ckpt.pt", data, retry=FAST_RETRY)
+    assert gcs_emulator.read(BUCKET, "ckpt.pt") == data
+    assert front.faults_injected["corrupt"] == 1
+    assert front.counts["upload"] == 1 + 3 + 1 + 1  # initiate, 3 parts, the damaged one again, complete
+
+
+def test_an_existing_checkpoint_survives_a_save_whose_parts_keep_arriving_damaged(
+    front: GCSFront, gcs_emulator: Emulator
+) -> None:
+    gcs_emulator.upload(BUCKET, "ckpt.pt", b"the previous checkpoint")
+    front.set_faults([Fault("corrupt", match=r"^PUT .*partNumber=")])
+    with pytest.raises(UploadError, match="aborted") as raised:
+        multipart_save(front, "ckpt.pt", os.urandom(11 * MiB), retry=FAST_RETRY)
+    assert isinstance(raised.value.__cause__, IntegrityError)
+    assert gcs_emulator.read(BUCKET, "ckpt.pt") == b"the previous checkpoint"
+    assert front.open_uploads == []
+
+
+def test_every_part_carries_its_crc32c(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        data = os.urandom(6 * MiB)
+        multipart_save(front, "ckpt.pt", data)
+        parts = sorted((r for r in front.recorded if r.method == "PUT"), key=lambda r: r.target)  # partNumber=1, 2
+    assert [r.header("x-goog-hash") for r in parts] == [
+        [f"crc32c={crc32c_base64(data[:MIN_PART_SIZE])}"],
+        [f"crc32c={crc32c_base64(data[MIN_PART_SIZE:])}"],
+    ]
+
+
+# -- reads -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [100_000, 3 * MiB], ids=["one-request", "ranges"])
+def test_hashes_on_separate_lines_md5_first_and_a_flipped_byte_raise(
+    front: GCSFront, gcs_emulator: Emulator, size: int
+) -> None:
+    gcs_emulator.upload(BUCKET, "known.bin", os.urandom(size))
+    front.set_faults([Fault("corrupt", match=r"^GET /download/")])
+    transfer = TransferConfig(part_size=1 * MiB)
+    pipe = GCSFileLoaderIterDataPipe(
+        [f"gs://{BUCKET}/known.bin"], client=front.client_config, retry=FAST_RETRY, transfer=transfer
+    )
+    with pytest.raises(IntegrityError, match="crc32c"):
+        [stream.read() for _, stream in pipe]
+    assert front.faults_injected["corrupt"] >= 3
+
+
+def test_one_flipped_byte_on_a_known_url_is_read_again(front: GCSFront, gcs_emulator: Emulator) -> None:
+    data = os.urandom(100_000)
+    gcs_emulator.upload(BUCKET, "known.bin", data)
+    front.set_faults([Fault("corrupt", match="get", times=1)])
+    pipe = GCSFileLoaderIterDataPipe([f"gs://{BUCKET}/known.bin"], client=front.client_config, retry=FAST_RETRY)
+    assert [stream.read() for _, stream in pipe] == [data]
+    assert front.faults_injected["corrupt"] == 1
+
+
+# -- the writers and readers where GCS sends only what it promises ------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 70_000, 3 * MiB + 5], ids=["empty", "one-request", "ranges"])
+def test_reads_need_no_header_gcs_does_not_promise(strict: GCSFront, gcs_emulator: Emulator, size: int) -> None:
+    data = os.urandom(size)
+    gcs_emulator.upload(BUCKET, "object.bin", data)
+    url = f"gs://{BUCKET}/object.bin"
+    transfer = TransferConfig(part_size=1 * MiB)
+    known = GCSFileLoaderIterDataPipe([url], client=strict.client_config, retry=FAST_RETRY, transfer=transfer)
+    assert [stream.read() for _, stream in known] == [data]
+    listed = GCSFileListerIterDataPipe(url, client=strict.client_config, with_metadata=True)
+    pipe = GCSFileLoaderIterDataPipe(listed, client=strict.client_config, retry=FAST_RETRY, transfer=transfer)
+    assert [stream.read() for _, stream in pipe] == [data]
+
+
+def test_reads_of_several_ranges_are_pinned_and_checked_without_those_headers(
+    gcs_emulator: Emulator,
+) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    data = os.urandom(3 * MiB)
+    gcs_emulator.upload(BUCKET, "object.bin", data)
+    with GCSFront(gcs_emulator.endpoint, only_promised_headers=True, also_send=["content-length"], record=True) as strict:
+        strict.set_faults([Fault("corrupt", match="range_get")])
+        pipe = GCSFileLoaderIterDataPipe(
+            [f"gs://{BUCKET}/object.bin"],
+            client=strict.client_config,
+            retry=FAST_RETRY,
+            transfer=TransferConfig(part_size=1 * MiB),
+        )
+        with pytest.raises(IntegrityError):  # the crc32c came from the object's metadata
+            [stream.read() for _, stream in pipe]
+        ranges = [r for r in strict.recorded if r.header("Range")]
+    generation = str(live_generation(gcs_emulator, "object.bin"))
+    assert ranges and all(dict(parse_qsl(urlsplit(r.target).query))["generation"] == generation for r in ranges)
+
+
+@pytest.mark.parametrize("strategy", ["multipart", "compose"])
+def test_checkpoints_round_trip_without_those_headers(strict: GCSFront, strategy: str) -> None:
+    state = {"weights": torch.randn(700, 1000), "step": 7}
+    url = f"gs://{BUCKET}/ckpt-{strategy}.pt"
+    generation = checkpoint.save(state, url, client=strict.client_config, part_size=MIN_PART_SIZE, strategy=strategy)
+    loaded = checkpoint.load(url, client=strict.client_config, transfer=TransferConfig(part_size=1 * MiB))
+    assert generation > 0 and loaded["step"] == 7 and torch.equal(loaded["weights"], state["weights"])
+
+
+def test_composite_writer_without_those_headers(strict: GCSFront, gcs_emulator: Emulator) -> None:
+    data = os.urandom(2 * MiB + 3)
+    with CompositeWriter(f"gs://{BUCKET}/c.bin", client=strict.client_config, part_size=256 * 1024) as writer:
+        writer.write(data)
+    assert gcs_emulator.read(BUCKET, "c.bin") == data
+    assert not [name for name in gcs_emulator.names(BUCKET) if name.startswith(TEMPORARY_PREFIX)]
+
+
+# -- requester pays ------------------------------------------------------------------------------------
+
+
+def test_requester_pays_names_the_project_as_each_api_documents(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        client = ClientConfig(endpoint=front.endpoint, user_project="billed-project")
+        with MultipartWriter(f"gs://{BUCKET}/rp.bin", client=client, part_size=MIN_PART_SIZE) as writer:
+            writer.write(os.urandom(6 * MiB))
+        assert list(unfinished_uploads(transport_for(client), BUCKET, FAST_RETRY)) == []
+        [stream.read() for _, stream in GCSFileLoaderIterDataPipe([f"gs://{BUCKET}/rp.bin"], client=client)]
+        requests = front.recorded
+
+    def is_json(request: RecordedRequest) -> bool:
+        return request.target.startswith(("/storage/", "/upload/", "/download/"))
+
+    xml = [r for r in requests if not is_json(r)]
+    json_api = [r for r in requests if is_json(r)]
+    assert len(xml) == 1 + 2 + 1 + 1 and json_api  # initiate, 2 parts, complete, list uploads; a read
+    for request in xml:
+        assert request.header("x-goog-user-project") == ["billed-project"], request.target
+        assert "userProject" not in dict(parse_qsl(urlsplit(request.target).query)), request.target
+    for request in json_api:
+        assert dict(parse_qsl(urlsplit(request.target).query))["userProject"] == "billed-project"
+
+
+# -- the official client, as the reference for what GCS accepts ----------------------------------------
+
+
+def official_upload(front: GCSFront, name: str, path: str, chunk_size: int) -> None:
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+    from google.cloud.storage import transfer_manager
+
+    client = storage.Client(
+        project="test", credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=front.endpoint)
+    )
+    blob = client.bucket(BUCKET).blob(name)
+    transfer_manager.upload_chunks_concurrently(
+        path, blob, content_type="application/octet-stream", chunk_size=chunk_size, worker_type="thread", max_workers=1
+    )
+
+
+def xml_requests(front: GCSFront) -> list[RecordedRequest]:
+    """The XML API requests recorded, parts in part-number order (they go out concurrently)."""
+    xml = [r for r in front.recorded if not r.target.startswith(("/storage/", "/upload/", "/download/"))]
+    return [xml[0], *sorted(xml[1:-1], key=lambda r: int(dict(parse_qsl(r.target.partition("?")[2]))["partNumber"])), xml[-1]]
+
+
+def test_the_official_client_multipart_upload_passes_the_strict_front(
+    strict: GCSFront, gcs_emulator: Emulator, tmp_path
+) -> None:
+    data = os.urandom(11 * MiB)
+    (tmp_path / "file.bin").write_bytes(data)
+    official_upload(strict, "official.bin", str(tmp_path / "file.bin"), MIN_PART_SIZE)
+    assert gcs_emulator.read(BUCKET, "official.bin") == data
+    assert strict.open_uploads == []
+
+
+def test_our_multipart_requests_match_the_official_client(gcs_emulator: Emulator, tmp_path) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    data = os.urandom(11 * MiB)
+    (tmp_path / "file.bin").write_bytes(data)
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        official_upload(front, "same.bin", str(tmp_path / "file.bin"), MIN_PART_SIZE)
+        official = xml_requests(front)
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        multipart_save(front, "same.bin", data)
+        ours = xml_requests(front)
+
+    def shape(request: RecordedRequest) -> tuple[str, str, list[str]]:
+        path, _, query = request.target.partition("?")
+        return request.method, path, sorted(key for key, _ in parse_qsl(query, keep_blank_values=True))
+
+    assert [shape(r) for r in ours] == [shape(r) for r in official]
+    assert [r.header("Content-Type") for r in ours[:1]] == [r.header("Content-Type") for r in official[:1]]
+    assert [r.body for r in ours[1:-1]] == [r.body for r in official[1:-1]]  # the same parts
+    # the same completion document: the parts in order, each with the ETag its upload was answered
+    assert ElementTree.fromstring(ours[-1].body).tag == ElementTree.fromstring(official[-1].body).tag
+    assert ours[-1].body == official[-1].body
+    # each part of ours carries its crc32c, which GCS's XML API accepts on part uploads
+    assert all(r.header("x-goog-hash") for r in ours[1:-1])
+    assert gcs_emulator.read(BUCKET, "same.bin") == data

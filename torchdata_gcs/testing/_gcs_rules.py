@@ -1,0 +1,170 @@
+"""What GCS checks and promises that the emulator does not, applied by the test front.
+
+fake-gcs-server ignores preconditions on deletes, media uploads and compose destinations, gives
+every object an MD5 (GCS gives composite and multipart-uploaded objects none, and a
+``componentCount`` instead) and sends ``x-goog-hash`` as one line. :class:`GCSRules` makes the
+front's answers as strict as GCS's, and optionally leaves out every response header that GCS does
+not promise, so clients are tested against what GCS guarantees rather than what it usually sends.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import unquote
+
+__all__ = ["PROMISED_ON_PARTS", "GCSRules", "Refusal", "split_hash_lines"]
+
+Refusal = tuple[int, str, str]
+"""Status, reason and message of an answer that refuses a request."""
+Headers = list[tuple[str, str]]
+LiveGeneration = Callable[[str, str], "int | None"]
+
+PROMISED_ON_PARTS = frozenset({"etag", "x-goog-hash"})
+"""What an XML API part upload answer always carries: the ETag that completion names, and the
+checksum of the stored part (the official client refuses a part answer without it)."""
+_ALWAYS_KEPT = frozenset(
+    {"content-type", "content-encoding", "content-range", "location", "retry-after", "connection", "date", "server"}
+)
+"""HTTP's own headers, which say how to read the answer; GCS sends them wherever they apply."""
+
+
+def split_hash_lines(headers: Headers, *, drop_md5: bool = False) -> Headers:
+    """``headers`` with each ``x-goog-hash`` value on a line of its own, ``md5`` first (GCS sends them
+    as separate lines in no promised order), without ``md5`` if ``drop_md5``.
+
+    Example:
+        >>> split_hash_lines([("X-Goog-Hash", "crc32c=AAAAAA==,md5=1B2M2Y8AsgTpgAmY7PhCfg==")])
+        [('x-goog-hash', 'md5=1B2M2Y8AsgTpgAmY7PhCfg=='), ('x-goog-hash', 'crc32c=AAAAAA==')]
+    """
+    values = [
+        item.strip()
+        for name, value in headers
+        if name.lower() == "x-goog-hash"
+        for item in value.split(",")
+        if item.strip() and not (drop_md5 and item.strip().startswith("md5="))
+    ]
+    values.sort(key=lambda value: not value.startswith("md5="))
+    others = [(name, value) for name, value in headers if name.lower() != "x-goog-hash"]
+    return others + [("x-goog-hash", value) for value in values]
+
+
+def _holds(wanted: str, live: int | None) -> bool:
+    """Whether a generation precondition value (0: no live version) holds for ``live``."""
+    return live is None if int(wanted) == 0 else live == int(wanted)
+
+
+class GCSRules:
+    """One front's view of what GCS would refuse or leave out.
+
+    Args:
+        live_generation: ``(bucket, name) -> generation`` of the live version upstream, or ``None``.
+        only_promised_headers: leave out every response header GCS does not promise to send...
+        also_send: ...but these (lower case), to see how a client copes with each other one missing.
+    """
+
+    def __init__(
+        self, live_generation: LiveGeneration, *, only_promised_headers: bool = False, also_send: Sequence[str] = ()
+    ) -> None:
+        self._live_generation = live_generation
+        self.only_promised_headers = only_promised_headers
+        self._also_sent = frozenset(name.lower() for name in also_send)
+        self._composites: dict[tuple[str, str], tuple[int, int]] = {}  # -> (generation, component count)
+        self._lock = threading.Lock()
+        self.writes = threading.Lock()
+        """Held by the front while it checks a write's precondition and carries the write out."""
+
+    # -- preconditions ------------------------------------------------------------------------------
+
+    def precondition_refusal(self, method: str, path: str, params: dict[str, str]) -> Refusal | None:
+        """412 for a JSON API delete, media upload or compose whose ``ifGenerationMatch`` or
+        ``ifGenerationNotMatch`` does not hold (the emulator enforces them on multipart uploads only)."""
+        conditions = {key: params[key] for key in ("ifGenerationMatch", "ifGenerationNotMatch") if key in params}
+        target = self._target(method, path, params)
+        if not conditions or target is None:
+            return None
+        live = self._live_generation(*target)
+        if method == "DELETE" and live is None:
+            return None  # the emulator answers 404, as GCS does
+        match, not_match = conditions.get("ifGenerationMatch"), conditions.get("ifGenerationNotMatch")
+        if (match is not None and not _holds(match, live)) or (not_match is not None and _holds(not_match, live)):
+            return 412, "Precondition Failed", "At least one of the pre-conditions you specified did not hold."
+        return None
+
+    @staticmethod
+    def _target(method: str, path: str, params: dict[str, str]) -> tuple[str, str] | None:
+        """``(bucket, name)`` that a JSON API write with preconditions acts on, when the front checks it."""
+        parts = path.split("/")
+        if method == "DELETE" and path.startswith("/storage/v1/b/") and len(parts) >= 7:
+            return unquote(parts[4]), unquote("/".join(parts[6:]))
+        if method == "POST" and path.startswith("/storage/v1/b/") and path.endswith("/compose"):
+            return unquote(parts[4]), unquote("/".join(parts[6:-1]))
+        if path.startswith("/upload/storage/v1/b/") and params.get("uploadType") == "media" and "name" in params:
+            return unquote(parts[5]), params["name"]
+        return None
+
+    # -- composite objects -------------------------------------------------------------------------
+
+    def add_composite(self, bucket: str, name: str, generation: int, components: int) -> None:
+        with self._lock:
+            self._composites[(bucket, name)] = (generation, components)
+
+    def component_count(self, bucket: str, name: str, generation: int | None = None) -> int | None:
+        """How many components the version ``generation`` (default: the one last recorded) is made of,
+        if it is a composite (or a multipart upload) the front saw being made."""
+        with self._lock:
+            known = self._composites.get((bucket, name))
+        if known is None or (generation is not None and known[0] != generation):
+            return None
+        return known[1]
+
+    def components_of(self, bucket: str, sources: Sequence[dict[str, Any]]) -> int:
+        """A compose's component count: each source counts its own components, or one."""
+        return sum(self.component_count(bucket, str(source.get("name", ""))) or 1 for source in sources)
+
+    def rewrite_resources(self, body: bytes) -> bytes:
+        """A JSON API answer with composite objects described as GCS describes them: no ``md5Hash``,
+        a ``componentCount``."""
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return body
+        if not isinstance(document, dict):
+            return body
+        resources = document.get("items", []) if "items" in document else [document]
+        changed = False
+        for resource in resources:
+            if not isinstance(resource, dict) or "bucket" not in resource or "generation" not in resource:
+                continue
+            count = self.component_count(resource["bucket"], resource.get("name", ""), int(resource["generation"]))
+            if count is not None:
+                resource.pop("md5Hash", None)
+                resource["componentCount"] = count
+                changed = True
+        return json.dumps(document).encode() if changed else body
+
+    # -- answer headers ----------------------------------------------------------------------------
+
+    def sends(self, header: str) -> bool:
+        """Whether answers carry ``header`` (lower case) where upstream sends it."""
+        return not self.only_promised_headers or header in _ALWAYS_KEPT | self._also_sent
+
+    def answer_headers(self, headers: Headers, *, bucket: str | None = None, name: str | None = None,
+                       keep: frozenset[str] = frozenset()) -> Headers:
+        """The headers the front sends for an answer about ``bucket/name``: hashes on separate lines
+        (no ``md5`` for a composite), and in ``only_promised_headers`` mode only what GCS promises
+        (``keep`` names what it promises for this answer, beyond the content type)."""
+        generation = next((value for key, value in headers if key.lower() == "x-goog-generation"), None)
+        composite = (
+            bucket is not None
+            and name is not None
+            and generation is not None
+            and self.component_count(bucket, name, int(generation)) is not None
+        )
+        headers = split_hash_lines(headers, drop_md5=composite)
+        if self.only_promised_headers:
+            kept = _ALWAYS_KEPT | keep | self._also_sent
+            headers = [(key, value) for key, value in headers if key.lower() in kept]
+        return headers
