@@ -815,6 +815,10 @@ class _Handler(BaseHTTPRequestHandler):
         has_body = self.command != "HEAD" and response.status >= 200 and response.status not in (204, 304)
         bucket, name = _object_of(self.path)
         headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+        status, reason = response.status, response.reason
+        if kind == "delete" and status == 200 and self.path.startswith("/storage/"):  # GCS: 204, no body
+            status, reason, has_body = 204, "No Content", False
+            headers = [(k, v) for k, v in headers if k.lower() not in ("content-length", "content-type")]
         source: io.BufferedIOBase | http.client.HTTPResponse = response
         length = response.length  # None: chunked or until close
         json_answer = response.getheader("Content-Type", "").startswith("application/json")
@@ -835,7 +839,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers.append(("Transfer-Encoding", "chunked"))
         if self.close_connection:
             headers.append(("Connection", "close"))
-        pending = _head(response.status, response.reason, headers)
+        pending = _head(status, reason, headers)
         if not has_body:
             self.wfile.write(pending)
             response.read()
