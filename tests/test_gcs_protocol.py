@@ -3,12 +3,14 @@ promise may be missing, hashes come on separate lines, damaged parts are refused
 
 from __future__ import annotations
 
+import gzip
 import os
 from collections.abc import Iterator
 from urllib.parse import parse_qsl, urlsplit
 from xml.etree import ElementTree
 
 import pytest
+import requests
 import torch
 
 from torchdata_gcs import (
@@ -24,6 +26,7 @@ from torchdata_gcs import (
 from torchdata_gcs._client import transport_for
 from torchdata_gcs._metadata import crc32c_base64
 from torchdata_gcs._multipart_uploads import unfinished_uploads
+from torchdata_gcs._objects import multipart_body
 from torchdata_gcs._uri import TEMPORARY_PREFIX
 from torchdata_gcs._upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront, RecordedRequest
@@ -201,13 +204,13 @@ def test_requester_pays_names_the_project_as_each_api_documents(gcs_emulator: Em
             writer.write(os.urandom(6 * MiB))
         assert list(unfinished_uploads(transport_for(client), BUCKET, FAST_RETRY)) == []
         [stream.read() for _, stream in GCSFileLoaderIterDataPipe([f"gs://{BUCKET}/rp.bin"], client=client)]
-        requests = front.recorded
+        recorded = front.recorded
 
     def is_json(request: RecordedRequest) -> bool:
         return request.target.startswith(("/storage/", "/upload/", "/download/"))
 
-    xml = [r for r in requests if not is_json(r)]
-    json_api = [r for r in requests if is_json(r)]
+    xml = [r for r in recorded if not is_json(r)]
+    json_api = [r for r in recorded if is_json(r)]
     assert len(xml) == 1 + 2 + 1 + 1 and json_api  # initiate, 2 parts, complete, list uploads; a read
     for request in xml:
         assert request.header("x-goog-user-project") == ["billed-project"], request.target
@@ -274,3 +277,28 @@ def test_our_multipart_requests_match_the_official_client(gcs_emulator: Emulator
     # each part of ours carries its crc32c, which GCS's XML API accepts on part uploads
     assert all(r.header("x-goog-hash") for r in ours[1:-1])
     assert gcs_emulator.read(BUCKET, "same.bin") == data
+
+
+# -- gzip-encoded objects ------------------------------------------------------------------------------
+
+
+def test_gzip_encoded_objects_load_as_their_stored_and_checked_bytes(strict: GCSFront, gcs_emulator: Emulator) -> None:
+    """GCS would decompress them on the way (decompressive transcoding), serving bytes that no
+    checksum it keeps covers; asking for gzip gets the stored bytes, which the crc32c covers."""
+    text = b"a line of text\n" * 5000
+    stored = gzip.compress(text)
+    body, headers = multipart_body("logs.txt", stored, "text/plain")
+    body = body.replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
+    upload = requests.post(
+        f"{gcs_emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o", params={"uploadType": "multipart"}, data=body,
+        headers=headers, timeout=30,
+    )
+    assert upload.json()["contentEncoding"] == "gzip"
+    url = f"gs://{BUCKET}/logs.txt"
+    known = GCSFileLoaderIterDataPipe([url], client=strict.client_config, retry=FAST_RETRY)
+    listed = GCSFileLoaderIterDataPipe(
+        GCSFileListerIterDataPipe(url, client=strict.client_config, with_metadata=True), client=strict.client_config
+    )
+    for pipe in (known, listed):
+        ((_, stream),) = list(pipe)
+        assert gzip.decompress(stream.read()) == text
