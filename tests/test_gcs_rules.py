@@ -6,7 +6,6 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from urllib.parse import quote
 from xml.etree import ElementTree
 
@@ -21,9 +20,8 @@ MiB = 1024 * 1024
 
 
 @pytest.fixture
-def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
-    with GCSFront(gcs_emulator.endpoint) as running:
-        yield running
+def front(gcs_front: GCSFront) -> GCSFront:
+    return gcs_front
 
 
 def object_url(front: GCSFront, bucket: str, name: str) -> str:

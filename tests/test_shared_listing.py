@@ -139,34 +139,25 @@ def test_the_lister_publishes_even_when_its_consumer_stops(gcs_emulator: Emulato
     assert front.counts["list"] == 0
 
 
+@pytest.mark.parametrize("refused", [False, True], ids=["taken-over", "taken-over-after-a-412"])
 def test_a_lock_left_by_a_dead_replica_is_taken_over(
-    gcs_emulator: Emulator, dataset, monkeypatch: pytest.MonkeyPatch
+    gcs_emulator: Emulator, dataset, monkeypatch: pytest.MonkeyPatch, refused: bool
 ) -> None:
-    bucket, expected, folder = dataset
-    monkeypatch.setattr(_shared_listing, "LEASE", 0.5)
-    shared = _shared_listing.SharedListing(
-        transport_for(gcs_emulator.client_config), f"gs://{bucket}/{folder}", [f"gs://{bucket}/data/"], [""], FAST_RETRY
-    )
-    gcs_emulator.upload(bucket, shared.lock_name, b"a replica that was killed")
-    started = time.monotonic()
-    assert list(lister(bucket, folder, gcs_emulator.client_config)) == expected
-    assert time.monotonic() - started >= 0.5
-    assert manifest_objects(gcs_emulator, bucket, folder) == [shared.manifest_name]
-
-
-def test_a_412_on_the_lock_takeover_keeps_the_replica_waiting(
-    gcs_emulator: Emulator, dataset, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """GCS answers the pinned delete of a stale lock 412 when its holder renewed it in between."""
+    """GCS answers the pinned delete of a stale lock 412 when its holder renewed it in between: the
+    replica then keeps waiting, and takes the lock over once it goes stale again."""
     bucket, expected, folder = dataset
     monkeypatch.setattr(_shared_listing, "LEASE", 0.3)
     shared = _shared_listing.SharedListing(
         transport_for(gcs_emulator.client_config), f"gs://{bucket}/{folder}", [f"gs://{bucket}/data/"], [""], FAST_RETRY
     )
     gcs_emulator.upload(bucket, shared.lock_name, b"a replica that was killed")
-    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_412", match=r"^DELETE .*\.lock", times=1)]) as front:
+    faults = [Fault("http_412", match=r"^DELETE .*\.lock", times=1)] if refused else []
+    with GCSFront(gcs_emulator.endpoint, faults=faults) as front:
+        started = time.monotonic()
         assert list(lister(bucket, folder, front.client_config)) == expected
-        assert front.faults_injected["http_412"] == 1 and front.counts["delete"] == 3  # refused, taken, released
+        assert time.monotonic() - started >= 0.3 * (2 if refused else 1)
+        assert front.faults_injected["http_412"] == refused
+        assert front.counts["delete"] == 2 + refused  # (refused,) taken over, released
     assert manifest_objects(gcs_emulator, bucket, folder) == [shared.manifest_name]
 
 
