@@ -12,6 +12,7 @@ from xml.etree import ElementTree
 import pytest
 import requests
 import torch
+import torch.distributed.checkpoint as dcp
 
 from torchdata_gcs import (
     ClientConfig,
@@ -24,6 +25,7 @@ from torchdata_gcs import (
     checkpoint,
 )
 from torchdata_gcs._client import transport_for
+from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs._metadata import crc32c_base64
 from torchdata_gcs._multipart_uploads import unfinished_uploads
 from torchdata_gcs._objects import multipart_body
@@ -183,6 +185,26 @@ def test_checkpoints_round_trip_without_those_headers(strict: GCSFront, strategy
     generation = checkpoint.save(state, url, client=strict.client_config, part_size=MIN_PART_SIZE, strategy=strategy)
     loaded = checkpoint.load(url, client=strict.client_config, transfer=TransferConfig(part_size=1 * MiB))
     assert generation > 0 and loaded["step"] == 7 and torch.equal(loaded["weights"], state["weights"])
+
+
+def test_composed_shards_without_those_headers(strict: GCSFront, gcs_emulator: Emulator) -> None:
+    objects = {f"shards/{i:03d}.bin": os.urandom(1000 + i) for i in range(40)}
+    gcs_emulator.seed(BUCKET, objects)
+    listed = GCSFileListerIterDataPipe(f"gs://{BUCKET}/shards/", client=strict.client_config, with_metadata=True)
+    pipe = listed.compose_shards_by_gcs(client=strict.client_config, retry=FAST_RETRY)
+    assert [(url, stream.read()) for url, stream in pipe] == [(f"gs://{BUCKET}/{n}", d) for n, d in objects.items()]
+    assert pipe.stats.composes == 2
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_distributed_checkpoint_without_those_headers(strict: GCSFront) -> None:
+    state = {"weights": torch.randn(1024, 1536), "bias": torch.arange(10)}
+    url = f"gs://{BUCKET}/dcp/step-1"
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=strict.client_config, part_size=MIN_PART_SIZE))
+    loaded = {key: torch.zeros_like(value) for key, value in state.items()}
+    reader = GCSStorageReader(url, client=strict.client_config, transfer=TransferConfig(part_size=1 * MiB))
+    dcp.load(loaded, storage_reader=reader)
+    assert all(torch.equal(loaded[key], state[key]) for key in state)
 
 
 def test_composite_writer_without_those_headers(strict: GCSFront, gcs_emulator: Emulator) -> None:
