@@ -1,4 +1,4 @@
-"""The ``torchdata-gcs`` command: list, measure and clean datasets on GCS, and run a local emulator.
+"""The ``torchdata-gcs`` command: list, measure and clean datasets on GCS, check a bucket, and run a local emulator.
 
 Exit codes: 0 done, 1 GCS refused or failed (one line on stderr; ``--verbose`` for the traceback),
 2 bad usage.
@@ -23,6 +23,7 @@ from ._bench import MAX_IN_FLIGHT, human_size, listed_with_stats
 from ._bench import bench as run_bench
 from ._client import EMULATOR_ENV, transport_for
 from ._compose import leftovers, rfc3339_seconds
+from ._doctor import SCRATCH_MARK, doctor
 from ._metadata import ObjectInfo
 from ._multipart_uploads import NoMultipartListing, abort_upload, unfinished_uploads
 from ._objects import delete_object
@@ -173,6 +174,22 @@ def _clean(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- doctor ----------------------------------------------------------------------------------------
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up as Ctrl-C does
+    try:
+        report = doctor(
+            args.url, endpoint=args.endpoint, user_project=args.user_project, say=lambda line: print(line, flush=True)
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if report.interrupted:
+        raise KeyboardInterrupt
+    return report.exit_code
+
+
 # -- emulator --------------------------------------------------------------------------------------
 
 
@@ -230,7 +247,9 @@ def _emulator(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchdata-gcs",
-        description="List, measure and clean datasets on Google Cloud Storage, and run a local emulator.",
+        description=(
+            "List, measure and clean datasets on Google Cloud Storage, check a bucket, and run a local emulator."
+        ),
         epilog=(
             "Credentials: Application Default Credentials, or STORAGE_EMULATOR_HOST for an emulator. "
             "Exit codes: 0 done, 1 GCS refused or failed, 2 bad usage."
@@ -314,6 +333,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     clean.add_argument("--dry-run", action="store_true", help="list what would be deleted or aborted, change nothing")
     clean.set_defaults(run=_clean)
+
+    doctor_command = commands.add_parser(
+        "doctor",
+        help="check that a bucket allows everything torchdata-gcs does, with your credentials",
+        description=(
+            "Check gs://BUCKET/PREFIX with your own credentials: print the endpoint, the identity used and the "
+            "bucket's settings (requester pays, soft delete, retention policy, object versioning, hierarchical "
+            "namespace, location; these need storage.buckets.get, else 'unknown'), each with what it means for "
+            "composites, checkpoints and clean; then list, write (ifGenerationMatch=0), check that a second such "
+            "write is refused with 412, read, compose, run an XML API multipart upload, list unfinished uploads, "
+            "delete, and measure latency and throughput. Each check is OK, REFUSED (403), MISSING (the endpoint "
+            "lacks it) or FAILED, with what that means for which feature. Everything is written under "
+            f"PREFIX/{SCRATCH_MARK}<random>/ and deleted at the end, also on Ctrl-C; what cannot be deleted is "
+            "named. Exit 0 when everything the library needs works, 1 when something is refused, missing or failed."
+        ),
+    )
+    doctor_command.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET or gs://BUCKET/PREFIX/")
+    doctor_command.add_argument(
+        "--user-project", metavar="PROJECT", help="project billed for requests to a requester-pays bucket"
+    )
+    doctor_command.set_defaults(run=_doctor)
 
     emulator = commands.add_parser(
         "emulator",
