@@ -18,13 +18,15 @@ class RecordingProxy:
     """Forwards to ``upstream``.
 
     ``corrupt_downloads`` flips the first byte of every media body; each status in ``fail_next``
-    answers one request (in order) instead of forwarding it, with ``Retry-After: 0``.
+    answers one request (in order) instead of forwarding it, with ``Retry-After: 0``;
+    ``replace_headers`` overrides request headers on the way (as some corporate proxies do).
     """
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.corrupt_downloads = False
         self.fail_next: list[int] = []
+        self.replace_headers: dict[str, str] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # method, path, lower-cased headers
         self._http = requests.Session()
         proxy = self
@@ -49,7 +51,10 @@ class RecordingProxy:
                     self.command,
                     proxy.upstream + self.path,
                     data=body,
-                    headers={k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization")},
+                    headers={
+                        **{k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization")},
+                        **proxy.replace_headers,
+                    },
                     stream=True,
                 )
                 content = upstream.raw.read(decode_content=False)

@@ -16,9 +16,11 @@ import torch.distributed.checkpoint as dcp
 
 from torchdata_gcs import (
     ClientConfig,
+    GCSError,
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
     IntegrityError,
+    PreconditionFailedError,
     RetryConfig,
     TransferConfig,
     UploadError,
@@ -28,10 +30,11 @@ from torchdata_gcs._client import transport_for
 from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs._metadata import crc32c_base64
 from torchdata_gcs._multipart_uploads import unfinished_uploads
-from torchdata_gcs._objects import multipart_body
+from torchdata_gcs._objects import create_object, multipart_body
 from torchdata_gcs._uri import TEMPORARY_PREFIX
 from torchdata_gcs._upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront, RecordedRequest
+from tests.http_proxy import RecordingProxy
 
 MiB = 1024 * 1024
 BUCKET = "gcs-protocol"
@@ -291,7 +294,10 @@ def test_our_multipart_requests_match_the_official_client(gcs_emulator: Emulator
         return request.method, path, sorted(key for key, _ in parse_qsl(query, keep_blank_values=True))
 
     assert [shape(r) for r in ours] == [shape(r) for r in official]
-    assert [r.header("Content-Type") for r in ours[:1]] == [r.header("Content-Type") for r in official[:1]]
+    assert ours[0].header("Content-Type") == official[0].header("Content-Type")
+    # the completion document's type as GCS's documentation gives it (the official client sends its
+    # object's content type there, which GCS accepts too)
+    assert ours[-1].header("Content-Type") == ["application/xml"]
     assert [r.body for r in ours[1:-1]] == [r.body for r in official[1:-1]]  # the same parts
     # the same completion document: the parts in order, each with the ETag its upload was answered
     assert ElementTree.fromstring(ours[-1].body).tag == ElementTree.fromstring(official[-1].body).tag
@@ -324,3 +330,112 @@ def test_gzip_encoded_objects_load_as_their_stored_and_checked_bytes(strict: GCS
     for pipe in (known, listed):
         ((_, stream),) = list(pipe)
         assert gzip.decompress(stream.read()) == text
+
+
+def upload_gzip_encoded(emulator: Emulator, name: str, stored: bytes) -> None:
+    body, headers = multipart_body(name, stored, "text/plain")
+    body = body.replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
+    upload = requests.post(
+        f"{emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o", params={"uploadType": "multipart"}, data=body,
+        headers=headers, timeout=30,
+    )
+    assert upload.json()["contentEncoding"] == "gzip"
+
+
+def test_a_range_answered_whole_fails_at_once_with_what_happened(gcs_emulator: Emulator) -> None:
+    """A proxy that drops ``Accept-Encoding: gzip`` makes GCS decompress and ignore Range: the answer
+    is 200 with the whole object, every time, so it is named, not retried as damaged bytes."""
+    gcs_emulator.create_bucket(BUCKET)
+    stored = gzip.compress(os.urandom(1 * MiB))
+    upload_gzip_encoded(gcs_emulator, "big.txt.gz", stored)
+    with RecordingProxy(gcs_emulator.endpoint) as proxy:
+        proxy.replace_headers = {"Accept-Encoding": "identity"}
+        client = ClientConfig(endpoint=proxy.endpoint)
+        listed = GCSFileListerIterDataPipe(f"gs://{BUCKET}/big.txt.gz", client=client, with_metadata=True)
+        pipe = GCSFileLoaderIterDataPipe(listed, client=client, transfer=TransferConfig(part_size=256 * 1024))
+        with pytest.raises(GCSError, match="got status 200") as caught:
+            list(pipe)
+    assert not isinstance(caught.value, IntegrityError)
+    media = [path for method, path, _ in proxy.requests if "alt=media" in path]
+    assert len(media) == len(range(0, len(stored), 256 * 1024)), "each range asked once, none retried"
+
+
+def test_only_media_reads_ask_for_gzip(gcs_emulator: Emulator) -> None:
+    """Stored bytes for object reads (the checksums cover them); plain answers for everything else, which
+    the data plane does not decompress."""
+    gcs_emulator.create_bucket(BUCKET)
+    gcs_emulator.seed(BUCKET, {f"s/{i}.bin": os.urandom(100) for i in range(4)})
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        listed = GCSFileListerIterDataPipe(f"gs://{BUCKET}/s/", client=front.client_config, with_metadata=True)
+        pipe = listed.compose_shards_by_gcs(client=front.client_config)
+        assert len([stream.read() for _, stream in pipe]) == 4
+        with CompositeWriter(f"gs://{BUCKET}/c.bin", client=front.client_config, part_size=256 * 1024) as writer:
+            writer.write(os.urandom(600 * 1024))
+        recorded = front.recorded
+    media = [r for r in recorded if r.method == "GET" and "alt=media" in r.target]
+    # composes and the deletes of temporaries go out on the data plane (aiohttp, which decompresses nothing)
+    data_plane = [r for r in recorded if "aiohttp" in str(r.header("User-Agent")) and "alt=media" not in r.target]
+    assert media and {r.method for r in data_plane} == {"POST", "DELETE"}
+    assert [r.header("Accept-Encoding") for r in media] == [["gzip"]] * len(media)
+    assert [(r.target, r.header("Accept-Encoding")) for r in data_plane] == [(r.target, ["identity"]) for r in data_plane]
+
+
+def test_temporary_objects_are_deleted_by_generation(gcs_emulator: Emulator) -> None:
+    """So that object versioning keeps no noncurrent copy of them."""
+    gcs_emulator.create_bucket(BUCKET)
+    gcs_emulator.seed(BUCKET, {f"s/{i}.bin": os.urandom(100) for i in range(4)})
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        listed = GCSFileListerIterDataPipe(f"gs://{BUCKET}/s/", client=front.client_config, with_metadata=True)
+        assert len(list(listed.compose_shards_by_gcs(client=front.client_config))) == 4
+        with CompositeWriter(f"gs://{BUCKET}/c.bin", client=front.client_config, part_size=256 * 1024) as writer:
+            writer.write(os.urandom(600 * 1024))
+        deletes = [r for r in front.recorded if r.method == "DELETE"]
+    assert len(deletes) == 1 + 1 + 3  # the probe, one composite, three parts
+    for request in deletes:
+        params = dict(parse_qsl(urlsplit(request.target).query))
+        assert params.get("generation", "").isdigit() and "ifGenerationMatch" not in params, request.target
+    assert not [name for name in gcs_emulator.names(BUCKET) if name.startswith(TEMPORARY_PREFIX)]
+
+
+# -- a retried create that meets its own first write -----------------------------------------------------
+
+
+def test_a_create_whose_answer_was_lost_is_recognised_on_retry(front: GCSFront, gcs_emulator: Emulator) -> None:
+    transport = transport_for(front.client_config)
+    front.set_faults([Fault("truncate", match="upload", times=1)])  # written, the answer cut short
+    generation = create_object(transport, BUCKET, "once.bin", b"ours", FAST_RETRY, if_generation_match=0)
+    assert generation == live_generation(gcs_emulator, "once.bin") and front.faults_injected["truncate"] == 1
+    with pytest.raises(PreconditionFailedError):  # a first attempt's 412 is a real conflict
+        create_object(transport, BUCKET, "once.bin", b"ours", FAST_RETRY, if_generation_match=0)
+    front.set_faults([Fault("http_503", match="upload", times=1)])  # nothing written, then a 412 on retry
+    with pytest.raises(PreconditionFailedError):  # someone else's bytes are never taken for ours
+        create_object(transport, BUCKET, "once.bin", b"theirs", FAST_RETRY, if_generation_match=0)
+    assert gcs_emulator.read(BUCKET, "once.bin") == b"ours"
+
+
+def test_composing_survives_a_lost_answer_to_its_probe(front: GCSFront, gcs_emulator: Emulator) -> None:
+    objects = {f"p/{i}.bin": os.urandom(500) for i in range(6)}
+    gcs_emulator.seed(BUCKET, objects)
+    front.set_faults([Fault("truncate", match="upload", times=1)])
+    listed = GCSFileListerIterDataPipe(f"gs://{BUCKET}/p/", client=front.client_config, with_metadata=True)
+    pipe = listed.compose_shards_by_gcs(client=front.client_config, retry=FAST_RETRY)
+    assert [(url, stream.read()) for url, stream in pipe] == [(f"gs://{BUCKET}/{n}", d) for n, d in objects.items()]
+    assert pipe.stats.composes == 1 and front.faults_injected["truncate"] == 1
+    assert not [name for name in gcs_emulator.names(BUCKET) if name.startswith(TEMPORARY_PREFIX)]
+
+
+# -- settings GCS refuses ------------------------------------------------------------------------------
+
+
+def test_parts_larger_than_gcs_takes_are_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="part_size must be"):
+        MultipartWriter(f"gs://{BUCKET}/x", part_size=5 * 1024**3 + 1)
+
+
+def test_unfinished_uploads_of_a_prefix(front: GCSFront) -> None:
+    for name in ("scratch/a.bin", "scratch/b.bin", "other/c.bin"):
+        assert requests.post(f"{front.endpoint}/{BUCKET}/{name}", params={"uploads": ""}, timeout=30).ok
+    transport = transport_for(front.client_config)
+    listed = unfinished_uploads(transport, BUCKET, FAST_RETRY, prefix="scratch/")
+    assert [upload.name for upload in listed] == ["scratch/a.bin", "scratch/b.bin"]
+    assert len(list(unfinished_uploads(transport, BUCKET, FAST_RETRY))) == 3

@@ -129,7 +129,7 @@ def _bench_loading(
 
 def bench(args: argparse.Namespace) -> int:
     """``torchdata-gcs bench``: measure, print the table and the suggestions; the exit code."""
-    client = ClientConfig(endpoint=args.endpoint)
+    client = ClientConfig(endpoint=args.endpoint, user_project=args.user_project)
     listing, sample = _bench_listing(args.url, client, args.concurrency, args.limit, args.seconds)
     if not sample:
         raise NotFoundError(f"no objects under {args.url}: nothing to measure", url=args.url)

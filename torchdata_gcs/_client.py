@@ -145,16 +145,21 @@ class Transport:
         return self._user_project
 
     @property
+    def credentials(self) -> google.auth.credentials.Credentials | None:
+        """The credentials requests are signed with; ``None`` when they go out anonymous."""
+        return getattr(self._session, "credentials", None)
+
+    @property
     def anonymous(self) -> bool:
         """Whether requests go out without credentials."""
-        return getattr(self._session, "credentials", None) is None
+        return self.credentials is None
 
     def authorization(self) -> dict[str, str]:
         """Headers that authenticate a request sent outside this session; refreshes an expired token.
 
         May block on the token endpoint: call it off the I/O loop when :meth:`token_is_fresh` is false.
         """
-        credentials = getattr(self._session, "credentials", None)
+        credentials = self.credentials
         if credentials is None:
             return {}
         with self._refresh_lock:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import calendar
 import datetime
 import functools
 import hashlib
@@ -26,7 +25,6 @@ import json
 import logging
 import multiprocessing.util
 import os
-import re
 import secrets
 import signal
 import socket
@@ -53,9 +51,9 @@ from ._download import (
     load_one,
     new_job,
 )
-from ._listing import MAX_PAGE_SIZE, list_objects
+from ._listing import MAX_PAGE_SIZE, list_objects, list_versions
 from ._metadata import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
-from ._objects import create_object, delete_object, object_resource
+from ._objects import create_object, delete_object
 from ._uri import TEMPORARY_PREFIX, format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import (
@@ -192,7 +190,7 @@ class Composer:
             try:
                 generation = create_object(transport, bucket, probe, b"", retry, if_generation_match=0)
                 self._unsettled.add((bucket, probe))
-                delete_object(transport, bucket, probe, retry, if_generation_match=generation)
+                delete_object(transport, bucket, probe, retry, generation=generation)
                 self._unsettled.discard((bucket, probe))
                 usable = True
             except AccessDeniedError as exc:
@@ -377,11 +375,11 @@ async def compose_objects(
 
 
 async def delete_temporary(job: _Job, bucket: str, name: str, generation: int | None) -> bool:
-    """Delete ``name`` (that generation, if given), retried; ``True`` once it is gone, ``False`` if
-    deleting failed (logged)."""
+    """Delete the version ``generation`` of ``name`` for good (the live one if ``None``, which object
+    versioning keeps as noncurrent), retried; ``True`` once it is gone, ``False`` if deleting failed (logged)."""
     reader = job.reader
     url = format_url(bucket, name)
-    params = {} if generation is None else {"ifGenerationMatch": generation}
+    params = {} if generation is None else {"generation": generation}
 
     async def attempt() -> None:
         async with reader.send("DELETE", url, reader.object_path(bucket, name), params):
@@ -516,27 +514,19 @@ atexit.register(_close_all)  # after _reader's own exit hook (imported first), s
 
 # -- leftovers of killed jobs --------------------------------------------------------------------
 
-_JOB_TIME = re.compile(r"(\d{8}T\d{6}Z)-")
-
-
 def leftovers(transport: Transport, bucket: str, older_than: float, retry: RetryConfig) -> list[tuple[str, int]]:
-    """Temporary objects in ``bucket`` created more than ``older_than`` seconds ago, as ``(name, generation)``.
+    """Temporary objects in ``bucket`` created more than ``older_than`` seconds ago, as ``(name,
+    generation)``, noncurrent versions included (object versioning keeps deleted ones, billed).
 
-    The job time in a name is when the job started, so a name older than the limit is confirmed by
-    the object's own creation time (a long job keeps writing under its start time).
+    Age is the version's own creation time: the job time in a name is when the job started, and a
+    long job keeps writing under it.
     """
     now = time.time()
-    found = []
-    for batch in list_objects(transport, bucket, TEMPORARY_PREFIX, retry, MAX_PAGE_SIZE):
-        for _, item in batch:
-            match = _JOB_TIME.match(item["name"], len(TEMPORARY_PREFIX))
-            started = calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ")) if match else 0.0
-            if now - started < older_than:
-                continue
-            resource = object_resource(transport, bucket, item["name"], retry, "generation,timeCreated")
-            if resource is not None and now - rfc3339_seconds(resource["timeCreated"]) >= older_than:
-                found.append((item["name"], int(resource["generation"])))
-    return found
+    return [
+        (item["name"], int(item["generation"]))
+        for item in list_versions(transport, bucket, TEMPORARY_PREFIX, retry)
+        if now - rfc3339_seconds(item["timeCreated"]) >= older_than
+    ]
 
 
 def rfc3339_seconds(value: str) -> float:

@@ -514,7 +514,7 @@ class _Run:
             return
         generation = self.written[name]
         try:
-            gone = delete_object(self.transport, self.bucket, name, RETRY, if_generation_match=generation)
+            gone = delete_object(self.transport, self.bucket, name, RETRY, generation=generation)
         except Exception as exc:  # noqa: BLE001
             if self.retained and _result_of(exc) == REFUSED:
                 self.add("delete", REFUSED, _one_line(exc), _RETAINED)
@@ -525,7 +525,7 @@ class _Run:
         if not gone:
             self.add("delete", FAILED, f"{name.rpartition('/')[2]}, just written, was already gone (404)")
             return
-        self.add("delete", OK, f"deleted {name.rpartition('/')[2]} with ifGenerationMatch={generation}")
+        self.add("delete", OK, f"deleted {name.rpartition('/')[2]} by its generation ({generation})")
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -541,7 +541,7 @@ class _Run:
         names.update(dict.fromkeys(listed or []))
         for name in names:
             try:
-                if delete_object(self.transport, self.bucket, name, RETRY):
+                if delete_object(self.transport, self.bucket, name, RETRY, generation=self.written.get(name)):
                     report.deleted += 1
             except Exception as exc:  # noqa: BLE001 - reported, not raised: the rest still gets deleted
                 report.left_behind.append(f"{format_url(self.bucket, name)} ({_one_line(exc)})")
@@ -569,8 +569,8 @@ class _Run:
     def abort_scratch_uploads(self) -> None:
         """Abort any multipart upload under the scratch folder still open (a start interrupted before its answer)."""
         try:
-            with closing(unfinished_uploads(self.transport, self.bucket, RETRY)) as uploads:
-                ours = [upload for upload in uploads if upload.name.startswith(self.scratch)]
+            with closing(unfinished_uploads(self.transport, self.bucket, RETRY, prefix=self.scratch)) as uploads:
+                ours = list(uploads)
         except NoMultipartListing:
             return
         except Exception as exc:  # noqa: BLE001
@@ -699,8 +699,8 @@ def _facts(resource: dict[str, Any], user_project: str | None) -> list[Fact]:
             Fact(
                 "object versioning",
                 "on",
-                "every overwritten checkpoint and every deleted temporary object (this check's too) stays as a "
-                "noncurrent version, billed until a lifecycle rule removes it",
+                "every overwritten checkpoint stays as a noncurrent version, billed until a lifecycle rule "
+                "removes it; temporary objects are deleted by generation and leave none",
             )
         )
     else:
@@ -729,8 +729,7 @@ def _identity(transport: Transport) -> str:
         raise
     except Exception as exc:  # noqa: BLE001 - the token endpoint could not be reached, say
         raise GCSError(f"could not get an access token: {type(exc).__name__}: {exc}") from None
-    # The transport keeps its credentials to itself; read them rather than resolve them a second time.
-    credentials = getattr(getattr(transport, "_session", None), "credentials", None)
+    credentials = transport.credentials
     if credentials is None:
         return "credentials of an unknown kind"
     email = getattr(credentials, "service_account_email", None)

@@ -31,7 +31,7 @@ from ._retry import Attempts
 from ._streams import PartStream
 from ._uri import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
-from .errors import IntegrityError, MissingObjectWarning, NotFoundError
+from .errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +196,21 @@ def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError
     )
 
 
+def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
+    """Raise ``GCSError`` unless ``response`` is a 206 starting at ``start``: a 200 carries the whole
+    object (something on the way dropped the Range or ``Accept-Encoding: gzip`` header, and GCS ignores
+    Range when it decompresses a gzip-encoded object), which a new attempt would get again."""
+    answered = response.headers.get("Content-Range", "")
+    if response.status != 206 or (answered and not answered.startswith(f"bytes {start}-")):
+        raise GCSError(
+            f"{url}: asked for bytes {start}-{end - 1}, got status {response.status} "
+            f"(Content-Range {answered or 'missing'}); a proxy between here and GCS may have dropped the "
+            "Range or Accept-Encoding header",
+            url=url,
+            status=response.status,
+        )
+
+
 async def _stream_range(
     job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int, take: Callable[[int, bytes], None]
 ) -> None:
@@ -206,7 +221,8 @@ async def _stream_range(
 
     async def attempt() -> None:
         nonlocal position
-        async with job.reader.get(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
+        async with job.reader.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
+            _check_range_answer(url, response, position, end)
             async for chunk in response.content.iter_any():
                 if position + len(chunk) > end:
                     raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
@@ -261,7 +277,7 @@ async def _learn_version(job: _Job, url: str, params: dict[str, Any], checksums:
     query = {"fields": "generation,crc32c", **({"generation": params["generation"]} if "generation" in params else {})}
 
     async def attempt() -> Any:
-        async with job.reader.get(url, job.reader.object_path(bucket, name), query) as response:
+        async with job.reader.send("GET", url, job.reader.object_path(bucket, name), query) as response:
             return await response.json(content_type=None)
 
     resource = await _with_retry(job, url, attempt)
@@ -308,7 +324,7 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
     async def first_answer() -> tuple[list[bytes], int]:
         """The whole object, or its first part (in chunks); and the object's size."""
         nonlocal reserved
-        async with job.reader.get(url, path, params) as response:
+        async with job.reader.read_media(url, path, params) as response:
             # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing.
             checksums["GCS"] = reported_crc32c(response.headers)
             if "x-goog-generation" in response.headers:

@@ -8,6 +8,7 @@ from typing import Any
 from ._client import Transport
 from ._objects import object_resource
 from ._parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
+from ._retry import call_with_retry
 from ._uri import TEMPORARY_PREFIX
 from .config import RetryConfig
 
@@ -52,3 +53,22 @@ def list_objects(
             if not (item["name"].endswith("/") and item["size"] == "0")
             and not (hidden and item["name"].startswith(hidden))
         ]
+
+
+def list_versions(transport: Transport, bucket: str, prefix: str, retry: RetryConfig) -> Iterator[dict[str, Any]]:
+    """Every version under ``prefix``, live and noncurrent (object versioning keeps a deleted or replaced
+    object as noncurrent), as resources with ``name``, ``generation`` and ``timeCreated``; page by page."""
+    path = transport.bucket_objects_path(bucket)
+    url = f"gs://{bucket}/{prefix}"
+    params: dict[str, Any] = {
+        "prefix": prefix,
+        "versions": "true",
+        "maxResults": MAX_PAGE_SIZE,
+        "fields": "items(name,generation,timeCreated),nextPageToken",
+    }
+    while True:
+        page = call_with_retry(lambda: transport.get_json(path, url=url, params=params), retry, url=url)
+        yield from page.get("items", [])
+        if not page.get("nextPageToken"):
+            return
+        params["pageToken"] = page["nextPageToken"]

@@ -29,11 +29,13 @@ class Upload:
     initiated: str  # RFC 3339
 
 
-def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig) -> Iterator[Upload]:
-    """The bucket's unfinished multipart uploads, page by page (``GET /BUCKET?uploads`` on the XML API)."""
-    url = format_url(bucket)
+def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig, *, prefix: str = "") -> Iterator[Upload]:
+    """The bucket's unfinished multipart uploads of objects named ``prefix...``, page by page (``GET
+    /BUCKET?uploads`` on the XML API)."""
+    url = format_url(bucket, prefix)
     path = transport.xml_path(bucket)
-    params = {"uploads": ""}
+    first = {"uploads": "", "prefix": prefix} if prefix else {"uploads": ""}
+    params = first
 
     def page() -> bytes:
         with transport.request("GET", path, url=url, params=params, xml_api=True) as response:
@@ -54,7 +56,7 @@ def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig) ->
         if root.findtext("{*}IsTruncated") != "true":
             return
         params = {
-            "uploads": "",
+            **first,
             "key-marker": root.findtext("{*}NextKeyMarker", ""),
             "upload-id-marker": root.findtext("{*}NextUploadIdMarker", ""),
         }

@@ -12,7 +12,7 @@ from ._metadata import crc32c_base64, reported_crc32c
 from ._retry import call_with_retry
 from ._uri import format_url
 from .config import RetryConfig
-from .errors import NotFoundError
+from .errors import NotFoundError, PreconditionFailedError
 
 __all__ = ["create_object", "delete_object", "multipart_body", "object_resource", "read_object"]
 
@@ -83,7 +83,8 @@ def create_object(
 
     The crc32c travels in the metadata, so GCS refuses bytes damaged on the way. With
     ``if_generation_match`` (0: only if the object does not exist) a mismatch raises
-    ``PreconditionFailedError``; a retried request may meet its own first attempt's write there.
+    ``PreconditionFailedError``, except when a retry meets the write of its own earlier attempt
+    whose answer was lost: an object of exactly these bytes is then taken as ours.
     """
     url = format_url(bucket, name)
     body, headers = multipart_body(name, data, content_type)
@@ -91,20 +92,46 @@ def create_object(
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     path = f"/upload{transport.bucket_objects_path(bucket)}"
+    attempts = 0
 
     def attempt() -> int:
-        with transport.request("POST", path, url=url, params=params, data=body, headers=headers) as response:
-            return int(response.json()["generation"])
+        nonlocal attempts
+        attempts += 1
+        try:
+            with transport.request("POST", path, url=url, params=params, data=body, headers=headers) as response:
+                return int(response.json()["generation"])
+        except PreconditionFailedError:
+            if attempts == 1:
+                raise
+            live = object_resource(transport, bucket, name, retry, "generation,size,crc32c")
+            if live is None or int(live["size"]) != len(data) or live.get("crc32c") != crc32c_base64(data):
+                raise
+            return int(live["generation"])
 
     return call_with_retry(attempt, retry, url=url)
 
 
 def delete_object(
-    transport: Transport, bucket: str, name: str, retry: RetryConfig, *, if_generation_match: int | None = None
+    transport: Transport,
+    bucket: str,
+    name: str,
+    retry: RetryConfig,
+    *,
+    if_generation_match: int | None = None,
+    generation: int | None = None,
 ) -> bool:
-    """Delete the object (only that generation, if given); ``False`` if it was already gone."""
+    """Delete the live object (only if it is ``if_generation_match``), or the version ``generation`` for
+    good, live or not; ``False`` if it was already gone.
+
+    In a bucket with object versioning, deleting the live object keeps it as a noncurrent version,
+    billed until a lifecycle rule removes it; deleting by ``generation`` leaves nothing behind.
+    """
     url = format_url(bucket, name)
-    params = {} if if_generation_match is None else {"ifGenerationMatch": if_generation_match}
+    params: dict[str, Any] = {}
+    if if_generation_match is not None:
+        params["ifGenerationMatch"] = if_generation_match
+    if generation is not None:
+        params["generation"] = generation
     try:
         call_with_retry(
             lambda: transport.request("DELETE", transport.object_path(bucket, name), url=url, params=params).close(),

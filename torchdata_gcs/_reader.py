@@ -3,7 +3,8 @@
 The control plane (listing, metadata, single writes) stays on the ``requests`` transport of
 ``_client``; this module sends what the loaders send many of at once (media GETs, and the
 compose and delete requests of composites), with the transport's endpoint, credentials and user project.
-Bytes are the stored ones (``Accept-Encoding: gzip`` and no decompression), so checksums apply.
+Object bytes are the stored ones (``Accept-Encoding: gzip`` on media reads and no decompression), so
+checksums apply; every other answer is asked for uncompressed.
 """
 
 from __future__ import annotations
@@ -64,11 +65,12 @@ class ObjectReader:
             return transport.authorization()
         return await asyncio.get_running_loop().run_in_executor(None, transport.authorization)
 
-    def get(
+    def read_media(
         self, url: str, path: str, params: dict[str, Any], headers: dict[str, str] | None = None
     ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
-        """GET ``path``; a non-2xx answer raises its typed error naming ``url``."""
-        return self.send("GET", url, path, params, headers)
+        """GET the object's bytes at media ``path`` as stored (gzip-encoded ones too, which the
+        checksums cover); a non-2xx answer raises its typed error naming ``url``."""
+        return self.send("GET", url, path, params, {"Accept-Encoding": "gzip", **(headers or {})})
 
     @asynccontextmanager
     async def send(
@@ -89,7 +91,7 @@ class ObjectReader:
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                 timeout=self._timeout,
                 auto_decompress=False,
-                headers={"Accept-Encoding": "gzip"},
+                headers={"Accept-Encoding": "identity"},  # media reads ask for gzip: see read_media
             )
         params, headers = self.transport.billed(params, headers, xml_api=xml_api)
         request_headers = {**(await self._headers()), **(headers or {})} if self._signed else headers

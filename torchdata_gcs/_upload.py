@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_PARTS_IN_FLIGHT",
     "DEFAULT_PART_SIZE",
     "MAX_PARTS",
+    "MAX_PART_SIZE",
     "MIN_PART_SIZE",
     "CompositeWriter",
     "MultipartWriter",
@@ -63,18 +64,23 @@ MIN_PART_SIZE = 5 * 1024 * 1024
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 DEFAULT_PARTS_IN_FLIGHT = 8
 """Defaults: 8 connections, each with its own per-connection throughput; about 72 MiB held."""
+MAX_PART_SIZE = 5 * 1024**3
+"""GCS refuses larger parts of an XML multipart upload."""
 MAX_PARTS = 10_000
 PARTS_PER_SIZE = 1000
 """Parts of one size before the size doubles."""
 
 
 def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> int:
-    """Size of part ``number`` (from 1): ``base``, doubled every ``parts_per_size`` parts.
+    """Size of part ``number`` (from 1): ``base``, doubled every ``parts_per_size`` parts, at most
+    :data:`MAX_PART_SIZE`.
 
     >>> [part_size(n, 5, parts_per_size=2) for n in range(1, 7)]
     [5, 5, 10, 10, 20, 20]
+    >>> part_size(10_000, 4 * 1024**3) == MAX_PART_SIZE
+    True
     """
-    return base << ((number - 1) // parts_per_size)
+    return min(base << ((number - 1) // parts_per_size), MAX_PART_SIZE)
 
 
 class StreamingWriter(io.RawIOBase):
@@ -118,8 +124,8 @@ class StreamingWriter(io.RawIOBase):
     @classmethod
     def check_settings(cls, part_size: int, max_parts_in_flight: int) -> None:
         """Raise ``ValueError`` for settings GCS or the writer cannot work with."""
-        if part_size < cls.min_part_size:
-            raise ValueError(f"part_size must be at least {cls.min_part_size} bytes, got {part_size}")
+        if not cls.min_part_size <= part_size <= MAX_PART_SIZE:
+            raise ValueError(f"part_size must be {cls.min_part_size} to {MAX_PART_SIZE} bytes, got {part_size}")
         if max_parts_in_flight < 1:
             raise ValueError(f"max_parts_in_flight must be at least 1, got {max_parts_in_flight}")
 
@@ -315,7 +321,9 @@ class MultipartWriter(StreamingWriter):
         document = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
         params = {"uploadId": self._upload_id}
         try:
-            headers, _ = self._run(_send(self._job, self.url, self._xml_path, "POST", params, document))
+            headers, _ = self._run(
+                _send(self._job, self.url, self._xml_path, "POST", params, document, headers={"Content-Type": "application/xml"})
+            )
         except NotFoundError:
             # GCS's NoSuchUpload to a retried completion whose first answer was lost on the way: the
             # upload may have completed; what the URL holds now decides (see _published_version).
@@ -359,6 +367,7 @@ class CompositeWriter(StreamingWriter):
         super().__init__(url, **settings)
         self._prefix = f"{TEMPORARY_PREFIX}{new_job_id()}/"
         self._temporaries: set[str] = set()  # every temporary name written or being written
+        self._intermediates: dict[str, int | None] = {}  # composed intermediate name -> its generation
 
     def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
@@ -385,11 +394,17 @@ class CompositeWriter(StreamingWriter):
                 *(compose_objects(self._job, self._bucket, n, g, only_if_new=False) for n, g in zip(names, groups))
             )
             sources = [(name, info.generation) for name, info in zip(names, composed)]
+            self._intermediates.update(sources)
         return await compose_objects(self._job, self._bucket, self._name, sources, only_if_new=False)
 
     async def _delete_temporaries(self) -> None:
+        """Delete every temporary object, each by its generation where known (so object versioning
+        keeps no noncurrent copy of it)."""
+        generations = {**dict(self._parts.values()), **self._intermediates}
         names = sorted(self._temporaries)
-        deleted = await asyncio.gather(*(delete_temporary(self._job, self._bucket, n, None) for n in names))
+        deleted = await asyncio.gather(
+            *(delete_temporary(self._job, self._bucket, n, generations.get(n)) for n in names)
+        )
         self._temporaries.difference_update(n for n, gone in zip(names, deleted) if gone)
         left = [format_url(self._bucket, n) for n in sorted(self._temporaries)]
         if left:

@@ -109,11 +109,15 @@ def _folder(text: str) -> Path:
     return path
 
 
+def _client(args: argparse.Namespace) -> ClientConfig:
+    return ClientConfig(endpoint=args.endpoint, user_project=args.user_project)
+
+
 # -- ls --------------------------------------------------------------------------------------------
 
 
 def _ls(args: argparse.Namespace) -> int:
-    lister, listed = listed_with_stats(args.url, ClientConfig(endpoint=args.endpoint), args.concurrency)
+    lister, listed = listed_with_stats(args.url, _client(args), args.concurrency)
     count = total = 0
     started = time.perf_counter()
     for url, info in cast("Iterator[tuple[str, ObjectInfo]]", listed):
@@ -141,12 +145,12 @@ def _done(action: Callable[[T], bool], items: list[T], dry_run: bool) -> list[T]
 
 
 def _clean(args: argparse.Namespace) -> int:
-    transport = transport_for(ClientConfig(endpoint=args.endpoint))
+    transport = transport_for(_client(args))
     retry = RetryConfig()
     bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
     found = leftovers(transport, bucket, older_than, retry)
     deleted = _done(
-        lambda item: delete_object(transport, bucket, item[0], retry, if_generation_match=item[1]), found, args.dry_run
+        lambda item: delete_object(transport, bucket, item[0], retry, generation=item[1]), found, args.dry_run
     )
     verb = "would delete" if args.dry_run else "deleted"
     for name, _ in deleted:
@@ -262,9 +266,14 @@ def _parser() -> argparse.ArgumentParser:
         help="where requests go, such as an emulator (default: STORAGE_EMULATOR_HOST, else GCS)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    billing = argparse.ArgumentParser(add_help=False)
+    billing.add_argument(
+        "--user-project", metavar="PROJECT", help="project billed for requests to a requester-pays bucket"
+    )
 
     ls = commands.add_parser(
         "ls",
+        parents=[billing],
         help="count the objects under a prefix and their total size",
         description=(
             "List gs://BUCKET/PREFIX with list_files_by_gcs's parallel lister and print how many objects it "
@@ -281,6 +290,7 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
+        parents=[billing],
         help="measure listing and loading throughput on a prefix and suggest settings",
         description=(
             "Measure, on gs://BUCKET/PREFIX: listing throughput; then, on the first --limit objects listed, "
@@ -313,6 +323,7 @@ def _parser() -> argparse.ArgumentParser:
 
     clean = commands.add_parser(
         "clean",
+        parents=[billing],
         help="delete temporary composites and abort multipart uploads that killed jobs left behind",
         description=(
             f"Delete objects under gs://BUCKET/{TEMPORARY_PREFIX} (the temporary composites and parts of "
@@ -336,6 +347,7 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor_command = commands.add_parser(
         "doctor",
+        parents=[billing],
         help="check that a bucket allows everything torchdata-gcs does, with your credentials",
         description=(
             "Check gs://BUCKET/PREFIX with your own credentials: print the endpoint, the identity used and the "
@@ -350,9 +362,6 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     doctor_command.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET or gs://BUCKET/PREFIX/")
-    doctor_command.add_argument(
-        "--user-project", metavar="PROJECT", help="project billed for requests to a requester-pays bucket"
-    )
     doctor_command.set_defaults(run=_doctor)
 
     emulator = commands.add_parser(

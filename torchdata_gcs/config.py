@@ -38,7 +38,8 @@ class ClientConfig:
             would travel in clear text); otherwise Application Default Credentials.
         credentials_file: path of a service-account or authorized-user JSON file to use instead of
             Application Default Credentials. The path is stored, never the secret it holds.
-        user_project: project billed for requests to requester-pays buckets (sent as ``userProject``).
+        user_project: project billed for requests to requester-pays buckets (sent as the JSON API's
+            ``userProject`` parameter and the XML API's ``x-goog-user-project`` header).
         connect_timeout: seconds to wait for a connection.
         read_timeout: seconds to wait for the next bytes of a response; a request that hangs
             longer fails with a ``TransientError`` and is retried.
