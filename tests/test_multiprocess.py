@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import os
+import pickle
 import warnings
 
 import pytest
@@ -10,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from torchdata_gcs import ClientConfig
-from torchdata_gcs.testing import Emulator
+from torchdata_gcs import ClientConfig, GCSFileLoaderIterDataPipe, IntegrityError, TransferConfig
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning)
@@ -73,3 +75,57 @@ def test_classic_dataloader_with_two_workers(dataset, client: ClientConfig) -> N
     loader = DataLoader(build_pipe(bucket, client), batch_size=None, num_workers=2, shuffle=True)
     torch.manual_seed(3)
     assert_exactly_once(list(loader), expected)
+
+
+# -- streams that cross from the workers to the main process -----------------------------------------
+
+KiB, MiB = 1024, 1024 * 1024
+SMALL_BUDGET = TransferConfig(part_size=256 * KiB, max_buffered_bytes=1 * MiB)
+
+
+@pytest.fixture(scope="module")
+def mixed_sizes(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
+    """Objects that load as bytes, as parts held in memory, and as streams larger than the byte budget."""
+    bucket = "multiprocess-streams"
+    sizes = [100, 300 * KiB, 3 * MiB + 5] * 4
+    objects = {f"s/{i:02d}.bin": os.urandom(size) for i, size in enumerate(sizes)}
+    gcs_emulator.seed(bucket, objects)
+    return bucket, {f"gs://{bucket}/{name}": data for name, data in objects.items()}
+
+
+@pytest.mark.timeout(120, method="thread")  # a hang in the loader's queues is not interruptible by a signal
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_streams_cross_to_the_main_process(mixed_sizes, client: ClientConfig, start_method: str) -> None:
+    """The main process reads what the workers loaded: every kind of stream pickles (a hang before)."""
+    bucket, expected = mixed_sizes
+    pipe = (
+        IterableWrapper([f"gs://{bucket}/s/"])
+        .list_files_by_gcs(client=client)
+        .shuffle()
+        .sharding_filter()
+        .load_files_by_gcs(client=client, transfer=SMALL_BUDGET)
+    )
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers=2, multiprocessing_context=start_method))
+    try:
+        delivered = [(url, stream.read()) for url, stream in loader]
+    finally:
+        loader.shutdown()
+    assert_exactly_once(delivered, expected)
+
+
+def test_a_pickled_stream_resumes_where_it_was_and_is_still_checked(mixed_sizes, gcs_front: GCSFront) -> None:
+    bucket, expected = mixed_sizes
+    client = gcs_front.client_config
+    held, streamed = (next(url for url, data in expected.items() if len(data) == size) for size in (300 * KiB, 3 * MiB + 5))
+    for url in (held, streamed):
+        ((_, stream),) = list(GCSFileLoaderIterDataPipe([url], client=client, transfer=SMALL_BUDGET))
+        head = stream.read(200 * KiB)
+        copy = pickle.loads(pickle.dumps(stream))
+        assert head + copy.read() == expected[url]
+        assert head + stream.readline() + stream.read() == expected[url]  # the original reads on, too
+    ((_, stream),) = list(GCSFileLoaderIterDataPipe([streamed], client=client, transfer=SMALL_BUDGET))
+    stream.read(200 * KiB)
+    copy = pickle.loads(pickle.dumps(stream))
+    gcs_front.set_faults([Fault("corrupt", match="range_get")])  # the rest arrives damaged
+    with pytest.raises(IntegrityError):
+        copy.read()

@@ -285,6 +285,33 @@ async def _learn_version(job: _Job, url: str, params: dict[str, Any], checksums:
     checksums["GCS"] = checksums["GCS"] or resource.get("crc32c")
 
 
+class VersionRanges:
+    """Ranges of one object version, read on this process's I/O loop (a :class:`PartStream`'s source).
+
+    Pickles as the settings that read them (client, retry, part size, URL, generation), so a stream
+    unpickled in another process reads the rest from there.
+    """
+
+    def __init__(self, job: _Job, url: str, params: dict[str, Any]) -> None:
+        bucket, name = parse_url(url, allow_prefix=False)
+        self._job, self._url, self._params = job, url, params
+        self._path = job.reader.media_path(bucket, name)
+
+    def fetch(self, start: int, length: int) -> Future[list[bytes]]:
+        reading = _read_range(self._job, self._url, self._path, self._params, start, length)
+        return asyncio.run_coroutine_threadsafe(reading, io_loop())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        job = self._job
+        return _ranges_in_this_process, (job.reader.config, job.retry, job.part_size, self._url, dict(self._params))
+
+
+def _ranges_in_this_process(
+    client: ClientConfig, retry: RetryConfig, part_size: int, url: str, params: dict[str, Any]
+) -> VersionRanges:
+    return VersionRanges(new_job(client, TransferConfig(part_size=part_size), retry, LoadStats()), url, params)
+
+
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream
 """An object's bytes (whole, or in chunks, or views into a composite's chunks), or a stream over
 one too large for the byte budget."""
@@ -313,13 +340,11 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
         loop = asyncio.get_running_loop()
         allowance = reserved
 
-        def fetch_part(start: int, length: int) -> Future[list[bytes]]:
-            return asyncio.run_coroutine_threadsafe(_read_range(job, url, path, params, start, length), loop)
-
         def give_back() -> None:
             loop.call_soon_threadsafe(job.budget.release, allowance)
 
-        return PartStream(url, size, job.part_size, allowance, fetch_part, checksums, give_back, first)
+        source = VersionRanges(job, url, params)
+        return PartStream(url, size, job.part_size, allowance, source, checksums, give_back, first)
 
     async def first_answer() -> tuple[list[bytes], int]:
         """The whole object, or its first part (in chunks); and the object's size."""

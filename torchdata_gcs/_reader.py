@@ -39,6 +39,7 @@ class ObjectReader:
     """
 
     def __init__(self, config: ClientConfig, transport: Transport) -> None:
+        self.config = config
         self.transport = transport
         self.throttle = Throttle()
         self._timeout = aiohttp.ClientTimeout(

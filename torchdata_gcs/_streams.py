@@ -3,6 +3,10 @@
 ``PartStream`` serves an object too large to hold whole: its parts are fetched in order on the
 I/O loop, at most ``allowance`` bytes ahead of the reader, and the whole object's length and
 crc32c are checked when the reader reaches the end (an ``IntegrityError`` then, instead of EOF).
+
+Both pickle, so they cross to a DataLoader's main process: a ``MemoryStream`` as its bytes, a
+``PartStream`` as its unread read-ahead plus where the rest comes from (fetched anew there). Both
+have ``peek``, so ``readline`` is fast without a ``BufferedReader`` (which does not pickle).
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from itertools import accumulate
+from typing import Any, Protocol
 
 import google_crc32c
 
 from ._metadata import check_crc32c, crc32c_base64
 from .errors import IntegrityError
 
-__all__ = ["MemoryStream", "PartStream"]
+__all__ = ["MemoryStream", "PartSource", "PartStream"]
 
 
 class MemoryStream(io.RawIOBase):
@@ -60,6 +65,13 @@ class MemoryStream(io.RawIOBase):
         self._position = self._size
         return b"".join([memoryview(self._parts[index])[offset:], *self._parts[index + 1 :]])
 
+    def peek(self, size: int = 0) -> bytes:
+        """Bytes from the position to the end of its part, without moving (what ``readline`` looks ahead in)."""
+        if self._position >= self._size:
+            return b""
+        index = bisect.bisect_right(self._starts, self._position) - 1
+        return bytes(memoryview(self._parts[index])[self._position - self._starts[index] :])
+
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
         self._position = max(0, base + offset)
@@ -68,12 +80,33 @@ class MemoryStream(io.RawIOBase):
     def tell(self) -> int:
         return self._position
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.closed:
+            raise ValueError("a closed stream cannot be pickled")
+        return _memory_stream_at, ([bytes(part) for part in self._parts], self._position)
+
+
+def _memory_stream_at(parts: list[bytes], position: int) -> MemoryStream:
+    stream = MemoryStream(parts)
+    stream.seek(position)
+    return stream
+
+
+class PartSource(Protocol):
+    """Where a :class:`PartStream`'s parts come from; pickles to a source that fetches them in any process."""
+
+    def fetch(self, start: int, length: int) -> Future[list[bytes]]:
+        """A future of bytes ``[start, start + length)`` of the object, in chunks."""
+        ...
+
 
 class PartStream(io.RawIOBase):
     """A large object read in order, part by part, fetched ahead within ``allowance`` bytes.
 
-    ``fetch_part(start, length)`` returns a future of those bytes (from the I/O loop); ``first``
+    ``source.fetch(start, length)`` returns a future of those bytes (from the I/O loop); ``first``
     holds bytes already read from the start. ``on_close`` runs once, when the stream is closed.
+    ``received`` and ``crc`` say how many bytes before ``first`` were received, and their crc32c
+    (a stream resumed in another process).
     """
 
     def __init__(
@@ -82,25 +115,41 @@ class PartStream(io.RawIOBase):
         size: int,
         part_size: int,
         allowance: int,
-        fetch_part: Callable[[int, int], Future[list[bytes]]],
+        source: PartSource,
         expected_crc32c: dict[str, str | None],
-        on_close: Callable[[], None],
+        on_close: Callable[[], None] | None,
         first: list[bytes],
+        *,
+        received: int = 0,
+        crc: int = 0,
     ) -> None:
         super().__init__()
         self.url, self.size, self.part_size = url, size, part_size
+        self._allowance = allowance
         self._ahead = max(1, allowance // part_size - 1)  # the part being read counts too
-        self._fetch_part = fetch_part
+        self._source = source
         self._expected = expected_crc32c
-        self._on_close: Callable[[], None] | None = on_close
+        self._on_close = on_close
         self._chunks: deque[bytes] = deque()
         self._current = memoryview(b"")
         self._offset = 0  # within _current
-        self._received = self._requested = 0
-        self._crc = 0
+        self._received = self._requested = received
+        self._crc = crc
         self._pending: deque[Future[list[bytes]]] = deque()
-        self._take(first)
+        if received:  # resumed: ``first`` is counted in ``received`` and ``crc`` already
+            self._chunks.extend(first)
+        else:
+            self._take(first)
         self._fill()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the unread bytes received so far and the source of the rest; parts still in
+        flight are fetched again wherever it is unpickled."""
+        if self.closed:
+            raise ValueError("a closed stream cannot be pickled")
+        unread = [bytes(self._current[self._offset :]), *self._chunks]  # copies the current chunk's rest only
+        arguments = (self.url, self.size, self.part_size, self._allowance, self._source, self._expected, None, unread)
+        return _resumed_part_stream, (arguments, self._received, self._crc)
 
     def _take(self, chunks: list[bytes]) -> None:
         for chunk in chunks:
@@ -115,19 +164,32 @@ class PartStream(io.RawIOBase):
     def _fill(self) -> None:
         while self._requested < self.size and len(self._pending) < self._ahead:
             length = min(self.part_size, self.size - self._requested)
-            self._pending.append(self._fetch_part(self._requested, length))
+            self._pending.append(self._source.fetch(self._requested, length))
             self._requested += length
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        while self._offset == len(self._current):
-            if not self._chunks:
-                if not self._pending:
-                    self._finish()
-                    return 0
+    def peek(self, size: int = 0) -> bytes:
+        """Bytes of the current chunk from the position, without moving (at least one unless at the end)."""
+        if self._offset == len(self._current) and not self._next_chunk():
+            return b""
+        return bytes(self._current[self._offset :])
+
+    def _next_chunk(self) -> bool:
+        """Make the next chunk current, waiting for its part if needed; ``False`` at the end (checked)."""
+        while not self._chunks or not self._chunks[0]:
+            if self._chunks:
+                self._chunks.popleft()  # an empty chunk
+            elif self._pending:
                 self._take(self._pending.popleft().result())
                 self._fill()
-                continue
-            self._current, self._offset = memoryview(self._chunks.popleft()), 0
+            else:
+                self._finish()
+                return False
+        self._current, self._offset = memoryview(self._chunks.popleft()), 0
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._offset == len(self._current) and not self._next_chunk():
+            return 0
         chunk = self._current[self._offset : self._offset + len(buffer)]
         buffer[: len(chunk)] = chunk
         self._offset += len(chunk)
@@ -159,3 +221,7 @@ class PartStream(io.RawIOBase):
             self._pending.clear()
             on_close()
         super().close()
+
+
+def _resumed_part_stream(arguments: tuple[Any, ...], received: int, crc: int) -> PartStream:
+    return PartStream(*arguments, received=received, crc=crc)

@@ -43,9 +43,10 @@ def split_item(item: Item) -> tuple[str, ObjectInfo | None]:
 
 
 def as_stream(url: str, data: Loaded) -> StreamWrapper:
-    """A loaded object as the binary, seekable stream torchdata's decoders expect."""
+    """A loaded object as the binary stream torchdata's decoders expect (seekable unless streamed);
+    it pickles, so it crosses from DataLoader workers to the main process."""
     if isinstance(data, bytes):
         stream: io.IOBase = io.BytesIO(data)  # shares the bytes
     else:
-        stream = io.BufferedReader(MemoryStream(data) if isinstance(data, list) else data)
+        stream = MemoryStream(data) if isinstance(data, list) else data
     return StreamWrapper(stream, name=url)
