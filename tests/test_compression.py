@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 from pathlib import Path
 
@@ -132,6 +133,26 @@ def test_failure_while_compressing_publishes_nothing(
     with pytest.raises(Exception, match="pickle|lambda"):
         checkpoint.save(state, url, client=gcs_front.client_config, compression="zstd", part_size=5 * 1024 * KiB)
     assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_writer_dropped_without_close_publishes_nothing(
+    gcs_bucket: str, gcs_emulator: Emulator, gcs_front: GCSFront, compression: str | None
+) -> None:
+    """A writer left unclosed by an exception inside ``torch.save`` keeps the previous checkpoint."""
+    url = f"gs://{gcs_bucket}/kept.pt"
+    good = trained_like_state()
+    checkpoint.save(good, url, client=gcs_front.client_config, compression=compression)
+
+    def save_without_closing() -> None:
+        writer = checkpoint.open_writer(url, client=gcs_front.client_config, compression=compression)
+        torch.save({**trained_like_state(), "not a tensor": lambda: None}, writer)
+
+    with pytest.raises(Exception, match="pickle|lambda"):
+        save_without_closing()
+    gc.collect()  # the writer, held by the traceback until now, is finalized
+    assert_equal(checkpoint.load(url, client=gcs_front.client_config), good)
+    assert gcs_emulator.names(gcs_bucket) == ["kept.pt"] and gcs_front.open_uploads == []
 
 
 def test_sink_datapipe_compresses(gcs_bucket: str, gcs_emulator: Emulator) -> None:

@@ -166,6 +166,10 @@ class CompressingWriter(io.RawIOBase):
         else:
             self.abort()
 
+    def __del__(self) -> None:
+        if getattr(self, "_open", False):  # dropped without close(): never publish (IOBase would close)
+            self.abort()
+
     @property
     def url(self) -> str:
         return str(self.sink.url)
