@@ -229,6 +229,72 @@ def test_signals_leave_nothing(gcs_emulator: Emulator, signum: int) -> None:
     assert temporary(gcs_emulator, bucket) == []
 
 
+DATALOADER2_CHILD = textwrap.dedent(
+    """
+    import multiprocessing, sys, time, warnings
+    warnings.filterwarnings("ignore")
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
+    from torchdata_gcs import ClientConfig
+    client = ClientConfig(endpoint=sys.argv[1], anonymous=True)
+    pipe = (
+        IterableWrapper([f"gs://{sys.argv[2]}/d/"]).list_files_by_gcs(client=client, with_metadata=True)
+        .sharding_filter().compose_shards_by_gcs(client=client)
+    )
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers=2))  # default prefetch
+    for number, (url, stream) in enumerate(loader):
+        if number == 0:
+            print(" ".join(str(worker.pid) for worker in multiprocessing.active_children()), flush=True)
+        time.sleep(0.5)
+    """
+)
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "zombie" not in status.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
+@pytest.mark.parametrize("target", ["main", "workers", "group"])
+def test_sigterm_to_dataloader2_leaves_nothing(gcs_emulator: Emulator, target: str) -> None:
+    """The pipe runs on torchdata's prefetch thread inside each worker, not on a main thread; the workers
+    still delete their composites on SIGTERM, and end (deleting them) when SIGTERM kills only their parent."""
+    bucket = f"compose-dataloader2-{target}"
+    seed(gcs_emulator, bucket, 2000)
+    with GCSFront(gcs_emulator.endpoint, latency=0.02) as front:
+        command = [sys.executable, "-c", DATALOADER2_CHILD, front.endpoint, bucket]
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        ) as child:
+            try:
+                assert child.stdout is not None
+                workers = [int(pid) for pid in child.stdout.readline().split()]
+                assert len(workers) == 2, child.stderr.read() if child.stderr else ""
+                deadline = time.monotonic() + 30
+                while not temporary(gcs_emulator, bucket):
+                    assert time.monotonic() < deadline, "no temporary composite ever existed: the test would prove nothing"
+                    time.sleep(0.05)
+                if target == "main":
+                    child.send_signal(signal.SIGTERM)
+                elif target == "workers":
+                    for pid in workers:
+                        os.kill(pid, signal.SIGTERM)
+                else:
+                    os.killpg(child.pid, signal.SIGTERM)
+                deadline = time.monotonic() + 30
+                while any(running(pid) for pid in workers):
+                    assert time.monotonic() < deadline, "a worker outlived the signal"
+                    time.sleep(0.1)
+            finally:
+                os.killpg(child.pid, signal.SIGKILL)  # torchdata 0.9's main process waits forever for killed workers
+                child.communicate()
+    assert temporary(gcs_emulator, bucket) == []
+
+
 def test_no_permission_falls_back_with_one_warning(gcs_emulator: Emulator) -> None:
     expected = seed(gcs_emulator, "compose-denied", 70)
     with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="upload")]) as front:

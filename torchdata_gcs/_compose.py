@@ -476,7 +476,8 @@ def compose_in_order(
 # -- leftovers at exit and on SIGTERM ----------------------------------------------------------------
 
 _live: weakref.WeakSet[Composer] = weakref.WeakSet()
-_installed_in: int | None = None  # the process whose exit handlers are installed
+_finalizer_pid: int | None = None  # the process whose multiprocessing finalizer is registered
+_previous_sigterm: Any = None  # the SIGTERM handler ours replaced, called after it
 
 
 def _close_all() -> None:
@@ -484,32 +485,60 @@ def _close_all() -> None:
         composer.close()
 
 
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _close_all()
+    if callable(_previous_sigterm):
+        _previous_sigterm(signum, frame)
+    else:  # the default action: die of SIGTERM, as the sender expects
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _install_exit_handlers() -> None:
     """Close live composers at interpreter exit, at a multiprocessing worker's exit (which skips
-    ``atexit``) and on SIGTERM (whose default action would skip both); once per process."""
-    global _installed_in
-    if _installed_in == os.getpid():
-        return
-    _installed_in = os.getpid()
-    multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
+    ``atexit``) and on SIGTERM (whose default action would skip both).
+
+    Runs at import and whenever a composer starts. The SIGTERM handler can be set only from a main
+    thread: at import (a spawned DataLoader worker imports this while unpickling its DataPipe, on its
+    main thread), or inherited through fork; so it is in place even where the DataPipe runs on another
+    thread, as in torchdata's prefetcher.
+    """
+    global _finalizer_pid, _previous_sigterm
+    if _finalizer_pid != os.getpid():  # a worker's registry starts empty
+        _finalizer_pid = os.getpid()
+        multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
+        parent = multiprocessing.parent_process()
+        if parent is not None and parent.pid is not None:
+            threading.Thread(target=_watch_parent, args=(parent.pid,), name="torchdata-gcs-parent", daemon=True).start()
     if threading.current_thread() is not threading.main_thread():
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_IGN:
+    current = signal.getsignal(signal.SIGTERM)
+    if current is _on_sigterm or current is signal.SIG_IGN:
         return
+    _previous_sigterm = current
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        _close_all()
-        if callable(previous):
-            previous(signum, frame)
-        else:  # the default action: die of SIGTERM, as the sender expects
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+def _watch_parent(parent_pid: int) -> None:
+    """In a worker process: once its parent is gone (killed, so it could not stop its workers, as
+    torchdata 0.9's main process cannot), end as the parent did, through SIGTERM, which deletes this
+    process's temporary composites first."""
+    while os.getppid() == parent_pid:
+        time.sleep(_PARENT_CHECK_SECONDS)
+    if _live:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PARENT_CHECK_SECONDS = 1.0
+
+
+def _forget_after_fork() -> None:
+    _live.clear()  # the parent's composers are the parent's to close
 
 
 atexit.register(_close_all)  # after _reader's own exit hook (imported first), so it runs before it
+os.register_at_fork(after_in_child=_forget_after_fork)
+_install_exit_handlers()
 
 
 # -- leftovers of killed jobs --------------------------------------------------------------------
