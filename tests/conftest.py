@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded emulator (from the package) and a recording/corrupting HTTP proxy."""
+"""Shared fixtures: the embedded emulator (from the package), a recording/corrupting HTTP proxy and a
+local OAuth token endpoint."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.http_proxy import RecordingProxy
+from tests.token_server import TokenServer
 from torchdata_gcs import ClientConfig
 from torchdata_gcs.testing import Emulator, GCSFront
 
@@ -29,3 +31,12 @@ def gcs_front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
     """A GCS front (GCS's rules, XML multipart upload, request counts) over the shared emulator."""
     with GCSFront(gcs_emulator.endpoint) as running:
         yield running
+
+
+@pytest.fixture
+def token_server() -> Iterator[TokenServer]:
+    server = TokenServer()
+    try:
+        yield server
+    finally:
+        server.close()

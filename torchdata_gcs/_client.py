@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 from xml.etree import ElementTree
@@ -28,7 +29,7 @@ from google.auth.transport.requests import AuthorizedSession
 from requests.adapters import HTTPAdapter
 
 from .config import ClientConfig
-from .errors import AccessDeniedError, error_for_status
+from .errors import AccessDeniedError, TransientError, error_for_status
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +236,25 @@ class Transport:
 
     def get_json(self, path: str, *, url: str, params: dict[str, Any] | None = None) -> Any:
         with self.request("GET", path, url=url, params=params) as response:
-            return response.json()
+            return json_answer(response.content, url, response.status_code, response.headers.get("Content-Type"))
+
+
+def json_answer(body: bytes, url: str, status: int, content_type: str | None, required: Sequence[str] = ()) -> Any:
+    """The JSON document of a 2xx answer, with the ``required`` fields; anything else (a proxy's or a
+    captive portal's page, a cut answer) raises ``TransientError``, so it is retried."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    missing = [field for field in required if not isinstance(document, dict) or field not in document]
+    if document is None or missing:
+        problem = f"lacks {', '.join(missing)}" if document is not None else "is not JSON"
+        raise TransientError(
+            f"{url}: the answer (status {status}, {content_type or 'no content type'}, {len(body)} bytes) {problem}",
+            url=url,
+            status=status,
+        )
+    return document
 
 
 _lock = threading.Lock()

@@ -272,13 +272,13 @@ async def _read_at_most(response: Any, limit: int) -> list[bytes]:
 
 async def _learn_version(job: _Job, url: str, params: dict[str, Any], checksums: dict[str, str | None]) -> None:
     """Pin ``params`` to the object's generation and learn its crc32c from its metadata, for an object
-    read in several ranges whose first answer did not report them."""
+    whose first answer did not report them (read in several ranges, or with no checksum known)."""
     bucket, name = parse_url(url, allow_prefix=False)
     query = {"fields": "generation,crc32c", **({"generation": params["generation"]} if "generation" in params else {})}
 
     async def attempt() -> Any:
         async with job.reader.send("GET", url, job.reader.object_path(bucket, name), query) as response:
-            return await response.json(content_type=None)
+            return await job.reader.json_answer(response, url, ("generation",))
 
     resource = await _with_retry(job, url, attempt)
     params["generation"] = resource["generation"]
@@ -346,6 +346,13 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
         source = VersionRanges(job, url, params)
         return PartStream(url, size, job.part_size, allowance, source, checksums, give_back, first)
 
+    async def check_whole(chunks: list[bytes]) -> None:
+        """Check a whole object's bytes; with no checksum from GCS or the listing, ask its metadata
+        first (GCS sends one with every read, so this costs a request only where an answer lacks it)."""
+        if checksums["GCS"] is None and checksums["the listing"] is None:
+            await _learn_version(job, url, params, checksums)
+        verify_bytes(url, chunks, info.size if info is not None else None, checksums)
+
     async def first_answer() -> tuple[list[bytes], int]:
         """The whole object, or its first part (in chunks); and the object's size."""
         nonlocal reserved
@@ -362,7 +369,7 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
                 if not reserved:
                     reserved = received
                     await job.reserve_while_sending(reserved, seq)
-                verify_bytes(url, chunks, info.size if info is not None else None, checksums)
+                await check_whole(chunks)
                 return chunks, received
             total = int(length)
             if not reserved:
@@ -375,7 +382,7 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
             received = sum(map(len, chunks))
             job.stats.bytes += received
             if total <= job.part_size:
-                verify_bytes(url, chunks, info.size if info is not None else None, checksums)  # bad bytes: retried
+                await check_whole(chunks)  # bad bytes: retried
                 return chunks, received
             return chunks, total
 

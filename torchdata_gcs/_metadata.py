@@ -12,6 +12,7 @@ import google_crc32c
 from .errors import IntegrityError
 
 __all__ = [
+    "REQUIRED_FIELDS",
     "ObjectInfo",
     "check_crc32c",
     "crc32c_base64",
@@ -41,6 +42,10 @@ class ObjectInfo(NamedTuple):
     def from_json(cls, resource: dict[str, Any]) -> ObjectInfo:
         """Build from a JSON API object resource (``size`` and ``generation`` arrive as strings)."""
         return cls(int(resource["size"]), int(resource["generation"]), resource.get("crc32c"))
+
+
+REQUIRED_FIELDS = ("size", "generation")
+"""The fields of a JSON API object resource that :meth:`ObjectInfo.from_json` needs."""
 
 
 def crc32c_base64(data: bytes | int) -> str:

@@ -6,7 +6,7 @@ import json
 import uuid
 from typing import Any
 
-from ._client import Transport
+from ._client import Transport, json_answer
 from ._download import verify_bytes
 from ._metadata import crc32c_base64, reported_crc32c
 from ._retry import call_with_retry
@@ -99,7 +99,8 @@ def create_object(
         attempts += 1
         try:
             with transport.request("POST", path, url=url, params=params, data=body, headers=headers) as response:
-                return int(response.json()["generation"])
+                answer = json_answer(response.content, url, response.status_code, response.headers.get("Content-Type"), ("generation",))
+                return int(answer["generation"])
         except PreconditionFailedError:
             if attempts == 1:
                 raise

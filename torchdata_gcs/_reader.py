@@ -15,7 +15,7 @@ import io
 import os
 import threading
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -24,10 +24,10 @@ import aiohttp
 import yarl
 
 from ._aio import io_loop
-from ._client import Transport, error_detail, retry_after_seconds, transport_for
+from ._client import Transport, error_detail, json_answer, retry_after_seconds, transport_for
 from ._throttle import Throttle
 from .config import ClientConfig
-from .errors import error_for_status
+from .errors import TransientError, error_for_status
 
 __all__ = ["ObjectReader", "object_reader"]
 
@@ -98,23 +98,31 @@ class ObjectReader:
         request_headers = {**(await self._headers()), **(headers or {})} if self._signed else headers
         # The path is percent-encoded already: yarl need not parse and encode it again.
         target = yarl.URL(f"{path}?{urlencode(params)}", encoded=True)
-        async with self._session.request(
-            method,
-            target,
-            headers=request_headers,
-            proxy=self._proxy,
-            json=json,
-            data=None if data is None else io.BytesIO(data),  # shares the bytes; aiohttp streams it
-        ) as response:
-            if response.status >= 400:
-                text = await response.text(errors="replace")
-                raise error_for_status(
-                    response.status,
-                    url,
-                    error_detail(text),
-                    retry_after=retry_after_seconds(response.headers.get("Retry-After")),
-                )
-            yield response
+        try:
+            async with self._session.request(
+                method,
+                target,
+                headers=request_headers,
+                proxy=self._proxy,
+                json=json,
+                data=None if data is None else io.BytesIO(data),  # shares the bytes; aiohttp streams it
+            ) as response:
+                if response.status >= 400:
+                    text = await response.text(errors="replace")
+                    raise error_for_status(
+                        response.status,
+                        url,
+                        error_detail(text),
+                        retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+                    )
+                yield response
+        except aiohttp.ClientResponseError as exc:  # a malformed answer; its request_info holds our headers
+            raise TransientError(f"{url}: {type(exc).__name__}: {exc.message}", url=url, status=exc.status) from None
+
+    @staticmethod
+    async def json_answer(response: aiohttp.ClientResponse, url: str, required: Sequence[str] = ()) -> Any:
+        """The answer's JSON document (see :func:`_client.json_answer`)."""
+        return json_answer(await response.read(), url, response.status, response.headers.get("Content-Type"), required)
 
 
 _lock = threading.Lock()

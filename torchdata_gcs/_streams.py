@@ -188,12 +188,17 @@ class PartStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        if self._offset == len(self._current) and not self._next_chunk():
-            return 0
-        chunk = self._current[self._offset : self._offset + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self._offset += len(chunk)
-        return len(chunk)
+        """Fill ``buffer`` across chunks (short only at the end), as readers of a file expect."""
+        target = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(target):
+            if self._offset == len(self._current) and not self._next_chunk():
+                break
+            chunk = self._current[self._offset : self._offset + len(target) - filled]
+            target[filled : filled + len(chunk)] = chunk
+            self._offset += len(chunk)
+            filled += len(chunk)
+        return filled
 
     def readall(self) -> bytes:
         """The rest, a part at a time (``RawIOBase.readall`` would go 8 KiB at a time)."""

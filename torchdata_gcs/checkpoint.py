@@ -26,7 +26,7 @@ from ._streams import MemoryStream
 from ._upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT, CompositeWriter, MultipartWriter, StreamingWriter
 from ._uri import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
-from .errors import NotFoundError
+from .errors import NotFoundError, library_errors_first
 
 __all__ = [
     "DEFAULT_PARTS_IN_FLIGHT",
@@ -126,7 +126,7 @@ def save(
         max_parts_in_flight=max_parts_in_flight,
         strategy=strategy,
         compression=compression,
-    ) as writer:
+    ) as writer, library_errors_first():
         torch.save(obj, cast(IO[bytes], writer))
     assert writer.generation is not None
     return writer.generation

@@ -13,7 +13,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 from .._uri import parse_url
 from ..checkpoint import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT, Strategy, check_writer_settings, open_writer
 from ..config import ClientConfig, RetryConfig, Zstd
-from ..errors import InvalidURIError
+from ..errors import InvalidURIError, library_errors_first
 from ._source import as_source
 
 __all__ = ["GCSSaverIterDataPipe"]
@@ -106,4 +106,5 @@ def _write(payload: Any, writer: IO[bytes]) -> None:
     elif isinstance(payload, io.IOBase) or hasattr(payload, "readinto"):
         shutil.copyfileobj(payload, writer, _COPY_CHUNK)
     else:
-        torch.save(payload, cast(IO[bytes], writer))
+        with library_errors_first():
+            torch.save(payload, cast(IO[bytes], writer))

@@ -39,11 +39,14 @@ if TYPE_CHECKING:
 
 __all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "RecordedRequest", "request_kind"]
 
-FaultKind = Literal["http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt"]
+FaultKind = Literal[
+    "http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt", "html_200"
+]
 MAX_COMPOSE_SOURCES = 32
 FAULT_KINDS: tuple[str, ...] = (
-    "http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt"
+    "http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt", "html_200"
 )
+_HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
 _HTTP_FAULTS = {
     "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
     "http_404": (404, "Not Found", "injected by the test front: No such object"),
@@ -148,7 +151,8 @@ class Fault:
             answers nothing for ``stall_seconds``, then closes; ``"corrupt"`` flips one bit of the
             request body (a request that has one) or of the answer's body, as damage in transit
             would. Only ``"truncate"`` and ``"corrupt"`` reach upstream. ``"http_404"`` and
-            ``"http_412"`` answer as a missing object and a failed precondition do.
+            ``"http_412"`` answer as a missing object and a failed precondition do; ``"html_200"``
+            answers 200 with an HTML page, as a captive portal or a misconfigured proxy would.
         rate: probability that a matching request is hit, drawn from the front's seeded generator.
         match: a request kind from :data:`REQUEST_KINDS` (``"get"``, ``"list"``, ...), or a regular
             expression searched in ``"METHOD /path?query"`` as the client sent it; ``None``: all.
@@ -733,6 +737,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, reason, message = _HTTP_FAULTS[fault.kind]
             extra = [] if fault.retry_after is None else [("Retry-After", f"{fault.retry_after:g}")]
             self._answer_error(status, reason, message, extra)
+        elif fault.kind == "html_200":
+            headers = [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(_HTML_PAGE)))]
+            self.wfile.write(_head(200, "OK", headers) + (b"" if self.command == "HEAD" else _HTML_PAGE))
         elif fault.kind == "reset":  # SO_LINGER 0: close() sends RST instead of FIN
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._close_now()
