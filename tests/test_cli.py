@@ -200,10 +200,17 @@ def test_clean_aborts_old_multipart_uploads(
     writer.write(b"x" * (MIN_PART_SIZE + 1))  # one part sent: a running job's upload
     assert len(gcs_front.open_uploads) == 1003
 
+    # Other tools' uploads carry no marker: left alone unless asked.
     assert main([*endpoint, "clean", f"gs://{bucket}", "--older-than", "2s"]) == 0
     out = capsys.readouterr().out
+    assert f"aborted 0 unfinished multipart upload(s) older than 2s in gs://{bucket}\n" in out
+    assert "left 1002 unfinished multipart upload(s) older than 2s that torchdata-gcs did not start" in out
+    assert len(gcs_front.open_uploads) == 1003
+
+    assert main([*endpoint, "clean", f"gs://{bucket}", "--older-than", "2s", "--all-uploads"]) == 0
+    out = capsys.readouterr().out
     assert f"aborted multipart upload gs://{bucket}/old/333.pt (upload ID " in out
-    assert out.endswith(f"aborted 1002 unfinished multipart upload(s) older than 2s in gs://{bucket}\n")
+    assert f"aborted 1002 unfinished multipart upload(s) older than 2s in gs://{bucket}\n" in out
     assert gcs_front.open_uploads == [(bucket, "ckpt/model.pt")]
 
     assert main([*endpoint, "clean", f"gs://{bucket}", "--older-than", "1h"]) == 0
@@ -215,8 +222,9 @@ def test_clean_aborts_old_multipart_uploads(
     assert "would abort 1 unfinished multipart upload(s) older than 0s" in out
     assert gcs_front.open_uploads == [(bucket, "ckpt/model.pt")]
 
-    assert main([*endpoint, "clean", f"gs://{bucket}", "--older-than", "0s"]) == 0
-    assert "aborted 1 unfinished multipart upload(s)" in capsys.readouterr().out
+    assert main([*endpoint, "clean", f"gs://{bucket}", "--older-than", "0s"]) == 0  # ours: marked
+    out = capsys.readouterr().out
+    assert "aborted 1 unfinished multipart upload(s)" in out and "deleted 1 temporary object(s)" in out  # and its marker
     assert gcs_front.open_uploads == []
     writer.abort()  # its job finds the upload gone and gives it up quietly
     assert gcs_emulator.names(bucket) == []
@@ -371,3 +379,27 @@ def test_ls_into_a_pipe_closed_early_stops_quietly(gcs_emulator: Emulator, gcs_b
         assert ls.stdout.readline().decode().strip().endswith(f"gs://{gcs_bucket}/x/00000")
         ls.stdout.close()  # as `| head -1` does
         assert ls.wait(timeout=60) == 0 and ls.stderr.read() == b""
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ["ftp://x", "not a url", "http://user:secret@host:1"])
+def test_a_bad_endpoint_is_a_usage_error_in_one_line(endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--endpoint", endpoint, "ls", "gs://cli-endpoint"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err and "argument --endpoint: endpoint must" in err
+    assert "secret" not in err
+
+
+def test_names_cannot_drive_the_terminal(gcs_emulator: Emulator, capsys: pytest.CaptureFixture[str]) -> None:
+    hostile = "data/\x1b[2J\x1b]0;owned\x07name\t.bin"
+    temporary = f"{TEMPORARY_PREFIX}20200101T000000Z-host-1-abcdef/\x1b[31mred"
+    gcs_emulator.seed("cli-escapes", {hostile: b"x", temporary: b"y"})
+    endpoint = ["--endpoint", gcs_emulator.endpoint]
+    assert main([*endpoint, "ls", "--long", "gs://cli-escapes/data/"]) == 0
+    assert main([*endpoint, "clean", "gs://cli-escapes", "--older-than", "0s"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\t" not in out
+    assert "data/\\x1b[2J\\x1b]0;owned\\x07name\\t.bin" in out and "\\x1b[31mred" in out

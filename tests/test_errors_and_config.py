@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import (
     AccessDeniedError,
@@ -17,7 +18,10 @@ from torchdata_gcs import (
     RetryConfig,
     TransferConfig,
     TransientError,
+    Zstd,
+    checkpoint,
 )
+from torchdata_gcs.datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
 from torchdata_gcs.errors import error_for_status
 
 
@@ -83,11 +87,48 @@ def test_retry_after_reaches_transient_errors() -> None:
         lambda: TransferConfig(max_buffered_bytes=0),
         lambda: ClientConfig(connect_timeout=0),
         lambda: ClientConfig(read_timeout=-1),
+        lambda: TransferConfig(max_in_flight=2.5),
+        lambda: TransferConfig(max_in_flight=True),
+        lambda: TransferConfig(part_size=float(1 << 20)),
+        lambda: RetryConfig(max_attempts=1.5),
+        lambda: Zstd(threads=1.0),
+        lambda: GCSFileListerIterDataPipe("gs://bucket/", page_size=1.5),
+        lambda: GCSFileListerIterDataPipe("gs://bucket/", concurrency=2.0),
     ],
 )
 def test_bad_settings_raise_value_error(make) -> None:
     with pytest.raises(ValueError):
         make()
+
+
+def test_an_empty_mask_keeps_everything_alone_or_in_a_list(gcs_emulator) -> None:
+    gcs_emulator.seed("masks-bucket", {"a.jpg": b"1", "b.txt": b"2"})
+    def names(masks):
+        return [url for url in GCSFileListerIterDataPipe("gs://masks-bucket/", client=gcs_emulator.client_config, masks=masks)]
+    everything = ["gs://masks-bucket/a.jpg", "gs://masks-bucket/b.txt"]
+    assert names("") == names([""]) == names(["*.jpg", ""]) == names([]) == everything
+    assert names(["*.jpg"]) == everything[:1]
+
+
+def test_writes_to_a_folder_name_are_refused_before_any_request(gcs_emulator) -> None:
+    gcs_emulator.create_bucket("folder-bucket")
+    client = gcs_emulator.client_config
+    with pytest.raises(InvalidURIError, match="names a folder"):
+        checkpoint.save({"w": 1}, "gs://folder-bucket/run/", client=client)
+    with pytest.raises(InvalidURIError, match="names a folder"):
+        list(IterableWrapper([("gs://folder-bucket/run/", b"data")]).save_by_gcs(client=client))
+    assert gcs_emulator.names("folder-bucket") == []
+
+
+def test_errors_never_hold_a_payload(gcs_emulator) -> None:
+    payload = "x" * (8 * 1024 * 1024)
+    for bad in ((payload, b"data"), (b"\x00" * (8 * 1024 * 1024), b"data")):
+        with pytest.raises(InvalidURIError) as caught:
+            list(IterableWrapper([bad]).save_by_gcs(client=gcs_emulator.client_config))
+        assert len(str(caught.value)) < 1000  # torch adds the DataPipe's repr
+    with pytest.raises(InvalidURIError) as caught:
+        list(GCSFileLoaderIterDataPipe([("gs://bucket/a", payload)], client=gcs_emulator.client_config))
+    assert len(str(caught.value)) < 1000  # torch adds the DataPipe's repr
 
 
 def test_settings_are_frozen_and_pickle() -> None:

@@ -79,7 +79,7 @@ def test_a_completion_answer_without_generation_or_hash_saves_and_keeps_the_obje
     data = os.urandom(11 * MiB)
     with GCSFront(gcs_emulator.endpoint, only_promised_headers=True, also_send=sent) as strict:
         writer = multipart_save(strict, "ckpt.pt", data)
-        assert strict.open_uploads == [] and strict.counts["delete"] == 0
+        assert strict.open_uploads == [] and strict.counts["delete"] == 1  # the upload's marker, nothing else
     assert gcs_emulator.read(BUCKET, "ckpt.pt") == data
     assert writer.generation == live_generation(gcs_emulator, "ckpt.pt")
 
@@ -90,7 +90,7 @@ def test_a_part_damaged_on_the_way_is_refused_by_gcs_and_sent_again(front: GCSFr
     multipart_save(front, "ckpt.pt", data, retry=FAST_RETRY)
     assert gcs_emulator.read(BUCKET, "ckpt.pt") == data
     assert front.faults_injected["corrupt"] == 1
-    assert front.counts["upload"] == 1 + 3 + 1 + 1  # initiate, 3 parts, the damaged one again, complete
+    assert front.counts["upload"] == 1 + 1 + 3 + 1 + 1  # initiate, marker, 3 parts, the damaged one again, complete
 
 
 def test_an_existing_checkpoint_survives_a_save_whose_parts_keep_arriving_damaged(
@@ -439,3 +439,26 @@ def test_unfinished_uploads_of_a_prefix(front: GCSFront) -> None:
     listed = unfinished_uploads(transport, BUCKET, FAST_RETRY, prefix="scratch/")
     assert [upload.name for upload in listed] == ["scratch/a.bin", "scratch/b.bin"]
     assert len(list(unfinished_uploads(transport, BUCKET, FAST_RETRY))) == 3
+
+
+# -- a save whose every completion answer is lost ----------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["multipart", "compose"])
+def test_a_save_whose_completion_answers_are_all_lost_reports_what_was_published(
+    front: GCSFront, gcs_emulator: Emulator, strategy: str
+) -> None:
+    url = f"gs://{BUCKET}/lost-{strategy}.pt"
+    completion = rf"POST /{BUCKET}/lost-{strategy}\.pt\?uploadId" if strategy == "multipart" else r"/lost-[a-z]+\.pt/compose"
+    state = {"weights": torch.randn(1024, 1536)}  # 6 MiB: two parts
+    front.set_faults([Fault("truncate", match=completion)])  # carried out, every answer cut short
+    generation = checkpoint.save(state, url, client=front.client_config, retry=FAST_RETRY, part_size=MIN_PART_SIZE, strategy=strategy)
+    assert generation == live_generation(gcs_emulator, f"lost-{strategy}.pt") and front.faults_injected["truncate"] >= 3
+    assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])
+
+    front.set_faults([Fault("http_503", match=completion)])  # never carried out
+    with pytest.raises(UploadError, match=f"holds generation {generation}, other bytes; nothing was deleted"):
+        checkpoint.save({"weights": torch.zeros(1024, 1536)}, url, client=front.client_config, retry=FAST_RETRY,
+                        part_size=MIN_PART_SIZE, strategy=strategy)  # fmt: skip
+    assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])
+    assert front.open_uploads == [] and not [n for n in gcs_emulator.names(BUCKET) if n.startswith(TEMPORARY_PREFIX)]

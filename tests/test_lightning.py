@@ -158,7 +158,7 @@ def test_async_checkpoint_io_uploads_in_the_background(
     fit.fit(model, loader())  # the end of fit tears the plugin down, which waits for the uploads
     assert fit.strategy.checkpoint_io is plugin
     assert gcs_emulator.names(gcs_bucket) == ["epoch-0.ckpt", "epoch-1.ckpt"]
-    assert front.counts["upload"] == 2 * 4 and front.open_uploads == []  # initiate, two parts, complete; twice
+    assert front.counts["upload"] == 2 * 5 and front.open_uploads == []  # initiate, marker, two parts, complete; twice
     reader = GCSCheckpointIO(client=front.client_config)
     epoch_0, epoch_1 = (reader.load_checkpoint(f"gs://{gcs_bucket}/epoch-{n}.ckpt") for n in (0, 1))
     assert (epoch_0["global_step"], epoch_1["global_step"]) == (4, 8)
@@ -243,7 +243,7 @@ def test_failed_saves_publish_nothing_and_leave_no_upload_open(
     background.save_checkpoint(fit._checkpoint_connector.dump_checkpoint(), f"gs://{gcs_bucket}/other.ckpt")
     with pytest.raises(UploadError, match="other.ckpt"):
         background.teardown()
-    assert front.faults_injected["http_403"] == 1 and front.counts["delete"] == 1  # the upload was aborted
+    assert front.faults_injected["http_403"] == 1 and front.counts["delete"] == 2  # the upload aborted, its marker gone
     assert gcs_emulator.names(gcs_bucket) == ["model.ckpt"]
     assert front.open_uploads == []
 

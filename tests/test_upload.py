@@ -38,7 +38,7 @@ def test_streams_parts_and_publishes_on_close(front: GCSFront, gcs_emulator: Emu
         assert front.open_uploads == [(BUCKET, "ckpt/a.bin")]  # parts are out before close
         assert "ckpt/a.bin" not in gcs_emulator.names(BUCKET)
     assert gcs_emulator.read(BUCKET, "ckpt/a.bin") == data
-    assert front.counts["upload"] == 1 + 3 + 1  # initiate, 5 + 5 + 2.01 MiB parts, complete
+    assert front.counts["upload"] == 1 + 1 + 3 + 1  # initiate, its marker, 5 + 5 + 2.01 MiB parts, complete
     assert front.open_uploads == [] and out.generation
 
 
@@ -54,7 +54,7 @@ def test_exception_inside_with_publishes_nothing(front: GCSFront, gcs_emulator: 
         out.write(os.urandom(11 * MiB))
         raise RuntimeError("model diverged")
     assert "failed.bin" not in gcs_emulator.names(BUCKET)
-    assert front.open_uploads == [] and front.counts["delete"] == 1  # the abort
+    assert front.open_uploads == [] and front.counts["delete"] == 2  # the abort, the upload's marker
 
 
 def test_dropped_writer_publishes_nothing(front: GCSFront, gcs_emulator: Emulator) -> None:
@@ -91,7 +91,7 @@ def test_part_sizes_grow_to_stay_within_the_part_limit(front: GCSFront, gcs_emul
     with writer(front, "growing.bin", parts_per_size=2, max_parts_in_flight=2) as out:
         out.write(data)
     # 5, 5, 10, 10 MiB and the last 1 MiB: 5 parts, where a fixed 5 MiB would take 7.
-    assert front.counts["upload"] == 1 + 5 + 1
+    assert front.counts["upload"] == 1 + 1 + 5 + 1  # initiate, marker, parts, complete
     assert gcs_emulator.read(BUCKET, "growing.bin") == data
 
 

@@ -52,7 +52,7 @@ from ._download import (
     new_job,
 )
 from ._listing import MAX_PAGE_SIZE, list_objects, list_versions
-from ._metadata import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
+from ._metadata import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._objects import create_object, delete_object
 from ._uri import TEMPORARY_PREFIX, format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
@@ -369,7 +369,7 @@ async def compose_objects(
 
     async def attempt() -> ObjectInfo:
         async with reader.send("POST", url, reader.object_path(bucket, name) + "/compose", params, json=body) as answer:
-            return ObjectInfo.from_json(await answer.json())
+            return ObjectInfo.from_json(await reader.json_answer(answer, url, REQUIRED_FIELDS))
 
     return await _with_retry(job, url, attempt)
 
@@ -403,7 +403,7 @@ async def _describe(job: _Job, url: str) -> ObjectInfo | NotFoundError:
     async def attempt() -> ObjectInfo:
         params = {"fields": "size,generation,crc32c"}
         async with reader.send("GET", url, reader.object_path(bucket, name), params) as response:
-            return ObjectInfo.from_json(await response.json())
+            return ObjectInfo.from_json(await reader.json_answer(response, url, REQUIRED_FIELDS))
 
     try:
         return await _with_retry(job, url, attempt)

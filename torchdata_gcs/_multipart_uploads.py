@@ -1,19 +1,37 @@
 """Unfinished XML API multipart uploads of a bucket: list them and abort them (what ``torchdata-gcs clean``
-does for uploads that killed processes left open; GCS bills their parts until then)."""
+does for uploads that killed processes left open; GCS bills their parts until then).
+
+GCS's listing of uploads says nothing of who started them, so ``MultipartWriter`` leaves a marker
+object per upload (:func:`upload_marker`) while it runs: ``clean`` aborts only uploads with one,
+unless told to abort every upload.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from xml.etree import ElementTree
 
 from ._client import Transport
 from ._retry import call_with_retry
-from ._uri import format_url
+from ._uri import TEMPORARY_PREFIX, format_url
 from .config import RetryConfig
 from .errors import GCSError, NotFoundError
 
-__all__ = ["NoMultipartListing", "Upload", "abort_upload", "unfinished_uploads"]
+__all__ = ["UPLOAD_MARKERS", "NoMultipartListing", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
+
+UPLOAD_MARKERS = f"{TEMPORARY_PREFIX}uploads/"
+"""Where the markers of this library's unfinished multipart uploads live."""
+
+
+def upload_marker(upload_id: str) -> str:
+    """The name of the object that marks the multipart upload ``upload_id`` as this library's.
+
+    >>> upload_marker("ABPnzm5")
+    '.torchdata-gcs-tmp/uploads/20f716f8d9a888e3b64128c04448422b66ae3933'
+    """
+    return UPLOAD_MARKERS + hashlib.sha256(upload_id.encode()).hexdigest()[:40]
 
 
 class NoMultipartListing(GCSError):

@@ -38,10 +38,11 @@ from ._client import transport_for
 from ._compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
 from ._download import LoadStats, _Job, _with_retry, new_job
 from ._metadata import crc32c_base64, hash_header, reported_crc32c
+from ._multipart_uploads import upload_marker
 from ._objects import create_object, delete_object, multipart_body, object_resource
-from ._uri import TEMPORARY_PREFIX, format_url, parse_url
+from ._uri import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig
-from .errors import GCSError, IntegrityError, NotFoundError, UploadError
+from .errors import GCSError, IntegrityError, InvalidURIError, NotFoundError, TransientError, UploadError
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class StreamingWriter(io.RawIOBase):
         self.check_settings(part_size, max_parts_in_flight)
         self.url = url
         self._bucket, self._name = parse_url(url, allow_prefix=False)
+        if self._name.endswith("/"):
+            raise InvalidURIError(f"{brief(url)} names a folder: write to an object name that does not end in '/'")
         client = client or ClientConfig()
         self._retry = retry or RetryConfig()
         self._transport = transport_for(client)
@@ -282,7 +285,8 @@ class StreamingWriter(io.RawIOBase):
 
 class MultipartWriter(StreamingWriter):
     """A :class:`StreamingWriter` over GCS's XML API multipart upload: parts of at least 5 MiB (but
-    the last), assembled by one complete request, discarded by one abort request.
+    the last), assembled by one complete request, discarded by one abort request. While it runs, a
+    small marker object (:func:`upload_marker`) tells ``torchdata-gcs clean`` the upload is ours.
 
     Example:
         >>> from torchdata_gcs.testing import Emulator, GCSFront
@@ -291,14 +295,15 @@ class MultipartWriter(StreamingWriter):
         ...     with MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE) as writer:
         ...         _ = writer.write(b"x" * (6 * 1024 * 1024))
         ...         _ = writer.write(b"tail")
-        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads
-        (6291460, 4, [])
+        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads  # start, marker, 2 parts, end
+        (6291460, 5, [])
     """
 
     def __init__(self, url: str, **settings: Any) -> None:
         super().__init__(url, **settings)
         self._xml_path = self._transport.endpoint + self._transport.xml_path(self._bucket, self._name)
         self._upload_id: str | None = None
+        self._marker: tuple[str, int] | None = None  # (name, generation) of the upload's marker object
 
     def _start(self) -> None:
         headers = {"Content-Type": "application/octet-stream"}
@@ -309,6 +314,19 @@ class MultipartWriter(StreamingWriter):
             self._upload_id = None
         if not self._upload_id:
             raise UploadError(f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url)
+        name = upload_marker(self._upload_id)
+        try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
+            generation = create_object(
+                self._transport, self._bucket, name, self.url.encode(), self._retry, if_generation_match=0, content_type="text/plain"
+            )
+            self._marker = (name, generation)
+        except GCSError as exc:
+            logger.debug("could not mark the multipart upload of %s: %r", self.url, exc)
+
+    async def _unmark(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None:
+            await delete_temporary(self._job, self._bucket, *marker)
 
     def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         return _put_part(self._job, self.url, self._xml_path, number, self._upload_id, data, crc32c)
@@ -324,10 +342,13 @@ class MultipartWriter(StreamingWriter):
             headers, _ = self._run(
                 _send(self._job, self.url, self._xml_path, "POST", params, document, headers={"Content-Type": "application/xml"})
             )
-        except NotFoundError:
-            # GCS's NoSuchUpload to a retried completion whose first answer was lost on the way: the
-            # upload may have completed; what the URL holds now decides (see _published_version).
+        except (NotFoundError, TransientError):
+            # GCS's NoSuchUpload to a retried completion whose first answer was lost on the way, or
+            # every answer lost: the upload may have completed; what the URL holds now decides (see
+            # _published_version).
             return None, None
+        finally:
+            self._run(self._unmark())
         generation = headers.get("x-goog-generation")
         return (int(generation) if generation else None), reported_crc32c(headers)
 
@@ -338,6 +359,7 @@ class MultipartWriter(StreamingWriter):
             await _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
         except NotFoundError:
             pass
+        await self._unmark()
 
 
 class CompositeWriter(StreamingWriter):
@@ -378,6 +400,8 @@ class CompositeWriter(StreamingWriter):
         sources: list[tuple[str, int | None]] = [self._parts[number] for number in sorted(self._parts)]
         try:
             info = self._run(self._compose_all(sources))
+        except TransientError:  # every answer of the last compose may have been lost: the URL decides
+            return None, None
         finally:
             self._run(self._delete_temporaries())
         return info.generation, info.crc32c
@@ -477,6 +501,6 @@ async def _create_part(
     async def attempt() -> int:
         params = {"uploadType": "multipart", "name": name, "fields": "generation"}
         async with reader.send("POST", url, path, params, headers, data=body) as response:
-            return int((await response.json())["generation"])
+            return int((await reader.json_answer(response, url, ("generation",)))["generation"])
 
     return number, (name, await _with_retry(job, url, attempt))

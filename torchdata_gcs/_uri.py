@@ -7,8 +7,10 @@ encoding happens only when a request is built (see ``_client``).
 
 from __future__ import annotations
 
+
 import ipaddress
 import re
+import reprlib
 
 from .errors import InvalidURIError
 
@@ -61,13 +63,13 @@ def validate_object_name(name: str, *, allow_empty: bool) -> str:
     if len(name.encode("utf-8", "surrogatepass")) > MAX_OBJECT_NAME_BYTES:
         raise InvalidURIError(f"object name is longer than {MAX_OBJECT_NAME_BYTES} bytes: {name[:80]!r}...")
     if "\r" in name or "\n" in name:
-        raise InvalidURIError(f"object name must not contain carriage returns or line feeds: {name!r}")
+        raise InvalidURIError(f"object name must not contain carriage returns or line feeds: {brief(name)}")
     if name in (".", ".."):
         raise InvalidURIError(f"object name must not be {name!r}")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidURIError(f"object name is not valid unicode: {name!r}") from exc
+        raise InvalidURIError(f"object name is not valid unicode: {brief(name)}") from exc
     return name
 
 
@@ -81,10 +83,10 @@ def parse_url(url: str, *, allow_prefix: bool = True) -> tuple[str, str]:
     ('my-bucket', 'images/cat #1.jpg')
     """
     if not isinstance(url, str):
-        raise InvalidURIError(f"expected a gs:// URL string, got {type(url).__name__}: {url!r}")
+        raise InvalidURIError(f"expected a gs:// URL string, got {type(url).__name__}: {brief(url)}")
     scheme = next((s for s in SCHEMES if url.startswith(s)), None)
     if scheme is None:
-        raise InvalidURIError(f"not a GCS URL (expected gs://bucket/name): {url!r}")
+        raise InvalidURIError(f"not a GCS URL (expected gs://bucket/name): {brief(url)}")
     bucket, _, name = url[len(scheme) :].partition("/")
     validate_bucket(bucket)
     validate_object_name(name, allow_empty=allow_prefix)
@@ -100,3 +102,39 @@ def format_url(bucket: str, name: str = "") -> str:
     validate_bucket(bucket)
     validate_object_name(name, allow_empty=True)
     return f"gs://{bucket}/{name}"
+
+
+class _Brief(reprlib.Repr):
+    """``repr`` cut short, bytes included (sliced before they are shown, so a large payload is never copied whole)."""
+
+    def repr_bytes(self, value: bytes, level: int) -> str:
+        shown = repr(value[: self.maxstring])
+        return shown + f"... ({len(value):,} bytes)" if len(value) > self.maxstring else shown
+
+    repr_bytearray = repr_bytes
+
+
+_BRIEF = _Brief()
+_BRIEF.maxstring = _BRIEF.maxother = 80
+
+
+def brief(value: object) -> str:
+    """A short ``repr`` of ``value`` for error messages: what it starts with, never all of a payload.
+
+    >>> brief(b"x" * 10_000_000)[-22:]
+    '... (10,000,000 bytes)'
+    >>> brief("gs://bucket/name")
+    "'gs://bucket/name'"
+    """
+    return _BRIEF.repr(value)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped, so a name cannot drive the terminal it is printed on.
+
+    >>> printable("a\\x1b[2Jb\\tc")
+    'a\\\\x1b[2Jb\\\\tc'
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)

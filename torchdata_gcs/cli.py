@@ -25,9 +25,10 @@ from ._client import EMULATOR_ENV, transport_for
 from ._compose import leftovers, rfc3339_seconds
 from ._doctor import SCRATCH_MARK, doctor
 from ._metadata import ObjectInfo
-from ._multipart_uploads import NoMultipartListing, abort_upload, unfinished_uploads
+from ._listing import list_versions
+from ._multipart_uploads import UPLOAD_MARKERS, NoMultipartListing, abort_upload, unfinished_uploads, upload_marker
 from ._objects import delete_object
-from ._uri import TEMPORARY_PREFIX, format_url, parse_url, validate_bucket
+from ._uri import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
 from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import GCSError, InvalidURIError
 from .testing import Emulator, EmulatorError
@@ -62,6 +63,15 @@ def _url(text: str) -> str:
     try:
         parse_url(text)
     except InvalidURIError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _endpoint(text: str) -> str:
+    """Accept what ``ClientConfig(endpoint=...)`` accepts."""
+    try:
+        ClientConfig(endpoint=text)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
@@ -124,7 +134,7 @@ def _ls(args: argparse.Namespace) -> int:
         count += 1
         total += info.size
         if args.long:
-            print(f"{info.size:>14}  {url}")
+            print(f"{info.size:>14}  {printable(url)}")
     seconds = time.perf_counter() - started
     print(
         f"{count:,} objects, {human_size(total)} ({total:,} bytes) in {seconds:.2f} s: "
@@ -148,33 +158,34 @@ def _clean(args: argparse.Namespace) -> int:
     transport = transport_for(_client(args))
     retry = RetryConfig()
     bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
-    found = leftovers(transport, bucket, older_than, retry)
-    deleted = _done(
-        lambda item: delete_object(transport, bucket, item[0], retry, generation=item[1]), found, args.dry_run
-    )
-    verb = "would delete" if args.dry_run else "deleted"
-    for name, _ in deleted:
-        print(f"{verb} {format_url(bucket, name)}")
-    print(f"{verb} {len(deleted)} temporary object(s) older than {age} in gs://{bucket}/{TEMPORARY_PREFIX}")
-
+    found = leftovers(transport, bucket, older_than, retry)  # before any abort: markers are among them
     now = time.time()
     try:
-        uploads = [
-            upload
-            for upload in unfinished_uploads(transport, bucket, retry)
-            if now - rfc3339_seconds(upload.initiated) >= older_than
-        ]
+        old = [upload for upload in unfinished_uploads(transport, bucket, retry) if now - rfc3339_seconds(upload.initiated) >= older_than]
     except NoMultipartListing as exc:
         print(f"multipart uploads not listed: {exc}, not with the uploads (an emulator without the XML API?)")
-        return 0
-    aborted = _done(lambda upload: abort_upload(transport, bucket, upload, retry), uploads, args.dry_run)
-    verb = "would abort" if args.dry_run else "aborted"
-    for upload in aborted:
-        print(
-            f"{verb} multipart upload {format_url(bucket, upload.name)} "
-            f"(upload ID {upload.upload_id}, initiated {upload.initiated})"
-        )
-    print(f"{verb} {len(aborted)} unfinished multipart upload(s) older than {age} in gs://{bucket}")
+    else:
+        marked = {item["name"] for item in list_versions(transport, bucket, UPLOAD_MARKERS, retry)}
+        ours = [upload for upload in old if args.all_uploads or upload_marker(upload.upload_id) in marked]
+        aborted = _done(lambda upload: abort_upload(transport, bucket, upload, retry), ours, args.dry_run)
+        verb = "would abort" if args.dry_run else "aborted"
+        for upload in aborted:
+            print(
+                f"{verb} multipart upload {printable(format_url(bucket, upload.name))} "
+                f"(upload ID {upload.upload_id}, initiated {upload.initiated})"
+            )
+        print(f"{verb} {len(aborted)} unfinished multipart upload(s) older than {age} in gs://{bucket}")
+        if len(old) > len(ours):
+            print(
+                f"left {len(old) - len(ours)} unfinished multipart upload(s) older than {age} that torchdata-gcs did not "
+                "start (--all-uploads aborts them too)"
+            )
+
+    deleted = _done(lambda item: delete_object(transport, bucket, item[0], retry, generation=item[1]), found, args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    for name, _ in deleted:
+        print(f"{verb} {printable(format_url(bucket, name))}")
+    print(f"{verb} {len(deleted)} temporary object(s) older than {age} in gs://{bucket}/{TEMPORARY_PREFIX}")
     return 0
 
 
@@ -262,6 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true", help="log requests and show tracebacks")
     parser.add_argument(
         "--endpoint",
+        type=_endpoint,
         metavar="URL",
         help="where requests go, such as an emulator (default: STORAGE_EMULATOR_HOST, else GCS)",
     )
@@ -328,8 +340,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             f"Delete objects under gs://BUCKET/{TEMPORARY_PREFIX} (the temporary composites and parts of "
             "compose_shards_by_gcs and CompositeWriter) created longer ago than --older-than, and abort the "
-            "bucket's unfinished XML API multipart uploads (MultipartWriter's) initiated longer ago than that, "
-            "whose parts are billed until then. Running jobs clean up after themselves; a killed one may leave "
+            "bucket's unfinished XML API multipart uploads that torchdata-gcs started (MultipartWriter marks each) "
+            "initiated longer ago than that, whose parts are billed until then (--all-uploads: every upload). Running jobs clean up after themselves; a killed one may leave "
             "some. A running job whose composite is deleted loads those objects directly instead; one whose "
             "upload is aborted fails, so keep --older-than above your longest upload."
         ),
@@ -343,6 +355,11 @@ def _parser() -> argparse.ArgumentParser:
         help="minimum age, such as 0s, 30m, 6h or 2d (default: 1d)",
     )
     clean.add_argument("--dry-run", action="store_true", help="list what would be deleted or aborted, change nothing")
+    clean.add_argument(
+        "--all-uploads",
+        action="store_true",
+        help="abort every unfinished multipart upload older than AGE, also those other tools started",
+    )
     clean.set_defaults(run=_clean)
 
     doctor_command = commands.add_parser(
@@ -357,8 +374,8 @@ def _parser() -> argparse.ArgumentParser:
             "write is refused with 412, read, compose, run an XML API multipart upload, list unfinished uploads, "
             "delete, and measure latency and throughput. Each check is OK, REFUSED (403), MISSING (the endpoint "
             "lacks it) or FAILED, with what that means for which feature. Everything is written under "
-            f"PREFIX/{SCRATCH_MARK}<random>/ and deleted at the end, also on Ctrl-C; what cannot be deleted is "
-            "named. Exit 0 when everything the library needs works, 1 when something is refused, missing or failed."
+            f"PREFIX/{SCRATCH_MARK}<random>/ (and the multipart upload's marker under {UPLOAD_MARKERS}) and "
+            "deleted at the end, also on Ctrl-C; what cannot be deleted is named. Exit 0 when everything the library needs works, 1 when something is refused, missing or failed."
         ),
     )
     doctor_command.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET or gs://BUCKET/PREFIX/")
@@ -421,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GCSError, OSError, EmulatorError) as exc:
         if args.verbose:
             raise
-        print(f"torchdata-gcs {args.command}: {exc}".splitlines()[0], file=sys.stderr)
+        print(printable(f"torchdata-gcs {args.command}: {exc}".splitlines()[0]), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"torchdata-gcs {args.command}: interrupted", file=sys.stderr)

@@ -26,6 +26,15 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def require_integer(name: str, value: object, low: int, high: int | None = None) -> None:
+    """Raise ``ValueError`` unless ``value`` is an ``int`` (not a ``bool`` or ``float``) from ``low`` to ``high``."""
+    bounds = f"{low}..{high}" if high is not None else f">= {low}"
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high),
+        f"{name} must be an integer {bounds}, got {value!r}",
+    )
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """Where requests go and how they authenticate.
@@ -87,7 +96,7 @@ class RetryConfig:
     multiplier: float = 2.0
 
     def __post_init__(self) -> None:
-        _require(self.max_attempts >= 1, f"max_attempts must be >= 1, got {self.max_attempts}")
+        require_integer("max_attempts", self.max_attempts, 1)
         _require(self.deadline > 0, f"deadline must be > 0 seconds, got {self.deadline}")
         _require(self.initial_delay >= 0, f"initial_delay must be >= 0, got {self.initial_delay}")
         _require(
@@ -113,9 +122,9 @@ class TransferConfig:
     part_size: int = 32 * MiB
 
     def __post_init__(self) -> None:
-        _require(1 <= self.max_in_flight <= 1024, f"max_in_flight must be 1..1024, got {self.max_in_flight}")
-        _require(self.max_buffered_bytes >= 1, f"max_buffered_bytes must be >= 1, got {self.max_buffered_bytes}")
-        _require(self.part_size >= 256 * 1024, f"part_size must be >= 256 KiB, got {self.part_size}")
+        require_integer("max_in_flight", self.max_in_flight, 1, 1024)
+        require_integer("max_buffered_bytes", self.max_buffered_bytes, 1)
+        require_integer("part_size", self.part_size, 256 * 1024)
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,6 @@ class Zstd:
     byte_grouping: bool = True
 
     def __post_init__(self) -> None:
-        _require(-7 <= self.level <= 19, f"level must be -7..19, got {self.level}")
-        _require(0 <= self.threads <= 64, f"threads must be 0..64, got {self.threads}")
-        _require(64 * 1024 <= self.block_size <= 256 * MiB, f"block_size must be 64 KiB..256 MiB, got {self.block_size}")
+        require_integer("level", self.level, -7, 19)
+        require_integer("threads", self.threads, 0, 64)
+        require_integer("block_size", self.block_size, 64 * 1024, 256 * MiB)

@@ -12,6 +12,7 @@ from torch.utils.data.datapipes.utils.common import StreamWrapper
 from .._download import Loaded
 from .._metadata import ObjectInfo
 from .._streams import MemoryStream
+from .._uri import brief
 from ..errors import InvalidURIError
 
 Item = str | tuple[str, ObjectInfo]
@@ -39,7 +40,7 @@ def split_item(item: Item) -> tuple[str, ObjectInfo | None]:
         return item, None
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], ObjectInfo):
         return item
-    raise InvalidURIError(f"expected a gs:// URL or a (url, ObjectInfo) pair, got {item!r}")
+    raise InvalidURIError(f"expected a gs:// URL or a (url, ObjectInfo) pair, got {brief(item)}")
 
 
 def as_stream(url: str, data: Loaded) -> StreamWrapper:

@@ -15,7 +15,7 @@ from .._metadata import ObjectInfo
 from .._parallel_listing import ListingStats
 from .._shared_listing import Entry, SharedListing
 from .._uri import parse_url
-from ..config import ClientConfig, RetryConfig
+from ..config import ClientConfig, RetryConfig, require_integer
 from ._source import as_source
 
 __all__ = ["GCSFileListerIterDataPipe"]
@@ -34,7 +34,8 @@ class GCSFileListerIterDataPipe(IterDataPipe):
 
     Args:
         source_datapipe: a DataPipe, an iterable of ``gs://`` (or ``gcs://``) URLs, or one URL.
-        masks: fnmatch pattern(s) matched against each object's base name; empty keeps all.
+        masks: fnmatch pattern(s) matched against each object's base name; an empty pattern (or
+            none) keeps all.
         with_metadata: yield ``(url, ObjectInfo)`` instead of ``url``; ``load_files_by_gcs``
             then pins each read to the listed generation and checks the listed crc32c.
         client: endpoint and credentials; defaults to ``ClientConfig()``.
@@ -87,15 +88,14 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         concurrency: int = 8,
         manifest: str | None = None,
     ) -> None:
-        if not 1 <= page_size <= MAX_PAGE_SIZE:
-            raise ValueError(f"page_size must be 1..{MAX_PAGE_SIZE}, got {page_size}")
-        if not 1 <= concurrency <= 256:
-            raise ValueError(f"concurrency must be 1..256, got {concurrency}")
+        require_integer("page_size", page_size, 1, MAX_PAGE_SIZE)
+        require_integer("concurrency", concurrency, 1, 256)
         self.source_datapipe = as_source(source_datapipe)
         if isinstance(self.source_datapipe, tuple):
             for url in self.source_datapipe:
                 parse_url(url)
-        self.masks = masks if isinstance(masks, str) else list(masks)
+        # An empty pattern keeps all, in a list as on its own.
+        self.masks = masks if isinstance(masks, str) else ([] if "" in masks else list(masks))
         self.with_metadata = with_metadata
         self.client = client or ClientConfig()
         self.retry = retry or RetryConfig()
