@@ -63,3 +63,14 @@ def test_load_survives_cut_ranges_and_reports_missing(front: GCSFront) -> None:
     assert front.faults_injected["truncate"] == 3
     with pytest.raises(NotFoundError):
         checkpoint.load(f"gs://{BUCKET}/missing.pt", client=front.client_config)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_load_reads_again_after_a_byte_flipped_on_the_way(front: GCSFront, compression: str | None) -> None:
+    state = state_dict()
+    url = f"gs://{BUCKET}/flipped-{compression}.pt"
+    checkpoint.save(state, url, client=front.client_config, compression=compression)
+    front.set_faults([Fault("corrupt", match="range_get", times=1)])
+    loaded = checkpoint.load(url, client=front.client_config, transfer=TransferConfig(part_size=2 * 1024 * 1024))
+    assert_equal(loaded, state)
+    assert front.faults_injected["corrupt"] == 1

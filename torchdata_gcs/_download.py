@@ -541,10 +541,18 @@ def read_into_buffer(
     url: str, info: ObjectInfo, config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
 ) -> bytearray:
     """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
-    one preallocated buffer, and checked against ``info``'s crc32c without another pass over the bytes."""
+    one preallocated buffer, and checked against ``info``'s crc32c without another pass over the bytes.
+
+    Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
+    range was hit), as retries allow."""
     buffer = bytearray(info.size)
     job = new_job(config, transfer, retry, stats)
-    reading = read_ranges_into(job, url, info.generation, 0, memoryview(buffer), transfer.part_size)
-    crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
-    check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
-    return buffer
+    rereads = Attempts(retry, url, on_retry=stats.count_retry)
+    while True:
+        reading = read_ranges_into(job, url, info.generation, 0, memoryview(buffer), transfer.part_size)
+        crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
+        try:
+            check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
+            return buffer
+        except IntegrityError as exc:
+            time.sleep(rereads.delay_after(exc))
