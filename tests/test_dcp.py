@@ -149,6 +149,35 @@ def test_load_resumes_cut_ranges(front: GCSFront, gcs_bucket: str) -> None:
     assert front.faults_injected["truncate"] == 3
 
 
+@pytest.mark.parametrize("subset", [False, True], ids=["whole", "one-key"])
+def test_each_item_is_checked_before_it_reaches_the_callers_tensors(
+    front: GCSFront, gcs_bucket: str, subset: bool
+) -> None:
+    """Every item is saved with its crc32c; a load checks each item it reads (whole files and ranges alike)
+    before DCP copies it, reads a damaged one again, and leaves the caller's tensors alone if it stays damaged."""
+    generator = torch.Generator().manual_seed(3)
+    state = {name: torch.randn(256, 1024, generator=generator) for name in "abcd"}  # 1 MiB each
+    url = f"gs://{gcs_bucket}/checked-{subset}"
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config, part_size=PART))
+    client = front.client_config
+
+    def blank() -> dict[str, torch.Tensor]:
+        return {"c": torch.zeros(256, 1024)} if subset else {name: torch.zeros(256, 1024) for name in state}
+
+    data = r"GET /download/\S+\.distcp\?"  # the data files' ranged reads, not the metadata's
+    front.set_faults([Fault("corrupt", match=data, times=1)])
+    once = blank()
+    dcp.load(once, storage_reader=GCSStorageReader(url, client=client, retry=FAST_RETRY))
+    assert all(torch.equal(once[name], state[name]) for name in once) and front.faults_injected["corrupt"] == 1
+
+    front.set_faults([Fault("corrupt", match=data)])
+    always = blank()
+    with pytest.raises(BaseException) as caught:  # DCP wraps it in its CheckpointException
+        dcp.load(always, storage_reader=GCSStorageReader(url, client=client, retry=FAST_RETRY))
+    assert "crc32c" in str(caught.value)
+    assert all(not tensor.any() for tensor in always.values())  # nothing damaged was copied in
+
+
 def test_loading_one_key_reads_only_its_byte_range(
     gcs_emulator: Emulator, gcs_bucket: str, proxy: RecordingProxy
 ) -> None:

@@ -17,12 +17,15 @@ is how bytes move:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import io
+import itertools
 import os
 import pickle
 import queue
 import threading
+import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -30,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import google_crc32c
 import torch.distributed.checkpoint.filesystem as torch_filesystem
 from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
@@ -40,7 +44,8 @@ from torch.futures import Future
 
 from ._aio import io_loop
 from ._client import transport_for
-from ._download import LoadStats, _Job, new_job, read_ranges_into
+from ._download import LoadStats, _Job, new_job, read_into_buffer, read_ranges_into
+from ._retry import Attempts
 from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from ._objects import create_object, delete_object, object_resource
 from ._parallel_listing import ITEM_FIELDS
@@ -89,6 +94,8 @@ class _WriteStream(io.RawIOBase):
         self._writer = writer
         self._position = 0
         self._done = False
+        self._pieces: list[tuple[int, int]] = []  # (crc32c, length) of each write, in order
+        self._starts: list[int] = []  # where each write began
         self.error: BaseException | None = None
         """What the writer itself raised (torch.save reports it as an unrelated position mismatch)."""
 
@@ -96,13 +103,30 @@ class _WriteStream(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:  # type: ignore[override]
+        chunk = data if isinstance(data, bytes) else bytes(memoryview(data).cast("B"))  # the writer keeps bytes anyway
         try:
-            written = self._writer.write(data)
+            written = self._writer.write(chunk)
         except BaseException as exc:
             self.error = exc
             raise
+        self._pieces.append((google_crc32c.value(chunk if written == len(chunk) else chunk[:written]), written))
+        self._starts.append(self._position)
         self._position += written
         return written
+
+    def crc32c(self, start: int, length: int) -> int | None:
+        """The crc32c of bytes ``[start, start + length)``, if they are whole writes (DCP writes each item by
+        writes of its own, so an item's checksum combines its writes')."""
+        first = bisect.bisect_left(self._starts, start)
+        if length == 0 or first == len(self._starts) or self._starts[first] != start:
+            return 0 if length == 0 else None
+        tiles, covered = [], 0
+        for crc, size in itertools.islice(self._pieces, first, None):
+            tiles.append((crc, size))
+            covered += size
+            if covered >= length:
+                break
+        return crc32c_of_concatenation(tiles) if covered == length else None
 
     def tell(self) -> int:
         return self._position
@@ -165,6 +189,7 @@ class _ReadAhead:
     spans: list[_Span]
     budget: int
     job: _Job
+    checksums: dict[str, list[tuple[int, int, int]]]  # per file: (offset, length, crc32c) of each item saved with one
     infos: dict[str, ObjectInfo] = field(default_factory=dict, init=False)
     fetched: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict, init=False)  # {start: (size, crc)}
     _by_url: dict[str, list[int]] = field(default_factory=dict, init=False)
@@ -260,10 +285,38 @@ class _ReadAhead:
         return again
 
     def _wait(self, span: _Span) -> bytearray:
-        assert span.future is not None and span.buffer is not None
-        crc = span.future.result()
-        self.fetched.setdefault(span.url, {}).setdefault(span.start, (span.size, crc))
-        return span.buffer
+        """The span's bytes, every item in it checked against the crc32c saved with it (read again while damaged,
+        as retries allow): no byte reaches DCP, and so the caller's tensors, unchecked."""
+        attempts = Attempts(self.fs.retry, span.url, on_retry=self.fs.stats.count_retry)
+        while True:
+            assert span.future is not None and span.buffer is not None
+            crc = span.future.result()
+            try:
+                self._check_items(span, crc)
+            except IntegrityError as exc:
+                time.sleep(attempts.delay_after(exc))
+                self._start(span)
+                continue
+            self.fetched.setdefault(span.url, {}).setdefault(span.start, (span.size, crc))
+            return span.buffer
+
+    def _check_items(self, span: _Span, crc: int) -> None:
+        """Check each item in the span: one that fills it by the crc32c computed as its bytes arrived, others
+        (small neighbours sharing a request) one by one."""
+        assert span.buffer is not None
+        items = self.checksums.get(span.url, [])
+        for offset, length, expected in items[bisect.bisect_left(items, (span.start, 0, 0)) :]:
+            if offset + length > span.end:
+                break
+            whole = offset == span.start and length == span.size
+            piece = memoryview(span.buffer)[offset - span.start : offset - span.start + length]
+            actual = crc if whole else google_crc32c.value(bytes(piece))
+            if actual != expected:
+                raise IntegrityError(
+                    f"{span.url}: the item at [{offset}, {offset + length}) has crc32c {crc32c_base64(actual)}, "
+                    f"saved with {crc32c_base64(expected)}",
+                    url=span.url,
+                )
 
     def verify_whole_files(self) -> None:
         """Check the crc32c of every file read whole (the spans fetched tile it): GCS keeps a checksum per
@@ -389,10 +442,11 @@ class _GCSFileSystem(FileSystemBase):
         self.writer_options = dict(writer_options or {})
         self.stats = LoadStats()
         self.failed_writes: list[str] = []
+        self.written: dict[str, _WriteStream] = {}  # files this process published, for their items' checksums
         self.read_ahead: _ReadAhead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "read_ahead": None}
+        return {**self.__dict__, "read_ahead": None, "written": {}}
 
     # -- paths
 
@@ -453,6 +507,7 @@ class _GCSFileSystem(FileSystemBase):
             try:
                 yield stream
                 stream.close()
+                self.written[url] = stream
             except BaseException as exc:
                 stream.abort()
                 self.failed_writes.append(url)
@@ -468,14 +523,14 @@ class _GCSFileSystem(FileSystemBase):
             raise ValueError(f"mode must be 'wb' or 'rb' (GCS objects are written whole or read), got {mode!r}")
 
     def read_range(self, url: str, info: ObjectInfo, start: int, length: int) -> bytearray:
-        """Bytes ``[start, start + length)`` of the version ``info`` names; checked against its crc32c if that is
-        the whole object."""
+        """Bytes ``[start, start + length)`` of the version ``info`` names; checked against its crc32c (and read
+        again while damaged) if that is the whole object."""
+        if start == 0 and length == info.size:
+            return read_into_buffer(url, info, self.client, self.transfer, self.retry, self.stats)
         buffer = bytearray(length)
         job = new_job(self.client, self.transfer, self.retry, self.stats)
         coroutine = read_ranges_into(job, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
-        crc = asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
-        if start == 0 and length == info.size and info.crc32c is not None:
-            check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
+        asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
         return buffer
 
 
@@ -561,11 +616,23 @@ class GCSStorageWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         self.fs.failed_writes.clear()
+        self.fs.written.clear()
         future = super().write_data(plan, planner)
         if self.fs.failed_writes:  # never describe files that were not published
             failed = ", ".join(self.fs.failed_writes)
             raise UploadError(f"writing {failed} failed: nothing was published for it, the checkpoint is not complete")
+        for result in future.wait():
+            self._note_checksum(result.storage_data)
+        self.fs.written.clear()
         return future
+
+    def _note_checksum(self, stored: Any) -> None:
+        """Give an item's storage record the crc32c of its bytes (``crc32c``, an attribute that plain DCP readers
+        ignore), so that a load can check each item it reads before copying it into the caller's tensors."""
+        stream = self.fs.written.get(self.fs.concat_path(self.path, getattr(stored, "relative_path", "")))
+        crc = stream.crc32c(stored.offset, stored.length) if stream is not None else None
+        if crc is not None:
+            stored.crc32c = crc
 
     def _write_data(self, planner: SavePlanner, file_queue: queue.Queue[Any]) -> Future[list[WriteResult]]:
         """Write the queued files on ``thread_count`` threads, each running torch's one-thread loop, and join
@@ -631,8 +698,11 @@ class GCSStorageReader(FileSystemReader):
     needs them whole), as concurrent ranged GETs of at most ``transfer.part_size`` bytes, ``transfer.max_in_flight``
     at once, pinned to the generation of each file seen when first read: a file overwritten during the load
     fails it rather than mixing versions. Ranges are fetched ahead of DCP, at most ``transfer.max_buffered_bytes``
-    held at once. Every range is checked for its exact length; a file read whole is also checked against GCS's
-    crc32c (a part of a file cannot be: GCS keeps one checksum per object). :attr:`stats` counts the requests
+    held at once. Every range is checked for its exact length, and every item against the crc32c that
+    :class:`GCSStorageWriter` saved with it in the metadata, before DCP copies it into the caller's tensors (a
+    damaged one is read again, as retries allow); a file read whole is also checked against GCS's crc32c.
+    Checkpoints saved by other writers have no item checksums: their partial reads are checked by length
+    only, as GCS keeps no checksum per range. :attr:`stats` counts the requests
     and bytes. Files written with extensions (``ZStandard``) are decoded through ``_extension_registry``.
 
     Example:
@@ -693,6 +763,7 @@ class GCSStorageReader(FileSystemReader):
             self._spans(plan.items),
             self.fs.transfer.max_buffered_bytes,
             new_job(self.fs.client, self.fs.transfer, self.fs.retry, self.fs.stats),
+            self._checksums(plan.items),
         )
         self.fs.read_ahead = ahead
         try:
@@ -714,6 +785,17 @@ class GCSStorageReader(FileSystemReader):
             return stored.offset, stored.length
 
         return [item for group in per_file.values() for item in sorted(group, key=offset)]
+
+    def _checksums(self, items: list[ReadItem]) -> dict[str, list[tuple[int, int, int]]]:
+        """Per file, ``(offset, length, crc32c)`` of the items read that were saved with a checksum, by offset."""
+        checksums: dict[str, set[tuple[int, int, int]]] = {}
+        for item in items:
+            stored = self.storage_data[item.storage_index]
+            crc = getattr(stored, "crc32c", None)
+            if crc is not None:
+                url = self.fs.concat_path(self.path, stored.relative_path)
+                checksums.setdefault(url, set()).add((stored.offset, stored.length, crc))
+        return {url: sorted(found) for url, found in checksums.items()}
 
     def _spans(self, items: list[ReadItem]) -> list[_Span]:
         """The byte ranges ``items`` (in file order) read, in that order; ranges that overlap, touch or lie at most
