@@ -8,6 +8,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+
 from tests.http_proxy import RecordingProxy
 from tests.token_server import ACCESS_TOKEN, TokenServer, private_key_pem
 from torchdata_gcs import (
@@ -20,6 +21,7 @@ from torchdata_gcs import (
 )
 from torchdata_gcs._client import GCS_ENDPOINT, resolve_endpoint, transport_for
 from torchdata_gcs.testing import Emulator
+
 
 def test_credentials_are_used_but_never_leak(
     tmp_path: Path, token_server: TokenServer, gcs_emulator: Emulator, gcs_bucket: str, caplog: pytest.LogCaptureFixture

@@ -14,6 +14,7 @@ import requests
 import torch
 import torch.distributed.checkpoint as dcp
 
+from tests.http_proxy import RecordingProxy
 from torchdata_gcs import (
     ClientConfig,
     GCSError,
@@ -27,14 +28,13 @@ from torchdata_gcs import (
     checkpoint,
 )
 from torchdata_gcs._client import transport_for
-from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs._metadata import crc32c_base64
 from torchdata_gcs._multipart_uploads import unfinished_uploads
 from torchdata_gcs._objects import create_object, multipart_body
-from torchdata_gcs._uri import TEMPORARY_PREFIX
 from torchdata_gcs._upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
+from torchdata_gcs._uri import TEMPORARY_PREFIX
+from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront, RecordedRequest
-from tests.http_proxy import RecordingProxy
 
 MiB = 1024 * 1024
 BUCKET = "gcs-protocol"

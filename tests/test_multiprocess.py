@@ -114,7 +114,7 @@ def test_streams_cross_to_the_main_process(mixed_sizes, client: ClientConfig, st
 
 
 def test_a_pickled_stream_resumes_where_it_was_and_is_still_checked(mixed_sizes, gcs_front: GCSFront) -> None:
-    bucket, expected = mixed_sizes
+    _, expected = mixed_sizes
     client = gcs_front.client_config
     held, streamed = (next(url for url, data in expected.items() if len(data) == size) for size in (300 * KiB, 3 * MiB + 5))
     for url in (held, streamed):

@@ -7,7 +7,6 @@ encoding happens only when a request is built (see ``_client``).
 
 from __future__ import annotations
 
-
 import ipaddress
 import re
 import reprlib

@@ -24,8 +24,8 @@ from ._bench import bench as run_bench
 from ._client import EMULATOR_ENV, transport_for
 from ._compose import leftovers, rfc3339_seconds
 from ._doctor import SCRATCH_MARK, doctor
-from ._metadata import ObjectInfo
 from ._listing import list_versions
+from ._metadata import ObjectInfo
 from ._multipart_uploads import UPLOAD_MARKERS, NoMultipartListing, abort_upload, unfinished_uploads, upload_marker
 from ._objects import delete_object
 from ._uri import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket

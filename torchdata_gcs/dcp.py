@@ -45,10 +45,10 @@ from torch.futures import Future
 from ._aio import io_loop
 from ._client import transport_for
 from ._download import LoadStats, _Job, new_job, read_into_buffer, read_ranges_into
-from ._retry import Attempts
 from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from ._objects import create_object, delete_object, object_resource
 from ._parallel_listing import ITEM_FIELDS
+from ._retry import Attempts
 from ._upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
 from ._uri import format_url, parse_url
 from .checkpoint import check_writer_settings, open_writer

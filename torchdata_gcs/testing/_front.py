@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._listing import MAX_PAGE_SIZE
-from ._list_index import ListingIndex
 from ._gcs_rules import GCSRules
+from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
 
