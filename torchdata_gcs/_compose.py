@@ -39,18 +39,8 @@ from typing import Any
 
 from ._aio import io_loop, wait_unless_on_io_loop
 from ._client import Transport
-from ._download import (
-    Loaded,
-    LoadStats,
-    Outcome,
-    Unit,
-    _Job,
-    _with_retry,
-    deliver_in_order,
-    fetch_object,
-    load_one,
-    new_job,
-)
+from ._context import LoadStats, RequestContext, new_context, with_retry
+from ._download import Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
 from ._listing import MAX_PAGE_SIZE, list_objects, list_versions
 from ._metadata import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._objects import create_object, delete_object
@@ -97,7 +87,7 @@ class Composer:
 
     def __init__(
         self,
-        job: _Job,
+        job: RequestContext,
         *,
         max_sources: int,
         max_bytes: int,
@@ -213,7 +203,7 @@ class Composer:
 
     # -- one group (I/O loop) --------------------------------------------------------------------
 
-    async def _load_group(self, members: list[Member], job: _Job, seq: int) -> tuple[list[Outcome], int]:
+    async def _load_group(self, members: list[Member], job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
         bucket = parse_url(members[0][0], allow_prefix=False)[0]
         name = self._composite_name(members)
         expected = _composite_info(members)
@@ -252,7 +242,7 @@ class Composer:
         identity = json.dumps([(name, info.generation, info.size, info.crc32c) for _, name, info in members])
         return self.reuse_prefix + hashlib.sha256(identity.encode()).hexdigest()
 
-    async def _compose(self, bucket: str, name: str, members: list[Member], job: _Job) -> ObjectInfo:
+    async def _compose(self, bucket: str, name: str, members: list[Member], job: RequestContext) -> ObjectInfo:
         """Ask GCS to concatenate the members (each pinned to its generation) into ``name``."""
         new_name = self.reuse_prefix is None
         if new_name:
@@ -269,7 +259,7 @@ class Composer:
         composite: ObjectInfo,
         expected: ObjectInfo,
         members: list[Member],
-        job: _Job,
+        job: RequestContext,
         seq: int,
     ) -> tuple[list[Outcome], int] | None:
         """Read the composite and cut it into the members' bytes; ``None`` if it is gone or is not the
@@ -344,7 +334,7 @@ class Composer:
 
 
 async def compose_objects(
-    job: _Job, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
+    job: RequestContext, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
 ) -> ObjectInfo:
     """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
     compose call, retried; ``only_if_new`` never replaces an existing object."""
@@ -371,10 +361,10 @@ async def compose_objects(
         async with reader.send("POST", url, reader.object_path(bucket, name) + "/compose", params, json=body) as answer:
             return ObjectInfo.from_json(await reader.json_answer(answer, url, REQUIRED_FIELDS))
 
-    return await _with_retry(job, url, attempt)
+    return await with_retry(job, url, attempt)
 
 
-async def delete_temporary(job: _Job, bucket: str, name: str, generation: int | None) -> bool:
+async def delete_temporary(job: RequestContext, bucket: str, name: str, generation: int | None) -> bool:
     """Delete the version ``generation`` of ``name`` for good (the live one if ``None``, which object
     versioning keeps as noncurrent), retried; ``True`` once it is gone, ``False`` if deleting failed (logged)."""
     reader = job.reader
@@ -386,7 +376,7 @@ async def delete_temporary(job: _Job, bucket: str, name: str, generation: int | 
             pass
 
     try:
-        await _with_retry(job, url, attempt)
+        await with_retry(job, url, attempt)
     except NotFoundError:
         pass
     except Exception as exc:  # noqa: BLE001 - the caller retries later or leaves it to `clean`
@@ -395,7 +385,7 @@ async def delete_temporary(job: _Job, bucket: str, name: str, generation: int | 
     return True
 
 
-async def _describe(job: _Job, url: str) -> ObjectInfo | NotFoundError:
+async def _describe(job: RequestContext, url: str) -> ObjectInfo | NotFoundError:
     """An object's size, generation and crc32c (one metadata request), or the error saying it is gone."""
     reader = job.reader
     bucket, name = parse_url(url, allow_prefix=False)
@@ -406,16 +396,16 @@ async def _describe(job: _Job, url: str) -> ObjectInfo | NotFoundError:
             return ObjectInfo.from_json(await reader.json_answer(response, url, REQUIRED_FIELDS))
 
     try:
-        return await _with_retry(job, url, attempt)
+        return await with_retry(job, url, attempt)
     except NotFoundError as exc:
         return exc
 
 
-async def _missing(url: str, error: NotFoundError, job: _Job, seq: int) -> tuple[list[Outcome], int]:
+async def _missing(url: str, error: NotFoundError, job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
     return [(url, error)], 0
 
 
-async def _load_each(members: list[Member], job: _Job, seq: int) -> tuple[list[Outcome], int]:
+async def _load_each(members: list[Member], job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
     """The members read one request each (pinned to their listed generations), concurrently."""
     results = await asyncio.gather(*(load_one(url, info, job, seq) for url, _, info in members))
     return [outcome for outcomes, _ in results for outcome in outcomes], sum(held for _, held in results)
@@ -465,7 +455,7 @@ def compose_in_order(
     skip_missing: bool,
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, small runs loaded as composites."""
-    job = new_job(config, transfer, retry, stats)
+    job = new_context(config, transfer, retry, stats)
     composer = Composer(job, max_sources=max_sources, max_bytes=max_bytes, reuse_prefix=reuse_prefix)
     try:
         yield from deliver_in_order(composer.units(items), job, 2 * transfer.max_in_flight, skip_missing=skip_missing)

@@ -23,7 +23,7 @@ from ._aio import io_loop
 from ._bench import human_size
 from ._client import Transport, transport_for
 from ._compose import compose_objects
-from ._download import LoadStats, new_job
+from ._context import LoadStats, new_context
 from ._listing import MAX_PAGE_SIZE, list_objects
 from ._metadata import crc32c_base64
 from ._multipart_uploads import NoMultipartListing, abort_upload, unfinished_uploads
@@ -388,7 +388,7 @@ class _Run:
         name = self.scratch + "composite"
         expected = b"".join(data for _, data in sources)
         self.written.setdefault(name, None)
-        job = new_job(self.client, TransferConfig(max_in_flight=2), RETRY, LoadStats())
+        job = new_context(self.client, TransferConfig(max_in_flight=2), RETRY, LoadStats())
         try:
             info = self.wait(compose_objects(job, self.bucket, name, pinned, only_if_new=True))
         except Exception as exc:  # noqa: BLE001

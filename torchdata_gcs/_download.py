@@ -17,16 +17,15 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import google_crc32c
 
 from ._aio import io_loop
-from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, reported_crc32c
-from ._reader import ObjectReader, object_reader
+from ._context import LoadStats, RequestContext, new_context, with_retry
+from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, reported_crc32c, verify_bytes
 from ._retry import Attempts
 from ._streams import PartStream
 from ._uri import parse_url
@@ -36,154 +35,18 @@ from .errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundErro
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ByteBudget",
-    "LoadStats",
     "deliver_in_order",
     "fetch_object",
     "load_in_order",
     "load_one",
-    "new_job",
     "read_into_buffer",
     "read_ranges_into",
-    "verify_bytes",
 ]
 
 T = TypeVar("T")
 
 STREAM_AHEAD_PARTS = 4
 """An object larger than the byte budget is read at most this many parts ahead of its reader."""
-
-
-@dataclass
-class LoadStats:
-    """What loading cost so far: requests sent, bytes received, retries, 429 answers, objects
-    delivered, seconds the consumer waited for the next object, and (``compose_shards_by_gcs``)
-    compose calls made and kept composites reused."""
-
-    requests: int = 0
-    bytes: int = 0
-    retries: int = 0
-    throttled: int = 0
-    objects: int = 0
-    wait_seconds: float = 0.0
-    composes: int = 0
-    reused: int = 0
-
-    def count_retry(self, _: BaseException) -> None:
-        self.retries += 1
-
-
-class _Cancelled(Exception):
-    """The consumer went away while a download waited for buffer space."""
-
-
-class ByteBudget:
-    """Counts bytes buffered ahead of the consumer; lives on the I/O loop.
-
-    A newcomer waits while it would exceed the limit, except the oldest undelivered item.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._used = 0
-        self._head = 0
-        self._closed = False
-        self._waiting = 0
-        self._changed = asyncio.Condition()
-
-    def try_acquire(self, nbytes: int, seq: int) -> bool:
-        """Reserve ``nbytes`` for item ``seq`` if that needs no wait."""
-        if self._closed:
-            raise _Cancelled
-        if seq == self._head or self._used + nbytes <= self.limit:
-            self._used += nbytes
-            return True
-        return False
-
-    async def acquire(self, nbytes: int, seq: int) -> None:
-        """Reserve ``nbytes`` for item ``seq``, waiting for room."""
-        if not self.try_acquire(nbytes, seq):
-            self._waiting += 1
-            try:
-                async with self._changed:
-                    await self._changed.wait_for(lambda: self.try_acquire(nbytes, seq))
-            finally:
-                self._waiting -= 1
-
-    def release(self, nbytes: int, head: int | None = None) -> None:
-        """Free ``nbytes``; ``head``, if given, is now the oldest undelivered item."""
-        self._used -= nbytes
-        if head is not None:
-            self._head = head
-        self._wake()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiting:  # a task per release costs more than the rest of it: only when needed
-            asyncio.ensure_future(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-
-@dataclass
-class _Job:
-    """What every download of one iteration shares."""
-
-    reader: ObjectReader
-    retry: RetryConfig
-    part_size: int
-    budget: ByteBudget
-    slots: asyncio.Semaphore  # requests in flight for this loader
-    stats: LoadStats
-
-    async def reserve_while_sending(self, nbytes: int, seq: int) -> None:
-        """Reserve budget from inside a request; if that must wait, the request's slots are lent
-        out meanwhile, so older objects can still be read (the oldest never waits)."""
-        if self.budget.try_acquire(nbytes, seq):
-            return
-        self.slots.release()
-        await self.reader.throttle.release()
-        try:
-            await self.budget.acquire(nbytes, seq)
-        finally:
-            await self.reader.throttle.acquire()
-            await self.slots.acquire()
-
-
-def verify_bytes(url: str, parts: Sequence[bytes], size: int | None, crc32cs: dict[str, str | None]) -> None:
-    """Raise ``IntegrityError`` unless the object made of ``parts`` has ``size`` bytes and matches every
-    known crc32c (``crc32cs`` maps a checksum's source, such as ``"GCS"``, to its base64 value)."""
-    length = sum(map(len, parts))
-    if size is not None and length != size:
-        raise IntegrityError(f"{url}: got {length} bytes, expected {size}", url=url)
-    if any(value is not None for value in crc32cs.values()):
-        crc = 0
-        for part in parts:
-            crc = google_crc32c.extend(crc, part)
-        check_crc32c(url, crc32c_base64(crc), crc32cs)
-
-
-async def _with_retry(job: _Job, url: str, attempt_once: Callable[[], Awaitable[T]]) -> T:
-    """Run one request (``attempt_once``) under the loader's and the process's limits, retried."""
-    stats = job.stats
-    attempts = Attempts(job.retry, url, on_retry=stats.count_retry)
-    while True:
-        try:
-            async with job.slots, job.reader.throttle:
-                stats.requests += 1
-                result = await attempt_once()
-            job.reader.throttle.succeeded()
-            return result
-        except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
-            if getattr(exc, "status", None) == 429:
-                stats.throttled += 1
-                job.reader.throttle.throttled()
-            await asyncio.sleep(attempts.delay_after(exc))
 
 
 def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError:
@@ -212,7 +75,7 @@ def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
 
 
 async def _stream_range(
-    job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int, take: Callable[[int, bytes], None]
+    job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int, take: Callable[[int, bytes], None]
 ) -> None:
     """Hand bytes ``[start, start + length)`` of the object to ``take(offset, chunk)`` as they arrive,
     by ranged GETs that resume from the byte they reached (each byte is taken once)."""
@@ -233,12 +96,12 @@ async def _stream_range(
             raise IntegrityError(f"{url}: the range answer stopped at byte {position} of {end}", url=url)
 
     try:
-        await _with_retry(job, url, attempt)
+        await with_retry(job, url, attempt)
     except NotFoundError as exc:
         raise _gone(url, params, exc) from exc
 
 
-async def _read_range(job: _Job, url: str, path: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
+async def _read_range(job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
     """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
     would hold them twice)."""
     chunks: list[bytes] = []
@@ -246,7 +109,7 @@ async def _read_range(job: _Job, url: str, path: str, params: dict[str, Any], st
     return chunks
 
 
-async def _read_parts(job: _Job, url: str, path: str, params: dict[str, Any], start: int, size: int) -> list[bytes]:
+async def _read_parts(job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, size: int) -> list[bytes]:
     """The object's bytes from ``start`` to ``size`` (in pieces), read as concurrent ranges of ``part_size``."""
     parts = await asyncio.gather(
         *(
@@ -270,7 +133,7 @@ async def _read_at_most(response: Any, limit: int) -> list[bytes]:
     return chunks
 
 
-async def _learn_version(job: _Job, url: str, params: dict[str, Any], checksums: dict[str, str | None]) -> None:
+async def _learn_version(job: RequestContext, url: str, params: dict[str, Any], checksums: dict[str, str | None]) -> None:
     """Pin ``params`` to the object's generation and learn its crc32c from its metadata, for an object
     whose first answer did not report them (read in several ranges, or with no checksum known)."""
     bucket, name = parse_url(url, allow_prefix=False)
@@ -280,7 +143,7 @@ async def _learn_version(job: _Job, url: str, params: dict[str, Any], checksums:
         async with job.reader.send("GET", url, job.reader.object_path(bucket, name), query) as response:
             return await job.reader.json_answer(response, url, ("generation",))
 
-    resource = await _with_retry(job, url, attempt)
+    resource = await with_retry(job, url, attempt)
     params["generation"] = resource["generation"]
     checksums["GCS"] = checksums["GCS"] or resource.get("crc32c")
 
@@ -292,7 +155,7 @@ class VersionRanges:
     unpickled in another process reads the rest from there.
     """
 
-    def __init__(self, job: _Job, url: str, params: dict[str, Any]) -> None:
+    def __init__(self, job: RequestContext, url: str, params: dict[str, Any]) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
         self._job, self._url, self._params = job, url, params
         self._path = job.reader.media_path(bucket, name)
@@ -309,7 +172,7 @@ class VersionRanges:
 def _ranges_in_this_process(
     client: ClientConfig, retry: RetryConfig, part_size: int, url: str, params: dict[str, Any]
 ) -> VersionRanges:
-    return VersionRanges(new_job(client, TransferConfig(part_size=part_size), retry, LoadStats()), url, params)
+    return VersionRanges(new_context(client, TransferConfig(part_size=part_size), retry, LoadStats()), url, params)
 
 
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream
@@ -317,7 +180,7 @@ Loaded = bytes | list[bytes] | list[memoryview] | PartStream
 one too large for the byte budget."""
 
 
-async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -> tuple[Loaded, int]:
+async def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> tuple[Loaded, int]:
     """Download one object's stored bytes, verified, pinned to one generation (the listed one, if known).
 
     An object larger than ``part_size`` is read as concurrent ranges and comes back in parts; one
@@ -395,7 +258,7 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
             await job.budget.acquire(reserved, seq)
         else:
             try:
-                first, size = await _with_retry(job, url, first_answer)
+                first, size = await with_retry(job, url, first_answer)
             except NotFoundError as exc:
                 if info is None:
                     raise
@@ -425,23 +288,12 @@ async def fetch_object(job: _Job, url: str, info: ObjectInfo | None, seq: int) -
 Outcome = tuple[str, "Loaded | NotFoundError"]
 """One object's result: its bytes, or the ``NotFoundError`` that the consumer raises or skips."""
 
-Unit = Callable[["_Job", int], Awaitable[tuple[list[Outcome], int]]]
+Unit = Callable[["RequestContext", int], Awaitable[tuple[list[Outcome], int]]]
 """Loads a run of consecutive objects given the job and its sequence number; returns their outcomes
 in order and the budget to give back once they are delivered."""
 
 
-def new_job(config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats) -> _Job:
-    return _Job(
-        object_reader(config),
-        retry,
-        transfer.part_size,
-        ByteBudget(transfer.max_buffered_bytes),
-        asyncio.Semaphore(transfer.max_in_flight),
-        stats,
-    )
-
-
-async def load_one(url: str, info: ObjectInfo | None, job: _Job, seq: int) -> tuple[list[Outcome], int]:
+async def load_one(url: str, info: ObjectInfo | None, job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
     """One object as a :data:`Unit`: a stream keeps its budget share until it is closed."""
     try:
         data, reserved = await fetch_object(job, url, info, seq)
@@ -451,7 +303,7 @@ async def load_one(url: str, info: ObjectInfo | None, job: _Job, seq: int) -> tu
 
 
 def deliver_in_order(
-    units: Iterable[Unit], job: _Job, window_size: int, *, skip_missing: bool
+    units: Iterable[Unit], job: RequestContext, window_size: int, *, skip_missing: bool
 ) -> Iterator[tuple[str, Loaded]]:
     """Run ``units`` on the I/O loop, up to ``window_size`` ahead of the consumer, and yield their
     ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns."""
@@ -504,12 +356,12 @@ def load_in_order(
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
     units = (functools.partial(load_one, url, info) for url, info in items)
-    job = new_job(config, transfer, retry, stats)
+    job = new_context(config, transfer, retry, stats)
     return deliver_in_order(units, job, 2 * transfer.max_in_flight, skip_missing=skip_missing)
 
 
 async def _read_range_into(
-    job: _Job, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
+    job: RequestContext, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
 ) -> int:
     """Fill ``buffer`` with the object's bytes from ``start``; returns their crc32c, computed from
     the chunks as they arrive."""
@@ -524,7 +376,7 @@ async def _read_range_into(
     return crc
 
 
-async def read_ranges_into(job: _Job, url: str, generation: int, start: int, buffer: memoryview, part_size: int) -> int:
+async def read_ranges_into(job: RequestContext, url: str, generation: int, start: int, buffer: memoryview, part_size: int) -> int:
     """Fill ``buffer`` with the object's bytes from ``start`` as concurrent ranged GETs of ``part_size``, all
     pinned to ``generation``, each checked for its length and resumed if cut; their combined crc32c."""
     bucket, name = parse_url(url, allow_prefix=False)
@@ -546,7 +398,7 @@ def read_into_buffer(
     Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
     range was hit), as retries allow."""
     buffer = bytearray(info.size)
-    job = new_job(config, transfer, retry, stats)
+    job = new_context(config, transfer, retry, stats)
     rereads = Attempts(retry, url, on_retry=stats.count_retry)
     while True:
         reading = read_ranges_into(job, url, info.generation, 0, memoryview(buffer), transfer.part_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import google_crc32c
@@ -20,6 +20,7 @@ __all__ = [
     "crc32c_value",
     "hash_header",
     "reported_crc32c",
+    "verify_bytes",
 ]
 
 
@@ -131,3 +132,16 @@ def crc32c_of_concatenation(pieces: Iterable[tuple[int, int]]) -> int:
     for piece_crc, length in pieces:
         crc = google_crc32c.extend(crc, bytes(length)) ^ piece_crc ^ _crc32c_of_zeros(length)
     return crc
+
+
+def verify_bytes(url: str, parts: Sequence[bytes], size: int | None, crc32cs: dict[str, str | None]) -> None:
+    """Raise ``IntegrityError`` unless the object made of ``parts`` has ``size`` bytes and matches every
+    known crc32c (``crc32cs`` maps a checksum's source, such as ``"GCS"``, to its base64 value)."""
+    length = sum(map(len, parts))
+    if size is not None and length != size:
+        raise IntegrityError(f"{url}: got {length} bytes, expected {size}", url=url)
+    if any(value is not None for value in crc32cs.values()):
+        crc = 0
+        for part in parts:
+            crc = google_crc32c.extend(crc, part)
+        check_crc32c(url, crc32c_base64(crc), crc32cs)

@@ -7,8 +7,7 @@ import uuid
 from typing import Any
 
 from ._client import Transport, json_answer
-from ._download import verify_bytes
-from ._metadata import crc32c_base64, reported_crc32c
+from ._metadata import crc32c_base64, reported_crc32c, verify_bytes
 from ._retry import call_with_retry
 from ._uri import format_url
 from .config import RetryConfig

@@ -36,7 +36,7 @@ import google_crc32c
 from ._aio import io_loop, wait_unless_on_io_loop
 from ._client import transport_for
 from ._compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
-from ._download import LoadStats, _Job, _with_retry, new_job
+from ._context import LoadStats, RequestContext, new_context, with_retry
 from ._metadata import crc32c_base64, hash_header, reported_crc32c
 from ._multipart_uploads import upload_marker
 from ._objects import create_object, delete_object, multipart_body, object_resource
@@ -111,7 +111,7 @@ class StreamingWriter(io.RawIOBase):
         client = client or ClientConfig()
         self._retry = retry or RetryConfig()
         self._transport = transport_for(client)
-        self._job: _Job = new_job(client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats())
+        self._job: RequestContext = new_context(client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats())
         self._base, self._parts_per_size, self._max_in_flight = part_size, parts_per_size, max_parts_in_flight
         self._buffer = bytearray()
         self._crc = 0
@@ -450,7 +450,7 @@ class CompositeWriter(StreamingWriter):
 
 
 async def _send(
-    job: _Job,
+    job: RequestContext,
     url: str,
     path: str,
     method: str,
@@ -465,11 +465,11 @@ async def _send(
         async with job.reader.send(method, url, path, params, headers, data=data, xml_api=True) as response:
             return response.headers.copy(), await response.read()
 
-    return await _with_retry(job, url, attempt)
+    return await with_retry(job, url, attempt)
 
 
 async def _put_part(
-    job: _Job, url: str, path: str, number: int, upload_id: str | None, data: bytes, crc32c: int
+    job: RequestContext, url: str, path: str, number: int, upload_id: str | None, data: bytes, crc32c: int
 ) -> tuple[int, str]:
     """Upload part ``number`` with its crc32c, so GCS refuses it if damaged on the way (a refusal, or an
     answer reporting another crc32c, is retried); ``(number, ETag)``."""
@@ -486,11 +486,11 @@ async def _put_part(
             raise UploadError(f"{url}: GCS answered part {number} without an ETag", url=url)
         return number, etag
 
-    return await _with_retry(job, url, attempt)
+    return await with_retry(job, url, attempt)
 
 
 async def _create_part(
-    job: _Job, bucket: str, name: str, number: int, data: bytes, crc32c: int
+    job: RequestContext, bucket: str, name: str, number: int, data: bytes, crc32c: int
 ) -> tuple[int, tuple[str, int]]:
     """Upload one part as the object ``name`` (GCS checks its crc32c); ``(number, (name, generation))``."""
     reader = job.reader
@@ -503,4 +503,4 @@ async def _create_part(
         async with reader.send("POST", url, path, params, headers, data=body) as response:
             return int((await reader.json_answer(response, url, ("generation",)))["generation"])
 
-    return number, (name, await _with_retry(job, url, attempt))
+    return number, (name, await with_retry(job, url, attempt))

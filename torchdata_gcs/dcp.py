@@ -44,7 +44,8 @@ from torch.futures import Future
 
 from ._aio import io_loop
 from ._client import transport_for
-from ._download import LoadStats, _Job, new_job, read_into_buffer, read_ranges_into
+from ._context import LoadStats, RequestContext, new_context
+from ._download import read_into_buffer, read_ranges_into
 from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from ._objects import create_object, delete_object, object_resource
 from ._parallel_listing import ITEM_FIELDS
@@ -188,7 +189,7 @@ class _ReadAhead:
     fs: _GCSFileSystem
     spans: list[_Span]
     budget: int
-    job: _Job
+    job: RequestContext
     checksums: dict[str, list[tuple[int, int, int]]]  # per file: (offset, length, crc32c) of each item saved with one
     infos: dict[str, ObjectInfo] = field(default_factory=dict, init=False)
     fetched: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict, init=False)  # {start: (size, crc)}
@@ -528,7 +529,7 @@ class _GCSFileSystem(FileSystemBase):
         if start == 0 and length == info.size:
             return read_into_buffer(url, info, self.client, self.transfer, self.retry, self.stats)
         buffer = bytearray(length)
-        job = new_job(self.client, self.transfer, self.retry, self.stats)
+        job = new_context(self.client, self.transfer, self.retry, self.stats)
         coroutine = read_ranges_into(job, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
         asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
         return buffer
@@ -762,7 +763,7 @@ class GCSStorageReader(FileSystemReader):
             self.fs,
             self._spans(plan.items),
             self.fs.transfer.max_buffered_bytes,
-            new_job(self.fs.client, self.fs.transfer, self.fs.retry, self.fs.stats),
+            new_context(self.fs.client, self.fs.transfer, self.fs.retry, self.fs.stats),
             self._checksums(plan.items),
         )
         self.fs.read_ahead = ahead

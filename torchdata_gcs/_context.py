@@ -1,0 +1,148 @@
+"""The request context every engine shares: the process's session, retry policy, concurrency slots,
+byte budget and statistics, and the one way a request is sent under them (:func:`with_retry`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ._reader import ObjectReader, object_reader
+from ._retry import Attempts
+from .config import ClientConfig, RetryConfig, TransferConfig
+
+__all__ = ["ByteBudget", "ConsumerGone", "LoadStats", "RequestContext", "new_context", "with_retry"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class LoadStats:
+    """What loading cost so far: requests sent, bytes received, retries, 429 answers, objects
+    delivered, seconds the consumer waited for the next object, and (``compose_shards_by_gcs``)
+    compose calls made and kept composites reused."""
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    throttled: int = 0
+    objects: int = 0
+    wait_seconds: float = 0.0
+    composes: int = 0
+    reused: int = 0
+
+    def count_retry(self, _: BaseException) -> None:
+        self.retries += 1
+
+
+class ConsumerGone(Exception):
+    """The consumer went away while a download waited for buffer space."""
+
+
+class ByteBudget:
+    """Counts bytes buffered ahead of the consumer; lives on the I/O loop.
+
+    A newcomer waits while it would exceed the limit, except the oldest undelivered item.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._used = 0
+        self._head = 0
+        self._closed = False
+        self._waiting = 0
+        self._changed = asyncio.Condition()
+
+    def try_acquire(self, nbytes: int, seq: int) -> bool:
+        """Reserve ``nbytes`` for item ``seq`` if that needs no wait."""
+        if self._closed:
+            raise ConsumerGone
+        if seq == self._head or self._used + nbytes <= self.limit:
+            self._used += nbytes
+            return True
+        return False
+
+    async def acquire(self, nbytes: int, seq: int) -> None:
+        """Reserve ``nbytes`` for item ``seq``, waiting for room."""
+        if not self.try_acquire(nbytes, seq):
+            self._waiting += 1
+            try:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self.try_acquire(nbytes, seq))
+            finally:
+                self._waiting -= 1
+
+    def release(self, nbytes: int, head: int | None = None) -> None:
+        """Free ``nbytes``; ``head``, if given, is now the oldest undelivered item."""
+        self._used -= nbytes
+        if head is not None:
+            self._head = head
+        self._wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiting:  # a task per release costs more than the rest of it: only when needed
+            asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+@dataclass
+class RequestContext:
+    """What every request of one iteration (a loader's, a writer's) shares."""
+
+    reader: ObjectReader
+    retry: RetryConfig
+    part_size: int
+    budget: ByteBudget
+    slots: asyncio.Semaphore  # requests in flight for this loader
+    stats: LoadStats
+
+    async def reserve_while_sending(self, nbytes: int, seq: int) -> None:
+        """Reserve budget from inside a request; if that must wait, the request's slots are lent
+        out meanwhile, so older objects can still be read (the oldest never waits)."""
+        if self.budget.try_acquire(nbytes, seq):
+            return
+        self.slots.release()
+        await self.reader.throttle.release()
+        try:
+            await self.budget.acquire(nbytes, seq)
+        finally:
+            await self.reader.throttle.acquire()
+            await self.slots.acquire()
+
+
+async def with_retry(job: RequestContext, url: str, attempt_once: Callable[[], Awaitable[T]]) -> T:
+    """Run one request (``attempt_once``) under the loader's and the process's limits, retried."""
+    stats = job.stats
+    attempts = Attempts(job.retry, url, on_retry=stats.count_retry)
+    while True:
+        try:
+            async with job.slots, job.reader.throttle:
+                stats.requests += 1
+                result = await attempt_once()
+            job.reader.throttle.succeeded()
+            return result
+        except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
+            if getattr(exc, "status", None) == 429:
+                stats.throttled += 1
+                job.reader.throttle.throttled()
+            await asyncio.sleep(attempts.delay_after(exc))
+
+
+def new_context(config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats) -> RequestContext:
+    """A fresh context for one iteration, on this process's session for ``config``."""
+    return RequestContext(
+        object_reader(config),
+        retry,
+        transfer.part_size,
+        ByteBudget(transfer.max_buffered_bytes),
+        asyncio.Semaphore(transfer.max_in_flight),
+        stats,
+    )
