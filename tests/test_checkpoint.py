@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchdata_gcs import NotFoundError, TransferConfig, checkpoint
-from torchdata_gcs._upload import MIN_PART_SIZE
+from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 BUCKET = "checkpoints"

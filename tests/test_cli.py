@@ -15,9 +15,9 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 import requests
 
-from torchdata_gcs._client import EMULATOR_ENV
-from torchdata_gcs._upload import MIN_PART_SIZE, MultipartWriter
-from torchdata_gcs._uri import TEMPORARY_PREFIX
+from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter
+from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
+from torchdata_gcs._transport.http import EMULATOR_ENV
 from torchdata_gcs.cli import main
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 from torchdata_gcs.testing._process import free_port

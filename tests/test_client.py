@@ -17,9 +17,9 @@ from torchdata_gcs import (
     GCSError,
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
-    _client,
 )
-from torchdata_gcs._client import GCS_ENDPOINT, resolve_endpoint, transport_for
+from torchdata_gcs._transport import http
+from torchdata_gcs._transport.http import GCS_ENDPOINT, resolve_endpoint, transport_for
 from torchdata_gcs.testing import Emulator
 
 
@@ -94,7 +94,7 @@ def test_missing_credentials_raise_a_clear_error(monkeypatch: pytest.MonkeyPatch
 
 
 def _transports_in_child() -> int:
-    return len(_client._transports)
+    return len(http._transports)
 
 
 def test_transports_are_per_process_and_never_pickled(client: ClientConfig) -> None:
@@ -104,4 +104,4 @@ def test_transports_are_per_process_and_never_pickled(client: ClientConfig) -> N
         pickle.dumps(transport)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_transports_in_child) == 0  # a forked child builds its own
-    assert len(_client._transports) >= 1
+    assert len(http._transports) >= 1

@@ -28,8 +28,8 @@ from torchdata_gcs import (
     RetryConfig,
     TransferConfig,
 )
-from torchdata_gcs._metadata import crc32c_of_concatenation
-from torchdata_gcs._uri import TEMPORARY_PREFIX
+from torchdata_gcs._ops.checksums import crc32c_of_concatenation
+from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 with warnings.catch_warnings():

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from torchdata_gcs import RetryConfig, UploadError
-from torchdata_gcs._upload import CompositeWriter
-from torchdata_gcs._uri import TEMPORARY_PREFIX
+from torchdata_gcs._engines.upload import CompositeWriter
+from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 KiB = 1024

@@ -13,7 +13,7 @@ import zstandard
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import IntegrityError, Zstd, checkpoint
-from torchdata_gcs._compression import _HEADER, MAGIC, CompressingWriter, _blocks, decompress
+from torchdata_gcs._engines.compression import _HEADER, MAGIC, CompressingWriter, _blocks, decompress
 from torchdata_gcs.testing import Emulator, GCSFront
 
 KiB = 1024

@@ -15,9 +15,9 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from torchdata_gcs._doctor import CHECKS, SCRATCH_MARK, _facts
-from torchdata_gcs._multipart_uploads import UPLOAD_MARKERS
+from torchdata_gcs._ops.uploads import UPLOAD_MARKERS
 from torchdata_gcs.cli import main
+from torchdata_gcs.cli.doctor import CHECKS, SCRATCH_MARK, _facts
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 from torchdata_gcs.testing._process import free_port
 

@@ -22,7 +22,7 @@ from torchdata_gcs import (
     TransferConfig,
     checkpoint,
 )
-from torchdata_gcs._upload import MIN_PART_SIZE
+from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 BUCKET = "error-hygiene"

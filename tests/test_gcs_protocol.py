@@ -27,12 +27,12 @@ from torchdata_gcs import (
     UploadError,
     checkpoint,
 )
-from torchdata_gcs._client import transport_for
-from torchdata_gcs._metadata import crc32c_base64
-from torchdata_gcs._multipart_uploads import unfinished_uploads
-from torchdata_gcs._objects import create_object, multipart_body
-from torchdata_gcs._upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
-from torchdata_gcs._uri import TEMPORARY_PREFIX
+from torchdata_gcs._engines.upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
+from torchdata_gcs._ops.checksums import crc32c_base64
+from torchdata_gcs._ops.objects import create_object, multipart_body
+from torchdata_gcs._ops.uploads import unfinished_uploads
+from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
+from torchdata_gcs._transport.http import transport_for
 from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront, RecordedRequest
 

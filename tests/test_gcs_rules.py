@@ -13,7 +13,7 @@ import google_crc32c
 import pytest
 import requests
 
-from torchdata_gcs._metadata import crc32c_base64
+from torchdata_gcs._ops.checksums import crc32c_base64
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 MiB = 1024 * 1024

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchdata_gcs import InvalidURIError, NotFoundError, TransferConfig, UploadError, checkpoint
-from torchdata_gcs._upload import MIN_PART_SIZE
+from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.lightning import GCSCheckpointIO
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 

@@ -16,7 +16,7 @@ from torchdata_gcs import (
     NotFoundError,
     ObjectInfo,
 )
-from torchdata_gcs._metadata import crc32c_base64
+from torchdata_gcs._ops.checksums import crc32c_base64
 from torchdata_gcs.testing import Emulator
 
 AWKWARD_NAMES = [

@@ -12,8 +12,8 @@ import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import AccessDeniedError, GCSFileLoaderIterDataPipe, RetryConfig, TransferConfig, TransientError
-from torchdata_gcs._reader import object_reader
-from torchdata_gcs._throttle import Throttle
+from torchdata_gcs._transport.session import object_reader
+from torchdata_gcs._transport.throttle import Throttle
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 with warnings.catch_warnings():

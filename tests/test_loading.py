@@ -24,7 +24,7 @@ from torchdata_gcs import (
     TransferConfig,
     TransientError,
 )
-from torchdata_gcs._context import ByteBudget
+from torchdata_gcs._transport.context import ByteBudget
 from torchdata_gcs.testing import Emulator, GCSFront
 
 FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)

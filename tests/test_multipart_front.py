@@ -11,7 +11,7 @@ import google_crc32c
 import pytest
 import requests
 
-from torchdata_gcs._metadata import crc32c_base64, reported_crc32c
+from torchdata_gcs._ops.checksums import crc32c_base64, reported_crc32c
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 MiB = 1024 * 1024

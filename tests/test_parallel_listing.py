@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchdata_gcs import AccessDeniedError, GCSFileListerIterDataPipe, NotFoundError, RetryConfig, TransientError
-from torchdata_gcs._parallel_listing import KeySpace, split_point
+from torchdata_gcs._engines.parallel_listing import KeySpace, split_point
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 CHARS = [" ", "/", "0", "9", "a", "b", "z", "~", "é", "日", "😀", "\U0010fffd"]  # sorted; both ends of the range

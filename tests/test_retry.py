@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchdata_gcs import IntegrityError, NotFoundError, RetryConfig, TransientError
-from torchdata_gcs._retry import backoff_delay, call_with_retry, is_retryable
+from torchdata_gcs._transport.retry import backoff_delay, call_with_retry, is_retryable
 
 FAST = RetryConfig(max_attempts=4, deadline=10, initial_delay=0.001, max_delay=0.002)
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import GCSSaverIterDataPipe, InvalidURIError, checkpoint
-from torchdata_gcs._upload import MIN_PART_SIZE
+from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, GCSFront
 
 with warnings.catch_warnings():

@@ -20,9 +20,10 @@ from torchdata_gcs import (
     GCSError,
     GCSFileListerIterDataPipe,
     RetryConfig,
-    _shared_listing,
 )
-from torchdata_gcs._client import transport_for
+from torchdata_gcs._engines import shared_listing
+from torchdata_gcs._engines.shared_listing import SharedListing
+from torchdata_gcs._transport.http import transport_for
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 with warnings.catch_warnings():
@@ -146,8 +147,8 @@ def test_a_lock_left_by_a_dead_replica_is_taken_over(
     """GCS answers the pinned delete of a stale lock 412 when its holder renewed it in between: the
     replica then keeps waiting, and takes the lock over once it goes stale again."""
     bucket, expected, folder = dataset
-    monkeypatch.setattr(_shared_listing, "LEASE", 0.3)
-    shared = _shared_listing.SharedListing(
+    monkeypatch.setattr(shared_listing, "LEASE", 0.3)
+    shared = SharedListing(
         transport_for(gcs_emulator.client_config), f"gs://{bucket}/{folder}", [f"gs://{bucket}/data/"], [""], FAST_RETRY
     )
     gcs_emulator.upload(bucket, shared.lock_name, b"a replica that was killed")

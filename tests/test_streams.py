@@ -11,8 +11,8 @@ import google_crc32c
 import pytest
 
 from torchdata_gcs import IntegrityError
-from torchdata_gcs._metadata import crc32c_base64
-from torchdata_gcs._streams import MemoryStream, PartStream
+from torchdata_gcs._engines.streams import MemoryStream, PartStream
+from torchdata_gcs._ops.checksums import crc32c_base64
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from torchdata_gcs import RetryConfig, UploadError
-from torchdata_gcs._aio import io_loop
-from torchdata_gcs._upload import MIN_PART_SIZE, MultipartWriter
+from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter
+from torchdata_gcs._transport.loop import io_loop
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 MiB = 1024 * 1024

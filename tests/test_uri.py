@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchdata_gcs import InvalidURIError, format_url, parse_url
-from torchdata_gcs._uri import validate_bucket
+from torchdata_gcs._ops.urls import validate_bucket
 
 bucket_names = st.from_regex(r"[a-z0-9][a-z0-9_-]{1,40}[a-z0-9]", fullmatch=True).filter(
     lambda b: not b.startswith("goog") and "google" not in b and "g00gle" not in b

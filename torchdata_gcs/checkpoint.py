@@ -16,15 +16,21 @@ from typing import IO, Any, Literal, cast
 
 import torch
 
-from ._client import transport_for
-from ._compression import CompressingWriter, decompress
-from ._download import LoadStats, read_into_buffer
-from ._metadata import ObjectInfo
-from ._objects import delete_object, object_resource
-from ._parallel_listing import ITEM_FIELDS
-from ._streams import MemoryStream
-from ._upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT, CompositeWriter, MultipartWriter, StreamingWriter
-from ._uri import parse_url
+from ._engines.compression import CompressingWriter, decompress
+from ._engines.download import LoadStats, read_into_buffer
+from ._engines.parallel_listing import ITEM_FIELDS
+from ._engines.streams import MemoryStream
+from ._engines.upload import (
+    DEFAULT_PART_SIZE,
+    DEFAULT_PARTS_IN_FLIGHT,
+    CompositeWriter,
+    MultipartWriter,
+    StreamingWriter,
+)
+from ._ops.checksums import ObjectInfo
+from ._ops.objects import delete_object, object_resource
+from ._ops.urls import parse_url
+from ._transport.http import transport_for
 from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
 from .errors import NotFoundError, library_errors_first
 

@@ -42,16 +42,16 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from ._aio import io_loop
-from ._client import transport_for
-from ._context import LoadStats, RequestContext, new_context
-from ._download import read_into_buffer, read_ranges_into
-from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
-from ._objects import create_object, delete_object, object_resource
-from ._parallel_listing import ITEM_FIELDS
-from ._retry import Attempts
-from ._upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
-from ._uri import format_url, parse_url
+from ._engines.download import read_into_buffer, read_ranges_into
+from ._engines.parallel_listing import ITEM_FIELDS
+from ._engines.upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
+from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from ._ops.objects import create_object, delete_object, object_resource
+from ._ops.urls import format_url, parse_url
+from ._transport.context import LoadStats, RequestContext, new_context
+from ._transport.http import transport_for
+from ._transport.loop import io_loop
+from ._transport.retry import Attempts
 from .checkpoint import check_writer_settings, open_writer
 from .config import ClientConfig, RetryConfig, TransferConfig
 from .errors import IntegrityError, InvalidURIError, NotFoundError, UploadError

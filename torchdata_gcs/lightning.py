@@ -13,8 +13,8 @@ import re
 from typing import Any
 
 from . import checkpoint as _checkpoint  # the name `checkpoint` is Lightning's for the dict being saved
-from ._upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
-from ._uri import parse_url
+from ._engines.upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
+from ._ops.urls import parse_url
 from .checkpoint import Strategy
 from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
 

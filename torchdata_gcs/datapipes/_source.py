@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._download import Loaded
-from .._metadata import ObjectInfo
-from .._streams import MemoryStream
-from .._uri import brief
+from .._engines.download import Loaded
+from .._engines.streams import MemoryStream
+from .._ops.checksums import ObjectInfo
+from .._ops.urls import brief
 from ..errors import InvalidURIError
 
 Item = str | tuple[str, ObjectInfo]

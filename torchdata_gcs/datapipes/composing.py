@@ -6,10 +6,10 @@ from collections.abc import Iterable, Iterator
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
-from .._compose import MAX_SOURCES, compose_in_order
-from .._download import Loaded
-from .._metadata import ObjectInfo
-from .._uri import TEMPORARY_PREFIX, validate_object_name
+from .._engines.compose import MAX_SOURCES, compose_in_order
+from .._engines.download import Loaded
+from .._ops.checksums import ObjectInfo
+from .._ops.urls import TEMPORARY_PREFIX, validate_object_name
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import InvalidURIError
 from ._source import Item

@@ -9,12 +9,12 @@ from typing import Any
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import match_masks
 
-from .._client import Transport, transport_for
-from .._listing import MAX_PAGE_SIZE, list_objects
-from .._metadata import ObjectInfo
-from .._parallel_listing import ListingStats
-from .._shared_listing import Entry, SharedListing
-from .._uri import parse_url
+from .._engines.listing import MAX_PAGE_SIZE, list_objects
+from .._engines.parallel_listing import ListingStats
+from .._engines.shared_listing import Entry, SharedListing
+from .._ops.checksums import ObjectInfo
+from .._ops.urls import parse_url
+from .._transport.http import Transport, transport_for
 from ..config import ClientConfig, RetryConfig, require_integer
 from ._source import as_source
 

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Iterator
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._download import Loaded, LoadStats, load_in_order
-from .._metadata import ObjectInfo
-from .._uri import parse_url
+from .._engines.download import Loaded, LoadStats, load_in_order
+from .._ops.checksums import ObjectInfo
+from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ._source import Item, as_source, as_stream, split_item
 

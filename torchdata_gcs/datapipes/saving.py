@@ -10,7 +10,7 @@ from typing import IO, Any, cast
 import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
-from .._uri import parse_url
+from .._ops.urls import parse_url
 from ..checkpoint import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT, Strategy, check_writer_settings, open_writer
 from ..config import ClientConfig, RetryConfig, Zstd
 from ..errors import InvalidURIError, library_errors_first

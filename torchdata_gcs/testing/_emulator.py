@@ -13,7 +13,7 @@ from urllib.parse import quote
 import requests
 import requests.adapters
 
-from .._uri import validate_bucket, validate_object_name
+from .._ops.urls import validate_bucket, validate_object_name
 from ._process import EmulatorError, LocalService, ServerProcess, free_port
 
 __all__ = ["Emulator", "EmulatorError"]

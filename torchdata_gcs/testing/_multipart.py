@@ -38,7 +38,7 @@ from xml.sax.saxutils import escape
 
 import google_crc32c
 
-from .._metadata import crc32c_base64
+from .._ops.checksums import crc32c_base64
 from ._gcs_rules import PROMISED_ON_PARTS, GCSRules
 
 __all__ = ["MultipartUploads", "is_multipart_request"]

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise, zip_longest
 from typing import Any
 
-from ._client import Transport
-from ._retry import call_with_retry
-from ._uri import format_url
-from .config import RetryConfig
-from .errors import GCSError
+from .._ops.urls import format_url
+from .._transport.http import Transport
+from .._transport.retry import call_with_retry
+from ..config import RetryConfig
+from ..errors import GCSError
 
 logger = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from xml.etree import ElementTree
 
-from ._client import Transport
-from ._retry import call_with_retry
-from ._uri import TEMPORARY_PREFIX, format_url
-from .config import RetryConfig
-from .errors import GCSError, NotFoundError
+from .._transport.http import Transport
+from .._transport.retry import call_with_retry
+from ..config import RetryConfig
+from ..errors import GCSError, NotFoundError
+from .urls import TEMPORARY_PREFIX, format_url
 
 __all__ = ["UPLOAD_MARKERS", "NoMultipartListing", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
 

@@ -37,22 +37,22 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import FrameType
 from typing import Any
 
-from ._aio import io_loop, wait_unless_on_io_loop
-from ._client import Transport
-from ._context import LoadStats, RequestContext, new_context, with_retry
-from ._download import Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
-from ._listing import MAX_PAGE_SIZE, list_objects, list_versions
-from ._metadata import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
-from ._objects import create_object, delete_object
-from ._uri import TEMPORARY_PREFIX, format_url, parse_url
-from .config import ClientConfig, RetryConfig, TransferConfig
-from .errors import (
+from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
+from .._ops.objects import create_object, delete_object
+from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url
+from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.http import Transport
+from .._transport.loop import io_loop, wait_unless_on_io_loop
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from ..errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
     IntegrityError,
     NotFoundError,
     PreconditionFailedError,
 )
+from .download import Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
+from .listing import MAX_PAGE_SIZE, list_objects, list_versions
 
 logger = logging.getLogger(__name__)
 

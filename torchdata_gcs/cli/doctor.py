@@ -19,20 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from ._aio import io_loop
-from ._bench import human_size
-from ._client import Transport, transport_for
-from ._compose import compose_objects
-from ._context import LoadStats, new_context
-from ._listing import MAX_PAGE_SIZE, list_objects
-from ._metadata import crc32c_base64
-from ._multipart_uploads import NoMultipartListing, abort_upload, unfinished_uploads
-from ._objects import create_object, delete_object, object_resource, read_object
-from ._retry import call_with_retry
-from ._upload import MIN_PART_SIZE, MultipartWriter
-from ._uri import format_url, parse_url
-from .config import ClientConfig, RetryConfig, TransferConfig
-from .errors import AccessDeniedError, GCSError, NotFoundError, PreconditionFailedError, TransientError, UploadError
+from .._engines.compose import compose_objects
+from .._engines.listing import MAX_PAGE_SIZE, list_objects
+from .._engines.upload import MIN_PART_SIZE, MultipartWriter
+from .._ops.checksums import crc32c_base64
+from .._ops.objects import create_object, delete_object, object_resource, read_object
+from .._ops.uploads import NoMultipartListing, abort_upload, unfinished_uploads
+from .._ops.urls import format_url, parse_url
+from .._transport.context import LoadStats, new_context
+from .._transport.http import Transport, transport_for
+from .._transport.loop import io_loop
+from .._transport.retry import call_with_retry
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from ..errors import AccessDeniedError, GCSError, NotFoundError, PreconditionFailedError, TransientError, UploadError
+from .bench import human_size
 
 __all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "doctor"]
 

@@ -23,11 +23,11 @@ from urllib.parse import quote, urlencode, urlsplit
 import aiohttp
 import yarl
 
-from ._aio import io_loop
-from ._client import Transport, error_detail, json_answer, retry_after_seconds, transport_for
-from ._throttle import Throttle
-from .config import ClientConfig
-from .errors import TransientError, error_for_status
+from ..config import ClientConfig
+from ..errors import TransientError, error_for_status
+from .http import Transport, error_detail, json_answer, retry_after_seconds, transport_for
+from .loop import io_loop
+from .throttle import Throttle
 
 __all__ = ["ObjectReader", "object_reader"]
 

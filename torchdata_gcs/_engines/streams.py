@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import google_crc32c
 
-from ._metadata import check_crc32c, crc32c_base64
-from .errors import IntegrityError
+from .._ops.checksums import check_crc32c, crc32c_base64
+from ..errors import IntegrityError
 
 __all__ = ["MemoryStream", "PartSource", "PartStream"]
 

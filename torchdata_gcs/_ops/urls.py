@@ -11,7 +11,7 @@ import ipaddress
 import re
 import reprlib
 
-from .errors import InvalidURIError
+from ..errors import InvalidURIError
 
 SCHEMES = ("gs://", "gcs://")
 MAX_OBJECT_NAME_BYTES = 1024

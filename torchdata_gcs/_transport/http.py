@@ -28,8 +28,8 @@ import requests
 from google.auth.transport.requests import AuthorizedSession
 from requests.adapters import HTTPAdapter
 
-from .config import ClientConfig
-from .errors import AccessDeniedError, TransientError, error_for_status
+from ..config import ClientConfig
+from ..errors import AccessDeniedError, TransientError, error_for_status
 
 logger = logging.getLogger(__name__)
 

@@ -6,12 +6,12 @@ import json
 import uuid
 from typing import Any
 
-from ._client import Transport, json_answer
-from ._metadata import crc32c_base64, reported_crc32c, verify_bytes
-from ._retry import call_with_retry
-from ._uri import format_url
-from .config import RetryConfig
-from .errors import NotFoundError, PreconditionFailedError
+from .._transport.http import Transport, json_answer
+from .._transport.retry import call_with_retry
+from ..config import RetryConfig
+from ..errors import NotFoundError, PreconditionFailedError
+from .checksums import crc32c_base64, reported_crc32c, verify_bytes
+from .urls import format_url
 
 __all__ = ["create_object", "delete_object", "multipart_body", "object_resource", "read_object"]
 

@@ -33,16 +33,16 @@ from xml.sax.saxutils import escape
 
 import google_crc32c
 
-from ._aio import io_loop, wait_unless_on_io_loop
-from ._client import transport_for
-from ._compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
-from ._context import LoadStats, RequestContext, new_context, with_retry
-from ._metadata import crc32c_base64, hash_header, reported_crc32c
-from ._multipart_uploads import upload_marker
-from ._objects import create_object, delete_object, multipart_body, object_resource
-from ._uri import TEMPORARY_PREFIX, brief, format_url, parse_url
-from .config import ClientConfig, RetryConfig, TransferConfig
-from .errors import GCSError, IntegrityError, InvalidURIError, NotFoundError, TransientError, UploadError
+from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
+from .._ops.objects import create_object, delete_object, multipart_body, object_resource
+from .._ops.uploads import upload_marker
+from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
+from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.http import transport_for
+from .._transport.loop import io_loop, wait_unless_on_io_loop
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from ..errors import GCSError, IntegrityError, InvalidURIError, NotFoundError, TransientError, UploadError
+from .compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ._reader import ObjectReader, object_reader
-from ._retry import Attempts
-from .config import ClientConfig, RetryConfig, TransferConfig
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from .retry import Attempts
+from .session import ObjectReader, object_reader
 
 __all__ = ["ByteBudget", "ConsumerGone", "LoadStats", "RequestContext", "new_context", "with_retry"]
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ._metadata import ObjectInfo
-from ._uri import TEMPORARY_PREFIX, parse_url
-from .config import ClientConfig, TransferConfig
-from .datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
-from .errors import ComposeFallbackWarning, NotFoundError
+from .._ops.checksums import ObjectInfo
+from .._ops.urls import TEMPORARY_PREFIX, parse_url
+from ..config import ClientConfig, TransferConfig
+from ..datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
+from ..errors import ComposeFallbackWarning, NotFoundError
 
 __all__ = ["MAX_IN_FLIGHT", "bench", "human_size", "listed_with_stats"]
 

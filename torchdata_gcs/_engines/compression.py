@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import zstandard
 
-from .config import Zstd
-from .errors import IntegrityError
+from ..config import Zstd
+from ..errors import IntegrityError
 
 __all__ = ["MAGIC", "CompressingWriter", "decompress", "is_compressed"]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ._client import Transport
-from ._objects import object_resource
-from ._parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
-from ._retry import call_with_retry
-from ._uri import TEMPORARY_PREFIX
-from .config import RetryConfig
+from .._ops.objects import object_resource
+from .._ops.urls import TEMPORARY_PREFIX
+from .._transport.http import Transport
+from .._transport.retry import call_with_retry
+from ..config import RetryConfig
+from .parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
 
 MAX_PAGE_SIZE = 1000  # GCS never returns more per page
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import google_crc32c
 
-from .errors import IntegrityError
+from ..errors import IntegrityError
 
 __all__ = [
     "REQUIRED_FIELDS",

@@ -19,19 +19,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar, cast
 
-from ._bench import MAX_IN_FLIGHT, human_size, listed_with_stats
-from ._bench import bench as run_bench
-from ._client import EMULATOR_ENV, transport_for
-from ._compose import leftovers, rfc3339_seconds
-from ._doctor import SCRATCH_MARK, doctor
-from ._listing import list_versions
-from ._metadata import ObjectInfo
-from ._multipart_uploads import UPLOAD_MARKERS, NoMultipartListing, abort_upload, unfinished_uploads, upload_marker
-from ._objects import delete_object
-from ._uri import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
-from .config import ClientConfig, RetryConfig, TransferConfig
-from .errors import GCSError, InvalidURIError
-from .testing import Emulator, EmulatorError
+from .._engines.compose import leftovers, rfc3339_seconds
+from .._engines.listing import list_versions
+from .._ops.checksums import ObjectInfo
+from .._ops.objects import delete_object
+from .._ops.uploads import UPLOAD_MARKERS, NoMultipartListing, abort_upload, unfinished_uploads, upload_marker
+from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
+from .._transport.http import EMULATOR_ENV, transport_for
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from ..errors import GCSError, InvalidURIError
+from ..testing import Emulator, EmulatorError
+from .bench import MAX_IN_FLIGHT, human_size, listed_with_stats
+from .bench import bench as run_bench
+from .doctor import SCRATCH_MARK, doctor
 
 __all__ = ["main"]
 

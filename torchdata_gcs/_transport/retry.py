@@ -13,8 +13,8 @@ import google.auth.exceptions
 import requests
 import urllib3.exceptions
 
-from .config import RetryConfig
-from .errors import GCSError, IntegrityError, TransientError
+from ..config import RetryConfig
+from ..errors import GCSError, IntegrityError, TransientError
 
 logger = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ._client import Transport
-from ._metadata import ObjectInfo
-from ._objects import create_object, delete_object, object_resource, read_object
-from ._uri import format_url, parse_url
-from .config import RetryConfig
-from .errors import GCSError, InvalidURIError, PreconditionFailedError
+from .._ops.checksums import ObjectInfo
+from .._ops.objects import create_object, delete_object, object_resource, read_object
+from .._ops.urls import format_url, parse_url
+from .._transport.http import Transport
+from ..config import RetryConfig
+from ..errors import GCSError, InvalidURIError, PreconditionFailedError
 
 logger = logging.getLogger(__name__)
 

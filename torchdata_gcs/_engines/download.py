@@ -23,14 +23,21 @@ from typing import Any, TypeVar
 
 import google_crc32c
 
-from ._aio import io_loop
-from ._context import LoadStats, RequestContext, new_context, with_retry
-from ._metadata import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, reported_crc32c, verify_bytes
-from ._retry import Attempts
-from ._streams import PartStream
-from ._uri import parse_url
-from .config import ClientConfig, RetryConfig, TransferConfig
-from .errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
+from .._ops.checksums import (
+    ObjectInfo,
+    check_crc32c,
+    crc32c_base64,
+    crc32c_of_concatenation,
+    reported_crc32c,
+    verify_bytes,
+)
+from .._ops.urls import parse_url
+from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.loop import io_loop
+from .._transport.retry import Attempts
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
+from .streams import PartStream
 
 logger = logging.getLogger(__name__)
 

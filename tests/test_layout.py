@@ -1,0 +1,62 @@
+"""The layers hold: imports only go down (front ends -> engines -> ops -> transport -> config/errors),
+and no module borrows another's private name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "torchdata_gcs"
+LAYERS = {"config": 0, "errors": 0, "_transport": 1, "_ops": 2, "_engines": 3, "cli": 5}
+FRONT_ENDS = 4  # datapipes, checkpoint, dcp, lightning, testing, the package itself
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.get(parts[1], FRONT_ENDS) if len(parts) > 1 else FRONT_ENDS
+
+
+def imports(path: Path) -> list[tuple[str, list[str]]]:
+    """``(absolute module, imported names)`` of every package-internal import in ``path``."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = package.removesuffix(".__init__")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.append((target, [alias.name for alias in node.names]))
+    return found
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_imports_only_go_down() -> None:
+    upward = []
+    for path in modules():
+        own = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        for target, _ in imports(path):
+            if layer(target) > layer(own):
+                upward.append(f"{own} imports {target}")
+    assert upward == []
+
+
+def test_no_module_borrows_a_private_name() -> None:
+    borrowed = [
+        f"{path.relative_to(PACKAGE.parent)}: {target}.{name}"
+        for path in modules()
+        for target, names in imports(path)
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert borrowed == []
+
+
+def test_the_layers_are_folders() -> None:
+    for folder in ("_transport", "_ops", "_engines", "cli", "datapipes", "testing"):
+        assert (PACKAGE / folder / "__init__.py").is_file(), folder
+    flat_private = sorted(path.name for path in PACKAGE.glob("_*.py") if path.name != "__init__.py")
+    assert flat_private == []
