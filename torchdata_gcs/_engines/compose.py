@@ -17,29 +17,25 @@ and that prefix's listing is the manifest later iterations consult.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import datetime
 import functools
 import hashlib
 import json
 import logging
-import multiprocessing.util
 import os
 import secrets
-import signal
 import socket
-import threading
 import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from types import FrameType
 from typing import Any
 
 from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.objects import create_object, delete_object
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url
+from .._transport import lifecycle
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.http import Transport
 from .._transport.loop import io_loop, wait_unless_on_io_loop
@@ -107,7 +103,8 @@ class Composer:
         self._found = 0  # groups whose kept composite existed (reuse mode)
         self._closed = False
         _live.add(self)
-        _install_exit_handlers()
+        lifecycle.install()  # this process's worker exit and SIGTERM run the cleanup
+        lifecycle.watch_parent()
 
     # -- planning (consumer thread) --------------------------------------------------------------
 
@@ -466,8 +463,6 @@ def compose_in_order(
 # -- leftovers at exit and on SIGTERM ----------------------------------------------------------------
 
 _live: weakref.WeakSet[Composer] = weakref.WeakSet()
-_finalizer_pid: int | None = None  # the process whose multiprocessing finalizer is registered
-_previous_sigterm: Any = None  # the SIGTERM handler ours replaced, called after it
 
 
 def _close_all() -> None:
@@ -475,60 +470,12 @@ def _close_all() -> None:
         composer.close()
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _close_all()
-    if callable(_previous_sigterm):
-        _previous_sigterm(signum, frame)
-    else:  # the default action: die of SIGTERM, as the sender expects
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _install_exit_handlers() -> None:
-    """Close live composers at interpreter exit, at a multiprocessing worker's exit (which skips
-    ``atexit``) and on SIGTERM (whose default action would skip both).
-
-    Runs at import and whenever a composer starts. The SIGTERM handler can be set only from a main
-    thread: at import (a spawned DataLoader worker imports this while unpickling its DataPipe, on its
-    main thread), or inherited through fork; so it is in place even where the DataPipe runs on another
-    thread, as in torchdata's prefetcher.
-    """
-    global _finalizer_pid, _previous_sigterm
-    if _finalizer_pid != os.getpid():  # a worker's registry starts empty
-        _finalizer_pid = os.getpid()
-        multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
-        parent = multiprocessing.parent_process()
-        if parent is not None and parent.pid is not None:
-            threading.Thread(target=_watch_parent, args=(parent.pid,), name="torchdata-gcs-parent", daemon=True).start()
-    if threading.current_thread() is not threading.main_thread():
-        return
-    current = signal.getsignal(signal.SIGTERM)
-    if current is _on_sigterm or current is signal.SIG_IGN:
-        return
-    _previous_sigterm = current
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """In a worker process: once its parent is gone (killed, so it could not stop its workers, as
-    torchdata 0.9's main process cannot), end as the parent did, through SIGTERM, which deletes this
-    process's temporary composites first."""
-    while os.getppid() == parent_pid:
-        time.sleep(_PARENT_CHECK_SECONDS)
-    if _live:
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-_PARENT_CHECK_SECONDS = 1.0
-
-
 def _forget_after_fork() -> None:
     _live.clear()  # the parent's composers are the parent's to close
 
 
-atexit.register(_close_all)  # after _reader's own exit hook (imported first), so it runs before it
-os.register_at_fork(after_in_child=_forget_after_fork)
-_install_exit_handlers()
+lifecycle.cleanup(_close_all, pending=lambda: bool(_live))
+lifecycle.after_fork(_forget_after_fork)
 
 
 # -- leftovers of killed jobs --------------------------------------------------------------------

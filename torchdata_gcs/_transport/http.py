@@ -30,6 +30,7 @@ from requests.adapters import HTTPAdapter
 
 from ..config import ClientConfig
 from ..errors import AccessDeniedError, TransientError, error_for_status
+from . import lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ def _forget_after_fork() -> None:
     _transports.clear()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+lifecycle.after_fork(_forget_after_fork)
 
 
 def transport_for(config: ClientConfig) -> Transport:

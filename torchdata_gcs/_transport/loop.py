@@ -6,10 +6,11 @@ contending for the GIL from many; DataPipes hand work over with ``run_coroutine_
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from . import lifecycle
 
 T = TypeVar("T")
 
@@ -51,4 +52,4 @@ def _forget_after_fork() -> None:
     _lock, _loop = threading.Lock(), None
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+lifecycle.after_fork(_forget_after_fork)

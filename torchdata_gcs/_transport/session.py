@@ -10,9 +10,7 @@ checksums apply; every other answer is asked for uncompressed.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import io
-import os
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
@@ -25,6 +23,7 @@ import yarl
 
 from ..config import ClientConfig
 from ..errors import TransientError, error_for_status
+from . import lifecycle
 from .http import Transport, error_detail, json_answer, retry_after_seconds, transport_for
 from .loop import io_loop
 from .throttle import Throttle
@@ -157,5 +156,5 @@ def _close_at_exit() -> None:
                 pass
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
-atexit.register(_close_at_exit)
+lifecycle.after_fork(_forget_after_fork)
+lifecycle.at_exit(_close_at_exit)
