@@ -293,22 +293,22 @@ class Checkpointer:
 class Ours(Checkpointer):
     """checkpoint.save / checkpoint.load with the defaults, or a given strategy or compression."""
 
-    def _settings(self) -> dict[str, Any]:
-        from torchdata_gcs import Zstd
+    def _settings(self) -> Any:
+        from torchdata_gcs import WriteConfig, Zstd
 
         reader = self.spec.reader
         if reader == "ours_compose":
-            return {"strategy": "compose"}
+            return WriteConfig(strategy="compose")
         if reader.startswith("zstd"):  # zstd-LEVEL, zstd-LEVEL-plain
             _, level, *plain = reader.split("-")
-            return {"compression": Zstd(level=int(level), byte_grouping=not plain)}
-        return {}
+            return WriteConfig(compression=Zstd(level=int(level), byte_grouping=not plain))
+        return WriteConfig()
 
     def save(self, state: Any, name: str) -> None:
         from torchdata_gcs import ClientConfig, checkpoint
 
         url = f"gs://{self.spec.bucket}/{name}"
-        checkpoint.save(state, url, client=ClientConfig(endpoint=self.spec.endpoint), **self._settings())
+        checkpoint.save(state, url, client=ClientConfig(endpoint=self.spec.endpoint), write=self._settings())
 
     def load(self, name: str) -> Any:
         from torchdata_gcs import ClientConfig, checkpoint

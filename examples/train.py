@@ -44,7 +44,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 from tqdm import tqdm
 
 import torchdata_gcs  # noqa: F401  (registers the functional DataPipes)
-from torchdata_gcs import ClientConfig, checkpoint
+from torchdata_gcs import ClientConfig, WriteConfig, checkpoint
 from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs.testing import Emulator
 
@@ -219,14 +219,14 @@ def save_checkpoint(folder: str, epoch: int, net: nn.Module, optimizer: torch.op
         url = f"{folder}epoch-{epoch:04d}"
         # DCP flattens nested containers into keys; the history travels as one JSON string instead
         state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "history": json.dumps(history)}
-        dcp.save(state, storage_writer=GCSStorageWriter(url, client=client, strategy=strategy))
+        dcp.save(state, storage_writer=GCSStorageWriter(url, client=client, write=WriteConfig(strategy=strategy)))
         size = sum(
             info.size for _, info in IterableWrapper([url + "/"]).list_files_by_gcs(client=client, with_metadata=True)
         )
     else:
         url = f"{folder}epoch-{epoch:04d}.pt"
         state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "history": history}
-        saved = IterableWrapper([(url, state)]).save_by_gcs(client=client, strategy=strategy, compression="zstd")
+        saved = IterableWrapper([(url, state)]).save_by_gcs(client=client, write=WriteConfig(strategy=strategy, compression="zstd"))
         list(saved)  # yields the URL once the object is published
         size = next(iter(IterableWrapper([url]).list_files_by_gcs(client=client, with_metadata=True)))[1].size
     totals.checkpoints.append((url, size, time.perf_counter() - started))
@@ -317,7 +317,7 @@ def seed(images: str, client: ClientConfig, count: int) -> None:
     if present >= count:
         return
     items = ((f"{images}{name}", data) for name, data in map(draw, range(count)))
-    bar = tqdm(IterableWrapper(list(items)).save_by_gcs(client=client, strategy="compose"), total=count,
+    bar = tqdm(IterableWrapper(list(items)).save_by_gcs(client=client, write=WriteConfig(strategy="compose")), total=count,
                desc="seeding", unit="image", leave=False)  # fmt: skip
     for _ in bar:
         pass

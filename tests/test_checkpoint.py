@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchdata_gcs import NotFoundError, TransferConfig, checkpoint
+from torchdata_gcs import NotFoundError, TransferConfig, WriteConfig, checkpoint
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -37,7 +37,7 @@ def assert_equal(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tens
 def test_round_trip_bit_exact_in_parts_and_ranges(front: GCSFront) -> None:
     state = state_dict()
     url = f"gs://{BUCKET}/run/step-1.pt"
-    generation = checkpoint.save(state, url, client=front.client_config, part_size=MIN_PART_SIZE)
+    generation = checkpoint.save(state, url, client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE))
     assert generation > 0 and front.counts["upload"] >= 4  # initiate, 2+ parts, complete
     loaded = checkpoint.load(url, client=front.client_config, transfer=TransferConfig(part_size=1024 * 1024))
     assert_equal(loaded, state)
@@ -48,7 +48,7 @@ def test_round_trip_bit_exact_in_parts_and_ranges(front: GCSFront) -> None:
 def test_failed_save_publishes_nothing(front: GCSFront, gcs_emulator: Emulator) -> None:
     state = {**state_dict(), "not a tensor": lambda: None}  # torch.save cannot pickle a lambda
     with pytest.raises(Exception, match="pickle|lambda"):
-        checkpoint.save(state, f"gs://{BUCKET}/broken.pt", client=front.client_config, part_size=MIN_PART_SIZE)
+        checkpoint.save(state, f"gs://{BUCKET}/broken.pt", client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE))
     assert "broken.pt" not in gcs_emulator.names(BUCKET)
     assert front.open_uploads == []
 
@@ -69,8 +69,17 @@ def test_load_survives_cut_ranges_and_reports_missing(front: GCSFront) -> None:
 def test_load_reads_again_after_a_byte_flipped_on_the_way(front: GCSFront, compression: str | None) -> None:
     state = state_dict()
     url = f"gs://{BUCKET}/flipped-{compression}.pt"
-    checkpoint.save(state, url, client=front.client_config, compression=compression)
+    checkpoint.save(state, url, client=front.client_config, write=WriteConfig(compression=compression))
     front.set_faults([Fault("corrupt", match="range_get", times=1)])
     loaded = checkpoint.load(url, client=front.client_config, transfer=TransferConfig(part_size=2 * 1024 * 1024))
     assert_equal(loaded, state)
     assert front.faults_injected["corrupt"] == 1
+
+
+def test_the_loose_writer_keywords_still_work_with_a_deprecation_warning(front: GCSFront) -> None:
+    url = f"gs://{BUCKET}/legacy.pt"
+    with pytest.warns(DeprecationWarning, match=r"pass write=WriteConfig\(part_size=\.\.\., strategy=\.\.\.\)"):
+        checkpoint.save({"w": torch.ones(3)}, url, client=front.client_config, part_size=MIN_PART_SIZE, strategy="compose")
+    assert torch.equal(checkpoint.load(url, client=front.client_config)["w"], torch.ones(3))
+    with pytest.raises(TypeError, match="not both"):
+        checkpoint.save({}, url, client=front.client_config, write=WriteConfig(), part_size=MIN_PART_SIZE)

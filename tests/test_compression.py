@@ -12,7 +12,7 @@ import torch
 import zstandard
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from torchdata_gcs import IntegrityError, Zstd, checkpoint
+from torchdata_gcs import IntegrityError, WriteConfig, Zstd, checkpoint
 from torchdata_gcs._engines.compression import _HEADER, MAGIC, CompressingWriter, _blocks, decompress
 from torchdata_gcs.testing import Emulator, GCSFront
 
@@ -51,7 +51,7 @@ def test_round_trip_is_bit_exact_and_detected_on_read(gcs_bucket: str, gcs_emula
     client = gcs_emulator.client_config
     plain, packed = f"gs://{gcs_bucket}/plain.pt", f"gs://{gcs_bucket}/packed.pt"
     checkpoint.save(state, plain, client=client)
-    checkpoint.save(state, packed, client=client, compression=Zstd(level=3, block_size=64 * KiB), strategy="compose")
+    checkpoint.save(state, packed, client=client, write=WriteConfig(compression=Zstd(level=3, block_size=64 * KiB), strategy="compose"))
     stored = gcs_emulator.read(gcs_bucket, "packed.pt")
     assert stored.startswith(MAGIC) and len(stored) < len(gcs_emulator.read(gcs_bucket, "plain.pt"))
     assert len(widths(stored)) >= 3  # several blocks, compressed on several threads
@@ -131,7 +131,7 @@ def test_failure_while_compressing_publishes_nothing(
     state = {**trained_like_state(), "not a tensor": lambda: None}
     url = f"gs://{gcs_bucket}/broken.pt"
     with pytest.raises(Exception, match="pickle|lambda"):
-        checkpoint.save(state, url, client=gcs_front.client_config, compression="zstd", part_size=5 * 1024 * KiB)
+        checkpoint.save(state, url, client=gcs_front.client_config, write=WriteConfig(compression="zstd", part_size=5 * 1024 * KiB))
     assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
 
 
@@ -142,10 +142,10 @@ def test_a_writer_dropped_without_close_publishes_nothing(
     """A writer left unclosed by an exception inside ``torch.save`` keeps the previous checkpoint."""
     url = f"gs://{gcs_bucket}/kept.pt"
     good = trained_like_state()
-    checkpoint.save(good, url, client=gcs_front.client_config, compression=compression)
+    checkpoint.save(good, url, client=gcs_front.client_config, write=WriteConfig(compression=compression))
 
     def save_without_closing() -> None:
-        writer = checkpoint.open_writer(url, client=gcs_front.client_config, compression=compression)
+        writer = checkpoint.open_writer(url, client=gcs_front.client_config, write=WriteConfig(compression=compression))
         torch.save({**trained_like_state(), "not a tensor": lambda: None}, writer)
 
     with pytest.raises(Exception, match="pickle|lambda"):
@@ -159,7 +159,7 @@ def test_sink_datapipe_compresses(gcs_bucket: str, gcs_emulator: Emulator) -> No
     state = trained_like_state()
     url = f"gs://{gcs_bucket}/epoch-1.pt"
     saved = list(
-        IterableWrapper([(url, state)]).save_by_gcs(client=gcs_emulator.client_config, compression=Zstd(level=1))
+        IterableWrapper([(url, state)]).save_by_gcs(client=gcs_emulator.client_config, write=WriteConfig(compression=Zstd(level=1)))
     )
     assert saved == [url] and gcs_emulator.read(gcs_bucket, "epoch-1.pt").startswith(MAGIC)
     assert_equal(checkpoint.load(url, client=gcs_emulator.client_config), state)
@@ -167,9 +167,9 @@ def test_sink_datapipe_compresses(gcs_bucket: str, gcs_emulator: Emulator) -> No
 
 def test_bad_compression_settings() -> None:
     with pytest.raises(ValueError, match="compression"):
-        checkpoint.open_writer("gs://bucket/x", compression="lz4")
+        checkpoint.open_writer("gs://bucket/x", write=WriteConfig(compression="lz4"))
     with pytest.raises(ValueError, match="strategy"):
-        checkpoint.open_writer("gs://bucket/x", strategy="resumable")  # type: ignore[arg-type]
+        checkpoint.open_writer("gs://bucket/x", write=WriteConfig(strategy="resumable"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="level"):
         Zstd(level=30)
     with pytest.raises(ValueError, match="block_size"):

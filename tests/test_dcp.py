@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
 
 from tests.http_proxy import RecordingProxy
-from torchdata_gcs import ClientConfig, RetryConfig, TransferConfig
+from torchdata_gcs import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs.checkpoint import open_writer
 from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
@@ -107,7 +107,7 @@ def test_round_trip_is_bit_exact_with_multipart_writes_and_ranged_reads(
 ) -> None:
     state = model_state()
     url = f"gs://{gcs_bucket}/run/step-100"
-    writer = GCSStorageWriter(url, client=front.client_config, part_size=PART)
+    writer = GCSStorageWriter(url, client=front.client_config, write=WriteConfig(part_size=PART))
     dcp.save(state, storage_writer=writer)
     assert sorted(gcs_emulator.names(gcs_bucket)) == ["run/step-100/.metadata", "run/step-100/__0_0.distcp"]
     assert front.counts["upload"] >= 5  # data: initiate, 2 parts, complete; then .metadata in one request
@@ -141,7 +141,7 @@ def test_load_within_a_tiny_read_ahead_budget(gcs_emulator: Emulator, gcs_bucket
 def test_load_resumes_cut_ranges(front: GCSFront, gcs_bucket: str) -> None:
     state = model_state(seed=1)
     url = f"gs://{gcs_bucket}/cut"
-    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config, part_size=PART))
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config, write=WriteConfig(part_size=PART)))
     front.set_faults([Fault("truncate", match="range_get", times=3)])
     loaded = blank_like(state)
     dcp.load(loaded, storage_reader=GCSStorageReader(url, client=front.client_config))
@@ -158,7 +158,7 @@ def test_each_item_is_checked_before_it_reaches_the_callers_tensors(
     generator = torch.Generator().manual_seed(3)
     state = {name: torch.randn(256, 1024, generator=generator) for name in "abcd"}  # 1 MiB each
     url = f"gs://{gcs_bucket}/checked-{subset}"
-    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config, part_size=PART))
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config, write=WriteConfig(part_size=PART)))
     client = front.client_config
 
     def blank() -> dict[str, torch.Tensor]:
@@ -235,7 +235,7 @@ def test_async_save_snapshots_the_state_then_loads(front: GCSFront, gcs_bucket: 
     state = model_state(seed=4)
     expected = {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
     url = f"gs://{gcs_bucket}/async"
-    future = dcp.async_save(state, storage_writer=GCSStorageWriter(url, client=front.client_config, part_size=PART))
+    future = dcp.async_save(state, storage_writer=GCSStorageWriter(url, client=front.client_config, write=WriteConfig(part_size=PART)))
     state["encoder.weight"].add_(1.0)  # after staging: must not reach the checkpoint
     assert isinstance(future, Future)  # (an AsyncSaveResponse only with a stager that stages in the background)
     metadata = future.result(timeout=60)
@@ -249,7 +249,7 @@ def test_async_save_snapshots_the_state_then_loads(front: GCSFront, gcs_bucket: 
 def test_compose_strategy_writes_large_files_to_the_bare_emulator(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     state = model_state(seed=5)
     url = f"gs://{gcs_bucket}/compose"
-    writer = GCSStorageWriter(url, client=gcs_emulator.client_config, part_size=PART, strategy="compose")
+    writer = GCSStorageWriter(url, client=gcs_emulator.client_config, write=WriteConfig(part_size=PART, strategy="compose"))
     dcp.save(state, storage_writer=writer)
     loaded = blank_like(state)
     dcp.load(loaded, storage_reader=GCSStorageReader(url, client=gcs_emulator.client_config))
@@ -272,11 +272,11 @@ def test_failed_overwrite_leaves_no_checkpoint_and_load_says_so(
 ) -> None:
     url = f"gs://{gcs_bucket}/run/latest"
     client = front.client_config
-    dcp.save(model_state(seed=6), storage_writer=GCSStorageWriter(url, client=client, part_size=PART))
+    dcp.save(model_state(seed=6), storage_writer=GCSStorageWriter(url, client=client, write=WriteConfig(part_size=PART)))
     assert "run/latest/.metadata" in gcs_emulator.names(gcs_bucket)
 
     front.set_faults([Fault("http_503", match=r"^PUT .*partNumber=2")])  # every attempt at the second part
-    writer = GCSStorageWriter(url, client=client, part_size=PART, retry=FAST_RETRY)
+    writer = GCSStorageWriter(url, client=client, write=WriteConfig(part_size=PART), retry=FAST_RETRY)
     with pytest.warns(UserWarning, match="existing checkpoint"), pytest.raises(CheckpointException, match="503|part"):
         dcp.save(model_state(seed=7), storage_writer=writer)
     assert "run/latest/.metadata" not in gcs_emulator.names(gcs_bucket)  # the old one went before new data
@@ -293,7 +293,7 @@ def test_failure_in_a_writer_thread_fails_the_save_after_every_thread_stopped(
     generator = torch.Generator().manual_seed(8)
     state = {name: torch.randn(1408, 1024, generator=generator) for name in "abc"}  # 5.5 MiB: one file each
     front.set_faults([Fault("http_403", match=r"__0_[12]\.distcp\?uploads")])  # two of the three files
-    writer = GCSStorageWriter(f"gs://{gcs_bucket}/threads", client=front.client_config, part_size=PART, thread_count=3)
+    writer = GCSStorageWriter(f"gs://{gcs_bucket}/threads", client=front.client_config, write=WriteConfig(part_size=PART), thread_count=3)
     with pytest.raises(CheckpointException, match=r"AccessDeniedError: GCS answered 403 \(gs://\S+/__0_[12]\.distcp\)"):
         dcp.save(state, storage_writer=writer)
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("dcp-gcs-writer")]
@@ -328,9 +328,9 @@ def test_corrupted_metadata_is_detected(gcs_emulator: Emulator, gcs_bucket: str,
 def test_settings_and_file_operations(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     client = gcs_emulator.client_config
     with pytest.raises(ValueError, match="ZStandard"):
-        GCSStorageWriter(f"gs://{gcs_bucket}/x", client=client, compression="zstd")
+        GCSStorageWriter(f"gs://{gcs_bucket}/x", client=client, write=WriteConfig(compression="zstd"))
     with pytest.raises(ValueError, match="part_size"):
-        GCSStorageWriter(f"gs://{gcs_bucket}/x", client=client, part_size=1024)
+        GCSStorageWriter(f"gs://{gcs_bucket}/x", client=client, write=WriteConfig(part_size=1024))
     assert GCSStorageWriter.validate_checkpoint_id("gs://bucket/ckpt/step-1")
     assert not GCSStorageReader.validate_checkpoint_id("/tmp/ckpt")
 
@@ -379,7 +379,7 @@ def run_rank(rank: int, port: int, url: str, client: ClientConfig, out: Path) ->
         full = sharded_model()
         state: dict[str, Any] = {key: distribute_tensor(value, mesh, [Shard(0)]) for key, value in full.items()}
         state["step"] = 77
-        dcp.save(state, storage_writer=GCSStorageWriter(url, client=client, part_size=PART))
+        dcp.save(state, storage_writer=GCSStorageWriter(url, client=client, write=WriteConfig(part_size=PART)))
 
         # the same layout: each rank reads its own shards
         same: dict[str, Any] = {

@@ -20,6 +20,7 @@ from torchdata_gcs import (
     GCSFileLoaderIterDataPipe,
     RetryConfig,
     TransferConfig,
+    WriteConfig,
     checkpoint,
 )
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
@@ -49,7 +50,7 @@ def save(strategy: str) -> Operation:
     def run(client: ClientConfig) -> object:
         state = {"weights": torch.zeros(2 * 1024 * 1024)}  # 8 MiB: two parts
         return checkpoint.save(state, f"gs://{BUCKET}/ckpt-{strategy}.pt", client=client, retry=RETRY,
-                               part_size=MIN_PART_SIZE, strategy=strategy)  # fmt: skip
+                               write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))  # fmt: skip
     return run
 
 

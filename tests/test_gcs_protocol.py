@@ -25,6 +25,7 @@ from torchdata_gcs import (
     RetryConfig,
     TransferConfig,
     UploadError,
+    WriteConfig,
     checkpoint,
 )
 from torchdata_gcs._engines.upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
@@ -185,7 +186,7 @@ def test_reads_of_several_ranges_are_pinned_and_checked_without_those_headers(
 def test_checkpoints_round_trip_without_those_headers(strict: GCSFront, strategy: str) -> None:
     state = {"weights": torch.randn(700, 1000), "step": 7}
     url = f"gs://{BUCKET}/ckpt-{strategy}.pt"
-    generation = checkpoint.save(state, url, client=strict.client_config, part_size=MIN_PART_SIZE, strategy=strategy)
+    generation = checkpoint.save(state, url, client=strict.client_config, write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))
     loaded = checkpoint.load(url, client=strict.client_config, transfer=TransferConfig(part_size=1 * MiB))
     assert generation > 0 and loaded["step"] == 7 and torch.equal(loaded["weights"], state["weights"])
 
@@ -203,7 +204,7 @@ def test_composed_shards_without_those_headers(strict: GCSFront, gcs_emulator: E
 def test_distributed_checkpoint_without_those_headers(strict: GCSFront) -> None:
     state = {"weights": torch.randn(1024, 1536), "bias": torch.arange(10)}
     url = f"gs://{BUCKET}/dcp/step-1"
-    dcp.save(state, storage_writer=GCSStorageWriter(url, client=strict.client_config, part_size=MIN_PART_SIZE))
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=strict.client_config, write=WriteConfig(part_size=MIN_PART_SIZE)))
     loaded = {key: torch.zeros_like(value) for key, value in state.items()}
     reader = GCSStorageReader(url, client=strict.client_config, transfer=TransferConfig(part_size=1 * MiB))
     dcp.load(loaded, storage_reader=reader)
@@ -452,13 +453,13 @@ def test_a_save_whose_completion_answers_are_all_lost_reports_what_was_published
     completion = rf"POST /{BUCKET}/lost-{strategy}\.pt\?uploadId" if strategy == "multipart" else r"/lost-[a-z]+\.pt/compose"
     state = {"weights": torch.randn(1024, 1536)}  # 6 MiB: two parts
     front.set_faults([Fault("truncate", match=completion)])  # carried out, every answer cut short
-    generation = checkpoint.save(state, url, client=front.client_config, retry=FAST_RETRY, part_size=MIN_PART_SIZE, strategy=strategy)
+    generation = checkpoint.save(state, url, client=front.client_config, retry=FAST_RETRY, write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))
     assert generation == live_generation(gcs_emulator, f"lost-{strategy}.pt") and front.faults_injected["truncate"] >= 3
     assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])
 
     front.set_faults([Fault("http_503", match=completion)])  # never carried out
     with pytest.raises(UploadError, match=f"holds generation {generation}, other bytes; nothing was deleted"):
         checkpoint.save({"weights": torch.zeros(1024, 1536)}, url, client=front.client_config, retry=FAST_RETRY,
-                        part_size=MIN_PART_SIZE, strategy=strategy)  # fmt: skip
+                        write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))  # fmt: skip
     assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])
     assert front.open_uploads == [] and not [n for n in gcs_emulator.names(BUCKET) if n.startswith(TEMPORARY_PREFIX)]

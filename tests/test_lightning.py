@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchdata_gcs import InvalidURIError, NotFoundError, TransferConfig, UploadError, checkpoint
+from torchdata_gcs import InvalidURIError, NotFoundError, TransferConfig, UploadError, WriteConfig, checkpoint
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.lightning import GCSCheckpointIO
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
@@ -128,7 +128,7 @@ def test_fit_save_load_and_resume_from_gcs(
 
 
 def test_fabric_save_and_load_compressed(front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str) -> None:
-    plugin = GCSCheckpointIO(client=front.client_config, compression="zstd")
+    plugin = GCSCheckpointIO(client=front.client_config, write=WriteConfig(compression="zstd"))
     fabric = lightning.fabric.Fabric(accelerator="cpu", devices=1, plugins=[plugin])
     torch.manual_seed(0)
     model, other = fabric.setup_module(nn.Linear(4, 2)), fabric.setup_module(nn.Linear(4, 2))
@@ -152,7 +152,7 @@ class SaveEveryEpoch(lightning.pytorch.Callback):
 def test_async_checkpoint_io_uploads_in_the_background(
     front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str, tmp_path: Path
 ) -> None:
-    plugin = AsyncCheckpointIO(GCSCheckpointIO(client=front.client_config, part_size=MIN_PART_SIZE))
+    plugin = AsyncCheckpointIO(GCSCheckpointIO(client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE)))
     fit = trainer(lightning.pytorch, tmp_path, 2, [plugin], callbacks=[SaveEveryEpoch(gcs_bucket)])
     model = tiny_module(lightning.pytorch, padding=PADDING)
     fit.fit(model, loader())  # the end of fit tears the plugin down, which waits for the uploads
@@ -221,7 +221,7 @@ def test_weights_only_and_map_location_as_torch_checkpoint_io(front: GCSFront, g
 def test_failed_saves_publish_nothing_and_leave_no_upload_open(
     front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str, tmp_path: Path
 ) -> None:
-    plugin = GCSCheckpointIO(client=front.client_config, part_size=MIN_PART_SIZE)
+    plugin = GCSCheckpointIO(client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE))
     fit = trainer(lightning.pytorch, tmp_path, 1, [plugin])
     model = tiny_module(lightning.pytorch, padding=PADDING)
     fit.fit(model, loader())
@@ -265,10 +265,10 @@ def test_bad_paths_and_options_are_refused_before_any_request(front: GCSFront, g
         fit.save_checkpoint(f"gs://{gcs_bucket}/model.ckpt", storage_options={"part_size": MIN_PART_SIZE})
     with pytest.raises(TypeError, match="partsize"):
         GCSCheckpointIO(partsize=MIN_PART_SIZE)  # type: ignore[call-arg]
-    with pytest.raises(ValueError, match="part_size must be 5242880 to"):
-        GCSCheckpointIO(part_size=1024)
+    with pytest.raises(ValueError, match="part_size must be an integer 5242880"):
+        GCSCheckpointIO(write=WriteConfig(part_size=1024))
     with pytest.raises(ValueError, match="compression must be"):
-        GCSCheckpointIO(compression="gzip")
+        GCSCheckpointIO(write=WriteConfig(compression="gzip"))
     assert sum(front.counts.values()) == 0
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from torchdata_gcs import GCSSaverIterDataPipe, InvalidURIError, checkpoint
+from torchdata_gcs import GCSSaverIterDataPipe, InvalidURIError, WriteConfig, checkpoint
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, GCSFront
 
@@ -31,7 +31,7 @@ def test_payload_kinds_standalone(gcs_emulator: Emulator) -> None:
     state = {"w": torch.randn(64, 64), "step": torch.tensor(3)}
     items = [("gs://sink-kinds/a.bin", b"bytes"), ("gs://sink-kinds/b.bin", stream), ("gs://sink-kinds/c.pt", state)]
     with GCSFront(gcs_emulator.endpoint) as front:
-        pipe = IterableWrapper(items).save_by_gcs(client=front.client_config, part_size=MIN_PART_SIZE)
+        pipe = IterableWrapper(items).save_by_gcs(client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE))
         assert list(pipe) == [url for url, _ in items]
         assert front.open_uploads == []
     assert gcs_emulator.read("sink-kinds", "a.bin") == b"bytes"
@@ -70,4 +70,4 @@ def test_bad_items_and_settings(gcs_emulator: Emulator) -> None:
     with pytest.raises(InvalidURIError):
         list(GCSSaverIterDataPipe([("gs://sink-kinds/", b"x")], client=gcs_emulator.client_config))
     with pytest.raises(ValueError, match="part_size"):
-        GCSSaverIterDataPipe([], part_size=1024)
+        GCSSaverIterDataPipe([], write=WriteConfig(part_size=1024))

@@ -19,7 +19,7 @@ from ._engines.download import LoadStats
 from ._engines.parallel_listing import ListingStats
 from ._ops.checksums import ObjectInfo
 from ._ops.urls import format_url, parse_url
-from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
+from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 from .datapipes import (
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
@@ -62,6 +62,7 @@ __all__ = [
     "TransferConfig",
     "TransientError",
     "UploadError",
+    "WriteConfig",
     "Zstd",
     "checkpoint",
     "format_url",

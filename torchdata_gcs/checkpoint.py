@@ -12,6 +12,7 @@ as the emulator, or buckets where multipart uploads are not wanted).
 
 from __future__ import annotations
 
+import warnings
 from typing import IO, Any, Literal, cast
 
 import torch
@@ -20,25 +21,17 @@ from ._engines.compression import CompressingWriter, decompress
 from ._engines.download import LoadStats, read_into_buffer
 from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.streams import MemoryStream
-from ._engines.upload import (
-    DEFAULT_PART_SIZE,
-    DEFAULT_PARTS_IN_FLIGHT,
-    CompositeWriter,
-    MultipartWriter,
-    StreamingWriter,
-)
+from ._engines.upload import CompositeWriter, MultipartWriter, StreamingWriter
 from ._ops.checksums import ObjectInfo
 from ._ops.objects import delete_object, object_resource
 from ._ops.urls import parse_url
 from ._transport.http import transport_for
-from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
+from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 from .errors import NotFoundError, library_errors_first
 
 __all__ = [
-    "DEFAULT_PARTS_IN_FLIGHT",
-    "DEFAULT_PART_SIZE",
     "Strategy",
-    "check_writer_settings",
+    "write_config",
     "load",
     "open_reader",
     "open_writer",
@@ -50,18 +43,21 @@ Strategy = Literal["multipart", "compose"]
 _WRITERS: dict[str, type[StreamingWriter]] = {"multipart": MultipartWriter, "compose": CompositeWriter}
 
 
-def check_writer_settings(
-    part_size: int, max_parts_in_flight: int, strategy: str, compression: str | Zstd | None
-) -> Zstd | None:
-    """Raise ``ValueError`` for settings no writer accepts; the compression settings, resolved."""
-    if strategy not in _WRITERS:
-        raise ValueError(f"strategy must be 'multipart' or 'compose', got {strategy!r}")
-    _WRITERS[strategy].check_settings(part_size, max_parts_in_flight)
-    if compression is None or isinstance(compression, Zstd):
-        return compression
-    if compression == "zstd":
-        return Zstd()
-    raise ValueError(f"compression must be None, 'zstd' or a Zstd(...), got {compression!r}")
+def write_config(write: WriteConfig | None, where: str, **keywords: Any) -> WriteConfig:
+    """``write`` (default ``WriteConfig()``); or, deprecated, the one built from the loose keywords
+    (``part_size``, ``max_parts_in_flight``, ``strategy``, ``compression``) of earlier releases."""
+    given = {name: value for name, value in keywords.items() if value is not None}
+    if not given:
+        return write or WriteConfig()
+    if write is not None:
+        raise TypeError(f"{where}: pass write=WriteConfig(...) or {', '.join(given)}, not both")
+    warnings.warn(
+        f"{where}({', '.join(f'{name}=' for name in given)}...) is deprecated and goes in the next release: "
+        f"pass write=WriteConfig({', '.join(f'{name}=...' for name in given)})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return WriteConfig(**given)
 
 
 def open_writer(
@@ -69,9 +65,10 @@ def open_writer(
     *,
     client: ClientConfig | None = None,
     retry: RetryConfig | None = None,
-    part_size: int = DEFAULT_PART_SIZE,
-    max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
-    strategy: Strategy = "multipart",
+    write: WriteConfig | None = None,
+    part_size: int | None = None,
+    max_parts_in_flight: int | None = None,
+    strategy: Strategy | None = None,
     compression: str | Zstd | None = None,
 ) -> StreamingWriter | CompressingWriter:
     """A binary file object for ``torch.save`` (or any writer) that publishes ``url`` on a clean close.
@@ -83,17 +80,15 @@ def open_writer(
         url: ``gs://bucket/object``.
         client: endpoint and credentials; defaults to ``ClientConfig()``.
         retry: retry policy for every request.
-        part_size: bytes per part (``multipart``: at least 5 MiB; ``compose``: at least 256 KiB);
-            doubles every 1,000 parts so any object fits GCS's 10,000-part limit.
-        max_parts_in_flight: parts uploaded at once.
-        strategy: ``"multipart"`` or ``"compose"`` (see the module's description).
-        compression: ``None``, ``"zstd"`` or ``Zstd(level=..., threads=...)``.
+        write: part size, parts in flight, strategy and compression (:class:`WriteConfig`).
+        part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
     """
-    settings = check_writer_settings(part_size, max_parts_in_flight, strategy, compression)
-    writer = _WRITERS[strategy](
-        url, client=client, retry=retry, part_size=part_size, max_parts_in_flight=max_parts_in_flight
+    write = write_config(write, "open_writer", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
+                         strategy=strategy, compression=compression)  # fmt: skip
+    writer = _WRITERS[write.strategy](
+        url, client=client, retry=retry, part_size=write.part_size, max_parts_in_flight=write.max_parts_in_flight
     )
-    return writer if settings is None else CompressingWriter(writer, settings)
+    return writer if write.compression is None else CompressingWriter(writer, cast(Zstd, write.compression))
 
 
 def save(
@@ -102,9 +97,10 @@ def save(
     *,
     client: ClientConfig | None = None,
     retry: RetryConfig | None = None,
-    part_size: int = DEFAULT_PART_SIZE,
-    max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
-    strategy: Strategy = "multipart",
+    write: WriteConfig | None = None,
+    part_size: int | None = None,
+    max_parts_in_flight: int | None = None,
+    strategy: Strategy | None = None,
     compression: str | Zstd | None = None,
 ) -> int:
     """``torch.save(obj)`` to ``url``, streamed; returns the published generation. The settings are
@@ -112,27 +108,22 @@ def save(
 
     Example:
         >>> import torch
-        >>> from torchdata_gcs import checkpoint, testing
+        >>> from torchdata_gcs import WriteConfig, checkpoint, testing
         >>> with testing.Emulator() as emulator:
         ...     emulator.create_bucket("ckpt")
         ...     _ = checkpoint.save({"w": torch.arange(4.0)}, "gs://ckpt/step-1.pt", client=emulator.client_config)
         ...     _ = checkpoint.save(
-        ...         {"w": torch.ones(3)}, "gs://ckpt/step-2.pt", client=emulator.client_config, compression="zstd"
+        ...         {"w": torch.ones(3)}, "gs://ckpt/step-2.pt", client=emulator.client_config,
+        ...         write=WriteConfig(compression="zstd"),
         ...     )
         ...     checkpoint.load("gs://ckpt/step-1.pt", client=emulator.client_config)
         ...     checkpoint.load("gs://ckpt/step-2.pt", client=emulator.client_config)
         {'w': tensor([0., 1., 2., 3.])}
         {'w': tensor([1., 1., 1.])}
     """
-    with open_writer(
-        url,
-        client=client,
-        retry=retry,
-        part_size=part_size,
-        max_parts_in_flight=max_parts_in_flight,
-        strategy=strategy,
-        compression=compression,
-    ) as writer, library_errors_first():
+    write = write_config(write, "save", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
+                         strategy=strategy, compression=compression)  # fmt: skip
+    with open_writer(url, client=client, retry=retry, write=write) as writer, library_errors_first():
         torch.save(obj, cast(IO[bytes], writer))
     assert writer.generation is not None
     return writer.generation

@@ -14,11 +14,18 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import urlsplit
 
-__all__ = ["ClientConfig", "RetryConfig", "TransferConfig", "Zstd"]
+__all__ = ["ClientConfig", "RetryConfig", "TransferConfig", "WriteConfig", "Zstd"]
 
 MiB = 1024 * 1024
+MIN_PART_SIZE = 5 * MiB
+"""GCS refuses smaller parts of an XML API multipart upload, except the last."""
+MIN_COMPOSE_PART_SIZE = 256 * 1024
+"""The smallest part ``strategy="compose"`` writes (each part is an object of its own)."""
+MAX_PART_SIZE = 5 * 1024**3
+"""GCS refuses larger parts of an XML API multipart upload."""
 
 
 def _require(condition: bool, message: str) -> None:
@@ -155,3 +162,41 @@ class Zstd:
         require_integer("level", self.level, -7, 19)
         require_integer("threads", self.threads, 0, 64)
         require_integer("block_size", self.block_size, 64 * 1024, 256 * MiB)
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    """How a writer streams an object out: in parts of ``part_size``, ``max_parts_in_flight`` at once,
+    through ``strategy``, optionally compressed. Taken by :func:`torchdata_gcs.checkpoint.save`,
+    :func:`~torchdata_gcs.checkpoint.open_writer`, ``save_by_gcs``, ``GCSStorageWriter`` and
+    ``GCSCheckpointIO``. Memory stays near ``part_size x (max_parts_in_flight + 1)``.
+
+    Args:
+        part_size: bytes per part (``"multipart"``: 5 MiB to 5 GiB; ``"compose"``: 256 KiB to 5 GiB);
+            parts double in size every 1,000 parts, so any object fits GCS's 10,000-part limit.
+        max_parts_in_flight: parts uploaded at once.
+        strategy: ``"multipart"`` (GCS's XML API multipart upload) or ``"compose"`` (each part an object,
+            composed at the end: for endpoints without the XML API).
+        compression: ``None``, ``"zstd"`` or ``Zstd(...)``; ``"zstd"`` is kept as ``Zstd()``.
+
+    Example:
+        >>> WriteConfig(part_size=16 * 1024 * 1024, compression="zstd").compression
+        Zstd(level=1, threads=0, block_size=4194304, byte_grouping=True)
+    """
+
+    part_size: int = 8 * MiB
+    max_parts_in_flight: int = 8
+    strategy: Literal["multipart", "compose"] = "multipart"
+    compression: Literal["zstd"] | Zstd | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.strategy in ("multipart", "compose"), f"strategy must be 'multipart' or 'compose', got {self.strategy!r}")
+        smallest = MIN_PART_SIZE if self.strategy == "multipart" else MIN_COMPOSE_PART_SIZE
+        require_integer("part_size", self.part_size, smallest, MAX_PART_SIZE)
+        require_integer("max_parts_in_flight", self.max_parts_in_flight, 1)
+        _require(
+            self.compression is None or self.compression == "zstd" or isinstance(self.compression, Zstd),
+            f"compression must be None, 'zstd' or a Zstd(...), got {self.compression!r}",
+        )
+        if self.compression == "zstd":
+            object.__setattr__(self, "compression", Zstd())

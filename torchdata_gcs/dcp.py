@@ -44,7 +44,6 @@ from torch.futures import Future
 
 from ._engines.download import read_into_buffer, read_ranges_into
 from ._engines.parallel_listing import ITEM_FIELDS
-from ._engines.upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
 from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from ._ops.objects import create_object, delete_object, object_resource
 from ._ops.urls import format_url, parse_url
@@ -52,8 +51,8 @@ from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.http import transport_for
 from ._transport.loop import io_loop
 from ._transport.retry import Attempts
-from .checkpoint import check_writer_settings, open_writer
-from .config import ClientConfig, RetryConfig, TransferConfig
+from .checkpoint import open_writer, write_config
+from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import IntegrityError, InvalidURIError, NotFoundError, UploadError
 
 __all__ = ["GCSStorageReader", "GCSStorageWriter"]
@@ -435,12 +434,12 @@ class _GCSFileSystem(FileSystemBase):
         client: ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
-        writer_options: dict[str, Any] | None = None,
+        write: WriteConfig | None = None,
     ) -> None:
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
-        self.writer_options = dict(writer_options or {})
+        self.write = write or WriteConfig()
         self.stats = LoadStats()
         self.failed_writes: list[str] = []
         self.written: dict[str, _WriteStream] = {}  # files this process published, for their items' checksums
@@ -503,7 +502,7 @@ class _GCSFileSystem(FileSystemBase):
         url = _url(path)
         if mode == "wb":
             stream = _WriteStream(
-                open_writer(url, client=self.client, retry=self.retry, **self.writer_options)  # type: ignore[arg-type]
+                open_writer(url, client=self.client, retry=self.retry, write=self.write)
             )
             try:
                 yield stream
@@ -541,9 +540,10 @@ class _GCSFileSystem(FileSystemBase):
 class GCSStorageWriter(FileSystemWriter):
     """Where ``dcp.save`` / ``dcp.async_save`` write a checkpoint on GCS: ``path`` is a ``gs://bucket/prefix``.
 
-    Data files stream out through :func:`torchdata_gcs.checkpoint.open_writer` (``part_size`` parts,
-    ``max_parts_in_flight`` at once; further ``writer_options``, such as ``strategy="compose"``, are passed to
-    it) and each is published only when complete. ``.metadata`` is written last, in one request, straight to its
+    Data files stream out through :func:`torchdata_gcs.checkpoint.open_writer` as ``write`` says
+    (:class:`~torchdata_gcs.WriteConfig`: part size, parts in flight, ``strategy="compose"`` where the XML API is
+    missing; the loose ``part_size``, ``max_parts_in_flight`` and ``strategy`` keywords are deprecated) and each is
+    published only when complete. ``.metadata`` is written last, in one request, straight to its
     name; with ``overwrite=False`` that write also fails if a checkpoint appeared at ``path`` meanwhile.
     ``_extensions`` (such as ``[ZStandard()]``) transform each item's bytes as in ``FileSystemWriter``; compress
     that way, not with ``open_writer``'s whole-file ``compression`` (DCP addresses items by byte offset).
@@ -572,8 +572,9 @@ class GCSStorageWriter(FileSystemWriter):
         *,
         client: ClientConfig | None = None,
         retry: RetryConfig | None = None,
-        part_size: int = DEFAULT_PART_SIZE,
-        max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
+        write: WriteConfig | None = None,
+        part_size: int | None = None,
+        max_parts_in_flight: int | None = None,
         single_file_per_rank: bool = True,
         thread_count: int = 1,
         per_thread_copy_ahead: int = 10_000_000,
@@ -582,12 +583,16 @@ class GCSStorageWriter(FileSystemWriter):
         _extensions: Sequence[StreamTransformExtension] | None = None,
         **writer_options: Any,
     ) -> None:
-        if writer_options.get("compression") is not None:
+        unknown = set(writer_options) - {"strategy", "compression"}
+        if unknown:
+            raise TypeError(f"GCSStorageWriter got unexpected keyword arguments {sorted(unknown)}")
+        write = write_config(write, "GCSStorageWriter", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
+                             **writer_options)  # fmt: skip
+        if write.compression is not None:
             raise ValueError(
                 "compression would shift the byte offsets DCP records for each item; compress items instead "
                 "with _extensions=[torch.distributed.checkpoint._extension.ZStandard()]"
             )
-        check_writer_settings(part_size, max_parts_in_flight, writer_options.get("strategy", "multipart"), None)
         super().__init__(
             path,
             single_file_per_rank=single_file_per_rank,
@@ -598,8 +603,7 @@ class GCSStorageWriter(FileSystemWriter):
             overwrite=overwrite,
             _extensions=_extensions,
         )
-        options = {"part_size": part_size, "max_parts_in_flight": max_parts_in_flight, **writer_options}
-        self.fs: _GCSFileSystem = _GCSFileSystem(client, None, retry, options)  # type: ignore[assignment]
+        self.fs: _GCSFileSystem = _GCSFileSystem(client, None, retry, write)  # type: ignore[assignment]
         self.path: str = self.fs.init_path(path)
 
     def _metadata_url(self) -> str:

@@ -13,10 +13,9 @@ import re
 from typing import Any
 
 from . import checkpoint as _checkpoint  # the name `checkpoint` is Lightning's for the dict being saved
-from ._engines.upload import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
 from ._ops.urls import parse_url
 from .checkpoint import Strategy
-from .config import ClientConfig, RetryConfig, TransferConfig, Zstd
+from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 
 try:
     from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
@@ -53,9 +52,10 @@ class GCSCheckpointIO(CheckpointIO):
             Credentials, or ``STORAGE_EMULATOR_HOST``).
         retry: how transient failures are retried, for saves, loads and removals.
         transfer: how loads read (concurrency, range size).
-        part_size, max_parts_in_flight, strategy, compression: as for :func:`torchdata_gcs.checkpoint.save`
-            (``strategy="compose"`` where the XML API is missing, ``compression="zstd"``); checked here, not
-            at the first save. Loads detect compression by themselves.
+        write: how saves stream out (:class:`~torchdata_gcs.WriteConfig`: ``strategy="compose"`` where the XML
+            API is missing, ``compression="zstd"``); checked here, not at the first save. Loads detect
+            compression by themselves.
+        part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
 
     Example:
         >>> import torch
@@ -84,22 +84,19 @@ class GCSCheckpointIO(CheckpointIO):
         retry: RetryConfig | None = None,
         transfer: TransferConfig | None = None,
         *,
-        part_size: int = DEFAULT_PART_SIZE,
-        max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
-        strategy: Strategy = "multipart",
+        write: WriteConfig | None = None,
+        part_size: int | None = None,
+        max_parts_in_flight: int | None = None,
+        strategy: Strategy | None = None,
         compression: str | Zstd | None = None,
     ) -> None:
         super().__init__()
-        _checkpoint.check_writer_settings(part_size, max_parts_in_flight, strategy, compression)
+        self.write = _checkpoint.write_config(write, "GCSCheckpointIO", part_size=part_size,
+                                              max_parts_in_flight=max_parts_in_flight, strategy=strategy,
+                                              compression=compression)  # fmt: skip
         self.client = client or ClientConfig()
         self.retry = retry or RetryConfig()
         self.transfer = transfer or TransferConfig()
-        self.save_options: dict[str, Any] = {
-            "part_size": part_size,
-            "max_parts_in_flight": max_parts_in_flight,
-            "strategy": strategy,
-            "compression": compression,
-        }
         self._local = TorchCheckpointIO()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -118,7 +115,7 @@ class GCSCheckpointIO(CheckpointIO):
         if url is None:
             self._local.save_checkpoint(checkpoint, path)
             return
-        generation = _checkpoint.save(checkpoint, url, client=self.client, retry=self.retry, **self.save_options)
+        generation = _checkpoint.save(checkpoint, url, client=self.client, retry=self.retry, write=self.write)
         logger.debug("saved checkpoint %s (generation %d)", url, generation)
 
     def load_checkpoint(

@@ -27,7 +27,7 @@ import logging
 from collections import deque
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
@@ -40,7 +40,7 @@ from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.http import transport_for
 from .._transport.loop import io_loop, wait_unless_on_io_loop
-from ..config import ClientConfig, RetryConfig, TransferConfig
+from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from ..errors import GCSError, IntegrityError, InvalidURIError, NotFoundError, TransientError, UploadError
 from .compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
 
@@ -60,13 +60,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-MIN_PART_SIZE = 5 * 1024 * 1024
-"""GCS refuses smaller parts of an XML multipart upload, except the last."""
-DEFAULT_PART_SIZE = 8 * 1024 * 1024
-DEFAULT_PARTS_IN_FLIGHT = 8
+DEFAULT_PART_SIZE = WriteConfig.part_size
+DEFAULT_PARTS_IN_FLIGHT = WriteConfig.max_parts_in_flight
 """Defaults: 8 connections, each with its own per-connection throughput; about 72 MiB held."""
-MAX_PART_SIZE = 5 * 1024**3
-"""GCS refuses larger parts of an XML multipart upload."""
 MAX_PARTS = 10_000
 PARTS_PER_SIZE = 1000
 """Parts of one size before the size doubles."""
@@ -90,7 +86,7 @@ class StreamingWriter(io.RawIOBase):
     Subclasses say how parts are started, uploaded, assembled and discarded.
     """
 
-    min_part_size: ClassVar[int] = MIN_PART_SIZE
+    strategy: ClassVar[Literal["multipart", "compose"]] = "multipart"
 
     def __init__(
         self,
@@ -126,11 +122,8 @@ class StreamingWriter(io.RawIOBase):
 
     @classmethod
     def check_settings(cls, part_size: int, max_parts_in_flight: int) -> None:
-        """Raise ``ValueError`` for settings GCS or the writer cannot work with."""
-        if not cls.min_part_size <= part_size <= MAX_PART_SIZE:
-            raise ValueError(f"part_size must be {cls.min_part_size} to {MAX_PART_SIZE} bytes, got {part_size}")
-        if max_parts_in_flight < 1:
-            raise ValueError(f"max_parts_in_flight must be at least 1, got {max_parts_in_flight}")
+        """Raise ``ValueError`` for settings GCS or the writer cannot work with (``WriteConfig``'s rules)."""
+        WriteConfig(part_size=part_size, max_parts_in_flight=max_parts_in_flight, strategy=cls.strategy)
 
     @property
     def bytes_written(self) -> int:
@@ -383,7 +376,7 @@ class CompositeWriter(StreamingWriter):
         (1048576, ['big.bin'])
     """
 
-    min_part_size: ClassVar[int] = 256 * 1024
+    strategy: ClassVar[Literal["multipart", "compose"]] = "compose"
 
     def __init__(self, url: str, **settings: Any) -> None:
         super().__init__(url, **settings)

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._ops.urls import parse_url
-from ..checkpoint import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT, Strategy, check_writer_settings, open_writer
-from ..config import ClientConfig, RetryConfig, Zstd
+from ..checkpoint import Strategy, open_writer, write_config
+from ..config import ClientConfig, RetryConfig, WriteConfig, Zstd
 from ..errors import InvalidURIError, library_errors_first
 from ._source import as_source
 
@@ -37,11 +37,9 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         source_datapipe: a DataPipe or an iterable of ``(url, payload)`` pairs.
         client: endpoint and credentials; defaults to ``ClientConfig()``.
         retry: retry policy; defaults to ``RetryConfig()``.
-        part_size: bytes per uploaded part (doubles every 1,000 parts).
-        max_parts_in_flight: parts uploaded at once per object.
-        strategy: ``"multipart"`` (XML API multipart upload) or ``"compose"`` (temporary objects
-            composed; works on the emulator).
-        compression: ``None``, ``"zstd"`` or ``Zstd(...)``; ``checkpoint.load`` detects it.
+        write: part size, parts in flight per object, strategy and compression (:class:`WriteConfig`);
+            ``checkpoint.load`` detects compression by itself.
+        part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
 
     Returns:
         The URL of each object, after it is published.
@@ -70,21 +68,17 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         *,
         client: ClientConfig | None = None,
         retry: RetryConfig | None = None,
-        part_size: int = DEFAULT_PART_SIZE,
-        max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
-        strategy: Strategy = "multipart",
+        write: WriteConfig | None = None,
+        part_size: int | None = None,
+        max_parts_in_flight: int | None = None,
+        strategy: Strategy | None = None,
         compression: str | Zstd | None = None,
     ) -> None:
         self.source_datapipe = as_source(source_datapipe)  # type: ignore[arg-type]
         self.client = client or ClientConfig()
         self.retry = retry or RetryConfig()
-        check_writer_settings(part_size, max_parts_in_flight, strategy, compression)
-        self.settings: dict[str, Any] = {
-            "part_size": part_size,
-            "max_parts_in_flight": max_parts_in_flight,
-            "strategy": strategy,
-            "compression": compression,
-        }
+        self.write = write_config(write, "save_by_gcs", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
+                                  strategy=strategy, compression=compression)  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
         for item in self.source_datapipe:
@@ -92,7 +86,7 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
                 raise InvalidURIError(f"expected a (gs:// URL, payload) pair, got {type(item).__name__}")
             url, payload = item
             parse_url(url, allow_prefix=False)
-            with open_writer(url, client=self.client, retry=self.retry, **self.settings) as writer:
+            with open_writer(url, client=self.client, retry=self.retry, write=self.write) as writer:
                 _write(payload, cast(IO[bytes], writer))
             yield url
 
