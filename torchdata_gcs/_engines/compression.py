@@ -17,7 +17,6 @@ Readers also accept a plain zstd stream (from the ``zstd`` tool, say) and uncomp
 
 from __future__ import annotations
 
-import io
 import os
 import struct
 from collections import deque
@@ -30,6 +29,7 @@ import zstandard
 
 from ..config import Zstd
 from ..errors import IntegrityError
+from .upload import PublishingWriter
 
 __all__ = ["MAGIC", "CompressingWriter", "decompress", "is_compressed"]
 
@@ -84,7 +84,7 @@ def _threads(settings: Zstd) -> int:
     return settings.threads or min(4, os.cpu_count() or 1)
 
 
-class CompressingWriter(io.RawIOBase):
+class CompressingWriter(PublishingWriter):
     """Compresses what is written to it, block by block on a thread pool, into ``sink`` (a streaming
     writer), in order. ``close()`` publishes through the sink; ``abort()`` or an exception inside
     ``with`` discards everything. Holds at most ``2 x threads`` blocks in memory."""
@@ -160,15 +160,8 @@ class CompressingWriter(io.RawIOBase):
         self._pool.shutdown(wait=False)
         super().close()
 
-    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if getattr(self, "_open", False):  # dropped without close(): never publish (IOBase would close)
-            self.abort()
+    def _unpublished(self) -> bool:
+        return getattr(self, "_open", False)
 
     @property
     def url(self) -> str:

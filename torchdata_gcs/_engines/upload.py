@@ -54,6 +54,7 @@ __all__ = [
     "MIN_PART_SIZE",
     "CompositeWriter",
     "MultipartWriter",
+    "PublishingWriter",
     "StreamingWriter",
     "part_size",
 ]
@@ -80,7 +81,30 @@ def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> i
     return min(base << ((number - 1) // parts_per_size), MAX_PART_SIZE)
 
 
-class StreamingWriter(io.RawIOBase):
+class PublishingWriter(io.RawIOBase):
+    """A writer that publishes on a clean ``close()`` and never otherwise: leaving a ``with`` block by an
+    exception aborts it, and so does being dropped unclosed (``IOBase`` would close, so publish, when collected)."""
+
+    def _unpublished(self) -> bool:
+        """Whether the writer is still open, neither published nor aborted."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Publish nothing."""
+        raise NotImplementedError
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if self._unpublished():
+            self.abort()
+
+
+class StreamingWriter(PublishingWriter):
     """Write one object as it is produced; publish it on a clean close, never otherwise.
 
     Subclasses say how parts are started, uploaded, assembled and discarded.
@@ -185,15 +209,8 @@ class StreamingWriter(io.RawIOBase):
                 logger.warning("could not discard the parts of %s: %r", self.url, exc)
         super().close()
 
-    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if getattr(self, "_state", None) == "open":  # dropped without close(): never publish
-            self.abort()
+    def _unpublished(self) -> bool:
+        return getattr(self, "_state", None) == "open"
 
     # -- parts -----------------------------------------------------------------------------------
 

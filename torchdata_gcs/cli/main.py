@@ -278,6 +278,10 @@ def _parser() -> argparse.ArgumentParser:
         help="where requests go, such as an emulator (default: STORAGE_EMULATOR_HOST, else GCS)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = argparse.ArgumentParser(add_help=False)
+    listing.add_argument(
+        "--concurrency", type=_integer(1, 256), default=32, metavar="N", help="list requests at once (default: 32)"
+    )
     billing = argparse.ArgumentParser(add_help=False)
     billing.add_argument(
         "--user-project", metavar="PROJECT", help="project billed for requests to a requester-pays bucket"
@@ -285,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
 
     ls = commands.add_parser(
         "ls",
-        parents=[billing],
+        parents=[billing, listing],
         help="count the objects under a prefix and their total size",
         description=(
             "List gs://BUCKET/PREFIX with list_files_by_gcs's parallel lister and print how many objects it "
@@ -295,14 +299,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     ls.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET or gs://BUCKET/PREFIX")
     ls.add_argument("--long", "-l", action="store_true", help="also print each object: size in bytes, URL")
-    ls.add_argument(
-        "--concurrency", type=_integer(1, 256), default=32, metavar="N", help="list requests at once (default: 32)"
-    )
     ls.set_defaults(run=_ls)
 
     bench = commands.add_parser(
         "bench",
-        parents=[billing],
+        parents=[billing, listing],
         help="measure listing and loading throughput on a prefix and suggest settings",
         description=(
             "Measure, on gs://BUCKET/PREFIX: listing throughput; then, on the first --limit objects listed, "
@@ -320,9 +321,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--seconds", type=_duration, default=10.0, metavar="S", help="time limit of each step (default: 10)"
-    )
-    bench.add_argument(
-        "--concurrency", type=_integer(1, 256), default=32, metavar="N", help="list requests at once (default: 32)"
     )
     bench.add_argument(
         "--max-in-flight",
