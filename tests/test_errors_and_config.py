@@ -21,8 +21,8 @@ from torchdata_gcs import (
     Zstd,
     checkpoint,
 )
+from torchdata_gcs._transport.http import error_for_status
 from torchdata_gcs.datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
-from torchdata_gcs.errors import error_for_status
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,11 @@ and no module borrows another's private name."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "torchdata_gcs"
 LAYERS = {"config": 0, "errors": 0, "_transport": 1, "_ops": 2, "_engines": 3, "cli": 5}
@@ -60,3 +64,32 @@ def test_the_layers_are_folders() -> None:
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
     flat_private = sorted(path.name for path in PACKAGE.glob("_*.py") if path.name != "__init__.py")
     assert flat_private == []
+
+
+PUBLIC_MODULES = [
+    "torchdata_gcs",
+    "torchdata_gcs.config",
+    "torchdata_gcs.errors",
+    "torchdata_gcs.checkpoint",
+    "torchdata_gcs.dcp",
+    "torchdata_gcs.lightning",
+    "torchdata_gcs.datapipes",
+    "torchdata_gcs.testing",
+    "torchdata_gcs.cli",
+]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_each_public_module_exports_exactly_what_it_defines_sorted(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported)
+    assert [symbol for symbol in exported if not hasattr(module, symbol)] == []
+    defined = [
+        symbol
+        for symbol, value in vars(module).items()
+        if not symbol.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and getattr(value, "__module__", None) == name
+    ]
+    assert [symbol for symbol in defined if symbol not in exported] == []

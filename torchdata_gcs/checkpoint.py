@@ -21,22 +21,22 @@ from ._engines.compression import CompressingWriter, decompress
 from ._engines.download import LoadStats, read_into_buffer
 from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.streams import MemoryStream
-from ._engines.upload import CompositeWriter, MultipartWriter, StreamingWriter
+from ._engines.upload import CompositeWriter, MultipartWriter, StreamingWriter, library_errors_first
 from ._ops.checksums import ObjectInfo
 from ._ops.objects import delete_object, object_resource
 from ._ops.urls import parse_url
 from ._transport.http import transport_for
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
-from .errors import NotFoundError, library_errors_first
+from .errors import NotFoundError
 
 __all__ = [
     "Strategy",
-    "write_config",
     "load",
     "open_reader",
     "open_writer",
     "remove",
     "save",
+    "write_config",
 ]
 
 Strategy = Literal["multipart", "compose"]

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-__all__ = ["ClientConfig", "RetryConfig", "TransferConfig", "WriteConfig", "Zstd"]
+__all__ = [
+    "ClientConfig",
+    "RetryConfig",
+    "TransferConfig",
+    "WriteConfig",
+    "Zstd",
+    "require_integer",
+]
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB

@@ -1,15 +1,25 @@
-"""The exception tree of torchdata-gcs.
+"""The exception tree of torchdata-gcs, every exception and warning it raises::
 
-Every error derives from :class:`GCSError`; each subclass also derives from the builtin a caller
-would naturally catch, so ``except FileNotFoundError`` works on a missing object. Errors carry the
-``gs://`` URL they concern and the HTTP status when there was one, pickle across worker processes,
-and never carry credentials or request headers.
+    Exception
+    └── GCSError                                   .url, .status
+        ├── NotFoundError          FileNotFoundError   404: no such bucket or object (version)
+        ├── AccessDeniedError      PermissionError     401, 403: these credentials may not
+        ├── PreconditionFailedError FileExistsError    412: a generation precondition did not hold
+        ├── InvalidURIError        ValueError          a URL, bucket or object name GCS would refuse
+        ├── TransientError         ConnectionError     429, 5xx, resets, timeouts: retries ran out
+        ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
+        ├── UploadError            OSError             a write failed: nothing was published
+        └── NoMultipartListing                         the endpoint lists no multipart uploads
+    UserWarning
+    ├── MissingObjectWarning                           a missing object was skipped, as asked
+    └── ComposeFallbackWarning                         objects loaded one by one, not composed
+
+Each error also derives from the builtin a caller would naturally catch, so ``except
+FileNotFoundError`` works on a missing object. Errors pickle across worker processes and never carry
+credentials, request headers or payloads.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 __all__ = [
     "AccessDeniedError",
@@ -18,6 +28,7 @@ __all__ = [
     "IntegrityError",
     "InvalidURIError",
     "MissingObjectWarning",
+    "NoMultipartListing",
     "NotFoundError",
     "PreconditionFailedError",
     "TransientError",
@@ -86,6 +97,11 @@ class UploadError(GCSError, OSError):
     """A write failed and was aborted: nothing was published (the object, if it existed, is unchanged)."""
 
 
+class NoMultipartListing(GCSError):
+    """The endpoint answered the listing of multipart uploads with something else (an emulator without
+    the XML API lists objects instead)."""
+
+
 class MissingObjectWarning(UserWarning):
     """An object was skipped because it no longer exists and the caller asked to skip it."""
 
@@ -93,58 +109,3 @@ class MissingObjectWarning(UserWarning):
 class ComposeFallbackWarning(UserWarning):
     """Objects are loaded one by one because composites cannot be used (permissions) or kept ones
     are not reused (input order)."""
-
-
-RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-"""Statuses GCS documents as safe to retry with backoff."""
-
-
-DIGEST_MISMATCHES = ("BadDigest", "InvalidDigest", "CrcMismatch", "Provided CRC32C", "Provided MD5")
-"""How GCS's 400 answers begin when a request body does not match the checksum sent with it: the
-XML API's error codes (as ``"Code: Message"``) and the JSON API's messages."""
-
-
-def error_for_status(status: int, url: str | None, detail: str, *, retry_after: float | None = None) -> GCSError:
-    """Turn an HTTP status GCS answered into the matching error; the one translation point."""
-    where = f" ({url})" if url else ""
-    message = f"GCS answered {status}{where}: {detail}" if detail else f"GCS answered {status}{where}"
-    if status == 404:
-        return NotFoundError(message, url=url, status=status)
-    if status in (401, 403):
-        return AccessDeniedError(message, url=url, status=status)
-    if status == 412:
-        return PreconditionFailedError(message, url=url, status=status)
-    if status == 400 and detail.startswith(DIGEST_MISMATCHES):  # damaged on the way: a new attempt may cure it
-        return IntegrityError(message, url=url, status=status)
-    if status in RETRYABLE_STATUSES:
-        return TransientError(message, url=url, status=status, retry_after=retry_after)
-    return GCSError(message, url=url, status=status)
-
-
-@contextmanager
-def library_errors_first() -> Iterator[None]:
-    """Raise the library's own error when a serializer reports it as one of its own.
-
-    ``torch.save`` turns a failed write into ``RuntimeError: [enforce fail at inline_container.cc]``
-    with the write's ``GCSError`` only in its ``__context__``, where ``except GCSError`` cannot see it;
-    this raises that ``GCSError`` instead, caused by the serializer's error.
-    """
-    try:
-        yield
-    except Exception as exc:
-        ours = _first_gcs_error(exc)
-        if ours is None or ours is exc:
-            raise
-        exc.__context__ = exc.__cause__ = None  # ``ours`` is raised caused by ``exc``: no cycle back
-        raise ours from exc
-
-
-def _first_gcs_error(exc: BaseException) -> GCSError | None:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, GCSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None

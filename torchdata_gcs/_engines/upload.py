@@ -25,8 +25,9 @@ import asyncio
 import io
 import logging
 from collections import deque
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, ClassVar, Literal, TypeVar
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
@@ -56,6 +57,7 @@ __all__ = [
     "MultipartWriter",
     "PublishingWriter",
     "StreamingWriter",
+    "library_errors_first",
     "part_size",
 ]
 
@@ -514,3 +516,32 @@ async def _create_part(
             return int((await reader.json_answer(response, url, ("generation",)))["generation"])
 
     return number, (name, await with_retry(job, url, attempt))
+
+
+@contextmanager
+def library_errors_first() -> Iterator[None]:
+    """Raise the library's own error when a serializer reports it as one of its own.
+
+    ``torch.save`` turns a failed write into ``RuntimeError: [enforce fail at inline_container.cc]``
+    with the write's ``GCSError`` only in its ``__context__``, where ``except GCSError`` cannot see it;
+    this raises that ``GCSError`` instead, caused by the serializer's error.
+    """
+    try:
+        yield
+    except Exception as exc:
+        ours = _first_gcs_error(exc)
+        if ours is None or ours is exc:
+            raise
+        exc.__context__ = exc.__cause__ = None  # ``ours`` is raised caused by ``exc``: no cycle back
+        raise ours from exc
+
+
+def _first_gcs_error(exc: BaseException) -> GCSError | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, GCSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

@@ -16,10 +16,10 @@ from xml.etree import ElementTree
 from .._transport.http import Transport
 from .._transport.retry import call_with_retry
 from ..config import RetryConfig
-from ..errors import GCSError, NotFoundError
+from ..errors import GCSError, NoMultipartListing, NotFoundError
 from .urls import TEMPORARY_PREFIX, format_url
 
-__all__ = ["UPLOAD_MARKERS", "NoMultipartListing", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
+__all__ = ["UPLOAD_MARKERS", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
 
 UPLOAD_MARKERS = f"{TEMPORARY_PREFIX}uploads/"
 """Where the markers of this library's unfinished multipart uploads live."""
@@ -32,10 +32,6 @@ def upload_marker(upload_id: str) -> str:
     '.torchdata-gcs-tmp/uploads/20f716f8d9a888e3b64128c04448422b66ae3933'
     """
     return UPLOAD_MARKERS + hashlib.sha256(upload_id.encode()).hexdigest()[:40]
-
-
-class NoMultipartListing(GCSError):
-    """The endpoint answers the list of multipart uploads with something else (the emulator lists objects)."""
 
 
 @dataclass(frozen=True)

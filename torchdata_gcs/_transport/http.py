@@ -29,7 +29,14 @@ from google.auth.transport.requests import AuthorizedSession
 from requests.adapters import HTTPAdapter
 
 from ..config import ClientConfig
-from ..errors import AccessDeniedError, TransientError, error_for_status
+from ..errors import (
+    AccessDeniedError,
+    GCSError,
+    IntegrityError,
+    NotFoundError,
+    PreconditionFailedError,
+    TransientError,
+)
 from . import lifecycle
 
 logger = logging.getLogger(__name__)
@@ -280,3 +287,29 @@ def transport_for(config: ClientConfig) -> Transport:
             transport = _transports[key] = Transport(config)
             logger.debug("created %r in process %d", transport, os.getpid())
         return transport
+
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+"""Statuses GCS documents as safe to retry with backoff."""
+
+
+DIGEST_MISMATCHES = ("BadDigest", "InvalidDigest", "CrcMismatch", "Provided CRC32C", "Provided MD5")
+"""How GCS's 400 answers begin when a request body does not match the checksum sent with it: the
+XML API's error codes (as ``"Code: Message"``) and the JSON API's messages."""
+
+
+def error_for_status(status: int, url: str | None, detail: str, *, retry_after: float | None = None) -> GCSError:
+    """Turn an HTTP status GCS answered into the matching error; the one translation point."""
+    where = f" ({url})" if url else ""
+    message = f"GCS answered {status}{where}: {detail}" if detail else f"GCS answered {status}{where}"
+    if status == 404:
+        return NotFoundError(message, url=url, status=status)
+    if status in (401, 403):
+        return AccessDeniedError(message, url=url, status=status)
+    if status == 412:
+        return PreconditionFailedError(message, url=url, status=status)
+    if status == 400 and detail.startswith(DIGEST_MISMATCHES):  # damaged on the way: a new attempt may cure it
+        return IntegrityError(message, url=url, status=status)
+    if status in RETRYABLE_STATUSES:
+        return TransientError(message, url=url, status=status, retry_after=retry_after)
+    return GCSError(message, url=url, status=status)

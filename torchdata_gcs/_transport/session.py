@@ -22,9 +22,9 @@ import aiohttp
 import yarl
 
 from ..config import ClientConfig
-from ..errors import TransientError, error_for_status
+from ..errors import TransientError
 from . import lifecycle
-from .http import Transport, error_detail, json_answer, retry_after_seconds, transport_for
+from .http import Transport, error_detail, error_for_status, json_answer, retry_after_seconds, transport_for
 from .loop import io_loop
 from .throttle import Throttle
 

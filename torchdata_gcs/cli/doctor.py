@@ -24,14 +24,22 @@ from .._engines.listing import MAX_PAGE_SIZE, list_objects
 from .._engines.upload import MIN_PART_SIZE, MultipartWriter
 from .._ops.checksums import crc32c_base64
 from .._ops.objects import create_object, delete_object, object_resource, read_object
-from .._ops.uploads import NoMultipartListing, abort_upload, unfinished_uploads
+from .._ops.uploads import abort_upload, unfinished_uploads
 from .._ops.urls import format_url, parse_url
 from .._transport.context import LoadStats, new_context
 from .._transport.http import Transport, transport_for
 from .._transport.loop import io_loop
 from .._transport.retry import call_with_retry
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ..errors import AccessDeniedError, GCSError, NotFoundError, PreconditionFailedError, TransientError, UploadError
+from ..errors import (
+    AccessDeniedError,
+    GCSError,
+    NoMultipartListing,
+    NotFoundError,
+    PreconditionFailedError,
+    TransientError,
+    UploadError,
+)
 from .bench import human_size
 
 __all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "doctor"]

@@ -23,11 +23,11 @@ from .._engines.compose import leftovers, rfc3339_seconds
 from .._engines.listing import list_versions
 from .._ops.checksums import ObjectInfo
 from .._ops.objects import delete_object
-from .._ops.uploads import UPLOAD_MARKERS, NoMultipartListing, abort_upload, unfinished_uploads, upload_marker
+from .._ops.uploads import UPLOAD_MARKERS, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
 from .._transport.http import EMULATOR_ENV, transport_for
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ..errors import GCSError, InvalidURIError
+from ..errors import GCSError, InvalidURIError, NoMultipartListing
 from ..testing import Emulator, EmulatorError
 from .bench import MAX_IN_FLIGHT, human_size, listed_with_stats
 from .bench import bench as run_bench

@@ -10,10 +10,11 @@ from typing import IO, Any, cast
 import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
+from .._engines.upload import library_errors_first
 from .._ops.urls import parse_url
 from ..checkpoint import Strategy, open_writer, write_config
 from ..config import ClientConfig, RetryConfig, WriteConfig, Zstd
-from ..errors import InvalidURIError, library_errors_first
+from ..errors import InvalidURIError
 from ._source import as_source
 
 __all__ = ["GCSSaverIterDataPipe"]

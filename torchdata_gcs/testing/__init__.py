@@ -16,12 +16,12 @@ from ._front import FAULT_KINDS, REQUEST_KINDS, Fault, GCSFront, RecordedRequest
 from ._latency import LatencyFront
 
 __all__ = [
-    "FAULT_KINDS",
-    "REQUEST_KINDS",
     "Emulator",
     "EmulatorError",
+    "FAULT_KINDS",
     "Fault",
     "GCSFront",
     "LatencyFront",
+    "REQUEST_KINDS",
     "RecordedRequest",
 ]
