@@ -93,3 +93,20 @@ def test_each_public_module_exports_exactly_what_it_defines_sorted(name: str) ->
         and getattr(value, "__module__", None) == name
     ]
     assert [symbol for symbol in defined if symbol not in exported] == []
+
+
+def test_tests_use_only_what_each_module_exports() -> None:
+    """A test reaches a layer through its exported names, as another layer would."""
+    borrowed = []
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchdata_gcs")):
+                continue
+            module = importlib.import_module(node.module)
+            exported = getattr(module, "__all__", None)
+            for alias in node.names:
+                if inspect.ismodule(getattr(module, alias.name, None)):
+                    continue  # a module of the package
+                if alias.name.startswith("_") or (exported is not None and alias.name not in exported):
+                    borrowed.append(f"{path.name}: {node.module}.{alias.name}")
+    assert borrowed == []

@@ -31,12 +31,12 @@ from ..config import Zstd
 from ..errors import IntegrityError
 from .upload import PublishingWriter
 
-__all__ = ["MAGIC", "CompressingWriter", "decompress", "is_compressed"]
+__all__ = ["BLOCK_HEADER", "MAGIC", "CompressingWriter", "blocks", "decompress", "is_compressed"]
 
 MAGIC = b"\x89TDGCSZ\n"
 """Starts every compressed checkpoint; not a valid start of a zip archive, a pickle or a zstd frame."""
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_HEADER = struct.Struct("<IIB")
+BLOCK_HEADER = struct.Struct("<IIB")
 _WIDTHS = (2, 4, 8)
 _SAMPLE = 128 * 1024  # bytes of a block compressed in each layout to choose one
 
@@ -77,7 +77,7 @@ def _compress_block(block: bytes, settings: Zstd) -> bytes:
     width = _best_width(view) if settings.byte_grouping and len(block) >= 4 * 1024 else 1
     data = _grouped(view, width) if width > 1 else block
     frame = zstandard.ZstdCompressor(level=settings.level, write_checksum=True).compress(data)
-    return _HEADER.pack(len(frame), len(block), width) + frame
+    return BLOCK_HEADER.pack(len(frame), len(block), width) + frame
 
 
 def _threads(settings: Zstd) -> int:
@@ -173,14 +173,14 @@ class CompressingWriter(PublishingWriter):
         return self.sink.generation
 
 
-def _blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
+def blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
     """``(frame offset, compressed size, raw size, width)`` of each block, checked for consistency."""
     offset = len(MAGIC)
     while offset < len(data):
-        if offset + _HEADER.size > len(data):
+        if offset + BLOCK_HEADER.size > len(data):
             raise IntegrityError(f"{url}: compressed data ends inside a block header", url=url)
-        compressed, raw, width = _HEADER.unpack_from(data, offset)
-        offset += _HEADER.size
+        compressed, raw, width = BLOCK_HEADER.unpack_from(data, offset)
+        offset += BLOCK_HEADER.size
         if width not in (1, *_WIDTHS) or offset + compressed > len(data):
             raise IntegrityError(f"{url}: compressed data has a damaged block header", url=url)
         yield offset, compressed, raw, width
@@ -198,9 +198,9 @@ def decompress(data: bytes | bytearray | memoryview, url: str = "", threads: int
             raise IntegrityError(f"{url}: damaged zstd stream ({exc})", url=url) from exc
     if bytes(view[: len(MAGIC)]) != MAGIC:
         return data if isinstance(data, (bytes, bytearray)) else bytes(data)
-    blocks = list(_blocks(view, url))
-    output = bytearray(sum(raw for _, _, raw, _ in blocks))
-    starts = np.cumsum([0] + [raw for _, _, raw, _ in blocks[:-1]]).tolist()
+    found = list(blocks(view, url))
+    output = bytearray(sum(raw for _, _, raw, _ in found))
+    starts = np.cumsum([0] + [raw for _, _, raw, _ in found[:-1]]).tolist()
 
     def restore(block: tuple[int, int, int, int], start: int) -> None:
         offset, compressed, raw, width = block
@@ -220,5 +220,5 @@ def decompress(data: bytes | bytearray | memoryview, url: str = "", threads: int
         target[whole:] = plain[whole:]
 
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
-        list(pool.map(restore, blocks, starts))
+        list(pool.map(restore, found, starts))
     return output

@@ -42,7 +42,7 @@ from ..errors import (
 )
 from .bench import human_size
 
-__all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "doctor"]
+__all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "bucket_settings", "doctor"]
 
 T = TypeVar("T")
 
@@ -284,7 +284,7 @@ class _Run:
             return [Fact(name, f"unknown ({_one_line(exc)})") for name in _FACT_NAMES]
         self.hierarchical = bool((resource.get("hierarchicalNamespace") or {}).get("enabled"))
         self.retained = bool(resource.get("retentionPolicy"))
-        return _facts(resource, self.transport.user_project)
+        return bucket_settings(resource, self.transport.user_project)
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -645,7 +645,7 @@ _FACT_NAMES = (
 )
 
 
-def _facts(resource: dict[str, Any], user_project: str | None) -> list[Fact]:
+def bucket_settings(resource: dict[str, Any], user_project: str | None) -> list[Fact]:
     """The bucket settings ``resource`` reports, each with what it means for this library."""
     location = resource.get("location", "?")
     kind = resource.get("locationType")

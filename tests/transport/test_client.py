@@ -18,7 +18,6 @@ from torchdata_gcs import (
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
 )
-from torchdata_gcs._transport import http
 from torchdata_gcs._transport.http import GCS_ENDPOINT, resolve_endpoint, transport_for
 from torchdata_gcs.testing import Emulator
 
@@ -93,8 +92,11 @@ def test_missing_credentials_raise_a_clear_error(monkeypatch: pytest.MonkeyPatch
         transport_for(ClientConfig(credentials_file="/nonexistent/missing.json"))
 
 
-def _transports_in_child() -> int:
-    return len(http._transports)
+_INHERITED: list[object] = []  # the parent's transport, as a forked child sees it
+
+
+def _child_builds_its_own(client: ClientConfig) -> bool:
+    return transport_for(client) is not _INHERITED[0]
 
 
 def test_transports_are_per_process_and_never_pickled(client: ClientConfig) -> None:
@@ -102,6 +104,7 @@ def test_transports_are_per_process_and_never_pickled(client: ClientConfig) -> N
     assert transport_for(client) is transport
     with pytest.raises(TypeError, match="pickle its ClientConfig"):
         pickle.dumps(transport)
+    _INHERITED[:] = [transport]
     with multiprocessing.get_context("fork").Pool(1) as pool:
-        assert pool.apply(_transports_in_child) == 0  # a forked child builds its own
-    assert len(http._transports) >= 1
+        assert pool.apply(_child_builds_its_own, (client,))  # a forked child builds its own
+    assert transport_for(client) is transport

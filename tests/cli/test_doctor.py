@@ -17,7 +17,7 @@ import pytest
 
 from torchdata_gcs._ops.uploads import UPLOAD_MARKERS
 from torchdata_gcs.cli import main
-from torchdata_gcs.cli.doctor import CHECKS, SCRATCH_MARK, _facts
+from torchdata_gcs.cli.doctor import CHECKS, SCRATCH_MARK, bucket_settings
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 from torchdata_gcs.testing._process import free_port
 
@@ -361,7 +361,7 @@ def test_bucket_settings_say_what_they_mean_for_temporary_objects_and_checkpoint
         "versioning": {"enabled": True},
         "hierarchicalNamespace": {"enabled": True},
     }
-    facts = {fact.name: (fact.value, fact.meaning) for fact in _facts(resource, None)}
+    facts = {fact.name: (fact.value, fact.meaning) for fact in bucket_settings(resource, None)}
     assert facts["location"][0] == "EUROPE-WEST4 (region)"
     assert facts["requester pays"][0] == "on" and "pass --user-project here" in facts["requester pays"][1]
     assert facts["soft delete"][0] == "7 days" and "stays billed 7 days after deletion" in facts["soft delete"][1]
@@ -369,9 +369,9 @@ def test_bucket_settings_say_what_they_mean_for_temporary_objects_and_checkpoint
     assert "leave billed temporary objects" in facts["retention policy"][1]
     assert facts["object versioning"][0] == "on" and "noncurrent version" in facts["object versioning"][1]
     assert facts["hierarchical namespace"][0] == "on" and "stays behind empty" in facts["hierarchical namespace"][1]
-    assert "billed to my-project" in {f.name: f.meaning for f in _facts(resource, "my-project")}["requester pays"]
+    assert "billed to my-project" in {f.name: f.meaning for f in bucket_settings(resource, "my-project")}["requester pays"]
 
-    assert {fact.name: fact.value for fact in _facts({}, None)} == {
+    assert {fact.name: fact.value for fact in bucket_settings({}, None)} == {
         "location": "?",
         "requester pays": "off",
         "soft delete": "not reported",

@@ -10,8 +10,8 @@ import time
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
+from tests.engines.test_listing import AWKWARD_NAMES
 from tests.http_proxy import RecordingProxy
-from tests.test_listing import AWKWARD_NAMES
 from torchdata_gcs import (
     ClientConfig,
     GCSFileListerIterDataPipe,

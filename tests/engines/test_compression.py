@@ -13,7 +13,7 @@ import zstandard
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import IntegrityError, WriteConfig, Zstd, checkpoint
-from torchdata_gcs._engines.compression import _HEADER, MAGIC, CompressingWriter, _blocks, decompress
+from torchdata_gcs._engines.compression import BLOCK_HEADER, MAGIC, CompressingWriter, blocks, decompress
 from torchdata_gcs.testing import Emulator, GCSFront
 
 KiB = 1024
@@ -43,7 +43,7 @@ def assert_equal(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tens
 
 
 def widths(data: bytes) -> list[int]:
-    return [width for _, _, _, width in _blocks(memoryview(data), "test")]
+    return [width for _, _, _, width in blocks(memoryview(data), "test")]
 
 
 def test_round_trip_is_bit_exact_and_detected_on_read(gcs_bucket: str, gcs_emulator: Emulator) -> None:
@@ -72,9 +72,9 @@ def test_byte_grouping_is_chosen_per_block_and_pays_on_floats() -> None:
             for part in (floats, halves, text):
                 writer.write(part)
         assert decompress(sink.data) == floats + halves + text
-        blocks = list(_blocks(memoryview(sink.data), "test"))
-        sizes[grouping] = [compressed for _, compressed, _, _ in blocks]
-        chosen = [width for _, _, _, width in blocks]
+        found = list(blocks(memoryview(sink.data), "test"))
+        sizes[grouping] = [compressed for _, compressed, _, _ in found]
+        chosen = [width for _, _, _, width in found]
         if grouping:  # float32 grouped by 4 or 8 (exponent bytes together either way), bfloat16 by 2+, text not
             assert chosen[0] in (4, 8) and chosen[1] in (2, 4, 8) and chosen[2] == 1, chosen
         else:
@@ -115,7 +115,7 @@ def test_damaged_compressed_data_raises_integrity_error(gcs_bucket: str, gcs_emu
     with CompressingWriter(sink, Zstd(block_size=64 * KiB)) as writer:
         writer.write(np.arange(100_000, dtype=np.float32).tobytes())
     damaged = bytearray(sink.data)
-    damaged[len(MAGIC) + _HEADER.size + 40] ^= 0xFF  # inside the first zstd frame
+    damaged[len(MAGIC) + BLOCK_HEADER.size + 40] ^= 0xFF  # inside the first zstd frame
     with pytest.raises(IntegrityError):
         decompress(damaged, "gs://b/x")
     with pytest.raises(IntegrityError, match="ends inside a block header"):
