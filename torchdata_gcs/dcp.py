@@ -24,13 +24,9 @@ import itertools
 import os
 import pickle
 import queue
-import threading
-import time
 from collections.abc import Generator, Sequence
-from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import google_crc32c
@@ -44,16 +40,16 @@ from torch.futures import Future
 
 from ._engines.download import read_into_buffer, read_ranges_into
 from ._engines.parallel_listing import ITEM_FIELDS
-from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from ._engines.read_ahead import ReadAhead, Span
+from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.objects import create_object, delete_object, object_resource
 from ._ops.urls import format_url, parse_url
-from ._transport.context import LoadStats, RequestContext, new_context
+from ._transport.context import LoadStats, new_context
 from ._transport.http import transport_for
 from ._transport.loop import io_loop
-from ._transport.retry import Attempts
 from .checkpoint import open_writer, write_config
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import IntegrityError, InvalidURIError, NotFoundError, UploadError
+from .errors import InvalidURIError, NotFoundError, UploadError
 
 __all__ = ["GCSStorageReader", "GCSStorageWriter"]
 
@@ -160,187 +156,6 @@ class _WriteStream(io.RawIOBase):
 # -- reading -------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Span:
-    """A byte range ``[start, end)`` of one file that the load plan reads: one item, or neighbours fetched together."""
-
-    url: str
-    start: int
-    end: int
-    future: ConcurrentFuture[int] | None = None
-    buffer: bytearray | None = None
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
-@dataclass
-class _ReadAhead:
-    """The spans one load plan reads, fetched ahead of DCP in the order it reads them, at most ``budget`` bytes
-    held at once (one span larger than that is still fetched, alone).
-
-    DCP reads the spans in the order given (the reader hands it the plan in file order), so reaching span ``k``
-    frees every span before it. A read that finds its span already freed (some other order) fetches it again:
-    correctness never depends on the order.
-    """
-
-    fs: _GCSFileSystem
-    spans: list[_Span]
-    budget: int
-    job: RequestContext
-    checksums: dict[str, list[tuple[int, int, int]]]  # per file: (offset, length, crc32c) of each item saved with one
-    infos: dict[str, ObjectInfo] = field(default_factory=dict, init=False)
-    fetched: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict, init=False)  # {start: (size, crc)}
-    _by_url: dict[str, list[int]] = field(default_factory=dict, init=False)
-    _cursor: int = field(default=0, init=False)  # the span DCP reads now
-    _launched: int = field(default=0, init=False)  # spans before this one were started (or skipped)
-    _held: int = field(default=0, init=False)
-    _again: _Span | None = field(default=None, init=False)  # a span read again, out of plan order
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # torch reads from one thread today
-
-    def __post_init__(self) -> None:
-        for index, span in enumerate(self.spans):
-            self._by_url.setdefault(span.url, []).append(index)
-
-    def info(self, url: str) -> ObjectInfo:
-        """The file's size, generation and crc32c, looked up once per load: every read is pinned to it."""
-        if url not in self.infos:
-            self.infos[url] = self.fs.object_info(url)
-        return self.infos[url]
-
-    def view(self, url: str, position: int, limit: int) -> memoryview | None:
-        """Up to ``limit`` bytes at ``position`` if a planned span holds them (waiting for its fetch), else ``None``."""
-        with self._lock:
-            return self._view(url, position, limit)
-
-    def _view(self, url: str, position: int, limit: int) -> memoryview | None:
-        index = self._find(url, position)
-        if index is None:
-            return None
-        if index >= self._cursor:
-            self._advance(index)
-            span = self.spans[index]
-        else:
-            span = self._read_again(self.spans[index])
-        data = self._wait(span)
-        offset = position - span.start
-        return memoryview(data)[offset : offset + min(limit, span.end - position)]
-
-    def _find(self, url: str, position: int) -> int | None:
-        """The planned span holding ``position``: the current one or the next (the usual cases), else the first
-        at or after the cursor, else the last before it."""
-        for index in (self._cursor, self._cursor + 1):
-            if index < len(self.spans):
-                span = self.spans[index]
-                if span.url == url and span.start <= position < span.end:
-                    return index
-        before = None
-        for index in self._by_url.get(url, ()):
-            span = self.spans[index]
-            if span.start <= position < span.end:
-                if index >= self._cursor:
-                    return index
-                before = index
-        return before
-
-    def _advance(self, index: int) -> None:
-        for span in self.spans[self._cursor : index]:
-            self._release(span)
-        self._cursor = index
-        self._launched = max(self._launched, index)
-        while self._launched < len(self.spans):
-            span = self.spans[self._launched]
-            if self._held and self._held + span.size > self.budget:
-                break
-            self._start(span)
-            self._held += span.size
-            self._launched += 1
-
-    def _start(self, span: _Span) -> None:
-        info = self.info(span.url)
-        if span.end > info.size:
-            raise IntegrityError(
-                f"{span.url} has {info.size} bytes, but the checkpoint's metadata places an item at "
-                f"[{span.start}, {span.end}): the file does not belong to this checkpoint",
-                url=span.url,
-            )
-        span.buffer = bytearray(span.size)
-        coroutine = read_ranges_into(
-            self.job, span.url, info.generation, span.start, memoryview(span.buffer), self.fs.transfer.part_size
-        )
-        span.future = asyncio.run_coroutine_threadsafe(coroutine, io_loop())
-
-    def _release(self, span: _Span) -> None:
-        if span.future is not None:
-            span.future.cancel()
-            self._held -= span.size
-        span.future, span.buffer = None, None
-
-    def _read_again(self, span: _Span) -> _Span:
-        again = self._again
-        if again is None or (again.url, again.start, again.end) != (span.url, span.start, span.end):
-            again = self._again = _Span(span.url, span.start, span.end)
-            self._start(again)
-        return again
-
-    def _wait(self, span: _Span) -> bytearray:
-        """The span's bytes, every item in it checked against the crc32c saved with it (read again while damaged,
-        as retries allow): no byte reaches DCP, and so the caller's tensors, unchecked."""
-        attempts = Attempts(self.fs.retry, span.url, on_retry=self.fs.stats.count_retry)
-        while True:
-            assert span.future is not None and span.buffer is not None
-            crc = span.future.result()
-            try:
-                self._check_items(span, crc)
-            except IntegrityError as exc:
-                time.sleep(attempts.delay_after(exc))
-                self._start(span)
-                continue
-            self.fetched.setdefault(span.url, {}).setdefault(span.start, (span.size, crc))
-            return span.buffer
-
-    def _check_items(self, span: _Span, crc: int) -> None:
-        """Check each item in the span: one that fills it by the crc32c computed as its bytes arrived, others
-        (small neighbours sharing a request) one by one."""
-        assert span.buffer is not None
-        items = self.checksums.get(span.url, [])
-        for offset, length, expected in items[bisect.bisect_left(items, (span.start, 0, 0)) :]:
-            if offset + length > span.end:
-                break
-            whole = offset == span.start and length == span.size
-            piece = memoryview(span.buffer)[offset - span.start : offset - span.start + length]
-            actual = crc if whole else google_crc32c.value(bytes(piece))
-            if actual != expected:
-                raise IntegrityError(
-                    f"{span.url}: the item at [{offset}, {offset + length}) has crc32c {crc32c_base64(actual)}, "
-                    f"saved with {crc32c_base64(expected)}",
-                    url=span.url,
-                )
-
-    def verify_whole_files(self) -> None:
-        """Check the crc32c of every file read whole (the spans fetched tile it): GCS keeps a checksum per
-        object only, so a file read in part is checked by the length of each range alone."""
-        for url, pieces in self.fetched.items():
-            info = self.infos[url]
-            position, tiles = 0, []
-            for start in sorted(pieces):
-                length, crc = pieces[start]
-                if start != position:
-                    break
-                tiles.append((crc, length))
-                position += length
-            if position == info.size and info.crc32c is not None:
-                check_crc32c(url, crc32c_base64(crc32c_of_concatenation(tiles)), {"GCS": info.crc32c})
-
-    def close(self) -> None:
-        for span in self.spans:
-            self._release(span)
-        if self._again is not None and self._again.future is not None:
-            self._again.future.cancel()
-        self._again = None
-
-
 class _ReadStream(io.RawIOBase):
     """A seekable binary view of one object version, read by ranged GETs (all pinned to its generation).
 
@@ -350,7 +165,7 @@ class _ReadStream(io.RawIOBase):
     keeps no checksum for a byte range.
     """
 
-    def __init__(self, fs: _GCSFileSystem, url: str, info: ObjectInfo, ahead: _ReadAhead | None) -> None:
+    def __init__(self, fs: _GCSFileSystem, url: str, info: ObjectInfo, ahead: ReadAhead | None) -> None:
         super().__init__()
         self.url, self.info = url, info
         self._fs, self._ahead = fs, ahead
@@ -443,7 +258,7 @@ class _GCSFileSystem(FileSystemBase):
         self.stats = LoadStats()
         self.failed_writes: list[str] = []
         self.written: dict[str, _WriteStream] = {}  # files this process published, for their items' checksums
-        self.read_ahead: _ReadAhead | None = None
+        self.read_ahead: ReadAhead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "read_ahead": None, "written": {}}
@@ -763,8 +578,8 @@ class GCSStorageReader(FileSystemReader):
         # Items are independent (each is loaded, narrowed and copied on its own), so they are read file by file
         # in byte order: neighbours then share a request, and each range is done with once DCP moves past it.
         plan = dataclasses.replace(plan, items=self._in_file_order(plan.items))
-        ahead = _ReadAhead(
-            self.fs,
+        ahead = ReadAhead(
+            self.fs.object_info,
             self._spans(plan.items),
             self.fs.transfer.max_buffered_bytes,
             new_context(self.fs.client, self.fs.transfer, self.fs.retry, self.fs.stats),
@@ -802,12 +617,12 @@ class GCSStorageReader(FileSystemReader):
                 checksums.setdefault(url, set()).add((stored.offset, stored.length, crc))
         return {url: sorted(found) for url, found in checksums.items()}
 
-    def _spans(self, items: list[ReadItem]) -> list[_Span]:
+    def _spans(self, items: list[ReadItem]) -> list[Span]:
         """The byte ranges ``items`` (in file order) read, in that order; ranges that overlap, touch or lie at most
         ``COALESCE_GAP`` apart share a span of up to ``transfer.part_size`` bytes (a larger item is a span alone)."""
         limit = self.fs.transfer.part_size
-        spans: list[_Span] = []
-        span: _Span | None = None
+        spans: list[Span] = []
+        span: Span | None = None
         for item in items:
             stored = self.storage_data[item.storage_index]
             url = self.fs.concat_path(self.path, stored.relative_path)
@@ -820,7 +635,7 @@ class GCSStorageReader(FileSystemReader):
             ):
                 span.end = max(end, span.end)
             else:
-                span = _Span(url, start, end)
+                span = Span(url, start, end)
                 spans.append(span)
         return spans
 
