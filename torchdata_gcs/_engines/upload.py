@@ -236,6 +236,9 @@ class StreamingWriter(PublishingWriter):
             number, token = future.result()
         except GCSError as exc:
             raise UploadError(f"{self.url}: a part failed ({exc}); the upload was aborted", url=self.url) from exc
+        except BaseException:  # interrupted while waiting (Ctrl-C): this part is no longer pending, so stop it here
+            future.cancel()
+            raise
         self._parts[number] = token
 
     def _publish(self) -> int:
