@@ -61,6 +61,7 @@ __all__ = [
     "leftovers",
     "new_job_id",
     "rfc3339_seconds",
+    "temporary_versions",
 ]
 
 MAX_SOURCES = 32
@@ -480,9 +481,14 @@ lifecycle.after_fork(_forget_after_fork)
 
 # -- leftovers of killed jobs --------------------------------------------------------------------
 
-def leftovers(transport: Transport, bucket: str, older_than: float, retry: RetryConfig) -> list[tuple[str, int]]:
-    """Temporary objects in ``bucket`` created more than ``older_than`` seconds ago, as ``(name,
-    generation)``, noncurrent versions included (object versioning keeps deleted ones, billed).
+def temporary_versions(transport: Transport, bucket: str, retry: RetryConfig) -> list[dict[str, Any]]:
+    """Every version under ``TEMPORARY_PREFIX`` in ``bucket``, noncurrent ones included (object
+    versioning keeps deleted ones, billed), with ``name``, ``generation`` and ``timeCreated``."""
+    return list(list_versions(transport, bucket, TEMPORARY_PREFIX, retry))
+
+
+def leftovers(versions: list[dict[str, Any]], older_than: float) -> list[tuple[str, int]]:
+    """The ``versions`` created more than ``older_than`` seconds ago, as ``(name, generation)``.
 
     Age is the version's own creation time: the job time in a name is when the job started, and a
     long job keeps writing under it.
@@ -490,7 +496,7 @@ def leftovers(transport: Transport, bucket: str, older_than: float, retry: Retry
     now = time.time()
     return [
         (item["name"], int(item["generation"]))
-        for item in list_versions(transport, bucket, TEMPORARY_PREFIX, retry)
+        for item in versions
         if now - rfc3339_seconds(item["timeCreated"]) >= older_than
     ]
 

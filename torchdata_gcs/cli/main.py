@@ -19,8 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar, cast
 
-from .._engines.compose import leftovers, rfc3339_seconds
-from .._engines.listing import list_versions
+from .._engines.compose import leftovers, rfc3339_seconds, temporary_versions
 from .._ops.checksums import ObjectInfo
 from .._ops.objects import delete_object
 from .._ops.uploads import UPLOAD_MARKERS, abort_upload, unfinished_uploads, upload_marker
@@ -158,14 +157,15 @@ def _clean(args: argparse.Namespace) -> int:
     transport = transport_for(_client(args))
     retry = RetryConfig()
     bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
-    found = leftovers(transport, bucket, older_than, retry)  # before any abort: markers are among them
+    versions = temporary_versions(transport, bucket, retry)  # one listing, before any abort: markers are among them
+    found = leftovers(versions, older_than)
     now = time.time()
     try:
         old = [upload for upload in unfinished_uploads(transport, bucket, retry) if now - rfc3339_seconds(upload.initiated) >= older_than]
     except NoMultipartListing as exc:
         print(f"multipart uploads not listed: {exc}, not with the uploads (an emulator without the XML API?)")
     else:
-        marked = {item["name"] for item in list_versions(transport, bucket, UPLOAD_MARKERS, retry)}
+        marked = {item["name"] for item in versions if item["name"].startswith(UPLOAD_MARKERS)}
         ours = [upload for upload in old if args.all_uploads or upload_marker(upload.upload_id) in marked]
         aborted = _done(lambda upload: abort_upload(transport, bucket, upload, retry), ours, args.dry_run)
         verb = "would abort" if args.dry_run else "aborted"
