@@ -30,10 +30,10 @@ from torchdata_gcs import (
 )
 from torchdata_gcs._engines.upload import MIN_PART_SIZE, CompositeWriter, MultipartWriter
 from torchdata_gcs._ops.checksums import crc32c_base64
-from torchdata_gcs._ops.objects import create_object, multipart_body
+from torchdata_gcs._ops.client import Client
+from torchdata_gcs._ops.objects import multipart_body
 from torchdata_gcs._ops.uploads import unfinished_uploads
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
-from torchdata_gcs._transport.http import transport_for
 from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront, RecordedRequest
 
@@ -65,7 +65,9 @@ def multipart_save(front: GCSFront, name: str, data: bytes, **settings) -> Multi
 
 
 def live_generation(emulator: Emulator, name: str) -> int:
-    return int(transport_for(emulator.client_config).get_json(f"/storage/v1/b/{BUCKET}/o/{name}", url=name)["generation"])
+    resource = Client(emulator.client_config, FAST_RETRY).head(BUCKET, name, "generation")
+    assert resource is not None, f"{name} does not exist"
+    return int(resource["generation"])
 
 
 # -- the multipart writer ----------------------------------------------------------------------------
@@ -228,7 +230,7 @@ def test_requester_pays_names_the_project_as_each_api_documents(gcs_emulator: Em
         client = ClientConfig(endpoint=front.endpoint, user_project="billed-project")
         with MultipartWriter(f"gs://{BUCKET}/rp.bin", client=client, part_size=MIN_PART_SIZE) as writer:
             writer.write(os.urandom(6 * MiB))
-        assert list(unfinished_uploads(transport_for(client), BUCKET, FAST_RETRY)) == []
+        assert list(unfinished_uploads(Client(client, FAST_RETRY), BUCKET)) == []
         [stream.read() for _, stream in GCSFileLoaderIterDataPipe([f"gs://{BUCKET}/rp.bin"], client=client)]
         recorded = front.recorded
 
@@ -362,8 +364,8 @@ def test_a_range_answered_whole_fails_at_once_with_what_happened(gcs_emulator: E
 
 
 def test_only_media_reads_ask_for_gzip(gcs_emulator: Emulator) -> None:
-    """Stored bytes for object reads (the checksums cover them); plain answers for everything else, which
-    the data plane does not decompress."""
+    """Stored bytes for object reads (the checksums cover them); plain answers for everything else (listing,
+    metadata, uploads, composes, deletes), as the one HTTP stack decompresses nothing."""
     gcs_emulator.create_bucket(BUCKET)
     gcs_emulator.seed(BUCKET, {f"s/{i}.bin": os.urandom(100) for i in range(4)})
     with GCSFront(gcs_emulator.endpoint, record=True) as front:
@@ -374,11 +376,11 @@ def test_only_media_reads_ask_for_gzip(gcs_emulator: Emulator) -> None:
             writer.write(os.urandom(600 * 1024))
         recorded = front.recorded
     media = [r for r in recorded if r.method == "GET" and "alt=media" in r.target]
-    # composes and the deletes of temporaries go out on the data plane (aiohttp, which decompresses nothing)
-    data_plane = [r for r in recorded if "aiohttp" in str(r.header("User-Agent")) and "alt=media" not in r.target]
-    assert media and {r.method for r in data_plane} == {"POST", "DELETE"}
+    rest = [r for r in recorded if "alt=media" not in r.target]
+    assert media and {r.method for r in rest} == {"GET", "POST", "DELETE"}
+    assert {str(r.header("User-Agent")) for r in recorded} == {str(media[0].header("User-Agent"))}, "one HTTP stack"
     assert [r.header("Accept-Encoding") for r in media] == [["gzip"]] * len(media)
-    assert [(r.target, r.header("Accept-Encoding")) for r in data_plane] == [(r.target, ["identity"]) for r in data_plane]
+    assert [(r.target, r.header("Accept-Encoding")) for r in rest] == [(r.target, ["identity"]) for r in rest]
 
 
 def test_temporary_objects_are_deleted_by_generation(gcs_emulator: Emulator) -> None:
@@ -402,15 +404,15 @@ def test_temporary_objects_are_deleted_by_generation(gcs_emulator: Emulator) -> 
 
 
 def test_a_create_whose_answer_was_lost_is_recognised_on_retry(front: GCSFront, gcs_emulator: Emulator) -> None:
-    transport = transport_for(front.client_config)
+    client = Client(front.client_config, FAST_RETRY)
     front.set_faults([Fault("truncate", match="upload", times=1)])  # written, the answer cut short
-    generation = create_object(transport, BUCKET, "once.bin", b"ours", FAST_RETRY, if_generation_match=0)
+    generation = client.create(BUCKET, "once.bin", b"ours", if_generation_match=0)
     assert generation == live_generation(gcs_emulator, "once.bin") and front.faults_injected["truncate"] == 1
     with pytest.raises(PreconditionFailedError):  # a first attempt's 412 is a real conflict
-        create_object(transport, BUCKET, "once.bin", b"ours", FAST_RETRY, if_generation_match=0)
+        client.create(BUCKET, "once.bin", b"ours", if_generation_match=0)
     front.set_faults([Fault("http_503", match="upload", times=1)])  # nothing written, then a 412 on retry
     with pytest.raises(PreconditionFailedError):  # someone else's bytes are never taken for ours
-        create_object(transport, BUCKET, "once.bin", b"theirs", FAST_RETRY, if_generation_match=0)
+        client.create(BUCKET, "once.bin", b"theirs", if_generation_match=0)
     assert gcs_emulator.read(BUCKET, "once.bin") == b"ours"
 
 
@@ -436,10 +438,10 @@ def test_parts_larger_than_gcs_takes_are_refused_up_front() -> None:
 def test_unfinished_uploads_of_a_prefix(front: GCSFront) -> None:
     for name in ("scratch/a.bin", "scratch/b.bin", "other/c.bin"):
         assert requests.post(f"{front.endpoint}/{BUCKET}/{name}", params={"uploads": ""}, timeout=30).ok
-    transport = transport_for(front.client_config)
-    listed = unfinished_uploads(transport, BUCKET, FAST_RETRY, prefix="scratch/")
+    client = Client(front.client_config, FAST_RETRY)
+    listed = unfinished_uploads(client, BUCKET, prefix="scratch/")
     assert [upload.name for upload in listed] == ["scratch/a.bin", "scratch/b.bin"]
-    assert len(list(unfinished_uploads(transport, BUCKET, FAST_RETRY))) == 3
+    assert len(list(unfinished_uploads(client, BUCKET))) == 3
 
 
 # -- a save whose every completion answer is lost ----------------------------------------------------

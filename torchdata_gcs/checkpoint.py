@@ -23,9 +23,8 @@ from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.streams import MemoryStream
 from ._engines.upload import CompositeWriter, MultipartWriter, StreamingWriter, library_errors_first
 from ._ops.checksums import ObjectInfo
-from ._ops.objects import delete_object, object_resource
+from ._ops.client import Client
 from ._ops.urls import parse_url
-from ._transport.http import transport_for
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 from .errors import NotFoundError
 
@@ -146,7 +145,7 @@ def open_reader(
     """
     client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
     bucket, name = parse_url(url, allow_prefix=False)
-    resource = object_resource(transport_for(client), bucket, name, retry, ITEM_FIELDS)
+    resource = Client(client, retry).head(bucket, name, ITEM_FIELDS)
     if resource is None:
         raise NotFoundError(f"{url} does not exist", url=url, status=404)
     buffer = read_into_buffer(url, ObjectInfo.from_json(resource), client, transfer, retry, LoadStats())
@@ -171,4 +170,4 @@ def load(
 def remove(url: str, *, client: ClientConfig | None = None, retry: RetryConfig | None = None) -> bool:
     """Delete the checkpoint at ``url``; ``False`` if there was none."""
     bucket, name = parse_url(url, allow_prefix=False)
-    return delete_object(transport_for(client or ClientConfig()), bucket, name, retry or RetryConfig())
+    return Client(client or ClientConfig(), retry or RetryConfig()).delete(bucket, name)

@@ -42,10 +42,9 @@ from ._engines.download import read_into_buffer, read_ranges_into
 from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.read_ahead import ReadAhead, Span
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
-from ._ops.objects import create_object, delete_object, object_resource
+from ._ops.client import Client
 from ._ops.urls import format_url, parse_url
 from ._transport.context import LoadStats, new_context
-from ._transport.http import transport_for
 from ._transport.loop import io_loop
 from .checkpoint import open_writer, write_config
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
@@ -254,6 +253,7 @@ class _GCSFileSystem(FileSystemBase):
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
+        self.objects = Client(self.client, self.retry)
         self.write = write or WriteConfig()
         self.stats = LoadStats()
         self.failed_writes: list[str] = []
@@ -287,14 +287,14 @@ class _GCSFileSystem(FileSystemBase):
 
     def object_info(self, url: str) -> ObjectInfo:
         bucket, name = parse_url(url, allow_prefix=False)
-        resource = object_resource(transport_for(self.client), bucket, name, self.retry, ITEM_FIELDS)
+        resource = self.objects.head(bucket, name, ITEM_FIELDS)
         if resource is None:
             raise NotFoundError(f"{url} does not exist", url=url, status=404)
         return ObjectInfo.from_json(resource)
 
     def exists(self, path: str | os.PathLike[str]) -> bool:
         bucket, name = parse_url(_url(path), allow_prefix=False)
-        return object_resource(transport_for(self.client), bucket, name, self.retry, "generation") is not None
+        return self.objects.head(bucket, name, "generation") is not None
 
     def rm_file(self, path: str | os.PathLike[str]) -> None:
         url = _url(path)
@@ -304,7 +304,7 @@ class _GCSFileSystem(FileSystemBase):
     def delete(self, url: str) -> bool:
         """Delete ``url``; ``False`` if it did not exist."""
         bucket, name = parse_url(url, allow_prefix=False)
-        return delete_object(transport_for(self.client), bucket, name, self.retry)
+        return self.objects.delete(bucket, name)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         """GCS has no rename; the writer never needs one (it writes ``.metadata`` in place)."""
@@ -497,14 +497,7 @@ class GCSStorageWriter(FileSystemWriter):
         metadata.storage_meta = self.storage_meta()
         url = self._metadata_url()
         bucket, name = parse_url(url, allow_prefix=False)
-        create_object(
-            transport_for(self.fs.client),
-            bucket,
-            name,
-            pickle.dumps(metadata),
-            self.fs.retry,
-            if_generation_match=None if self.overwrite else 0,
-        )
+        self.fs.objects.create(bucket, name, pickle.dumps(metadata), if_generation_match=None if self.overwrite else 0)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:

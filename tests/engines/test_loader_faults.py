@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import AccessDeniedError, GCSFileLoaderIterDataPipe, RetryConfig, TransferConfig, TransientError
-from torchdata_gcs._transport.session import object_reader
+from torchdata_gcs._transport.session import session_for
 from torchdata_gcs._transport.throttle import Throttle
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -95,7 +95,7 @@ def test_429s_shrink_the_process_wide_limit(gcs_emulator: Emulator, dataset: dic
             urls, client=front.client_config, retry=PATIENT, transfer=TransferConfig(max_in_flight=32)
         )
         assert [url for url, _ in pipe] == urls
-        throttle = object_reader(front.client_config).throttle
+        throttle = session_for(front.client_config).throttle
         assert pipe.stats.throttled == front.faults_injected["http_429"] > 0
         assert pipe.stats.retries >= pipe.stats.throttled
         assert throttle.limit < throttle.ceiling  # shared by every loader of this process and client

@@ -23,7 +23,7 @@ from torchdata_gcs import (
 )
 from torchdata_gcs._engines import shared_listing
 from torchdata_gcs._engines.shared_listing import SharedListing
-from torchdata_gcs._transport.http import transport_for
+from torchdata_gcs._ops.client import Client
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 with warnings.catch_warnings():
@@ -149,7 +149,7 @@ def test_a_lock_left_by_a_dead_replica_is_taken_over(
     bucket, expected, folder = dataset
     monkeypatch.setattr(shared_listing, "LEASE", 0.3)
     shared = SharedListing(
-        transport_for(gcs_emulator.client_config), f"gs://{bucket}/{folder}", [f"gs://{bucket}/data/"], [""], FAST_RETRY
+        Client(gcs_emulator.client_config, FAST_RETRY), f"gs://{bucket}/{folder}", [f"gs://{bucket}/data/"], [""]
     )
     gcs_emulator.upload(bucket, shared.lock_name, b"a replica that was killed")
     faults = [Fault("http_412", match=r"^DELETE .*\.lock", times=1)] if refused else []

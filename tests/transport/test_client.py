@@ -1,4 +1,4 @@
-"""Endpoint and credential resolution, per-process transports, and secrets that never leak."""
+"""Endpoint and credential resolution, per-process sessions, and secrets that never leak."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from torchdata_gcs import (
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
 )
-from torchdata_gcs._transport.http import GCS_ENDPOINT, resolve_endpoint, transport_for
+from torchdata_gcs._transport.http import GCS_ENDPOINT, resolve_endpoint
+from torchdata_gcs._transport.session import session_for
 from torchdata_gcs.testing import Emulator
 
 
@@ -46,7 +47,7 @@ def test_credentials_are_used_but_never_leak(
         repr(config),
         repr(lister),
         repr(loader),
-        repr(transport_for(config)),
+        repr(session_for(config)),
         caplog.text,
         *(str(error) + repr(error) for error in errors),
     ]
@@ -89,22 +90,22 @@ def test_missing_credentials_raise_a_clear_error(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(AccessDeniedError, match="application-default login"):
         list(GCSFileListerIterDataPipe("gs://some-bucket/"))
     with pytest.raises(AccessDeniedError, match="missing.json"):
-        transport_for(ClientConfig(credentials_file="/nonexistent/missing.json"))
+        session_for(ClientConfig(credentials_file="/nonexistent/missing.json"))
 
 
-_INHERITED: list[object] = []  # the parent's transport, as a forked child sees it
+_INHERITED: list[object] = []  # the parent's session, as a forked child sees it
 
 
 def _child_builds_its_own(client: ClientConfig) -> bool:
-    return transport_for(client) is not _INHERITED[0]
+    return session_for(client) is not _INHERITED[0]
 
 
-def test_transports_are_per_process_and_never_pickled(client: ClientConfig) -> None:
-    transport = transport_for(client)
-    assert transport_for(client) is transport
+def test_sessions_are_per_process_and_never_pickled(client: ClientConfig) -> None:
+    session = session_for(client)
+    assert session_for(client) is session
     with pytest.raises(TypeError, match="pickle its ClientConfig"):
-        pickle.dumps(transport)
-    _INHERITED[:] = [transport]
+        pickle.dumps(session)
+    _INHERITED[:] = [session]
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_child_builds_its_own, (client,))  # a forked child builds its own
-    assert transport_for(client) is transport
+    assert session_for(client) is session

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
+import aiohttp
 import pytest
-import requests
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchdata_gcs import IntegrityError, NotFoundError, RetryConfig, TransientError
-from torchdata_gcs._transport.retry import backoff_delay, call_with_retry, is_retryable
+from torchdata_gcs import ClientConfig, IntegrityError, NotFoundError, RetryConfig, TransferConfig, TransientError
+from torchdata_gcs._transport.context import LoadStats, new_context, with_retry
+from torchdata_gcs._transport.loop import run
+from torchdata_gcs._transport.retry import backoff_delay, is_retryable
 
 FAST = RetryConfig(max_attempts=4, deadline=10, initial_delay=0.001, max_delay=0.002)
 
@@ -31,7 +34,7 @@ def test_backoff_stays_within_the_exponential_ceiling(attempt, initial, extra, m
 def _flaky(failures: list[BaseException], result: str = "ok"):
     calls = []
 
-    def attempt() -> str:
+    async def attempt() -> str:
         calls.append(1)
         if failures:
             raise failures.pop(0)
@@ -40,13 +43,23 @@ def _flaky(failures: list[BaseException], result: str = "ok"):
     return attempt, calls
 
 
+def call_with_retry(attempt, retry: RetryConfig, *, url: str) -> str:
+    """``attempt`` sent as every request is: retried under a request context, on the I/O loop."""
+    stats = LoadStats()
+    context = new_context(ClientConfig(endpoint="http://127.0.0.1:9"), TransferConfig(), retry, stats)
+    try:
+        return run(with_retry(context, url, attempt))
+    finally:
+        assert stats.retries == stats.requests - 1
+
+
 @pytest.mark.parametrize(
     "failure",
     [
         TransientError("busy", status=503),
-        requests.ConnectionError("reset"),
-        requests.exceptions.ChunkedEncodingError("cut"),
-        requests.Timeout("slow"),
+        aiohttp.ClientConnectionError("reset"),
+        aiohttp.ClientPayloadError("cut"),
+        asyncio.TimeoutError(),
         IntegrityError("crc"),
     ],
 )
@@ -65,7 +78,7 @@ def test_permanent_failures_are_not_retried() -> None:
 
 
 def test_network_faults_become_transient_errors_when_retries_run_out() -> None:
-    attempt, calls = _flaky([requests.ConnectionError("reset")] * 10)
+    attempt, calls = _flaky([aiohttp.ServerDisconnectedError()] * 10)
     with pytest.raises(TransientError) as info:
         call_with_retry(attempt, FAST, url="gs://b/x")
     assert len(calls) == FAST.max_attempts

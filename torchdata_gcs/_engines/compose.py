@@ -28,17 +28,18 @@ import socket
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
-from .._ops.objects import create_object, delete_object
+from .._ops.client import Client
+from .._ops.objects import compose_object, delete_object, object_resource
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url
 from .._transport import lifecycle
-from .._transport.context import LoadStats, RequestContext, new_context, with_retry
-from .._transport.http import Transport
-from .._transport.loop import io_loop, wait_unless_on_io_loop
+from .._transport.context import LoadStats, RequestContext, new_context
+from .._transport.loop import io_loop, run, wait_unless_on_io_loop
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import (
     AccessDeniedError,
@@ -56,7 +57,6 @@ __all__ = [
     "MAX_SOURCES",
     "Composer",
     "compose_in_order",
-    "compose_objects",
     "delete_temporary",
     "leftovers",
     "new_job_id",
@@ -96,6 +96,7 @@ class Composer:
         self.reuse_prefix = reuse_prefix
         self.job_id = new_job_id()
         self._names = 0
+        self._prepared: dict[str, ConcurrentFuture[tuple[bool, str | None]]] = {}  # bucket -> its preparation
         self._usable: dict[str, bool] = {}  # bucket -> may compose there
         self._cache: dict[str, dict[str, ObjectInfo]] = {}  # bucket -> kept composites (reuse mode)
         self._cached_before: set[str] = set()  # buckets whose cache was not empty at the start
@@ -107,7 +108,7 @@ class Composer:
         lifecycle.install()  # this process's worker exit and SIGTERM run the cleanup
         lifecycle.watch_parent()
 
-    # -- planning (consumer thread) --------------------------------------------------------------
+    # -- planning (consumer thread; preparation in a worker thread) --------------------------------------------------------------
 
     def units(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[Unit]:
         """Group consecutive items into compose units; the rest become single-object loads."""
@@ -130,7 +131,7 @@ class Composer:
                 yield functools.partial(_missing, url, info)
                 continue
             bucket, name = parse_url(url, allow_prefix=False)
-            if info is None or info.size > self.max_bytes or not self._may_compose(bucket):
+            if info.size > self.max_bytes or not self._may_compose(bucket):
                 yield from flush()
                 yield functools.partial(load_one, url, info)
                 continue
@@ -143,21 +144,22 @@ class Composer:
 
     def _described(
         self, items: Iterable[tuple[str, ObjectInfo | None]]
-    ) -> Iterator[tuple[str, ObjectInfo | NotFoundError | None]]:
-        """The items with metadata: a plain URL's is fetched (in concurrent batches) only when it is
-        unknown; ``None`` when the object is not one to compose (its bucket refuses composites)."""
+    ) -> Iterator[tuple[str, ObjectInfo | NotFoundError]]:
+        """The items with metadata, a plain URL's fetched (in concurrent batches) only when unknown.
+        Each bucket's preparation starts as its first item passes, and runs meanwhile."""
         pending: list[str] = []
 
-        def resolve() -> Iterator[tuple[str, ObjectInfo | NotFoundError | None]]:
+        def resolve() -> Iterator[tuple[str, ObjectInfo | NotFoundError]]:
             async def describe_all() -> list[ObjectInfo | NotFoundError]:
                 return await asyncio.gather(*(_describe(self.job, url) for url in pending))
 
-            infos = asyncio.run_coroutine_threadsafe(describe_all(), io_loop()).result()
+            infos = run(describe_all())
             yield from zip(pending, infos)
             pending.clear()
 
         for url, info in items:
-            if info is None and self._may_compose(parse_url(url, allow_prefix=False)[0]):
+            self._prepare_soon(parse_url(url, allow_prefix=False)[0])
+            if info is None:
                 pending.append(url)
                 if len(pending) == _DESCRIBE_BATCH:
                     yield from resolve()
@@ -168,34 +170,49 @@ class Composer:
         if pending:
             yield from resolve()
 
+    def _prepare_soon(self, bucket: str) -> ConcurrentFuture[tuple[bool, str | None]]:
+        """Start preparing ``bucket`` (see :meth:`_prepare`) off the consumer thread, once."""
+        future = self._prepared.get(bucket)
+        if future is None:
+
+            async def prepare() -> tuple[bool, str | None]:
+                return await self._track(asyncio.to_thread(self._prepare, bucket))
+
+            future = self._prepared[bucket] = asyncio.run_coroutine_threadsafe(prepare(), io_loop())
+        return future
+
+    def _prepare(self, bucket: str) -> tuple[bool, str | None]:
+        """Whether composites may be written and deleted in ``bucket`` (with the reason if not): tried
+        once, by writing and deleting a probe object; in reuse mode, also read the kept composites."""
+        client = Client(self.job.session.config, self.job.retry)
+        probe = f"{TEMPORARY_PREFIX}{self.job_id}/probe"
+        try:
+            self._unsettled.add((bucket, probe))
+            client.delete(bucket, probe, generation=client.create(bucket, probe, b"", if_generation_match=0))
+            self._unsettled.discard((bucket, probe))
+        except AccessDeniedError as exc:
+            self._unsettled.discard((bucket, probe))
+            return False, str(exc)
+        if self.reuse_prefix is not None:
+            listed = list_objects(client, bucket, self.reuse_prefix, MAX_PAGE_SIZE)
+            self._cache[bucket] = {item["name"]: ObjectInfo.from_json(item) for batch in listed for _, item in batch}
+            if self._cache[bucket]:
+                self._cached_before.add(bucket)
+        return True, None
+
     def _may_compose(self, bucket: str) -> bool:
-        """Whether composites may be written and deleted in ``bucket``: tried once, up front, by
-        writing and deleting a probe object; a refusal means direct loads and one warning."""
+        """Whether composites may be used in ``bucket``: waits for its preparation if it is still
+        running; a refusal means direct loads and one warning."""
         usable = self._usable.get(bucket)
         if usable is None:
-            transport, retry = self.job.reader.transport, self.job.retry
-            probe = f"{TEMPORARY_PREFIX}{self.job_id}/probe"
-            try:
-                generation = create_object(transport, bucket, probe, b"", retry, if_generation_match=0)
-                self._unsettled.add((bucket, probe))
-                delete_object(transport, bucket, probe, retry, generation=generation)
-                self._unsettled.discard((bucket, probe))
-                usable = True
-            except AccessDeniedError as exc:
-                usable = False
+            usable, refusal = self._prepare_soon(bucket).result()
+            if refusal is not None:
                 warnings.warn(
                     f"compose_shards_by_gcs loads objects of gs://{bucket} one by one: these credentials may "
-                    f"not create and delete its temporary composites ({exc})",
+                    f"not create and delete its temporary composites ({refusal})",
                     ComposeFallbackWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
-            if usable and self.reuse_prefix is not None:
-                listed = list_objects(transport, bucket, self.reuse_prefix, retry, MAX_PAGE_SIZE)
-                self._cache[bucket] = {
-                    item["name"]: ObjectInfo.from_json(item) for batch in listed for _, item in batch
-                }
-                if self._cache[bucket]:
-                    self._cached_before.add(bucket)
             self._usable[bucket] = usable
         return usable
 
@@ -248,7 +265,7 @@ class Composer:
         sources = [(source, info.generation) for _, source, info in members]
         job.stats.composes += 1
         # Shielded: a compose already sent may still land, so it runs to its end and close() waits for it.
-        return await asyncio.shield(self._track(compose_objects(job, bucket, name, sources, only_if_new=new_name)))
+        return await asyncio.shield(self._track(compose_object(job, bucket, name, sources, only_if_new=new_name)))
 
     async def _download(
         self,
@@ -331,72 +348,27 @@ class Composer:
                 )
 
 
-async def compose_objects(
-    job: RequestContext, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
-) -> ObjectInfo:
-    """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
-    compose call, retried; ``only_if_new`` never replaces an existing object."""
-    reader = job.reader
-    url = format_url(bucket, name)
-    body = {
-        "sourceObjects": [
-            {"name": source}
-            if generation is None
-            else {
-                "name": source,
-                "generation": str(generation),
-                "objectPreconditions": {"ifGenerationMatch": str(generation)},
-            }
-            for source, generation in sources
-        ],
-        "destination": {"contentType": "application/octet-stream"},
-    }
-    params: dict[str, Any] = {"fields": "size,generation,crc32c"}
-    if only_if_new:
-        params["ifGenerationMatch"] = 0
-
-    async def attempt() -> ObjectInfo:
-        async with reader.send("POST", url, reader.object_path(bucket, name) + "/compose", params, json=body) as answer:
-            return ObjectInfo.from_json(await reader.json_answer(answer, url, REQUIRED_FIELDS))
-
-    return await with_retry(job, url, attempt)
-
-
 async def delete_temporary(job: RequestContext, bucket: str, name: str, generation: int | None) -> bool:
     """Delete the version ``generation`` of ``name`` for good (the live one if ``None``, which object
     versioning keeps as noncurrent), retried; ``True`` once it is gone, ``False`` if deleting failed (logged)."""
-    reader = job.reader
-    url = format_url(bucket, name)
-    params = {} if generation is None else {"generation": generation}
-
-    async def attempt() -> None:
-        async with reader.send("DELETE", url, reader.object_path(bucket, name), params):
-            pass
-
     try:
-        await with_retry(job, url, attempt)
-    except NotFoundError:
-        pass
+        await delete_object(job, bucket, name, generation=generation)
     except Exception as exc:  # noqa: BLE001 - the caller retries later or leaves it to `clean`
-        logger.debug("deleting %s failed: %r", url, exc)
+        logger.debug("deleting %s failed: %r", format_url(bucket, name), exc)
         return False
     return True
 
 
 async def _describe(job: RequestContext, url: str) -> ObjectInfo | NotFoundError:
     """An object's size, generation and crc32c (one metadata request), or the error saying it is gone."""
-    reader = job.reader
     bucket, name = parse_url(url, allow_prefix=False)
-
-    async def attempt() -> ObjectInfo:
-        params = {"fields": "size,generation,crc32c"}
-        async with reader.send("GET", url, reader.object_path(bucket, name), params) as response:
-            return ObjectInfo.from_json(await reader.json_answer(response, url, REQUIRED_FIELDS))
-
     try:
-        return await with_retry(job, url, attempt)
+        resource = await object_resource(
+            job, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS, missing_ok=False
+        )
     except NotFoundError as exc:
         return exc
+    return ObjectInfo.from_json(resource)  # type: ignore[arg-type]
 
 
 async def _missing(url: str, error: NotFoundError, job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
@@ -481,10 +453,10 @@ lifecycle.after_fork(_forget_after_fork)
 
 # -- leftovers of killed jobs --------------------------------------------------------------------
 
-def temporary_versions(transport: Transport, bucket: str, retry: RetryConfig) -> list[dict[str, Any]]:
+def temporary_versions(client: Client, bucket: str) -> list[dict[str, Any]]:
     """Every version under ``TEMPORARY_PREFIX`` in ``bucket``, noncurrent ones included (object
     versioning keeps deleted ones, billed), with ``name``, ``generation`` and ``timeCreated``."""
-    return list(list_versions(transport, bucket, TEMPORARY_PREFIX, retry))
+    return list(list_versions(client, bucket, TEMPORARY_PREFIX))
 
 
 def leftovers(versions: list[dict[str, Any]], older_than: float) -> list[tuple[str, int]]:

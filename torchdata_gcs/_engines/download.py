@@ -31,6 +31,7 @@ from .._ops.checksums import (
     reported_crc32c,
     verify_bytes,
 )
+from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.loop import io_loop
@@ -91,7 +92,7 @@ async def _stream_range(
 
     async def attempt() -> None:
         nonlocal position
-        async with job.reader.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
+        async with job.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
             _check_range_answer(url, response, position, end)
             async for chunk in response.content.iter_any():
                 if position + len(chunk) > end:
@@ -144,13 +145,10 @@ async def _learn_version(job: RequestContext, url: str, params: dict[str, Any], 
     """Pin ``params`` to the object's generation and learn its crc32c from its metadata, for an object
     whose first answer did not report them (read in several ranges, or with no checksum known)."""
     bucket, name = parse_url(url, allow_prefix=False)
-    query = {"fields": "generation,crc32c", **({"generation": params["generation"]} if "generation" in params else {})}
-
-    async def attempt() -> Any:
-        async with job.reader.send("GET", url, job.reader.object_path(bucket, name), query) as response:
-            return await job.reader.json_answer(response, url, ("generation",))
-
-    resource = await with_retry(job, url, attempt)
+    resource = await object_resource(
+        job, bucket, name, "generation,crc32c", generation=params.get("generation"), required=("generation",), missing_ok=False
+    )
+    assert resource is not None
     params["generation"] = resource["generation"]
     checksums["GCS"] = checksums["GCS"] or resource.get("crc32c")
 
@@ -165,7 +163,7 @@ class VersionRanges:
     def __init__(self, job: RequestContext, url: str, params: dict[str, Any]) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
         self._job, self._url, self._params = job, url, params
-        self._path = job.reader.media_path(bucket, name)
+        self._path = job.session.media_path(bucket, name)
 
     def fetch(self, start: int, length: int) -> Future[list[bytes]]:
         reading = _read_range(self._job, self._url, self._path, self._params, start, length)
@@ -173,7 +171,7 @@ class VersionRanges:
 
     def __reduce__(self) -> tuple[Any, ...]:
         job = self._job
-        return _ranges_in_this_process, (job.reader.config, job.retry, job.part_size, self._url, dict(self._params))
+        return _ranges_in_this_process, (job.session.config, job.retry, job.part_size, self._url, dict(self._params))
 
 
 def _ranges_in_this_process(
@@ -196,7 +194,7 @@ async def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, s
     reserved for bytes, which the consumer releases.
     """
     bucket, name = parse_url(url, allow_prefix=False)
-    path = job.reader.media_path(bucket, name)
+    path = job.session.media_path(bucket, name)
     params: dict[str, Any] = {"alt": "media"}
     checksums = {"GCS": None, "the listing": info.crc32c if info is not None else None}
     limit = job.budget.limit
@@ -226,7 +224,7 @@ async def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, s
     async def first_answer() -> tuple[list[bytes], int]:
         """The whole object, or its first part (in chunks); and the object's size."""
         nonlocal reserved
-        async with job.reader.read_media(url, path, params) as response:
+        async with job.session.read_media(url, path, params) as response:
             # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing.
             checksums["GCS"] = reported_crc32c(response.headers)
             if "x-goog-generation" in response.headers:
@@ -387,7 +385,7 @@ async def read_ranges_into(job: RequestContext, url: str, generation: int, start
     """Fill ``buffer`` with the object's bytes from ``start`` as concurrent ranged GETs of ``part_size``, all
     pinned to ``generation``, each checked for its length and resumed if cut; their combined crc32c."""
     bucket, name = parse_url(url, allow_prefix=False)
-    path = job.reader.media_path(bucket, name)
+    path = job.session.media_path(bucket, name)
     params: dict[str, Any] = {"alt": "media", "generation": generation}
     offsets = range(0, len(buffer), part_size)
     crcs = await asyncio.gather(

@@ -5,21 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .._ops.objects import object_resource
+from .._ops.client import Client
 from .._ops.urls import TEMPORARY_PREFIX
-from .._transport.http import Transport
-from .._transport.retry import call_with_retry
-from ..config import RetryConfig
 from .parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
 
 MAX_PAGE_SIZE = 1000  # GCS never returns more per page
 
 
 def list_objects(
-    transport: Transport,
+    client: Client,
     bucket: str,
     name: str,
-    retry: RetryConfig,
     page_size: int,
     concurrency: int = 1,
     stats: ListingStats | None = None,
@@ -42,11 +38,11 @@ def list_objects(
     prefix = name
     if name and not name.endswith("/"):
         prefix = name + "/"
-        exact = object_resource(transport, bucket, name, retry, ITEM_FIELDS) if after is None or name > after else None
+        exact = client.head(bucket, name, ITEM_FIELDS) if after is None or name > after else None
         if exact is not None:
             yield [(base + name, exact)]
     hidden = "" if prefix.startswith(TEMPORARY_PREFIX) else TEMPORARY_PREFIX  # another job's composites
-    for page in list_prefix_parallel(transport, bucket, prefix, retry, page_size, concurrency, stats, after):
+    for page in list_prefix_parallel(client, bucket, prefix, page_size, concurrency, stats, after):
         yield [
             (base + item["name"], item)
             for item in page
@@ -55,10 +51,9 @@ def list_objects(
         ]
 
 
-def list_versions(transport: Transport, bucket: str, prefix: str, retry: RetryConfig) -> Iterator[dict[str, Any]]:
+def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
     """Every version under ``prefix``, live and noncurrent (object versioning keeps a deleted or replaced
     object as noncurrent), as resources with ``name``, ``generation`` and ``timeCreated``; page by page."""
-    path = transport.bucket_objects_path(bucket)
     url = f"gs://{bucket}/{prefix}"
     params: dict[str, Any] = {
         "prefix": prefix,
@@ -67,7 +62,7 @@ def list_versions(transport: Transport, bucket: str, prefix: str, retry: RetryCo
         "fields": "items(name,generation,timeCreated),nextPageToken",
     }
     while True:
-        page = call_with_retry(lambda: transport.get_json(path, url=url, params=params), retry, url=url)
+        page = client.list_page(bucket, params, url=url)
         yield from page.get("items", [])
         if not page.get("nextPageToken"):
             return

@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise, zip_longest
 from typing import Any
 
+from .._ops.client import Client
 from .._ops.urls import format_url
-from .._transport.http import Transport
-from .._transport.retry import call_with_retry
-from ..config import RetryConfig
 from ..errors import GCSError
 
 logger = logging.getLogger(__name__)
@@ -152,12 +150,11 @@ class _Listing:
     """The shared state of one parallel listing, guarded by one condition variable."""
 
     def __init__(
-        self, transport: Transport, bucket: str, prefix: str, retry: RetryConfig, page_size: int, after: str | None
+        self, client: Client, bucket: str, prefix: str, page_size: int, after: str | None
     ) -> None:
-        self.transport = transport
+        self.client = client
         self.bucket = bucket
         self.prefix = prefix
-        self.retry = retry
         self.page_size = page_size
         self.url = format_url(bucket, prefix)
         self.ranges = [_Range(start=prefix, end=None, after=after if after is not None and after > prefix else None)]
@@ -234,7 +231,6 @@ class _Listing:
 
     def list_range(self, owned: _Range) -> None:
         """List ``owned`` page by page until it is done (its end may shrink meanwhile)."""
-        path = self.transport.bucket_objects_path(self.bucket)
         while True:
             with self.changed:
                 if self.stopped or owned.done:
@@ -252,9 +248,7 @@ class _Listing:
                     params = owned.query
                 else:
                     params = {**owned.query, "pageToken": owned.token}
-            page = call_with_retry(
-                lambda: self.transport.get_json(path, url=self.url, params=params), self.retry, url=self.url
-            )
+            page = self.client.list_page(self.bucket, params, url=self.url)
             items = page.get("items", [])
             logger.debug("listed %d objects of %s from %r", len(items), self.url, params["startOffset"])
             with self.changed:
@@ -315,10 +309,9 @@ class _Listing:
 
 
 def list_prefix_parallel(
-    transport: Transport,
+    client: Client,
     bucket: str,
     prefix: str,
-    retry: RetryConfig,
     page_size: int,
     concurrency: int,
     stats: ListingStats | None = None,
@@ -329,7 +322,7 @@ def list_prefix_parallel(
     ``concurrency`` threads list; each batch is what became ready in order since the last one.
     ``stats``, when given, is updated as the listing goes (requests, splits, objects).
     """
-    listing = _Listing(transport, bucket, prefix, retry, page_size, after)
+    listing = _Listing(client, bucket, prefix, page_size, after)
     if stats is not None:
         listing.stats = stats
     workers = [

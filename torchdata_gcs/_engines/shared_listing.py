@@ -27,10 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._ops.checksums import ObjectInfo
-from .._ops.objects import create_object, delete_object, object_resource, read_object
+from .._ops.client import Client
 from .._ops.urls import format_url, parse_url
-from .._transport.http import Transport
-from ..config import RetryConfig
 from ..errors import GCSError, InvalidURIError, PreconditionFailedError
 
 logger = logging.getLogger(__name__)
@@ -49,12 +47,12 @@ class SharedListing:
     """The manifest and lock of one listing request under a ``gs://bucket/folder/`` URL."""
 
     def __init__(
-        self, transport: Transport, folder: str, inputs: list[str], masks: list[str], retry: RetryConfig
+        self, client: Client, folder: str, inputs: list[str], masks: list[str]
     ) -> None:
         bucket, name = parse_url(folder)
         if name and not name.endswith("/"):
             raise InvalidURIError(f"a manifest folder must end with '/': {folder!r}", url=folder)
-        self.transport, self.bucket, self.retry = transport, bucket, retry
+        self.client, self.bucket = client, bucket
         self.request = {"format": FORMAT, "inputs": inputs, "masks": masks}
         key = hashlib.sha256(json.dumps(self.request, sort_keys=True).encode()).hexdigest()[:32]
         self.manifest_name = f"{name}{key}.jsonl.gz"
@@ -77,7 +75,7 @@ class SharedListing:
             self._wait_for_lock_release()
 
     def _read(self) -> list[Entry] | None:
-        data = read_object(self.transport, self.bucket, self.manifest_name, self.retry)
+        data = self.client.read(self.bucket, self.manifest_name)
         if data is None:
             return None
         lines = gzip.decompress(data).decode("utf-8").splitlines()
@@ -95,14 +93,12 @@ class SharedListing:
         """Create the lock; ``None`` if another replica holds it."""
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}".encode()
         try:
-            generation = create_object(
-                self.transport, self.bucket, self.lock_name, owner, self.retry, if_generation_match=0
-            )
+            generation = self.client.create(self.bucket, self.lock_name, owner, if_generation_match=0)
         except PreconditionFailedError:
             # A retried create may have met its own first attempt: the lock is ours if it holds our name.
-            if read_object(self.transport, self.bucket, self.lock_name, self.retry) != owner:
+            if self.client.read(self.bucket, self.lock_name) != owner:
                 return None
-            resource = object_resource(self.transport, self.bucket, self.lock_name, self.retry, "generation")
+            resource = self.client.head(self.bucket, self.lock_name, "generation")
             if resource is None:  # ours, and already taken over and released
                 return None
             generation = int(resource["generation"])
@@ -113,7 +109,7 @@ class SharedListing:
         seen: str | None = None
         since, delay = time.monotonic(), 0.05
         while True:
-            resource = object_resource(self.transport, self.bucket, self.lock_name, self.retry, "generation")
+            resource = self.client.head(self.bucket, self.lock_name, "generation")
             if resource is None:
                 return
             if resource["generation"] != seen:
@@ -121,10 +117,7 @@ class SharedListing:
             elif time.monotonic() - since > LEASE:
                 logger.warning("taking over the listing lock %s: its holder stopped renewing it", self.lock_name)
                 try:
-                    delete_object(
-                        self.transport, self.bucket, self.lock_name, self.retry,
-                        if_generation_match=int(resource["generation"]),
-                    )
+                    self.client.delete(self.bucket, self.lock_name, if_generation_match=int(resource["generation"]))
                 except PreconditionFailedError:  # renewed or taken over meanwhile: someone holds it
                     seen, since = None, time.monotonic()
                     continue
@@ -175,9 +168,8 @@ class SharedListing:
         lines = [header] + [json.dumps([index, url, *info]) for index, url, info in entries]  # type: ignore[misc]
         data = gzip.compress("\n".join(lines).encode("utf-8"), compresslevel=5)
         try:
-            create_object(
-                self.transport, self.bucket, self.manifest_name, data, self.retry,
-                if_generation_match=0, content_type="application/gzip",
+            self.client.create(
+                self.bucket, self.manifest_name, data, if_generation_match=0, content_type="application/gzip"
             )
         except PreconditionFailedError:
             pass  # a replica that took over a lock thought stale published first; its listing stands
@@ -204,9 +196,7 @@ class _Lock:
         with self._mutex:
             self._released.set()
             try:
-                delete_object(
-                    shared.transport, shared.bucket, shared.lock_name, shared.retry, if_generation_match=self.generation
-                )
+                shared.client.delete(shared.bucket, shared.lock_name, if_generation_match=self.generation)
             except GCSError as exc:  # taken over meanwhile: the new holder removes it
                 logger.warning("could not remove the listing lock %s: %s", shared.lock_name, exc)
 
@@ -217,9 +207,8 @@ class _Lock:
                 if self._released.is_set():
                     return
                 try:
-                    self.generation = create_object(
-                        shared.transport, shared.bucket, shared.lock_name, self.owner, shared.retry,
-                        if_generation_match=self.generation,
+                    self.generation = shared.client.create(
+                        shared.bucket, shared.lock_name, self.owner, if_generation_match=self.generation
                     )
                 except GCSError as exc:  # taken over; this listing still completes and publishes
                     logger.warning("could not renew the listing lock %s: %s", shared.lock_name, exc)

@@ -35,15 +35,15 @@ from xml.sax.saxutils import escape
 import google_crc32c
 
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
-from .._ops.objects import create_object, delete_object, multipart_body, object_resource
+from .._ops.client import Client
+from .._ops.objects import compose_object, create_object
 from .._ops.uploads import upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
-from .._transport.http import transport_for
 from .._transport.loop import io_loop, wait_unless_on_io_loop
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from ..errors import GCSError, IntegrityError, InvalidURIError, NotFoundError, TransientError, UploadError
-from .compose import MAX_SOURCES, compose_objects, delete_temporary, new_job_id
+from .compose import MAX_SOURCES, delete_temporary, new_job_id
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class StreamingWriter(PublishingWriter):
             raise InvalidURIError(f"{brief(url)} names a folder: write to an object name that does not end in '/'")
         client = client or ClientConfig()
         self._retry = retry or RetryConfig()
-        self._transport = transport_for(client)
+        self._client = Client(client, self._retry)
         self._job: RequestContext = new_context(client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats())
         self._base, self._parts_per_size, self._max_in_flight = part_size, parts_per_size, max_parts_in_flight
         self._buffer = bytearray()
@@ -181,9 +181,7 @@ class StreamingWriter(PublishingWriter):
             return
         try:
             if not self._started:
-                self.generation = create_object(
-                    self._transport, self._bucket, self._name, bytes(self._buffer), self._retry
-                )
+                self.generation = self._client.create(self._bucket, self._name, bytes(self._buffer))
             else:
                 self._send_part(bytes(self._buffer))
                 while self._pending:
@@ -249,7 +247,7 @@ class StreamingWriter(PublishingWriter):
             generation, reported = self._published_version(generation)
         expected = crc32c_base64(self._crc)
         if reported != expected:
-            delete_object(self._transport, self._bucket, self._name, self._retry, if_generation_match=generation)
+            self._client.delete(self._bucket, self._name, if_generation_match=generation)
             raise IntegrityError(
                 f"{self.url}: the published object's crc32c is {reported}, the bytes written have {expected}; "
                 "it was deleted",
@@ -261,9 +259,7 @@ class StreamingWriter(PublishingWriter):
         """Generation and crc32c of the version the parts were assembled into, asked of GCS (of
         ``generation`` if known, else the live version, which must then hold exactly the bytes
         written: otherwise it is not known to be this upload's, and it is left alone)."""
-        resource = object_resource(
-            self._transport, self._bucket, self._name, self._retry, "size,generation,crc32c", generation=generation
-        )
+        resource = self._client.head(self._bucket, self._name, "size,generation,crc32c", generation=generation)
         ours = resource is not None and (
             generation is not None
             or (int(resource["size"]) == self._size and resource.get("crc32c") == crc32c_base64(self._crc))
@@ -316,7 +312,7 @@ class MultipartWriter(StreamingWriter):
 
     def __init__(self, url: str, **settings: Any) -> None:
         super().__init__(url, **settings)
-        self._xml_path = self._transport.endpoint + self._transport.xml_path(self._bucket, self._name)
+        self._xml_path = self._client.session.xml_path(self._bucket, self._name)
         self._upload_id: str | None = None
         self._marker: tuple[str, int] | None = None  # (name, generation) of the upload's marker object
 
@@ -331,8 +327,8 @@ class MultipartWriter(StreamingWriter):
             raise UploadError(f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url)
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
-            generation = create_object(
-                self._transport, self._bucket, name, self.url.encode(), self._retry, if_generation_match=0, content_type="text/plain"
+            generation = self._client.create(
+                self._bucket, name, self.url.encode(), if_generation_match=0, content_type="text/plain"
             )
             self._marker = (name, generation)
         except GCSError as exc:
@@ -430,11 +426,11 @@ class CompositeWriter(StreamingWriter):
             names = [f"{self._prefix}level-{level}-{n:05d}" for n in range(len(groups))]
             self._temporaries.update(names)
             composed = await asyncio.gather(
-                *(compose_objects(self._job, self._bucket, n, g, only_if_new=False) for n, g in zip(names, groups))
+                *(compose_object(self._job, self._bucket, n, g, only_if_new=False) for n, g in zip(names, groups))
             )
             sources = [(name, info.generation) for name, info in zip(names, composed)]
             self._intermediates.update(sources)
-        return await compose_objects(self._job, self._bucket, self._name, sources, only_if_new=False)
+        return await compose_object(self._job, self._bucket, self._name, sources, only_if_new=False)
 
     async def _delete_temporaries(self) -> None:
         """Delete every temporary object, each by its generation where known (so object versioning
@@ -477,7 +473,7 @@ async def _send(
     """One XML API request, retried; its headers (case-insensitive, repeated lines kept) and body."""
 
     async def attempt() -> tuple[Mapping[str, str], bytes]:
-        async with job.reader.send(method, url, path, params, headers, data=data, xml_api=True) as response:
+        async with job.session.send(method, url, path, params, headers, data=data, xml_api=True) as response:
             return response.headers.copy(), await response.read()
 
     return await with_retry(job, url, attempt)
@@ -492,7 +488,7 @@ async def _put_part(
     expected = crc32c_base64(crc32c)
 
     async def attempt() -> tuple[int, str]:
-        async with job.reader.send("PUT", url, path, params, hash_header(crc32c), data=data, xml_api=True) as response:
+        async with job.session.send("PUT", url, path, params, hash_header(crc32c), data=data, xml_api=True) as response:
             await response.read()
             reported, etag = reported_crc32c(response.headers), response.headers.get("ETag")
         if reported is not None and reported != expected:
@@ -508,17 +504,7 @@ async def _create_part(
     job: RequestContext, bucket: str, name: str, number: int, data: bytes, crc32c: int
 ) -> tuple[int, tuple[str, int]]:
     """Upload one part as the object ``name`` (GCS checks its crc32c); ``(number, (name, generation))``."""
-    reader = job.reader
-    url = format_url(bucket, name)
-    body, headers = multipart_body(name, data, crc32c=crc32c)
-    path = f"{reader.transport.endpoint}/upload{reader.transport.bucket_objects_path(bucket)}"
-
-    async def attempt() -> int:
-        params = {"uploadType": "multipart", "name": name, "fields": "generation"}
-        async with reader.send("POST", url, path, params, headers, data=body) as response:
-            return int((await reader.json_answer(response, url, ("generation",)))["generation"])
-
-    return number, (name, await with_retry(job, url, attempt))
+    return number, (name, await create_object(job, bucket, name, data, crc32c=crc32c))
 
 
 @contextmanager

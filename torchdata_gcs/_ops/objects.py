@@ -1,50 +1,89 @@
-"""Single-object operations of the control plane: read metadata, read small objects, create, delete."""
+"""Single-request verbs of the JSON API, as coroutines retried under a request context: a bucket's
+list page and settings, an object's metadata, a small object's bytes, create, compose, delete.
+:class:`~torchdata_gcs._ops.client.Client` is their synchronous twin."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
-from .._transport.http import Transport, json_answer
-from .._transport.retry import call_with_retry
-from ..config import RetryConfig
+from .._transport.context import RequestContext, with_retry
 from ..errors import NotFoundError, PreconditionFailedError
-from .checksums import crc32c_base64, reported_crc32c, verify_bytes
+from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc32c, verify_bytes
 from .urls import format_url
 
-__all__ = ["create_object", "delete_object", "multipart_body", "object_resource", "read_object"]
+__all__ = [
+    "bucket_resource",
+    "compose_object",
+    "create_object",
+    "delete_folder",
+    "delete_object",
+    "delete_request",
+    "list_page",
+    "multipart_body",
+    "object_resource",
+    "read_object",
+]
 
 
-def object_resource(
-    transport: Transport, bucket: str, name: str, retry: RetryConfig, fields: str, *, generation: int | None = None
+async def _get_json(job: RequestContext, url: str, path: str, params: dict[str, Any], required: Sequence[str] = ()) -> Any:
+    async def attempt() -> Any:
+        async with job.session.send("GET", url, path, params) as response:
+            return await job.session.json_answer(response, url, required)
+
+    return await with_retry(job, url, attempt)
+
+
+async def list_page(job: RequestContext, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
+    """One page of the bucket's object listing for the query ``params`` (``url`` names it in errors)."""
+    return await _get_json(job, url, job.session.bucket_path(bucket) + "/o", params)
+
+
+async def bucket_resource(job: RequestContext, bucket: str, fields: str) -> dict[str, Any]:
+    """The bucket's JSON resource trimmed to ``fields``."""
+    return await _get_json(job, format_url(bucket), job.session.bucket_path(bucket), {"fields": fields})
+
+
+async def object_resource(
+    job: RequestContext,
+    bucket: str,
+    name: str,
+    fields: str,
+    *,
+    generation: int | None = None,
+    required: Sequence[str] = (),
+    missing_ok: bool = True,
 ) -> dict[str, Any] | None:
     """The object's JSON resource (of ``generation``, else the live one) trimmed to ``fields``, or
-    ``None`` if it does not exist."""
-    url = format_url(bucket, name)
-    path = transport.object_path(bucket, name)
+    ``None`` if it does not exist (``NotFoundError`` unless ``missing_ok``); an answer that lacks a
+    ``required`` field is retried."""
     params: dict[str, Any] = {"fields": fields}
     if generation is not None:
         params["generation"] = generation
     try:
-        return call_with_retry(lambda: transport.get_json(path, url=url, params=params), retry, url=url)
+        return await _get_json(job, format_url(bucket, name), job.session.object_path(bucket, name), params, required)
     except NotFoundError:
+        if not missing_ok:
+            raise
         return None
 
 
-def read_object(transport: Transport, bucket: str, name: str, retry: RetryConfig) -> bytes | None:
+async def read_object(job: RequestContext, bucket: str, name: str) -> bytes | None:
     """A small object's stored bytes, checked against GCS's crc32c, or ``None`` if it does not exist."""
     url = format_url(bucket, name)
-    path = transport.object_path(bucket, name, media=True)
+    path = job.session.media_path(bucket, name)
 
-    def attempt() -> bytes:
-        with transport.request("GET", path, url=url, params={"alt": "media"}, stream=True) as response:
-            data = response.raw.read(decode_content=False)  # stored bytes, as the checksum covers
+    async def attempt() -> bytes:
+        async with job.session.read_media(url, path, {"alt": "media"}) as response:
+            data = await response.read()  # stored bytes, as the checksum covers
             verify_bytes(url, [data], None, {"GCS": reported_crc32c(response.headers)})
             return data
 
     try:
-        return call_with_retry(attempt, retry, url=url)
+        return await with_retry(job, url, attempt)
     except NotFoundError:
         return None
 
@@ -68,54 +107,100 @@ def multipart_body(
     return body, {"Content-Type": f"multipart/related; boundary={boundary}"}
 
 
-def create_object(
-    transport: Transport,
+async def create_object(
+    job: RequestContext,
     bucket: str,
     name: str,
     data: bytes,
-    retry: RetryConfig,
     *,
     if_generation_match: int | None = None,
     content_type: str = "application/octet-stream",
+    crc32c: int | None = None,
 ) -> int:
     """Write ``data`` in one multipart upload and return the new generation.
 
-    The crc32c travels in the metadata, so GCS refuses bytes damaged on the way. With
+    The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way. With
     ``if_generation_match`` (0: only if the object does not exist) a mismatch raises
     ``PreconditionFailedError``, except when a retry meets the write of its own earlier attempt
     whose answer was lost: an object of exactly these bytes is then taken as ours.
     """
     url = format_url(bucket, name)
-    body, headers = multipart_body(name, data, content_type)
-    params: dict[str, Any] = {"uploadType": "multipart", "fields": "generation"}
+    body, headers = multipart_body(name, data, content_type, crc32c)
+    # The name in the query as well as in the metadata (GCS takes either): request lines then say what they write.
+    params: dict[str, Any] = {"uploadType": "multipart", "name": name, "fields": "generation"}
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
-    path = f"/upload{transport.bucket_objects_path(bucket)}"
+    path = job.session.upload_path(bucket)
     attempts = 0
 
-    def attempt() -> int:
+    async def attempt() -> int:
         nonlocal attempts
         attempts += 1
         try:
-            with transport.request("POST", path, url=url, params=params, data=body, headers=headers) as response:
-                answer = json_answer(response.content, url, response.status_code, response.headers.get("Content-Type"), ("generation",))
-                return int(answer["generation"])
+            async with job.session.send("POST", url, path, params, headers, data=body) as response:
+                return int((await job.session.json_answer(response, url, ("generation",)))["generation"])
         except PreconditionFailedError:
             if attempts == 1:
                 raise
-            live = object_resource(transport, bucket, name, retry, "generation,size,crc32c")
-            if live is None or int(live["size"]) != len(data) or live.get("crc32c") != crc32c_base64(data):
+            live = await object_resource(job, bucket, name, "generation,size,crc32c")
+            if live is None or int(live["size"]) != len(data) or live.get("crc32c") != crc32c_base64(data if crc32c is None else crc32c):
                 raise
             return int(live["generation"])
 
-    return call_with_retry(attempt, retry, url=url)
+    return await with_retry(job, url, attempt)
 
 
-def delete_object(
-    transport: Transport,
+async def compose_object(
+    job: RequestContext, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
+) -> ObjectInfo:
+    """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
+    compose call; ``only_if_new`` never replaces an existing object."""
+    url = format_url(bucket, name)
+    body = {
+        "sourceObjects": [
+            {"name": source}
+            if generation is None
+            else {
+                "name": source,
+                "generation": str(generation),
+                "objectPreconditions": {"ifGenerationMatch": str(generation)},
+            }
+            for source, generation in sources
+        ],
+        "destination": {"contentType": "application/octet-stream"},
+    }
+    params: dict[str, Any] = {"fields": "size,generation,crc32c"}
+    if only_if_new:
+        params["ifGenerationMatch"] = 0
+    path = job.session.object_path(bucket, name) + "/compose"
+
+    async def attempt() -> ObjectInfo:
+        async with job.session.send("POST", url, path, params, json=body) as answer:
+            return ObjectInfo.from_json(await job.session.json_answer(answer, url, REQUIRED_FIELDS))
+
+    return await with_retry(job, url, attempt)
+
+
+async def delete_request(
+    job: RequestContext, url: str, path: str, params: dict[str, Any], *, xml_api: bool = False
+) -> bool:
+    """Send a DELETE to ``path`` (``url`` names it in errors); ``False`` if it was already gone."""
+
+    async def attempt() -> None:
+        async with job.session.send("DELETE", url, path, params, xml_api=xml_api):
+            pass
+
+    try:
+        await with_retry(job, url, attempt)
+    except NotFoundError:
+        return False
+    return True
+
+
+async def delete_object(
+    job: RequestContext,
     bucket: str,
     name: str,
-    retry: RetryConfig,
     *,
     if_generation_match: int | None = None,
     generation: int | None = None,
@@ -126,18 +211,15 @@ def delete_object(
     In a bucket with object versioning, deleting the live object keeps it as a noncurrent version,
     billed until a lifecycle rule removes it; deleting by ``generation`` leaves nothing behind.
     """
-    url = format_url(bucket, name)
     params: dict[str, Any] = {}
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     if generation is not None:
         params["generation"] = generation
-    try:
-        call_with_retry(
-            lambda: transport.request("DELETE", transport.object_path(bucket, name), url=url, params=params).close(),
-            retry,
-            url=url,
-        )
-    except NotFoundError:
-        return False
-    return True
+    return await delete_request(job, format_url(bucket, name), job.session.object_path(bucket, name), params)
+
+
+async def delete_folder(job: RequestContext, bucket: str, folder: str) -> bool:
+    """Delete an empty folder of a bucket with a hierarchical namespace; ``False`` if there was none."""
+    path = f"{job.session.bucket_path(bucket)}/folders/{quote(folder, safe='')}"
+    return await delete_request(job, format_url(bucket, folder), path, {})

@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import quote
 from xml.etree import ElementTree
 
-from .._transport.http import Transport
-from .._transport.retry import call_with_retry
-from ..config import RetryConfig
-from ..errors import GCSError, NoMultipartListing, NotFoundError
+from .._transport.context import RequestContext, with_retry
+from ..errors import GCSError, NoMultipartListing
+from .client import Client
+from .objects import delete_request
 from .urls import TEMPORARY_PREFIX, format_url
 
 __all__ = ["UPLOAD_MARKERS", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
@@ -43,26 +44,30 @@ class Upload:
     initiated: str  # RFC 3339
 
 
-def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig, *, prefix: str = "") -> Iterator[Upload]:
+async def _uploads_page(job: RequestContext, bucket: str, params: dict[str, str], url: str) -> bytes:
+    async with job.session.send("GET", url, job.session.xml_path(bucket), params, xml_api=True) as response:
+        return await response.read()
+
+
+def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iterator[Upload]:
     """The bucket's unfinished multipart uploads of objects named ``prefix...``, page by page (``GET
     /BUCKET?uploads`` on the XML API)."""
     url = format_url(bucket, prefix)
-    path = transport.xml_path(bucket)
     first = {"uploads": "", "prefix": prefix} if prefix else {"uploads": ""}
     params = first
 
-    def page() -> bytes:
-        with transport.request("GET", path, url=url, params=params, xml_api=True) as response:
-            return response.content
+    async def page(job: RequestContext) -> bytes:
+        return await with_retry(job, url, lambda: _uploads_page(job, bucket, params, url))
 
     while True:
         try:
-            root = ElementTree.fromstring(call_with_retry(page, retry, url=url))
+            root = ElementTree.fromstring(client.run(page))
         except ElementTree.ParseError as exc:
             raise GCSError(f"the multipart uploads of {url} came back as no XML document ({exc})", url=url) from None
         answer = root.tag.rpartition("}")[2]
         if answer != "ListMultipartUploadsResult":
-            raise NoMultipartListing(f"{transport.endpoint} answered GET {path}?uploads with <{answer}>", url=url)
+            where = f"{client.session.endpoint} answered GET /{quote(bucket, safe='')}?uploads"
+            raise NoMultipartListing(f"{where} with <{answer}>", url=url)
         for upload in root.iterfind("{*}Upload"):
             yield Upload(
                 upload.findtext("{*}Key", ""), upload.findtext("{*}UploadId", ""), upload.findtext("{*}Initiated", "")
@@ -76,15 +81,7 @@ def unfinished_uploads(transport: Transport, bucket: str, retry: RetryConfig, *,
         }
 
 
-def abort_upload(transport: Transport, bucket: str, upload: Upload, retry: RetryConfig) -> bool:
+async def abort_upload(job: RequestContext, bucket: str, upload: Upload) -> bool:
     """Abort one multipart upload (its parts are dropped); ``False`` if it was already gone."""
-    url = format_url(bucket, upload.name)
-    path = transport.xml_path(bucket, upload.name)
-    params = {"uploadId": upload.upload_id}
-    try:
-        call_with_retry(
-            lambda: transport.request("DELETE", path, url=url, params=params, xml_api=True).close(), retry, url=url
-        )
-    except NotFoundError:
-        return False
-    return True
+    path = job.session.xml_path(bucket, upload.name)
+    return await delete_request(job, format_url(bucket, upload.name), path, {"uploadId": upload.upload_id}, xml_api=True)

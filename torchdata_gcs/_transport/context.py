@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from .retry import Attempts
-from .session import ObjectReader, object_reader
+from .session import Session, session_for
 
 __all__ = ["ByteBudget", "ConsumerGone", "LoadStats", "RequestContext", "new_context", "with_retry"]
 
@@ -97,7 +97,7 @@ class ByteBudget:
 class RequestContext:
     """What every request of one iteration (a loader's, a writer's) shares."""
 
-    reader: ObjectReader
+    session: Session
     retry: RetryConfig
     part_size: int
     budget: ByteBudget
@@ -110,11 +110,11 @@ class RequestContext:
         if self.budget.try_acquire(nbytes, seq):
             return
         self.slots.release()
-        await self.reader.throttle.release()
+        await self.session.throttle.release()
         try:
             await self.budget.acquire(nbytes, seq)
         finally:
-            await self.reader.throttle.acquire()
+            await self.session.throttle.acquire()
             await self.slots.acquire()
 
 
@@ -124,22 +124,22 @@ async def with_retry(job: RequestContext, url: str, attempt_once: Callable[[], A
     attempts = Attempts(job.retry, url, on_retry=stats.count_retry)
     while True:
         try:
-            async with job.slots, job.reader.throttle:
+            async with job.slots, job.session.throttle:
                 stats.requests += 1
                 result = await attempt_once()
-            job.reader.throttle.succeeded()
+            job.session.throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
             if getattr(exc, "status", None) == 429:
                 stats.throttled += 1
-                job.reader.throttle.throttled()
+                job.session.throttle.throttled()
             await asyncio.sleep(attempts.delay_after(exc))
 
 
 def new_context(config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats) -> RequestContext:
     """A fresh context for one iteration, on this process's session for ``config``."""
     return RequestContext(
-        object_reader(config),
+        session_for(config),
         retry,
         transfer.part_size,
         ByteBudget(transfer.max_buffered_bytes),

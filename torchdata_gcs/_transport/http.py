@@ -1,32 +1,22 @@
-"""The per-process HTTP transport to GCS's JSON API.
-
-Endpoint and credentials are resolved here, lazily, once per process and configuration; the
-transport is never pickled (DataPipes pickle their ``ClientConfig`` and each worker builds its own
-transport). Non-2xx answers become typed errors through ``errors.error_for_status``.
-"""
+"""What HTTP means to GCS here: which endpoint and credentials a ``ClientConfig`` names, how an
+answer's status and body become a typed error (:func:`error_for_status`, the one translation point),
+and which answers are worth another attempt."""
 
 from __future__ import annotations
 
 import email.utils
 import json
-import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 from xml.etree import ElementTree
 
 import google.auth
 import google.auth.credentials
 import google.auth.exceptions
-import google.auth.transport.requests
 import google.oauth2.credentials
 import google.oauth2.service_account
-import requests
-from google.auth.transport.requests import AuthorizedSession
-from requests.adapters import HTTPAdapter
 
 from ..config import ClientConfig
 from ..errors import (
@@ -37,14 +27,10 @@ from ..errors import (
     PreconditionFailedError,
     TransientError,
 )
-from . import lifecycle
-
-logger = logging.getLogger(__name__)
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
-_POOL_SIZE = 1024  # upper bound of TransferConfig.max_in_flight; urllib3 opens connections lazily
 
 
 def resolve_endpoint(config: ClientConfig) -> tuple[str, bool]:
@@ -75,7 +61,7 @@ def _credentials_from_file(path: str) -> google.auth.credentials.Credentials:
     )
 
 
-def _credentials(config: ClientConfig) -> google.auth.credentials.Credentials:
+def credentials_for(config: ClientConfig) -> google.auth.credentials.Credentials:
     """The configured key file's credentials, else Application Default Credentials."""
     try:
         if config.credentials_file:
@@ -126,127 +112,6 @@ def error_detail(text: str) -> str:
     return text.strip()[:300]
 
 
-class Transport:
-    """One process's connection pool and credentials for one ``ClientConfig``."""
-
-    def __init__(self, config: ClientConfig) -> None:
-        self.endpoint, is_emulator = resolve_endpoint(config)
-        anonymous = config.anonymous if config.anonymous is not None else is_emulator
-        # Anonymous requests go out bare: an AuthorizedSession would try to "refresh" on a 401.
-        self._session = requests.Session() if anonymous else AuthorizedSession(_credentials(config))
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=_POOL_SIZE, max_retries=0)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
-        # Resolve proxy and CA-bundle variables once: requests re-reads the whole environment on
-        # every request otherwise, a quarter of the client's time per small object.
-        settings = self._session.merge_environment_settings(self.endpoint, {}, None, None, None)
-        self._session.proxies, self._session.verify = settings["proxies"], settings["verify"]
-        self._session.trust_env = False
-        self._user_project = config.user_project
-        self._refresh_lock = threading.Lock()
-        self._timeout = (config.connect_timeout, config.read_timeout)
-
-    def __repr__(self) -> str:
-        return f"Transport(endpoint={self.endpoint!r})"
-
-    @property
-    def user_project(self) -> str | None:
-        return self._user_project
-
-    @property
-    def credentials(self) -> google.auth.credentials.Credentials | None:
-        """The credentials requests are signed with; ``None`` when they go out anonymous."""
-        return getattr(self._session, "credentials", None)
-
-    @property
-    def anonymous(self) -> bool:
-        """Whether requests go out without credentials."""
-        return self.credentials is None
-
-    def authorization(self) -> dict[str, str]:
-        """Headers that authenticate a request sent outside this session; refreshes an expired token.
-
-        May block on the token endpoint: call it off the I/O loop when :meth:`token_is_fresh` is false.
-        """
-        credentials = self.credentials
-        if credentials is None:
-            return {}
-        with self._refresh_lock:
-            if not credentials.valid:
-                try:
-                    credentials.refresh(google.auth.transport.requests.Request(self._session))
-                except google.auth.exceptions.RefreshError as exc:
-                    raise AccessDeniedError(f"could not refresh the credentials: {exc}") from None
-            return {"Authorization": f"Bearer {credentials.token}"}
-
-    def token_is_fresh(self) -> bool:
-        """Whether :meth:`authorization` answers without a network call."""
-        credentials = getattr(self._session, "credentials", None)
-        return credentials is None or bool(credentials.valid)
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a Transport holds live connections and credentials; pickle its ClientConfig instead")
-
-    def object_path(self, bucket: str, name: str, *, media: bool = False) -> str:
-        """JSON API path of an object; the name is percent-encoded whole (``/`` included)."""
-        prefix = "/download" if media else ""
-        return f"{prefix}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
-
-    def bucket_objects_path(self, bucket: str) -> str:
-        return f"/storage/v1/b/{quote(bucket, safe='')}/o"
-
-    def xml_path(self, bucket: str, name: str = "") -> str:
-        """XML API path of a bucket (``/bucket``) or an object (``/bucket/name``, encoded whole)."""
-        return f"/{quote(bucket, safe='')}" + (f"/{quote(name, safe='')}" if name else "")
-
-    def billed(
-        self, params: dict[str, Any], headers: dict[str, str] | None, *, xml_api: bool
-    ) -> tuple[dict[str, Any], dict[str, str] | None]:
-        """``params`` and ``headers`` naming the project billed for requests to requester-pays buckets:
-        the JSON API takes it as the ``userProject`` parameter, the XML API as the
-        ``x-goog-user-project`` header."""
-        if not self._user_project:
-            return params, headers
-        if xml_api:
-            return params, {**(headers or {}), "x-goog-user-project": self._user_project}
-        return {**params, "userProject": self._user_project}, headers
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        url: str,
-        params: dict[str, Any] | None = None,
-        stream: bool = False,
-        data: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        xml_api: bool = False,
-    ) -> requests.Response:
-        """Send one request (to the XML API if ``xml_api``, else the JSON API); raise the typed error
-        for any non-2xx answer (``url`` names the object)."""
-        params, headers = self.billed(dict(params or {}), headers, xml_api=xml_api)
-        try:
-            response = self._session.request(
-                method, self.endpoint + path, params=params, data=data, headers=headers, stream=stream, timeout=self._timeout
-            )
-        except google.auth.exceptions.RefreshError as exc:
-            raise AccessDeniedError(f"could not refresh the credentials for {url}: {exc}", url=url) from None
-        if response.status_code >= 400:
-            with response:
-                raise error_for_status(
-                    response.status_code,
-                    url,
-                    error_detail(response.text),
-                    retry_after=retry_after_seconds(response.headers.get("Retry-After")),
-                )
-        return response
-
-    def get_json(self, path: str, *, url: str, params: dict[str, Any] | None = None) -> Any:
-        with self.request("GET", path, url=url, params=params) as response:
-            return json_answer(response.content, url, response.status_code, response.headers.get("Content-Type"))
-
-
 def json_answer(body: bytes, url: str, status: int, content_type: str | None, required: Sequence[str] = ()) -> Any:
     """The JSON document of a 2xx answer, with the ``required`` fields; anything else (a proxy's or a
     captive portal's page, a cut answer) raises ``TransientError``, so it is retried."""
@@ -263,30 +128,6 @@ def json_answer(body: bytes, url: str, status: int, content_type: str | None, re
             status=status,
         )
     return document
-
-
-_lock = threading.Lock()
-_transports: dict[tuple[ClientConfig, str | None], Transport] = {}
-
-
-def _forget_after_fork() -> None:
-    global _lock
-    _lock = threading.Lock()
-    _transports.clear()
-
-
-lifecycle.after_fork(_forget_after_fork)
-
-
-def transport_for(config: ClientConfig) -> Transport:
-    """This process's transport for ``config``, created on first use (after fork, anew)."""
-    key = (config, os.environ.get(EMULATOR_ENV))
-    with _lock:
-        transport = _transports.get(key)
-        if transport is None:
-            transport = _transports[key] = Transport(config)
-            logger.debug("created %r in process %d", transport, os.getpid())
-        return transport
 
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})

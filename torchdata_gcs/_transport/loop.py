@@ -1,7 +1,7 @@
-"""The process's asyncio loop for object reads: one daemon thread, started on first use, anew after fork.
+"""The process's asyncio loop: one daemon thread, started on first use, anew after fork.
 
-Reads run as coroutines on this loop, so thousands of requests share one thread instead of
-contending for the GIL from many; DataPipes hand work over with ``run_coroutine_threadsafe``."""
+Every request runs as a coroutine on this loop, so thousands of requests share one thread instead
+of contending for the GIL from many; synchronous callers hand work over with :func:`run`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from . import lifecycle
 
 T = TypeVar("T")
 
-__all__ = ["io_loop", "wait_unless_on_io_loop"]
+__all__ = ["io_loop", "run", "wait_unless_on_io_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -31,16 +31,34 @@ def io_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` on the I/O loop and wait for its result (its own timeouts and retry deadline
+    bound the wait); an interruption such as Ctrl-C cancels it before it propagates."""
+    loop = io_loop()
+    if _on_loop(loop):
+        coroutine.close()
+        raise RuntimeError("a blocking call on the I/O loop's own thread would wait forever")
+    future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
+
+
 def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T | None:
     """Run ``coroutine`` on the I/O loop and wait for its result; on the loop's own thread (say, a
     finalizer the garbage collector ran there), where waiting would wait forever, schedule it and
     return ``None``."""
     loop = io_loop()
-    try:
-        on_loop = asyncio.get_running_loop() is loop
-    except RuntimeError:
-        on_loop = False
-    if on_loop:
+    if _on_loop(loop):
         asyncio.ensure_future(coroutine)
         return None
     return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout)

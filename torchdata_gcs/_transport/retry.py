@@ -6,28 +6,18 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 import aiohttp
 import google.auth.exceptions
-import requests
-import urllib3.exceptions
 
 from ..config import RetryConfig
 from ..errors import GCSError, IntegrityError, TransientError
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectionError,  # resets, refused connections, read timeouts of object reads
     aiohttp.ClientPayloadError,  # a body cut off before its Content-Length
-    requests.ConnectionError,
-    requests.Timeout,
-    requests.exceptions.ChunkedEncodingError,
-    urllib3.exceptions.ProtocolError,
-    urllib3.exceptions.ReadTimeoutError,
     google.auth.exceptions.TransportError,  # the token endpoint could not be reached
     ConnectionError,
     TimeoutError,
@@ -85,13 +75,3 @@ class Attempts:
             self.on_retry(exc)
         self.attempt += 1
         return delay
-
-
-def call_with_retry(attempt_once: Callable[[], T], retry: RetryConfig, *, url: str) -> T:
-    """Run ``attempt_once`` until it succeeds, fails for good, or retries run out (see :class:`Attempts`)."""
-    attempts = Attempts(retry, url)
-    while True:
-        try:
-            return attempt_once()
-        except BaseException as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
-            time.sleep(attempts.delay_after(exc))

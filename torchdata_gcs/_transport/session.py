@@ -1,16 +1,18 @@
-"""The data plane: object requests as coroutines over one aiohttp session per process and configuration.
+"""The one HTTP stack: a process's aiohttp session per ``ClientConfig``, on the process's I/O loop.
 
-The control plane (listing, metadata, single writes) stays on the ``requests`` transport of
-``_client``; this module sends what the loaders send many of at once (media GETs, and the
-compose and delete requests of composites), with the transport's endpoint, credentials and user project.
-Object bytes are the stored ones (``Accept-Encoding: gzip`` on media reads and no decompression), so
-checksums apply; every other answer is asked for uncompressed.
+Every request goes out here (listing, metadata, reads, writes, compose, delete), with the endpoint,
+credentials and user project the configuration names. A session is never pickled (DataPipes pickle
+their ``ClientConfig``; each process builds its own) and is built anew after fork. Object bytes are
+the stored ones (``Accept-Encoding: gzip`` on media reads and no decompression), so checksums apply;
+every other answer is asked for uncompressed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import logging
+import os
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
@@ -19,51 +21,125 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
+import google.auth.credentials
+import google.auth.exceptions
+import google.auth.transport.requests
 import yarl
 
 from ..config import ClientConfig
-from ..errors import TransientError
+from ..errors import AccessDeniedError, TransientError
 from . import lifecycle
-from .http import Transport, error_detail, error_for_status, json_answer, retry_after_seconds, transport_for
+from .http import (
+    EMULATOR_ENV,
+    credentials_for,
+    error_detail,
+    error_for_status,
+    json_answer,
+    resolve_endpoint,
+    retry_after_seconds,
+)
 from .loop import io_loop
 from .throttle import Throttle
 
-__all__ = ["ObjectReader", "object_reader"]
+__all__ = ["Session", "session_for"]
+
+logger = logging.getLogger(__name__)
 
 
-class ObjectReader:
-    """One process's session for reading objects through one ``ClientConfig``; lives on the I/O loop.
+class Session:
+    """One process's connections, credentials and 429 throttle for one ``ClientConfig``; lives on the
+    I/O loop. Its :class:`Throttle` is shared by every loader and writer of the process that uses
+    this configuration."""
 
-    Its :class:`Throttle` is shared by every loader of the process that uses this configuration.
-    """
-
-    def __init__(self, config: ClientConfig, transport: Transport) -> None:
+    def __init__(self, config: ClientConfig) -> None:
         self.config = config
-        self.transport = transport
+        self.endpoint, is_emulator = resolve_endpoint(config)
+        anonymous = config.anonymous if config.anonymous is not None else is_emulator
+        self.credentials: google.auth.credentials.Credentials | None = None if anonymous else credentials_for(config)
+        self.user_project = config.user_project
         self.throttle = Throttle()
+        self._refresh_lock = threading.Lock()
+        self._token_request: google.auth.transport.requests.Request | None = None
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         self._session: aiohttp.ClientSession | None = None
-        self._signed = not self.transport.anonymous
         # The proxy for the endpoint, resolved once from the environment (aiohttp's trust_env
         # re-reads the environment and ~/.netrc on every request).
-        endpoint = urlsplit(self.transport.endpoint)
+        endpoint = urlsplit(self.endpoint)
         proxies = urllib.request.getproxies()
         bypass = urllib.request.proxy_bypass(endpoint.hostname or "") if proxies else True
         self._proxy = None if bypass else proxies.get(endpoint.scheme)
 
-    def media_path(self, bucket: str, name: str) -> str:
-        return f"{self.transport.endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+    def __repr__(self) -> str:
+        return f"Session(endpoint={self.endpoint!r})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Session holds live connections and credentials; pickle its ClientConfig instead")
+
+    @property
+    def anonymous(self) -> bool:
+        """Whether requests go out without credentials."""
+        return self.credentials is None
+
+    def authorization(self, url: str | None = None) -> dict[str, str]:
+        """Headers that authenticate a request (for ``url``, named in errors); refreshes an expired token.
+
+        May block on the token endpoint: call it off the I/O loop when :meth:`token_is_fresh` is false.
+        """
+        credentials = self.credentials
+        if credentials is None:
+            return {}
+        with self._refresh_lock:
+            if not credentials.valid:
+                if self._token_request is None:
+                    self._token_request = google.auth.transport.requests.Request()
+                try:
+                    credentials.refresh(self._token_request)
+                except google.auth.exceptions.RefreshError as exc:
+                    raise AccessDeniedError(f"could not refresh the credentials: {exc}", url=url) from None
+            return {"Authorization": f"Bearer {credentials.token}"}
+
+    def token_is_fresh(self) -> bool:
+        """Whether :meth:`authorization` answers without a network call."""
+        return self.credentials is None or bool(self.credentials.valid)
 
     def object_path(self, bucket: str, name: str) -> str:
-        return self.transport.endpoint + self.transport.object_path(bucket, name)
+        """JSON API URL of an object's metadata; the name is percent-encoded whole (``/`` included)."""
+        return f"{self.bucket_path(bucket)}/o/{quote(name, safe='')}"
 
-    async def _headers(self) -> dict[str, str]:
-        transport = self.transport
-        if transport.token_is_fresh():
-            return transport.authorization()
-        return await asyncio.get_running_loop().run_in_executor(None, transport.authorization)
+    def media_path(self, bucket: str, name: str) -> str:
+        """JSON API URL of an object's bytes."""
+        return f"{self.endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+
+    def bucket_path(self, bucket: str) -> str:
+        """JSON API URL of a bucket (``.../o`` lists its objects)."""
+        return f"{self.endpoint}/storage/v1/b/{quote(bucket, safe='')}"
+
+    def upload_path(self, bucket: str) -> str:
+        """JSON API URL that single-request uploads to ``bucket`` go to."""
+        return f"{self.endpoint}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
+
+    def xml_path(self, bucket: str, name: str = "") -> str:
+        """XML API URL of a bucket (``/bucket``) or an object (``/bucket/name``, encoded whole)."""
+        return f"{self.endpoint}/{quote(bucket, safe='')}" + (f"/{quote(name, safe='')}" if name else "")
+
+    def billed(
+        self, params: dict[str, Any], headers: dict[str, str] | None, *, xml_api: bool
+    ) -> tuple[dict[str, Any], dict[str, str] | None]:
+        """``params`` and ``headers`` naming the project billed for requests to requester-pays buckets:
+        the JSON API takes it as the ``userProject`` parameter, the XML API as the
+        ``x-goog-user-project`` header."""
+        if not self.user_project:
+            return params, headers
+        if xml_api:
+            return params, {**(headers or {}), "x-goog-user-project": self.user_project}
+        return {**params, "userProject": self.user_project}, headers
+
+    async def _headers(self, url: str) -> dict[str, str]:
+        if self.token_is_fresh():
+            return self.authorization(url)
+        return await asyncio.get_running_loop().run_in_executor(None, self.authorization, url)
 
     def read_media(
         self, url: str, path: str, params: dict[str, Any], headers: dict[str, str] | None = None
@@ -93,10 +169,10 @@ class ObjectReader:
                 auto_decompress=False,
                 headers={"Accept-Encoding": "identity"},  # media reads ask for gzip: see read_media
             )
-        params, headers = self.transport.billed(params, headers, xml_api=xml_api)
-        request_headers = {**(await self._headers()), **(headers or {})} if self._signed else headers
+        params, headers = self.billed(params, headers, xml_api=xml_api)
+        request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers
         # The path is percent-encoded already: yarl need not parse and encode it again.
-        target = yarl.URL(f"{path}?{urlencode(params)}", encoded=True)
+        target = yarl.URL(f"{path}?{urlencode(params)}" if params else path, encoded=True)
         try:
             async with self._session.request(
                 method,
@@ -120,40 +196,50 @@ class ObjectReader:
 
     @staticmethod
     async def json_answer(response: aiohttp.ClientResponse, url: str, required: Sequence[str] = ()) -> Any:
-        """The answer's JSON document (see :func:`_client.json_answer`)."""
+        """The answer's JSON document (see :func:`http.json_answer`)."""
         return json_answer(await response.read(), url, response.status, response.headers.get("Content-Type"), required)
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
 
 
 _lock = threading.Lock()
-_readers: dict[Transport, ObjectReader] = {}  # one per transport: the same endpoint and credentials
-_inherited: list[ObjectReader] = []  # a forked child's copies of its parent's readers: never used, never collected
+_sessions: dict[tuple[ClientConfig, str | None], Session] = {}
+_inherited: list[Session] = []  # a forked child's copies of its parent's sessions: never used, never collected
 
 
-def object_reader(config: ClientConfig) -> ObjectReader:
-    """This process's reader for ``config`` (created on first use, anew after fork)."""
-    transport = transport_for(config)
+def session_for(config: ClientConfig) -> Session:
+    """This process's session for ``config`` (created on first use, anew after fork; the emulator
+    variable is part of the key, as a configuration without an endpoint follows it)."""
+    key = (config, os.environ.get(EMULATOR_ENV))
+    session = _sessions.get(key)  # a dict read is atomic: the lock only guards creation
+    if session is not None:
+        return session
     with _lock:
-        reader = _readers.get(transport)
-        if reader is None:
-            reader = _readers[transport] = ObjectReader(config, transport)
-        return reader
+        session = _sessions.get(key)
+        if session is None:
+            session = _sessions[key] = Session(config)
+            logger.debug("created %r in process %d", session, os.getpid())
+        return session
 
 
 def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()
-    _inherited.extend(_readers.values())  # their sessions belong to the parent's loop
-    _readers.clear()
+    _inherited.extend(_sessions.values())  # their connections belong to the parent's loop
+    _sessions.clear()
 
 
 def _close_at_exit() -> None:
     """Close this process's sessions cleanly (their connections, and no warning about them)."""
-    for reader in list(_readers.values()):
-        if reader._session is not None and not reader._session.closed:
-            try:
-                asyncio.run_coroutine_threadsafe(reader._session.close(), io_loop()).result(timeout=5)
-            except (RuntimeError, TimeoutError):  # the loop is gone or stuck: nothing left to tidy
-                pass
+    for session in list(_sessions.values()):
+        if session._session is None:
+            continue
+        try:
+            asyncio.run_coroutine_threadsafe(session.close(), io_loop()).result(timeout=5)
+        except (RuntimeError, TimeoutError):  # the loop is gone or stuck: nothing left to tidy
+            pass
 
 
 lifecycle.after_fork(_forget_after_fork)

@@ -7,30 +7,25 @@ failure means for which feature. Everything it wrote is deleted at the end, on C
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import quote
 
-from .._engines.compose import compose_objects
 from .._engines.listing import MAX_PAGE_SIZE, list_objects
 from .._engines.upload import MIN_PART_SIZE, MultipartWriter
 from .._ops.checksums import crc32c_base64
-from .._ops.objects import create_object, delete_object, object_resource, read_object
+from .._ops.client import Client
+from .._ops.objects import delete_folder
 from .._ops.uploads import abort_upload, unfinished_uploads
 from .._ops.urls import format_url, parse_url
-from .._transport.context import LoadStats, new_context
-from .._transport.http import Transport, transport_for
-from .._transport.loop import io_loop
-from .._transport.retry import call_with_retry
-from ..config import ClientConfig, RetryConfig, TransferConfig
+from .._transport.session import Session
+from ..config import ClientConfig, RetryConfig
 from ..errors import (
     AccessDeniedError,
     GCSError,
@@ -236,7 +231,7 @@ class _Run:
         self.prefix = prefix
         self.scratch = f"{prefix}{SCRATCH_MARK}{secrets.token_hex(4)}/"
         self.client = client
-        self.transport: Transport = transport_for(client)
+        self.objects = Client(client, RETRY)
         self.say = say
         self.sample_size = sample_size
         self.report = Report(url=format_url(self.bucket, prefix), scratch=format_url(self.bucket, self.scratch))
@@ -251,12 +246,12 @@ class _Run:
 
     def introduce(self) -> None:
         report, say = self.report, self.say
-        report.endpoint = self.transport.endpoint
-        report.identity = _identity(self.transport)
+        report.endpoint = self.objects.session.endpoint
+        report.identity = _identity(self.objects.session)
         say(f"endpoint  {report.endpoint}")
         say(f"identity  {report.identity}")
-        if self.transport.user_project:
-            say(f"billed to {self.transport.user_project} (requester pays)")
+        if self.client.user_project:
+            say(f"billed to {self.client.user_project} (requester pays)")
         say(f"scratch   {report.scratch} (deleted at the end)")
         report.facts = self.bucket_facts()
         say("")
@@ -271,11 +266,8 @@ class _Run:
     def bucket_facts(self) -> list[Fact]:
         """The settings that change what temporary objects and overwrites cost; unknown without storage.buckets.get.
         A missing bucket or an unreachable endpoint raises: nothing else could work."""
-        url = format_url(self.bucket)
-        path = f"/storage/v1/b/{quote(self.bucket, safe='')}"
-        params = {"fields": _BUCKET_FIELDS}
         try:
-            resource = call_with_retry(lambda: self.transport.get_json(path, url=url, params=params), RETRY, url=url)
+            resource = self.objects.bucket(self.bucket, _BUCKET_FIELDS)
         except AccessDeniedError:
             return [Fact(name, _UNKNOWN) for name in _FACT_NAMES]
         except (NotFoundError, TransientError):
@@ -284,7 +276,7 @@ class _Run:
             return [Fact(name, f"unknown ({_one_line(exc)})") for name in _FACT_NAMES]
         self.hierarchical = bool((resource.get("hierarchicalNamespace") or {}).get("enabled"))
         self.retained = bool(resource.get("retentionPolicy"))
-        return bucket_settings(resource, self.transport.user_project)
+        return bucket_settings(resource, self.client.user_project)
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -313,21 +305,13 @@ class _Run:
     def create(self, name: str, data: bytes) -> int:
         """Create scratch object ``name`` only if it does not exist (``ifGenerationMatch=0``); its generation."""
         self.written.setdefault(name, None)  # before sending: a write whose answer is lost still gets deleted
-        generation = create_object(self.transport, self.bucket, name, data, RETRY, if_generation_match=0)
+        generation = self.objects.create(self.bucket, name, data, if_generation_match=0)
         self.written[name], self.contents[name] = generation, data
         return generation
 
-    def wait(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the I/O loop and wait for it; on Ctrl-C it is cancelled, so it sends nothing more."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, io_loop())
-        try:
-            return future.result()
-        finally:
-            future.cancel()  # a no-op once it is done
-
     def check_list(self) -> None:
         try:
-            with closing(list_objects(self.transport, self.bucket, self.prefix, RETRY, page_size=10)) as pages:
+            with closing(list_objects(self.objects, self.bucket, self.prefix, page_size=10)) as pages:
                 first = next(pages, [])
         except Exception as exc:  # noqa: BLE001 - each check reports its own failure
             self.failed("list", exc)
@@ -354,9 +338,7 @@ class _Run:
             self.add("precondition", SKIPPED, "needs the object of the write check")
             return
         try:
-            generation = create_object(
-                self.transport, self.bucket, written, b"replaced\n", RETRY, if_generation_match=0
-            )
+            generation = self.objects.create(self.bucket, written, b"replaced\n", if_generation_match=0)
         except PreconditionFailedError:
             self.add("precondition", OK, "a second create of the same name with ifGenerationMatch=0 was refused (412)")
             return
@@ -373,7 +355,7 @@ class _Run:
             self.add("read", SKIPPED, "needs the object of the write check")
             return
         try:
-            data = read_object(self.transport, self.bucket, written, RETRY)
+            data = self.objects.read(self.bucket, written)
         except Exception as exc:  # noqa: BLE001
             self.failed("read", exc)
             return
@@ -396,9 +378,8 @@ class _Run:
         name = self.scratch + "composite"
         expected = b"".join(data for _, data in sources)
         self.written.setdefault(name, None)
-        job = new_context(self.client, TransferConfig(max_in_flight=2), RETRY, LoadStats())
         try:
-            info = self.wait(compose_objects(job, self.bucket, name, pinned, only_if_new=True))
+            info = self.objects.compose(self.bucket, name, pinned, only_if_new=True)
         except Exception as exc:  # noqa: BLE001
             self.failed("compose", exc)
             return
@@ -459,7 +440,7 @@ class _Run:
     def upload_listing(self) -> tuple[str, str, str]:
         """The upload-listing row: can the bucket's unfinished multipart uploads be listed, as ``clean`` lists them?"""
         try:
-            with closing(unfinished_uploads(self.transport, self.bucket, RETRY)) as uploads:
+            with closing(unfinished_uploads(self.objects, self.bucket)) as uploads:
                 found = list(itertools.islice(uploads, _UPLOADS_LOOKED_AT))
         except NoMultipartListing as exc:
             return "upload listing", MISSING, f"the endpoint lists no multipart uploads ({_one_line(exc)})"
@@ -480,7 +461,7 @@ class _Run:
         try:
             for _ in range(LATENCY_REQUESTS):
                 started = time.perf_counter()
-                object_resource(self.transport, self.bucket, name, RETRY, "generation")
+                self.objects.head(self.bucket, name, "generation")
                 seconds.append(time.perf_counter() - started)
         except Exception as exc:  # noqa: BLE001
             self.failed("latency", exc)
@@ -500,7 +481,7 @@ class _Run:
             self.create(name, data)
             uploaded = time.perf_counter() - started
             started = time.perf_counter()
-            back = read_object(self.transport, self.bucket, name, RETRY)
+            back = self.objects.read(self.bucket, name)
             downloaded = time.perf_counter() - started
         except Exception as exc:  # noqa: BLE001
             self.failed("throughput", exc)
@@ -522,7 +503,7 @@ class _Run:
             return
         generation = self.written[name]
         try:
-            gone = delete_object(self.transport, self.bucket, name, RETRY, generation=generation)
+            gone = self.objects.delete(self.bucket, name, generation=generation)
         except Exception as exc:  # noqa: BLE001
             if self.retained and _result_of(exc) == REFUSED:
                 self.add("delete", REFUSED, _one_line(exc), _RETAINED)
@@ -549,7 +530,7 @@ class _Run:
         names.update(dict.fromkeys(listed or []))
         for name in names:
             try:
-                if delete_object(self.transport, self.bucket, name, RETRY, generation=self.written.get(name)):
+                if self.objects.delete(self.bucket, name, generation=self.written.get(name)):
                     report.deleted += 1
             except Exception as exc:  # noqa: BLE001 - reported, not raised: the rest still gets deleted
                 report.left_behind.append(f"{format_url(self.bucket, name)} ({_one_line(exc)})")
@@ -568,7 +549,7 @@ class _Run:
         try:
             return [
                 item["name"]
-                for batch in list_objects(self.transport, self.bucket, self.scratch, RETRY, MAX_PAGE_SIZE)
+                for batch in list_objects(self.objects, self.bucket, self.scratch, MAX_PAGE_SIZE)
                 for _, item in batch
             ]
         except Exception:  # noqa: BLE001
@@ -577,7 +558,7 @@ class _Run:
     def abort_scratch_uploads(self) -> None:
         """Abort any multipart upload under the scratch folder still open (a start interrupted before its answer)."""
         try:
-            with closing(unfinished_uploads(self.transport, self.bucket, RETRY, prefix=self.scratch)) as uploads:
+            with closing(unfinished_uploads(self.objects, self.bucket, prefix=self.scratch)) as uploads:
                 ours = list(uploads)
         except NoMultipartListing:
             return
@@ -589,7 +570,7 @@ class _Run:
             return
         for upload in ours:
             try:
-                abort_upload(self.transport, self.bucket, upload, RETRY)
+                self.objects.run(abort_upload, self.bucket, upload)
             except Exception as exc:  # noqa: BLE001
                 self.report.left_behind.append(
                     f"{format_url(self.bucket, upload.name)} multipart upload {upload.upload_id} ({_one_line(exc)})"
@@ -598,11 +579,8 @@ class _Run:
     def delete_scratch_folder(self) -> None:
         """With a hierarchical namespace, objects' folders outlive them: delete the scratch folder too."""
         url = format_url(self.bucket, self.scratch)
-        path = f"/storage/v1/b/{quote(self.bucket, safe='')}/folders/{quote(self.scratch, safe='')}"
         try:
-            call_with_retry(lambda: self.transport.request("DELETE", path, url=url).close(), RETRY, url=url)
-        except NotFoundError:
-            pass
+            self.objects.run(delete_folder, self.bucket, self.scratch)
         except Exception as exc:  # noqa: BLE001
             self.report.left_behind.append(f"{url} (empty folder: {_one_line(exc)})")
 
@@ -727,17 +705,17 @@ def bucket_settings(resource: dict[str, Any], user_project: str | None) -> list[
     return facts
 
 
-def _identity(transport: Transport) -> str:
+def _identity(session: Session) -> str:
     """Who the requests go out as: a service account's email, a user's account, else the credential type."""
-    if transport.anonymous:
+    if session.anonymous:
         return "anonymous"
     try:
-        transport.authorization()  # refreshes the token; a metadata-server identity learns its email here
+        session.authorization()  # refreshes the token; a metadata-server identity learns its email here
     except GCSError:
         raise
     except Exception as exc:  # noqa: BLE001 - the token endpoint could not be reached, say
         raise GCSError(f"could not get an access token: {type(exc).__name__}: {exc}") from None
-    credentials = transport.credentials
+    credentials = session.credentials
     if credentials is None:
         return "credentials of an unknown kind"
     email = getattr(credentials, "service_account_email", None)

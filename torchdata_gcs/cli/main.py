@@ -21,10 +21,10 @@ from typing import TypeVar, cast
 
 from .._engines.compose import leftovers, rfc3339_seconds, temporary_versions
 from .._ops.checksums import ObjectInfo
-from .._ops.objects import delete_object
+from .._ops.client import Client
 from .._ops.uploads import UPLOAD_MARKERS, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
-from .._transport.http import EMULATOR_ENV, transport_for
+from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, InvalidURIError, NoMultipartListing
 from ..testing import Emulator, EmulatorError
@@ -154,20 +154,19 @@ def _done(action: Callable[[T], bool], items: list[T], dry_run: bool) -> list[T]
 
 
 def _clean(args: argparse.Namespace) -> int:
-    transport = transport_for(_client(args))
-    retry = RetryConfig()
+    client = Client(_client(args), RetryConfig())
     bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
-    versions = temporary_versions(transport, bucket, retry)  # one listing, before any abort: markers are among them
+    versions = temporary_versions(client, bucket)  # one listing, before any abort: markers are among them
     found = leftovers(versions, older_than)
     now = time.time()
     try:
-        old = [upload for upload in unfinished_uploads(transport, bucket, retry) if now - rfc3339_seconds(upload.initiated) >= older_than]
+        old = [upload for upload in unfinished_uploads(client, bucket) if now - rfc3339_seconds(upload.initiated) >= older_than]
     except NoMultipartListing as exc:
         print(f"multipart uploads not listed: {exc}, not with the uploads (an emulator without the XML API?)")
     else:
         marked = {item["name"] for item in versions if item["name"].startswith(UPLOAD_MARKERS)}
         ours = [upload for upload in old if args.all_uploads or upload_marker(upload.upload_id) in marked]
-        aborted = _done(lambda upload: abort_upload(transport, bucket, upload, retry), ours, args.dry_run)
+        aborted = _done(lambda upload: client.run(abort_upload, bucket, upload), ours, args.dry_run)
         verb = "would abort" if args.dry_run else "aborted"
         for upload in aborted:
             print(
@@ -181,7 +180,7 @@ def _clean(args: argparse.Namespace) -> int:
                 "start (--all-uploads aborts them too)"
             )
 
-    deleted = _done(lambda item: delete_object(transport, bucket, item[0], retry, generation=item[1]), found, args.dry_run)
+    deleted = _done(lambda item: client.delete(bucket, item[0], generation=item[1]), found, args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     for name, _ in deleted:
         print(f"{verb} {printable(format_url(bucket, name))}")

@@ -13,8 +13,8 @@ from .._engines.listing import MAX_PAGE_SIZE, list_objects
 from .._engines.parallel_listing import ListingStats
 from .._engines.shared_listing import Entry, SharedListing
 from .._ops.checksums import ObjectInfo
+from .._ops.client import Client
 from .._ops.urls import parse_url
-from .._transport.http import Transport, transport_for
 from ..config import ClientConfig, RetryConfig, require_integer
 from ._source import as_source
 
@@ -125,18 +125,18 @@ class GCSFileListerIterDataPipe(IterDataPipe):
 
     def __iter__(self) -> Iterator[str | tuple[str, ObjectInfo]]:
         """List every input; :attr:`stats` counts this iteration's list requests and objects."""
-        transport = transport_for(self.client)
+        client = Client(self.client, self.retry)
         self.stats = ListingStats()
         after, self._resume_after, self._position = self._resume_after, None, None
         inputs = list(self.source_datapipe)
         for url in inputs:
             parse_url(url)
         if self.manifest is None:
-            batches = self._list(transport, inputs, after)
+            batches = self._list(client, inputs, after)
         else:
             masks = [self.masks] if isinstance(self.masks, str) else self.masks
-            shared = SharedListing(transport, self.manifest, inputs, masks, self.retry)
-            batches = _after(shared.entries(lambda: self._list(transport, inputs, None)), after)
+            shared = SharedListing(client, self.manifest, inputs, masks)
+            batches = _after(shared.entries(lambda: self._list(client, inputs, None)), after)
         with_metadata = self.with_metadata
         for batch in batches:
             for index, url, info in batch:
@@ -144,7 +144,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
                 yield url if info is None or not with_metadata else (url, info)
         self._position = None
 
-    def _list(self, transport: Transport, inputs: list[str], after: tuple[int, str] | None) -> Iterator[list[Entry]]:
+    def _list(self, client: Client, inputs: list[str], after: tuple[int, str] | None) -> Iterator[list[Entry]]:
         """List the inputs (from ``after`` on) in batches of entries that pass the masks."""
         masks = self.masks
         with_info = self.with_metadata or self.manifest is not None
@@ -154,7 +154,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
             bucket, name = parse_url(source_url)
             resume_name = parse_url(after[1])[1] if after is not None and index == after[0] else None
             for batch in list_objects(
-                transport, bucket, name, self.retry, self.page_size, self.concurrency, self.stats, resume_name
+                client, bucket, name, self.page_size, self.concurrency, self.stats, resume_name
             ):
                 yield [
                     (index, url, ObjectInfo.from_json(resource) if with_info else None)

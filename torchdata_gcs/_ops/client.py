@@ -1,0 +1,93 @@
+"""The synchronous client handle: one endpoint, its settings and a retry policy, with the single-request
+verbs of :mod:`.objects` as blocking methods (run on the process's I/O loop, like every request)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from .._transport.context import LoadStats, RequestContext, new_context
+from .._transport.loop import run
+from .._transport.session import Session, session_for
+from ..config import ClientConfig, RetryConfig, TransferConfig
+from . import objects
+from .checksums import ObjectInfo
+
+__all__ = ["Client"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_CONTROL = TransferConfig()  # single requests: the default concurrency slots and budget are never reached
+
+
+class Client:
+    """Blocking verbs on the objects of one endpoint (list a page, head, read, create, compose, delete),
+    each retried under ``retry``; ``stats`` counts their requests and retries.
+
+    A handle is cheap and holds only settings: it finds this process's :class:`Session` on each call,
+    so it may be kept across a fork. It must not be used from the I/O loop's own thread.
+    """
+
+    def __init__(self, config: ClientConfig, retry: RetryConfig) -> None:
+        self.config = config
+        self.retry = retry
+        self.stats = LoadStats()
+
+    def __repr__(self) -> str:
+        return f"Client({self.config!r})"
+
+    @property
+    def session(self) -> Session:
+        """This process's session for the handle's configuration."""
+        return session_for(self.config)
+
+    def context(self) -> RequestContext:
+        """A request context for one blocking call (coroutines of :mod:`.objects` take one)."""
+        return new_context(self.config, _CONTROL, self.retry, self.stats)
+
+    def run(self, verb: Callable[Concatenate[RequestContext, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop and wait for it."""
+        return run(verb(self.context(), *args, **kwargs))  # type: ignore[arg-type]
+
+    def list_page(self, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
+        """One page of the bucket's listing for the query ``params``."""
+        return self.run(objects.list_page, bucket, params, url=url)
+
+    def bucket(self, bucket: str, fields: str) -> dict[str, Any]:
+        """The bucket's settings, trimmed to ``fields``."""
+        return self.run(objects.bucket_resource, bucket, fields)
+
+    def head(self, bucket: str, name: str, fields: str, *, generation: int | None = None) -> dict[str, Any] | None:
+        """The object's metadata trimmed to ``fields``; ``None`` if it does not exist."""
+        return self.run(objects.object_resource, bucket, name, fields, generation=generation)
+
+    def read(self, bucket: str, name: str) -> bytes | None:
+        """A small object's bytes, checked; ``None`` if it does not exist."""
+        return self.run(objects.read_object, bucket, name)
+
+    def create(
+        self,
+        bucket: str,
+        name: str,
+        data: bytes,
+        *,
+        if_generation_match: int | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> int:
+        """Write ``data`` as ``name`` in one request; the new generation."""
+        return self.run(
+            objects.create_object, bucket, name, data, if_generation_match=if_generation_match, content_type=content_type
+        )
+
+    def compose(self, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool) -> ObjectInfo:
+        """Concatenate ``sources`` into ``name`` in one compose call."""
+        return self.run(objects.compose_object, bucket, name, sources, only_if_new=only_if_new)
+
+    def delete(
+        self, bucket: str, name: str, *, generation: int | None = None, if_generation_match: int | None = None
+    ) -> bool:
+        """Delete the live object or one version; ``False`` if it was already gone."""
+        return self.run(
+            objects.delete_object, bucket, name, generation=generation, if_generation_match=if_generation_match
+        )
