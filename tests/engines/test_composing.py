@@ -84,6 +84,23 @@ def test_in_order_bit_exact_with_few_requests(gcs_emulator: Emulator) -> None:
     assert temporary(gcs_emulator, "compose-basic") == []
 
 
+def test_the_bucket_is_prepared_while_plain_urls_are_described(gcs_emulator: Emulator) -> None:
+    """The permission probe and the reuse listing run beside the metadata requests, not before them
+    on the consumer's thread: with 50 ms per request, every metadata request is on its way before the
+    probe's create has been answered and its delete sent."""
+    expected = seed(gcs_emulator, "compose-prepare", 40)
+    with GCSFront(gcs_emulator.endpoint, latency=0.05, record=True) as front:
+        pipe = IterableWrapper(list(expected)).compose_shards_by_gcs(
+            client=front.client_config, reuse_prefix="cache/kept/"
+        )
+        assert read_all(pipe) == list(expected.items())
+        kinds = [(request.method, request.target) for request in front.recorded]
+    probe_delete = next(i for i, (method, target) in enumerate(kinds) if method == "DELETE" and "probe" in target)
+    described = [i for i, (method, target) in enumerate(kinds) if method == "GET" and "/o/d%2F" in target and "alt=media" not in target]
+    assert len(described) == 40 and max(described) < probe_delete
+    assert pipe.stats.composes == 2
+
+
 def test_groups_respect_size_limit_buckets_and_large_objects(gcs_emulator: Emulator) -> None:
     small = seed(gcs_emulator, "compose-mixed-a", 6)
     large = {"gs://compose-mixed-a/big.bin": os.urandom(50_000)}
