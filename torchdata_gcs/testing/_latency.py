@@ -48,10 +48,14 @@ core.register_action("delay", {{ "http-req" }}, function(txn) core.msleep({milli
 """
 
 
-def _haproxy() -> str:
-    found = shutil.which("haproxy") or next(
+def _find_haproxy() -> str | None:
+    return shutil.which("haproxy") or next(
         (path for path in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(path, os.X_OK)), None
     )
+
+
+def _haproxy() -> str:
+    found = _find_haproxy()
     if found is None:
         raise EmulatorError("LatencyFront needs HAProxy with Lua: apt-get install haproxy")
     return found
@@ -79,6 +83,11 @@ class LatencyFront(LocalService):
     """
 
     kind = "latency front"
+
+    @staticmethod
+    def available() -> bool:
+        """Whether HAProxy is installed here (``LatencyFront`` needs it; ``GCSFront`` does not)."""
+        return _find_haproxy() is not None
 
     def __init__(self, upstream: str, *, latency: float = 0.02) -> None:
         parts = urlsplit(upstream)
