@@ -3,6 +3,7 @@ says, and how it exits."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import re
 import signal
@@ -15,10 +16,12 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 import requests
 
+from torchdata_gcs import ClientConfig
 from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
 from torchdata_gcs._transport.http import EMULATOR_ENV
 from torchdata_gcs.cli import main
+from torchdata_gcs.cli.options import client_config
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 from torchdata_gcs.testing._process import free_port
 
@@ -403,3 +406,10 @@ def test_names_cannot_drive_the_terminal(gcs_emulator: Emulator, capsys: pytest.
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\t" not in out
     assert "data/\\x1b[2J\\x1b]0;owned\\x07name\\t.bin" in out and "\\x1b[31mred" in out
+
+
+def test_anonymous_and_user_project_reach_the_client_config() -> None:
+    args = argparse.Namespace(endpoint="http://127.0.0.1:9", anonymous=True, user_project="billed")
+    assert client_config(args) == ClientConfig(endpoint="http://127.0.0.1:9", anonymous=True, user_project="billed")
+    args.anonymous = False
+    assert client_config(args).anonymous is None  # the endpoint's default: anonymous only for emulators

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import pickle
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from torchdata_gcs import (
 )
 from torchdata_gcs._transport.http import GCS_ENDPOINT, resolve_endpoint
 from torchdata_gcs._transport.session import session_for
-from torchdata_gcs.testing import Emulator
+from torchdata_gcs.testing import Emulator, GCSFront
 
 
 def test_credentials_are_used_but_never_leak(
@@ -109,3 +110,20 @@ def test_sessions_are_per_process_and_never_pickled(client: ClientConfig) -> Non
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_child_builds_its_own, (client,))  # a forked child builds its own
     assert session_for(client) is session
+
+
+def test_every_request_names_the_library(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"a": b"1"})
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        assert [stream.read() for _, stream in GCSFileLoaderIterDataPipe(
+            GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/", client=front.client_config), client=front.client_config
+        )] == [b"1"]
+        agents = [request.header("User-Agent") for request in front.recorded]
+    assert len(agents) == 2 and agents == [[f"torchdata-gcs/{version('torchdata-gcs')}"]] * 2
+
+
+def test_a_key_file_for_an_anonymous_endpoint_is_refused(tmp_path: Path, gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """An emulator's http:// endpoint is anonymous by default: a key file given for it is an error, not ignored."""
+    config = ClientConfig(endpoint=gcs_emulator.endpoint, credentials_file=str(tmp_path / "key.json"))
+    with pytest.raises(ValueError, match="anonymous=False"):
+        list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/", client=config))

@@ -10,6 +10,7 @@ every other answer is asked for uncompressed.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import io
 import logging
 import os
@@ -41,9 +42,12 @@ from .http import (
 from .loop import io_loop
 from .throttle import Throttle
 
-__all__ = ["Session", "session_for"]
+__all__ = ["USER_AGENT", "Session", "session_for"]
 
 logger = logging.getLogger(__name__)
+
+USER_AGENT = f"torchdata-gcs/{importlib.metadata.version('torchdata-gcs')}"
+"""How every request names its client (GCS's request logs show it)."""
 
 
 class Session:
@@ -54,6 +58,11 @@ class Session:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self.endpoint, is_emulator = resolve_endpoint(config)
+        if config.credentials_file and config.anonymous is None and is_emulator:
+            raise ValueError(
+                f"credentials_file is set, but requests to {self.endpoint} go out anonymous unless "
+                "ClientConfig(anonymous=False) says otherwise: set it to send the credentials there, or drop the file"
+            )
         anonymous = config.anonymous if config.anonymous is not None else is_emulator
         self.credentials: google.auth.credentials.Credentials | None = None if anonymous else credentials_for(config)
         self.user_project = config.user_project
@@ -167,7 +176,8 @@ class Session:
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                 timeout=self._timeout,
                 auto_decompress=False,
-                headers={"Accept-Encoding": "identity"},  # media reads ask for gzip: see read_media
+                # Media reads ask for gzip instead: see read_media.
+                headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
             )
         params, headers = self.billed(params, headers, xml_api=xml_api)
         request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers

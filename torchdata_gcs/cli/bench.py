@@ -17,6 +17,7 @@ from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from ..config import ClientConfig, TransferConfig
 from ..datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
 from ..errors import ComposeFallbackWarning, NotFoundError
+from .options import client_config
 
 __all__ = ["MAX_IN_FLIGHT", "bench", "human_size", "listed_with_stats"]
 
@@ -129,7 +130,7 @@ def _bench_loading(
 
 def bench(args: argparse.Namespace) -> int:
     """``torchdata-gcs bench``: measure, print the table and the suggestions; the exit code."""
-    client = ClientConfig(endpoint=args.endpoint, user_project=args.user_project)
+    client = client_config(args)
     listing, sample = _bench_listing(args.url, client, args.concurrency, args.limit, args.seconds)
     if not sample:
         raise NotFoundError(f"no objects under {args.url}: nothing to measure", url=args.url)

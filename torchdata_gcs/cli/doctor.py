@@ -7,6 +7,7 @@ failure means for which feature. Everything it wrote is deleted at the end, on C
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import secrets
@@ -193,17 +194,14 @@ class Report:
 def doctor(
     url: str,
     *,
-    endpoint: str | None = None,
-    user_project: str | None = None,
+    client: ClientConfig | None = None,
     say: Callable[[str], None] = lambda line: None,
     sample_size: int = SAMPLE_SIZE,
 ) -> Report:
-    """Check ``url``'s bucket (``gs://bucket/prefix/``) and return the report; ``say`` is given each line of it
-    as it is known. Ctrl-C (``KeyboardInterrupt``) stops the checks, cleans up and returns a report marked
+    """Check ``url``'s bucket (``gs://bucket/prefix/``) through ``client`` (its timeouts replaced by short ones)
+    and return the report; ``say`` is given each line of it as it is known. Ctrl-C (``KeyboardInterrupt``) stops the checks, cleans up and returns a report marked
     ``interrupted``. A bucket that does not exist or an endpoint that cannot be reached raises its ``GCSError``."""
-    client = ClientConfig(
-        endpoint=endpoint, user_project=user_project, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT
-    )
+    client = dataclasses.replace(client or ClientConfig(), connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
     run = _Run(url, client, say, sample_size)
     try:
         run.introduce()

@@ -31,6 +31,7 @@ from ..testing import Emulator, EmulatorError
 from .bench import MAX_IN_FLIGHT, human_size, listed_with_stats
 from .bench import bench as run_bench
 from .doctor import SCRATCH_MARK, doctor
+from .options import client_config
 
 __all__ = ["main"]
 
@@ -118,15 +119,11 @@ def _folder(text: str) -> Path:
     return path
 
 
-def _client(args: argparse.Namespace) -> ClientConfig:
-    return ClientConfig(endpoint=args.endpoint, user_project=args.user_project)
-
-
 # -- ls --------------------------------------------------------------------------------------------
 
 
 def _ls(args: argparse.Namespace) -> int:
-    lister, listed = listed_with_stats(args.url, _client(args), args.concurrency)
+    lister, listed = listed_with_stats(args.url, client_config(args), args.concurrency)
     count = total = 0
     started = time.perf_counter()
     for url, info in cast("Iterator[tuple[str, ObjectInfo]]", listed):
@@ -154,7 +151,7 @@ def _done(action: Callable[[T], bool], items: list[T], dry_run: bool) -> list[T]
 
 
 def _clean(args: argparse.Namespace) -> int:
-    client = Client(_client(args), RetryConfig())
+    client = Client(client_config(args), RetryConfig())
     bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
     versions = temporary_versions(client, bucket)  # one listing, before any abort: markers are among them
     found = leftovers(versions, older_than)
@@ -195,7 +192,7 @@ def _doctor(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up as Ctrl-C does
     try:
         report = doctor(
-            args.url, endpoint=args.endpoint, user_project=args.user_project, say=lambda line: print(line, flush=True)
+            args.url, client=client_config(args), say=lambda line: print(line, flush=True)
         )
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -275,6 +272,9 @@ def _parser() -> argparse.ArgumentParser:
         type=_endpoint,
         metavar="URL",
         help="where requests go, such as an emulator (default: STORAGE_EMULATOR_HOST, else GCS)",
+    )
+    parser.add_argument(
+        "--anonymous", action="store_true", help="send no credentials (public buckets; the default for emulators)"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     listing = argparse.ArgumentParser(add_help=False)
