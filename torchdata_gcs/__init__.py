@@ -26,6 +26,7 @@ from .datapipes import (
     GCSSaverIterDataPipe,
     GCSShardComposerIterDataPipe,
 )
+from .datasets import GCSIterableDataset, GCSMapDataset
 from .errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
@@ -48,6 +49,8 @@ __all__ = [
     "GCSError",
     "GCSFileListerIterDataPipe",
     "GCSFileLoaderIterDataPipe",
+    "GCSIterableDataset",
+    "GCSMapDataset",
     "GCSSaverIterDataPipe",
     "GCSShardComposerIterDataPipe",
     "IntegrityError",

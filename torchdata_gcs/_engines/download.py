@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import logging
 import sys
 import time
@@ -22,6 +23,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import google_crc32c
+from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from .._ops.checksums import (
     ObjectInfo,
@@ -38,11 +40,12 @@ from .._transport.loop import io_loop
 from .._transport.retry import Attempts
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
-from .streams import PartStream
+from .streams import MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "as_stream",
     "deliver_in_order",
     "fetch_object",
     "load_in_order",
@@ -183,6 +186,16 @@ def _ranges_in_this_process(
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream
 """An object's bytes (whole, or in chunks, or views into a composite's chunks), or a stream over
 one too large for the byte budget."""
+
+
+def as_stream(url: str, data: Loaded) -> StreamWrapper:
+    """A loaded object as the binary stream torchdata's decoders expect (seekable unless streamed);
+    it pickles, so it crosses from DataLoader workers to the main process."""
+    if isinstance(data, bytes):
+        stream: io.IOBase = io.BytesIO(data)  # shares the bytes
+    else:
+        stream = MemoryStream(data) if isinstance(data, list) else data
+    return StreamWrapper(stream, name=url)
 
 
 async def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> tuple[Loaded, int]:

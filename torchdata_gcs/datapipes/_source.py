@@ -1,16 +1,12 @@
-"""Shared handling of the loaders' input (a DataPipe, an iterable or one URL) and output streams."""
+"""Shared handling of the loaders' input: a DataPipe, an iterable or one URL."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._engines.download import Loaded
-from .._engines.streams import MemoryStream
 from .._ops.checksums import ObjectInfo
 from .._ops.urls import brief
 from ..errors import InvalidURIError
@@ -41,13 +37,3 @@ def split_item(item: Item) -> tuple[str, ObjectInfo | None]:
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], ObjectInfo):
         return item
     raise InvalidURIError(f"expected a gs:// URL or a (url, ObjectInfo) pair, got {brief(item)}")
-
-
-def as_stream(url: str, data: Loaded) -> StreamWrapper:
-    """A loaded object as the binary stream torchdata's decoders expect (seekable unless streamed);
-    it pickles, so it crosses from DataLoader workers to the main process."""
-    if isinstance(data, bytes):
-        stream: io.IOBase = io.BytesIO(data)  # shares the bytes
-    else:
-        stream = MemoryStream(data) if isinstance(data, list) else data
-    return StreamWrapper(stream, name=url)

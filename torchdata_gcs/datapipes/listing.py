@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
-from torch.utils.data.datapipes.utils.common import match_masks
 
-from .._engines.listing import MAX_PAGE_SIZE, list_objects
+from .._engines.listing import MAX_PAGE_SIZE
 from .._engines.parallel_listing import ListingStats
-from .._engines.shared_listing import Entry, SharedListing
+from .._engines.shared_listing import list_inputs
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.urls import parse_url
@@ -128,42 +126,20 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         client = Client(self.client, self.retry)
         self.stats = ListingStats()
         after, self._resume_after, self._position = self._resume_after, None, None
-        inputs = list(self.source_datapipe)
-        for url in inputs:
-            parse_url(url)
-        if self.manifest is None:
-            batches = self._list(client, inputs, after)
-        else:
-            masks = [self.masks] if isinstance(self.masks, str) else self.masks
-            shared = SharedListing(client, self.manifest, inputs, masks)
-            batches = _after(shared.entries(lambda: self._list(client, inputs, None)), after)
+        batches = list_inputs(
+            client,
+            list(self.source_datapipe),
+            [self.masks] if isinstance(self.masks, str) else self.masks,
+            with_info=self.with_metadata,
+            page_size=self.page_size,
+            concurrency=self.concurrency,
+            stats=self.stats,
+            manifest=self.manifest,
+            after=after,
+        )
         with_metadata = self.with_metadata
         for batch in batches:
             for index, url, info in batch:
                 self._position = (index, url)
                 yield url if info is None or not with_metadata else (url, info)
         self._position = None
-
-    def _list(self, client: Client, inputs: list[str], after: tuple[int, str] | None) -> Iterator[list[Entry]]:
-        """List the inputs (from ``after`` on) in batches of entries that pass the masks."""
-        masks = self.masks
-        with_info = self.with_metadata or self.manifest is not None
-        for index, source_url in enumerate(inputs):
-            if after is not None and index < after[0]:
-                continue
-            bucket, name = parse_url(source_url)
-            resume_name = parse_url(after[1])[1] if after is not None and index == after[0] else None
-            for batch in list_objects(
-                client, bucket, name, self.page_size, self.concurrency, self.stats, resume_name
-            ):
-                yield [
-                    (index, url, ObjectInfo.from_json(resource) if with_info else None)
-                    for url, resource in batch
-                    if not masks or match_masks(posixpath.basename(url), masks)
-                ]
-
-
-def _after(batches: Iterable[list[Entry]], after: tuple[int, str] | None) -> Iterator[list[Entry]]:
-    """The entries that come after position ``after`` (all of them if ``None``)."""
-    for batch in batches:
-        yield batch if after is None else [entry for entry in batch if (entry[0], entry[1]) > after]

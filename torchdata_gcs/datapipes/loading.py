@@ -7,11 +7,11 @@ from collections.abc import Iterable, Iterator
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._engines.download import Loaded, LoadStats, load_in_order
+from .._engines.download import Loaded, LoadStats, as_stream, load_in_order
 from .._ops.checksums import ObjectInfo
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ._source import Item, as_source, as_stream, split_item
+from ._source import Item, as_source, split_item
 
 __all__ = ["GCSFileLoaderIterDataPipe"]
 

@@ -1,0 +1,96 @@
+"""GCSMapDataset and GCSIterableDataset in torch's DataLoader: exactly once, bit-exact, one request per item."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from torch.utils.data import DataLoader, DistributedSampler
+
+from torchdata_gcs import GCSIterableDataset, GCSMapDataset
+from torchdata_gcs.testing import Emulator, GCSFront
+
+N_OBJECTS = 60
+
+
+@pytest.fixture(scope="module")
+def dataset(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
+    bucket = "datasets-data"
+    objects = {f"ds/{i:03d}.bin": f"sample {i};".encode() * (i % 9 + 1) for i in range(N_OBJECTS)}
+    gcs_emulator.seed(bucket, objects)
+    return bucket, {f"gs://{bucket}/{name}": data for name, data in objects.items()}
+
+
+def read(url: str, stream) -> tuple[str, bytes]:
+    return url, stream.read()
+
+
+def assert_exactly_once(delivered: list[tuple[str, bytes]], expected: dict[str, bytes]) -> None:
+    counts = collections.Counter(url for url, _ in delivered)
+    assert set(counts) == set(expected), "missing or unexpected objects"
+    assert max(counts.values()) == 1, "an object was delivered more than once"
+    assert all(data == expected[url] for url, data in delivered), "bytes differ"
+
+
+def test_map_dataset_reads_each_item_in_one_request(dataset, gcs_emulator: Emulator) -> None:
+    bucket, expected = dataset
+    with GCSFront(gcs_emulator.endpoint) as front:
+        ds = GCSMapDataset(f"gs://{bucket}/ds/", transform=read, client=front.client_config)
+        listed = dict(front.counts)
+        assert len(ds) == N_OBJECTS and listed == {"list": 1}
+        assert ds[7] == (f"gs://{bucket}/ds/007.bin", expected[f"gs://{bucket}/ds/007.bin"])
+        loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=list)
+        delivered = [item for batch in loader for item in batch]
+        reads = front.counts["get"]
+    assert_exactly_once(delivered, expected)
+    assert reads == N_OBJECTS + 1, "one media GET per item, no metadata requests"
+
+
+def test_map_dataset_under_a_distributed_sampler(dataset, client) -> None:
+    bucket, expected = dataset
+    ds = GCSMapDataset(f"gs://{bucket}/ds/", transform=read, client=client)
+    delivered = []
+    for rank in range(2):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=3)
+        delivered += [item for batch in DataLoader(ds, batch_size=5, sampler=sampler, collate_fn=list) for item in batch]
+    assert_exactly_once(delivered, expected)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pairs_cross_worker_processes(dataset, client, num_workers: int) -> None:
+    """The default items, ``(url, stream)``, are read in the main process after crossing from a worker."""
+    bucket, expected = dataset
+    for ds in (GCSMapDataset(f"gs://{bucket}/ds/", client=client), GCSIterableDataset(f"gs://{bucket}/ds/", client=client)):
+        loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
+        assert_exactly_once([(url, stream.read()) for url, stream in loader], expected)
+
+
+def test_iterable_dataset_splits_across_workers_by_itself(dataset, client) -> None:
+    bucket, expected = dataset
+    ds = GCSIterableDataset(f"gs://{bucket}/ds/", transform=read, client=client, shuffle=True, seed=5)
+    assert_exactly_once(list(DataLoader(ds, batch_size=None, num_workers=2)), expected)
+
+
+def test_iterable_dataset_shuffles_by_seed_and_epoch(dataset, client) -> None:
+    bucket, _ = dataset
+    ds = GCSIterableDataset(f"gs://{bucket}/ds/", transform=lambda url, stream: url, client=client, shuffle=True, seed=5)
+    first = list(ds)
+    assert list(ds) == first, "the same epoch and seed give the same order"
+    ds.set_epoch(1)
+    second = list(ds)
+    assert second != first and sorted(second) == sorted(first)
+    assert list(GCSIterableDataset(f"gs://{bucket}/ds/", transform=lambda url, stream: url, client=client)) == sorted(first)
+
+
+def test_iterable_dataset_resumes_mid_epoch(dataset, client) -> None:
+    bucket, expected = dataset
+    ds = GCSIterableDataset(f"gs://{bucket}/ds/", transform=read, client=client, shuffle=True, seed=9)
+    ds.set_epoch(2)
+    iterator = iter(ds)
+    before = [next(iterator) for _ in range(23)]
+    state = ds.state_dict()
+    fresh = GCSIterableDataset(f"gs://{bucket}/ds/", transform=read, client=client, shuffle=True)
+    fresh.load_state_dict(state)
+    after = list(fresh)
+    assert len(after) == N_OBJECTS - 23
+    assert_exactly_once(before + after, expected)
