@@ -21,7 +21,13 @@ from ._engines.compression import CompressingWriter, decompress
 from ._engines.download import LoadStats, read_into_buffer
 from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.streams import MemoryStream
-from ._engines.upload import CompositeWriter, MultipartWriter, StreamingWriter, library_errors_first
+from ._engines.upload import (
+    CompositeWriter,
+    MultipartWriter,
+    StreamingWriter,
+    library_errors_first,
+    multipart_served,
+)
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.urls import parse_url
@@ -74,6 +80,8 @@ def open_writer(
 
     Use it in a ``with`` block: an exception inside discards the parts and publishes nothing. Memory
     stays near ``part_size x (max_parts_in_flight + 1)`` (plus 8 compression blocks when compressing).
+    Where the endpoint serves no XML API multipart upload (the bare emulator), ``strategy="multipart"``
+    writes as ``"compose"`` does, said once in a log line.
 
     Args:
         url: ``gs://bucket/object``.
@@ -84,7 +92,12 @@ def open_writer(
     """
     write = write_config(write, "open_writer", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip
-    writer = _WRITERS[write.strategy](
+    strategy = write.strategy
+    if strategy == "multipart":
+        bucket = parse_url(url, allow_prefix=False)[0]
+        if not multipart_served(Client(client or ClientConfig(), retry or RetryConfig()), bucket):
+            strategy = "compose"
+    writer = _WRITERS[strategy](
         url, client=client, retry=retry, part_size=write.part_size, max_parts_in_flight=write.max_parts_in_flight
     )
     return writer if write.compression is None else CompressingWriter(writer, cast(Zstd, write.compression))

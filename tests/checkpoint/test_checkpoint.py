@@ -83,3 +83,18 @@ def test_the_loose_writer_keywords_still_work_with_a_deprecation_warning(front: 
     assert torch.equal(checkpoint.load(url, client=front.client_config)["w"], torch.ones(3))
     with pytest.raises(TypeError, match="not both"):
         checkpoint.save({}, url, client=front.client_config, write=WriteConfig(), part_size=MIN_PART_SIZE)
+
+
+def test_default_settings_work_on_the_bare_emulator(caplog: pytest.LogCaptureFixture) -> None:
+    """fake-gcs-server has no XML API multipart upload: a multipart save notices once and composes instead."""
+    state = {"weights": torch.randn(1024, 1536)}  # 6 MiB: more than one part
+    write = WriteConfig(part_size=MIN_PART_SIZE)
+    with Emulator() as emulator, caplog.at_level("WARNING"):  # an endpoint of its own: asked anew
+        emulator.create_bucket("bare")
+        for _ in range(2):
+            checkpoint.save(state, "gs://bare/bare.pt", client=emulator.client_config, write=write)
+        loaded = checkpoint.load("gs://bare/bare.pt", client=emulator.client_config)
+        names = emulator.names("bare")
+    assert torch.equal(loaded["weights"], state["weights"]) and names == ["bare.pt"]
+    notes = [record.getMessage() for record in caplog.records if "multipart" in record.getMessage()]
+    assert len(notes) == 1 and "strategy='compose'" in notes[0]

@@ -37,12 +37,20 @@ import google_crc32c
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
 from .._ops.objects import compose_object, create_object
-from .._ops.uploads import upload_marker
+from .._ops.uploads import UPLOAD_MARKERS, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.loop import io_loop, wait_unless_on_io_loop
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from ..errors import GCSError, IntegrityError, InvalidURIError, NotFoundError, TransientError, UploadError
+from ..errors import (
+    GCSError,
+    IntegrityError,
+    InvalidURIError,
+    NoMultipartListing,
+    NotFoundError,
+    TransientError,
+    UploadError,
+)
 from .compose import MAX_SOURCES, delete_temporary, new_job_id
 
 logger = logging.getLogger(__name__)
@@ -58,6 +66,7 @@ __all__ = [
     "PublishingWriter",
     "StreamingWriter",
     "library_errors_first",
+    "multipart_served",
     "part_size",
 ]
 
@@ -505,6 +514,29 @@ async def _create_part(
 ) -> tuple[int, tuple[str, int]]:
     """Upload one part as the object ``name`` (GCS checks its crc32c); ``(number, (name, generation))``."""
     return number, (name, await create_object(job, bucket, name, data, crc32c=crc32c))
+
+
+_multipart_served: dict[str, bool] = {}  # endpoint -> whether it serves XML API multipart uploads
+
+
+def multipart_served(client: Client, bucket: str) -> bool:
+    """Whether the endpoint serves XML API multipart uploads, asked once per endpoint and process by
+    listing one page of the bucket's unfinished uploads of this library. An endpoint without them
+    (fake-gcs-server) is named in one log line; any other failure to list (a refusal, a missing
+    bucket) leaves the answer to the upload itself."""
+    endpoint = client.session.endpoint
+    served = _multipart_served.get(endpoint)
+    if served is None:
+        try:
+            next(iter(unfinished_uploads(client, bucket, prefix=UPLOAD_MARKERS)), None)
+            served = True
+        except NoMultipartListing:
+            served = False
+            logger.warning("%s serves no XML API multipart upload: writing with strategy='compose'", endpoint)
+        except GCSError:
+            served = True
+        _multipart_served[endpoint] = served
+    return served
 
 
 @contextmanager
