@@ -59,9 +59,9 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
     if workload == "compression":
         return {
             "none": f"torchdata-gcs {_version('torchdata-gcs')}: checkpoint.save, no compression",
-            "zstd-1-plain": "compression=Zstd(level=1, byte_grouping=False): plain zstd",
-            "zstd-1": "compression=\"zstd\" (level 1, byte grouping)",
-            "zstd-3": "compression=Zstd(level=3) (byte grouping)",
+            "zstd-1-plain": "compression=\"zstd\" (level 1): standard zstd",
+            "zstd-1": "compression=Zstd(level=1, byte_grouping=True)",
+            "zstd-3": "compression=Zstd(level=3, byte_grouping=True)",
         }[reader]
     gcs, fs = _version("google-cloud-storage"), _version("gcsfs")
     ours = f"torchdata-gcs {_version('torchdata-gcs')}"

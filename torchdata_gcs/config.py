@@ -146,10 +146,12 @@ class Zstd:
     """zstd compression of what a checkpoint writer writes; readers detect it themselves.
 
     The stream is cut into ``block_size`` blocks compressed independently on ``threads`` threads
-    (decompressed in parallel too). With ``byte_grouping``, each block's bytes are regrouped by
-    position within 2, 4 or 8-byte words before compression (all first bytes, then all second
-    bytes, ...) when a sample of the block compresses better so: the exponent bytes of floats then
-    sit together, which zstd finds far more compressible than interleaved with mantissas.
+    (decompressed in parallel too), as standard zstd frames with checksums that ``zstd -d`` and any
+    zstd library read back. With ``byte_grouping``, each block's bytes are regrouped by position
+    within 2, 4 or 8-byte words before compression (all first bytes, then all second bytes, ...)
+    when a sample of the block compresses better so: the exponent bytes of floats then sit together,
+    which zstd finds far more compressible than interleaved with mantissas. That is a format of this
+    library's own (about 10% smaller on trained float32 weights), which only it reads.
 
     Args:
         level: zstd level, 1 (fast) to 19 (small); negative levels are faster still. On trained
@@ -157,13 +159,14 @@ class Zstd:
             were grouped (63.8% and 63.3% vs 63.5%), at 1.5x and 3.4x the time; hence 1.
         threads: blocks compressed at once; 0 means one per CPU, at most 4.
         block_size: bytes of input per independently compressed block.
-        byte_grouping: try regrouping bytes per block and keep it where it compresses better.
+        byte_grouping: try regrouping bytes per block and keep it where it compresses better
+            (this library's format; off: standard zstd).
     """
 
     level: int = 1
     threads: int = 0
     block_size: int = 4 * MiB
-    byte_grouping: bool = True
+    byte_grouping: bool = False
 
     def __post_init__(self) -> None:
         require_integer("level", self.level, -7, 19)
@@ -188,7 +191,7 @@ class WriteConfig:
 
     Example:
         >>> WriteConfig(part_size=16 * 1024 * 1024, compression="zstd").compression
-        Zstd(level=1, threads=0, block_size=4194304, byte_grouping=True)
+        Zstd(level=1, threads=0, block_size=4194304, byte_grouping=False)
     """
 
     part_size: int = 8 * MiB

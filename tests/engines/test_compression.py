@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import io
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,15 @@ import zstandard
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import IntegrityError, WriteConfig, Zstd, checkpoint
-from torchdata_gcs._engines.compression import BLOCK_HEADER, MAGIC, CompressingWriter, blocks, decompress
+from torchdata_gcs._engines.compression import (
+    BLOCK_HEADER,
+    INDEX_FRAME,
+    INDEX_MAGIC,
+    MAGIC,
+    CompressingWriter,
+    blocks,
+    decompress,
+)
 from torchdata_gcs.testing import Emulator, GCSFront
 
 KiB = 1024
@@ -53,10 +63,28 @@ def test_round_trip_is_bit_exact_and_detected_on_read(gcs_bucket: str, gcs_emula
     checkpoint.save(state, plain, client=client)
     checkpoint.save(state, packed, client=client, write=WriteConfig(compression=Zstd(level=3, block_size=64 * KiB), strategy="compose"))
     stored = gcs_emulator.read(gcs_bucket, "packed.pt")
-    assert stored.startswith(MAGIC) and len(stored) < len(gcs_emulator.read(gcs_bucket, "plain.pt"))
+    assert stored.startswith(INDEX_MAGIC) and len(stored) < len(gcs_emulator.read(gcs_bucket, "plain.pt"))
     assert len(widths(stored)) >= 3  # several blocks, compressed on several threads
     assert_equal(checkpoint.load(packed, client=client), state)  # no need to say it is compressed
     assert_equal(checkpoint.load(plain, client=client), state)
+
+
+def test_the_default_is_standard_zstd_that_other_tools_read(gcs_bucket: str, gcs_emulator: Emulator, tmp_path: Path) -> None:
+    """Checkpoints saved with ``compression="zstd"`` need neither this library nor its index to be read."""
+    state = trained_like_state()
+    url = f"gs://{gcs_bucket}/portable.pt.zst"
+    checkpoint.save(state, url, client=gcs_emulator.client_config, write=WriteConfig(compression="zstd"))
+    stored = gcs_emulator.read(gcs_bucket, "portable.pt.zst")
+    plain = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(stored), read_across_frames=True).read()
+    assert_equal(torch.load(io.BytesIO(plain), weights_only=True), state)
+    if shutil.which("zstd"):
+        (tmp_path / "portable.pt.zst").write_bytes(stored)
+        subprocess.run(["zstd", "-q", "-d", "--check", str(tmp_path / "portable.pt.zst")], check=True)
+        assert (tmp_path / "portable.pt").read_bytes() == plain
+    with pytest.raises(zstandard.ZstdError):  # the frames carry checksums: a flipped byte is caught
+        damaged = bytearray(stored)
+        damaged[INDEX_FRAME.size + 40] ^= 0xFF
+        zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(damaged)), read_across_frames=True).read()
 
 
 def test_byte_grouping_is_chosen_per_block_and_pays_on_floats() -> None:
@@ -110,19 +138,21 @@ def test_plain_zstd_and_uncompressed_objects_load_too(gcs_bucket: str, gcs_emula
     assert decompress(b"not compressed") == b"not compressed"
 
 
-def test_damaged_compressed_data_raises_integrity_error(gcs_bucket: str, gcs_emulator: Emulator) -> None:
+@pytest.mark.parametrize("grouping", [False, True])
+def test_damaged_compressed_data_raises_integrity_error(gcs_bucket: str, gcs_emulator: Emulator, grouping: bool) -> None:
     sink = MemorySink()
-    with CompressingWriter(sink, Zstd(block_size=64 * KiB)) as writer:
+    with CompressingWriter(sink, Zstd(block_size=64 * KiB, byte_grouping=grouping)) as writer:
         writer.write(np.arange(100_000, dtype=np.float32).tobytes())
+    first_frame = len(MAGIC) + BLOCK_HEADER.size if grouping else INDEX_FRAME.size
     damaged = bytearray(sink.data)
-    damaged[len(MAGIC) + BLOCK_HEADER.size + 40] ^= 0xFF  # inside the first zstd frame
+    damaged[first_frame + 40] ^= 0xFF  # inside the first zstd frame
     with pytest.raises(IntegrityError):
         decompress(damaged, "gs://b/x")
     with pytest.raises(IntegrityError, match="ends inside a block header"):
-        decompress(sink.data[: len(MAGIC) + 3], "gs://b/x")
-    gcs_emulator.seed(gcs_bucket, {"damaged.pt": bytes(damaged)})  # stored whole: only its content is wrong
+        decompress(sink.data[: first_frame - 3], "gs://b/x")
+    gcs_emulator.seed(gcs_bucket, {f"damaged-{grouping}.pt": bytes(damaged)})  # stored whole: only its content is wrong
     with pytest.raises(IntegrityError):
-        checkpoint.load(f"gs://{gcs_bucket}/damaged.pt", client=gcs_emulator.client_config)
+        checkpoint.load(f"gs://{gcs_bucket}/damaged-{grouping}.pt", client=gcs_emulator.client_config)
 
 
 def test_failure_while_compressing_publishes_nothing(
@@ -161,7 +191,7 @@ def test_sink_datapipe_compresses(gcs_bucket: str, gcs_emulator: Emulator) -> No
     saved = list(
         IterableWrapper([(url, state)]).save_by_gcs(client=gcs_emulator.client_config, write=WriteConfig(compression=Zstd(level=1)))
     )
-    assert saved == [url] and gcs_emulator.read(gcs_bucket, "epoch-1.pt").startswith(MAGIC)
+    assert saved == [url] and gcs_emulator.read(gcs_bucket, "epoch-1.pt").startswith(INDEX_MAGIC)
     assert_equal(checkpoint.load(url, client=gcs_emulator.client_config), state)
 
 

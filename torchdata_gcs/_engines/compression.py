@@ -1,18 +1,27 @@
-"""Block-wise zstd for checkpoints, with byte grouping of numeric data, compressed and decompressed on
-several threads.
+"""Block-wise zstd for checkpoints, compressed and decompressed on several threads.
 
-Format (all integers little-endian)::
+Blocks are independent, so they compress and decompress in parallel, each into its own slice of the
+output. Two formats, all integers little-endian:
 
-    MAGIC                                   8 bytes
-    per block: compressed size  u32
-               raw size         u32
-               group width      u8     (1: bytes as they are; 2, 4, 8: grouped by position in words)
-               zstd frame       compressed size bytes
+- Standard zstd (the default): per block, a skippable frame that indexes it, then the block's zstd
+  frame (with its content size and checksum). ``zstd -d`` and any zstd library read it (they skip
+  skippable frames); our reader uses the index to decompress blocks in parallel::
 
-A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every word,
-and so on, for the first ``n - n % width`` bytes; the rest follow as they are. Blocks are
-independent, so they compress and decompress in parallel, each into its own slice of the output.
-Readers also accept a plain zstd stream (from the ``zstd`` tool, say) and uncompressed bytes.
+      skippable frame: INDEX_MAGIC u32, payload size u32 (8), compressed size u32, raw size u32
+      zstd frame:      compressed size bytes
+
+- Byte grouping (``Zstd(byte_grouping=True)``), smaller on float data but readable only here::
+
+      MAGIC                                   8 bytes
+      per block: compressed size  u32
+                 raw size         u32
+                 group width      u8     (1: bytes as they are; 2, 4, 8: grouped by position in words)
+                 zstd frame       compressed size bytes
+
+  A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every
+  word, and so on, for the first ``n - n % width`` bytes; the rest follow as they are.
+
+Readers also accept any other zstd stream (from the ``zstd`` tool, say) and uncompressed bytes.
 """
 
 from __future__ import annotations
@@ -31,12 +40,24 @@ from ..config import Zstd
 from ..errors import IntegrityError
 from .upload import PublishingWriter
 
-__all__ = ["BLOCK_HEADER", "MAGIC", "CompressingWriter", "blocks", "decompress", "is_compressed"]
+__all__ = [
+    "BLOCK_HEADER",
+    "INDEX_FRAME",
+    "INDEX_MAGIC",
+    "MAGIC",
+    "CompressingWriter",
+    "blocks",
+    "decompress",
+    "is_compressed",
+]
 
 MAGIC = b"\x89TDGCSZ\n"
-"""Starts every compressed checkpoint; not a valid start of a zip archive, a pickle or a zstd frame."""
+"""Starts every byte-grouped checkpoint; not a valid start of a zip archive, a pickle or a zstd frame."""
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 BLOCK_HEADER = struct.Struct("<IIB")
+INDEX_MAGIC = (0x184D2A5E).to_bytes(4, "little")
+"""The magic number of the skippable frames that index standard-format blocks (one of zstd's 16)."""
+INDEX_FRAME = struct.Struct("<4sIII")
 _WIDTHS = (2, 4, 8)
 _SAMPLE = 128 * 1024  # bytes of a block compressed in each layout to choose one
 
@@ -52,7 +73,7 @@ class _Sink(Protocol):
 
 def is_compressed(head: bytes | bytearray | memoryview) -> bool:
     """Whether an object starting with ``head`` is compressed (by this module or by plain zstd)."""
-    return bytes(head[: len(MAGIC)]) == MAGIC or bytes(head[:4]) == _ZSTD_MAGIC
+    return bytes(head[: len(MAGIC)]) == MAGIC or bytes(head[:4]) in (_ZSTD_MAGIC, INDEX_MAGIC)
 
 
 def _grouped(block: memoryview, width: int) -> bytes:
@@ -73,6 +94,9 @@ def _best_width(block: memoryview) -> int:
 
 
 def _compress_block(block: bytes, settings: Zstd) -> bytes:
+    if not settings.byte_grouping:
+        frame = zstandard.ZstdCompressor(level=settings.level, write_checksum=True).compress(block)
+        return INDEX_FRAME.pack(INDEX_MAGIC, INDEX_FRAME.size - 8, len(frame), len(block)) + frame
     view = memoryview(block)
     width = _best_width(view) if settings.byte_grouping and len(block) >= 4 * 1024 else 1
     data = _grouped(view, width) if width > 1 else block
@@ -98,7 +122,8 @@ class CompressingWriter(PublishingWriter):
         self._buffer = bytearray()
         self._raw = 0
         self._open = True
-        sink.write(MAGIC)
+        if settings.byte_grouping:
+            sink.write(MAGIC)
 
     def writable(self) -> bool:
         return True
@@ -174,14 +199,22 @@ class CompressingWriter(PublishingWriter):
 
 
 def blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
-    """``(frame offset, compressed size, raw size, width)`` of each block, checked for consistency."""
-    offset = len(MAGIC)
+    """``(frame offset, compressed size, raw size, width)`` of each block of either format, checked for
+    consistency."""
+    grouped = bytes(data[: len(MAGIC)]) == MAGIC
+    header = BLOCK_HEADER if grouped else INDEX_FRAME
+    offset = len(MAGIC) if grouped else 0
     while offset < len(data):
-        if offset + BLOCK_HEADER.size > len(data):
+        if offset + header.size > len(data):
             raise IntegrityError(f"{url}: compressed data ends inside a block header", url=url)
-        compressed, raw, width = BLOCK_HEADER.unpack_from(data, offset)
-        offset += BLOCK_HEADER.size
-        if width not in (1, *_WIDTHS) or offset + compressed > len(data):
+        if grouped:
+            compressed, raw, width = BLOCK_HEADER.unpack_from(data, offset)
+            sound = width in (1, *_WIDTHS)
+        else:
+            magic, payload, compressed, raw = INDEX_FRAME.unpack_from(data, offset)
+            width, sound = 1, magic == INDEX_MAGIC and payload == INDEX_FRAME.size - 8
+        offset += header.size
+        if not sound or offset + compressed > len(data):
             raise IntegrityError(f"{url}: compressed data has a damaged block header", url=url)
         yield offset, compressed, raw, width
         offset += compressed
@@ -196,7 +229,7 @@ def decompress(data: bytes | bytearray | memoryview, url: str = "", threads: int
             return zstandard.ZstdDecompressor().stream_reader(view, read_across_frames=True).read()
         except zstandard.ZstdError as exc:
             raise IntegrityError(f"{url}: damaged zstd stream ({exc})", url=url) from exc
-    if bytes(view[: len(MAGIC)]) != MAGIC:
+    if bytes(view[: len(MAGIC)]) != MAGIC and bytes(view[:4]) != INDEX_MAGIC:
         return data if isinstance(data, (bytes, bytearray)) else bytes(data)
     found = list(blocks(view, url))
     output = bytearray(sum(raw for _, _, raw, _ in found))
