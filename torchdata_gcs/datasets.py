@@ -3,6 +3,7 @@ listed once and read through the same engine as ``load_files_by_gcs``."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, Generic, TypeVar, cast
@@ -28,6 +29,14 @@ Transform = Callable[[str, IO[bytes]], T]
 
 def _pair(url: str, stream: IO[bytes]) -> tuple[str, IO[bytes]]:
     return url, stream
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world size: from the default process group, else from torchrun's
+    ``RANK`` and ``WORLD_SIZE``, else one process."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def _listed(
@@ -149,8 +158,10 @@ class GCSIterableDataset(_Objects[T], IterableDataset[T]):
     """An iterable dataset of the objects under ``gs://`` prefixes or URLs, listed once when it is made.
 
     Each epoch's order (shuffled with ``seed`` and the epoch when ``shuffle``; see :meth:`set_epoch`)
-    is split across ranks of the default process group and DataLoader workers by itself, so every
-    object is read exactly once per epoch with no ``sharding_filter`` needed. Objects are read ahead
+    is split across ranks and DataLoader workers by itself, so every object is read exactly once per
+    epoch with no ``sharding_filter`` needed. The rank and world size are read when the dataset is
+    made: from the default process group if it is initialized, else from torchrun's ``RANK`` and
+    ``WORLD_SIZE``. Objects are read ahead
     concurrently, in order. :meth:`state_dict` says how far this worker's share has been read, so
     ``StatefulDataLoader`` resumes mid-epoch without reading anything twice.
 
@@ -197,6 +208,7 @@ class GCSIterableDataset(_Objects[T], IterableDataset[T]):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self.rank, self.world_size = _rank_and_world()  # DataLoader workers do not see the process group
         self._done = 0  # items of this worker's share delivered this epoch
         self._resume = 0  # items to skip at the start of the next iteration
 
@@ -209,10 +221,9 @@ class GCSIterableDataset(_Objects[T], IterableDataset[T]):
         order = list(range(len(self.objects)))
         if self.shuffle:
             random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
-        rank, ranks = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
         worker = get_worker_info()
         index, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        return [self.objects[i] for i in order[rank * workers + index :: ranks * workers]]
+        return [self.objects[i] for i in order[self.rank * workers + index :: self.world_size * workers]]
 
     def __iter__(self) -> Iterator[T]:
         share = self.share()

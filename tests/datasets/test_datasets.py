@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import collections
+import pickle
+import warnings
+from pathlib import Path
 
 import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler
 
-from torchdata_gcs import GCSIterableDataset, GCSMapDataset
+from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
 from torchdata_gcs.testing import Emulator, GCSFront
 
 N_OBJECTS = 60
@@ -94,3 +99,43 @@ def test_iterable_dataset_resumes_mid_epoch(dataset, client) -> None:
     after = list(fresh)
     assert len(after) == N_OBJECTS - 23
     assert_exactly_once(before + after, expected)
+
+
+def _stateful(ds, batch_size: int):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning)
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    return StatefulDataLoader(ds, batch_size=batch_size, num_workers=2, collate_fn=list, shuffle=isinstance(ds, GCSMapDataset))
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.9's StatefulDataLoader on torch 2.13
+@pytest.mark.parametrize("kind", [GCSMapDataset, GCSIterableDataset])
+def test_stateful_dataloader_resumes_mid_epoch_in_a_fresh_loader(dataset, client, kind) -> None:
+    bucket, expected = dataset
+    loader = _stateful(kind(f"gs://{bucket}/ds/", transform=read, client=client), batch_size=4)
+    iterator = iter(loader)
+    before = [item for _ in range(5) for item in next(iterator)]
+    state = loader.state_dict()
+    del iterator, loader
+    fresh = _stateful(kind(f"gs://{bucket}/ds/", transform=read, client=client), batch_size=4)
+    fresh.load_state_dict(state)
+    after = [item for batch in fresh for item in batch]
+    assert len(before) == 20 and len(after) == N_OBJECTS - 20
+    assert_exactly_once(before + after, expected)
+
+
+def _one_rank(rank: int, world: int, folder: str, url: str, endpoint: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world)
+    try:
+        ds = GCSIterableDataset(url, transform=read, client=ClientConfig(endpoint=endpoint), shuffle=True, seed=1)
+        Path(folder, f"rank-{rank}.pkl").write_bytes(pickle.dumps(list(DataLoader(ds, batch_size=None, num_workers=2))))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_of_two_workers_read_each_object_once(dataset, client, tmp_path: Path) -> None:
+    bucket, expected = dataset
+    mp.spawn(_one_rank, args=(2, str(tmp_path), f"gs://{bucket}/ds/", client.endpoint), nprocs=2)
+    shares = [pickle.loads((tmp_path / f"rank-{rank}.pkl").read_bytes()) for rank in range(2)]
+    assert [len(share) for share in shares] == [N_OBJECTS // 2] * 2
+    assert_exactly_once(shares[0] + shares[1], expected)
