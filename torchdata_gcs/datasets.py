@@ -70,13 +70,13 @@ class _Objects(Generic[T]):
         self,
         urls: str | Sequence[str],
         *,
-        masks: str | Sequence[str],
-        manifest: str | None,
-        transform: Transform[T] | None,
-        client: ClientConfig | None,
-        transfer: TransferConfig | None,
-        retry: RetryConfig | None,
-        concurrency: int,
+        masks: str | Sequence[str] = "",
+        manifest: str | None = None,
+        transform: Transform[T] | None = None,
+        client: ClientConfig | None = None,
+        transfer: TransferConfig | None = None,
+        retry: RetryConfig | None = None,
+        concurrency: int = 16,
     ) -> None:
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
@@ -120,29 +120,6 @@ class GCSMapDataset(_Objects[T], Dataset[T]):
         (3, b'beta', [[b'alpha', b'beta'], [b'gamma']])
     """
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        masks: str | Sequence[str] = "",
-        manifest: str | None = None,
-        transform: Transform[T] | None = None,
-        client: ClientConfig | None = None,
-        transfer: TransferConfig | None = None,
-        retry: RetryConfig | None = None,
-        concurrency: int = 16,
-    ) -> None:
-        super().__init__(
-            urls,
-            masks=masks,
-            manifest=manifest,
-            transform=transform,
-            client=client,
-            transfer=transfer,
-            retry=retry,
-            concurrency=concurrency,
-        )
-
     def __len__(self) -> int:
         return len(self.objects)
 
@@ -181,30 +158,8 @@ class GCSIterableDataset(_Objects[T], IterableDataset[T]):
         [b'0', b'1', b'2', b'3', b'4', b'5']
     """
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        masks: str | Sequence[str] = "",
-        manifest: str | None = None,
-        transform: Transform[T] | None = None,
-        shuffle: bool = False,
-        seed: int = 0,
-        client: ClientConfig | None = None,
-        transfer: TransferConfig | None = None,
-        retry: RetryConfig | None = None,
-        concurrency: int = 16,
-    ) -> None:
-        super().__init__(
-            urls,
-            masks=masks,
-            manifest=manifest,
-            transform=transform,
-            client=client,
-            transfer=transfer,
-            retry=retry,
-            concurrency=concurrency,
-        )
+    def __init__(self, urls: str | Sequence[str], *, shuffle: bool = False, seed: int = 0, **settings: Any) -> None:
+        super().__init__(urls, **settings)
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
