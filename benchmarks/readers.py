@@ -207,6 +207,43 @@ def read_dataflux_direct(spec: Spec) -> Iterator[tuple[str, bytes]]:
     return _dataflux_mapstyle(spec, compose=False)
 
 
+def _read_pair(url: str, stream: Any) -> tuple[str, bytes]:
+    return url.split("/", 3)[3], stream.read()
+
+
+def read_ours_map_dataset(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    """GCSMapDataset in a DataLoader with 2 workers and batches of 32, set up as Dataflux's is."""
+    from torch.utils.data import DataLoader
+
+    from torchdata_gcs import GCSMapDataset
+
+    dataset = GCSMapDataset(f"gs://{spec.bucket}/{spec.prefix}", transform=_read_pair, client=_our_client(spec))
+    return (item for batch in DataLoader(dataset, batch_size=32, num_workers=2, collate_fn=list) for item in batch)
+
+
+class _OneRequestPerItem:
+    """A map-style dataset that reads each item with one blocking GET when it is asked for, as
+    s3torchconnector's map-style dataset does (here through google-cloud-storage, a client per worker)."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec, self.names, self.bucket = spec, _names(spec), None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index: int) -> tuple[str, bytes]:
+        if self.bucket is None:
+            self.bucket = _gcs_bucket(self.spec)
+        return self.names[index], self.bucket.blob(self.names[index]).download_as_bytes()
+
+
+def read_per_item_dataset(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_OneRequestPerItem(spec), batch_size=32, num_workers=2, collate_fn=list)  # type: ignore[arg-type]
+    return (item for batch in loader for item in batch)
+
+
 READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
     "gcs_loop": read_gcs_loop,
     "gcs_threads": read_gcs_threads,
@@ -217,6 +254,8 @@ READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
     "ours": read_ours,
     "ours_pipeline": read_ours_pipeline,
     "ours_compose": read_ours_compose,
+    "ours_map_dataset": read_ours_map_dataset,
+    "per_item_dataset": read_per_item_dataset,
     "ceiling": read_ceiling,
 }
 

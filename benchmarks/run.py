@@ -79,6 +79,8 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "dataflux_checkpoint": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: DatafluxCheckpoint",
         "ours": f"{ours}: " + ("checkpoint.save/load (defaults: multipart, 8 x 8 MiB parts)" if workload.startswith("checkpoint") else "load_files_by_gcs (defaults: 128 in flight)"),
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
+        "ours_map_dataset": f"{ours}: GCSMapDataset, batches of 32, 2 workers",
+        "per_item_dataset": f"one blocking GET per item (s3torchconnector's way; google-cloud-storage {gcs}), 2 workers",
         "ours_compose": f"{ours}: " + ("checkpoint.save/load, strategy=\"compose\"" if workload.startswith("checkpoint") else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"),
         "ceiling": f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work",
     }.get(reader, reader)
@@ -106,7 +108,8 @@ def build_workloads(quick: bool) -> list[Workload]:
     listing = {f"list/{i:07d}.jpg": b"" for i in range(100_000 // scale)}
     readers = [
         "gcs_loop", "gcs_threads", "gcsfs_cat", "torchdata_fsspec",
-        "dataflux_compose", "dataflux_direct", "ours", "ours_pipeline", "ours_compose", "ceiling",
+        "dataflux_compose", "dataflux_direct", "per_item_dataset", "ours", "ours_pipeline", "ours_compose",
+        "ours_map_dataset", "ceiling",
     ]
     return [
         Workload("small objects", "bench-small", "small/", 0, readers, 3, small),
