@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import pickle
 import warnings
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler
 
+from tests.delivery import assert_exactly_once, read
 from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
 from torchdata_gcs.testing import Emulator, GCSFront
 
@@ -26,15 +26,6 @@ def dataset(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
     return bucket, {f"gs://{bucket}/{name}": data for name, data in objects.items()}
 
 
-def read(url: str, stream) -> tuple[str, bytes]:
-    return url, stream.read()
-
-
-def assert_exactly_once(delivered: list[tuple[str, bytes]], expected: dict[str, bytes]) -> None:
-    counts = collections.Counter(url for url, _ in delivered)
-    assert set(counts) == set(expected), "missing or unexpected objects"
-    assert max(counts.values()) == 1, "an object was delivered more than once"
-    assert all(data == expected[url] for url, data in delivered), "bytes differ"
 
 
 def test_map_dataset_reads_each_item_in_one_request(dataset, gcs_emulator: Emulator) -> None:

@@ -1,0 +1,54 @@
+"""ListFiles -> LoadFiles / ComposeShards in torchdata.nodes.Loader: exactly once, and an exact resume."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >= 0.10 (the second test environment)")
+
+from torchdata.nodes import Batcher, Loader  # noqa: E402
+
+from tests.delivery import assert_exactly_once, read  # noqa: E402
+from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles  # noqa: E402
+from torchdata_gcs.testing import Emulator  # noqa: E402
+
+N_OBJECTS = 70
+
+
+@pytest.fixture(scope="module")
+def dataset(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
+    bucket = "nodes-data"
+    objects = {f"n/{i:03d}.bin": f"item {i};".encode() * (i % 11 + 1) for i in range(N_OBJECTS)}
+    gcs_emulator.seed(bucket, objects)
+    return bucket, {f"gs://{bucket}/{name}": data for name, data in objects.items()}
+
+
+
+
+def build(kind, bucket: str, client):
+    listed = ListFiles(f"gs://{bucket}/n/", with_metadata=True, client=client)
+    return Batcher(kind(listed, transform=read, client=client), batch_size=6, drop_last=False)
+
+
+@pytest.mark.parametrize("kind", [LoadFiles, ComposeShards])
+def test_loader_resumes_mid_epoch_with_nothing_lost_or_repeated(dataset, client, kind) -> None:
+    bucket, expected = dataset
+    assert_exactly_once([item for batch in Loader(build(kind, bucket, client)) for item in batch], expected)
+    loader = Loader(build(kind, bucket, client))
+    iterator = iter(loader)
+    before = [item for _ in range(4) for item in next(iterator)]
+    state = loader.state_dict()
+    fresh = Loader(build(kind, bucket, client))
+    fresh.load_state_dict(state)
+    after = [item for batch in fresh for item in batch]
+    assert len(before) == 24 and len(after) == N_OBJECTS - 24
+    assert_exactly_once(before + after, expected)
+
+
+def test_list_files_resumes_after_its_last_url(dataset, client) -> None:
+    bucket, expected = dataset
+    node = ListFiles(f"gs://{bucket}/n/", client=client)
+    first = [next(node) for _ in range(10)]
+    fresh = ListFiles(f"gs://{bucket}/n/", client=client)
+    fresh.reset(node.state_dict())
+    assert first + list(fresh) == sorted(expected)

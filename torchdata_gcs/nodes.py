@@ -1,0 +1,198 @@
+"""``torchdata.nodes`` for GCS: list, load and compose as nodes that resume exactly from a state dict.
+
+Needs torchdata 0.10 or later (``torchdata.nodes``); torchdata 0.9, which ``[dataloader2]`` pins, has
+no nodes. Each node's state says how far its consumer got, not how far it read ahead, so
+``torchdata.nodes.Loader`` resumes mid-epoch with no item lost and none repeated.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import IO, Any, cast
+
+try:
+    from torchdata.nodes import BaseNode
+except ImportError as exc:  # torchdata 0.9 or none
+    raise ImportError(
+        "torchdata_gcs.nodes needs torchdata >= 0.10, which has torchdata.nodes: pip install 'torchdata>=0.10'"
+    ) from exc
+
+from ._engines.compose import MAX_SOURCES, compose_in_order
+from ._engines.download import Loaded, as_stream, load_in_order
+from ._engines.listing import MAX_PAGE_SIZE
+from ._engines.parallel_listing import ListingStats
+from ._engines.shared_listing import Entry, list_inputs
+from ._ops.checksums import ObjectInfo
+from ._ops.client import Client
+from ._ops.urls import parse_url
+from ._transport.context import LoadStats
+from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
+
+__all__ = ["ComposeShards", "ListFiles", "LoadFiles"]
+
+Item = str | tuple[str, ObjectInfo]
+
+
+class ListFiles(BaseNode[Item]):
+    """The objects under ``gs://`` prefixes or URLs, in listing order: URLs, or ``(url, ObjectInfo)``
+    pairs ``with_metadata`` (then :class:`LoadFiles` needs no metadata request per object).
+
+    Args are those of ``list_files_by_gcs``. The state is the position of the last object handed
+    out; a reset to it lists again from there.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        masks: str | Sequence[str] = "",
+        with_metadata: bool = False,
+        manifest: str | None = None,
+        client: ClientConfig | None = None,
+        retry: RetryConfig | None = None,
+        concurrency: int = 16,
+    ) -> None:
+        super().__init__()
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        for url in self.urls:
+            parse_url(url)
+        require_integer("concurrency", concurrency, 1, 256)
+        self.masks = [masks] if isinstance(masks, str) else list(masks)
+        self.with_metadata, self.manifest, self.concurrency = with_metadata, manifest, concurrency
+        self.client, self.retry = client or ClientConfig(), retry or RetryConfig()
+        self.stats = ListingStats()
+        self._position: tuple[int, str] | None = None
+        self._entries: Iterator[Entry] = iter(())
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        after = None if not initial_state or initial_state["after"] is None else initial_state["after"]
+        self._position = None if after is None else (int(after[0]), str(after[1]))
+        self.stats = ListingStats()
+        batches = list_inputs(
+            Client(self.client, self.retry),
+            self.urls,
+            self.masks,
+            with_info=self.with_metadata,
+            page_size=MAX_PAGE_SIZE,
+            concurrency=self.concurrency,
+            stats=self.stats,
+            manifest=self.manifest,
+            after=self._position,
+        )
+        self._entries = (entry for batch in batches for entry in batch)
+
+    def next(self) -> Item:
+        index, url, info = next(self._entries)
+        self._position = (index, url)
+        return (url, info) if self.with_metadata and info is not None else url
+
+    def get_state(self) -> dict[str, Any]:
+        return {"after": None if self._position is None else list(self._position)}
+
+
+class _Reading(BaseNode[Any]):
+    """A node that reads its source's objects ahead, in order, and whose state is its source's state
+    as of the last object it handed out."""
+
+    def __init__(
+        self,
+        source: BaseNode[Item],
+        transform: Callable[[str, IO[bytes]], Any] | None,
+        client: ClientConfig | None,
+        transfer: TransferConfig | None,
+        retry: RetryConfig | None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.transform = transform
+        self.client, self.transfer, self.retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
+        self.stats = LoadStats()
+        self._states: deque[dict[str, Any]] = deque()  # the source's state after each item read ahead
+        self._state: dict[str, Any] | None = None
+        self._loaded: Iterator[tuple[str, Loaded]] = iter(())
+
+    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
+        raise NotImplementedError
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        close = getattr(self._loaded, "close", None)
+        if close is not None:
+            close()  # what was read ahead is dropped
+        self._state = None if initial_state is None else initial_state["source"]
+        self.source.reset(self._state)
+        self._states.clear()
+        self.stats = LoadStats()
+        self._loaded = self._engine(self._pulled())
+
+    def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
+        for item in self.source:
+            self._states.append(self.source.state_dict())
+            yield cast(tuple[str, ObjectInfo | None], item) if isinstance(item, tuple) else (item, None)
+
+    def next(self) -> Any:
+        url, data = next(self._loaded)
+        self._state = self._states.popleft()
+        stream = cast(IO[bytes], as_stream(url, data))
+        return (url, stream) if self.transform is None else self.transform(url, stream)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"source": self._state}
+
+
+class LoadFiles(_Reading):
+    """``(url, stream)`` for each URL or ``(url, ObjectInfo)`` of ``source``, in order, up to
+    ``transfer.max_in_flight`` requests ahead (or ``transform(url, stream)`` of each).
+
+    A missing object raises ``NotFoundError``. Settings are those of ``load_files_by_gcs``.
+    """
+
+    def __init__(
+        self,
+        source: BaseNode[Item],
+        *,
+        transform: Callable[[str, IO[bytes]], Any] | None = None,
+        client: ClientConfig | None = None,
+        transfer: TransferConfig | None = None,
+        retry: RetryConfig | None = None,
+    ) -> None:
+        super().__init__(source, transform, client, transfer, retry)
+
+    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
+        return load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=False)
+
+
+class ComposeShards(_Reading):
+    """As :class:`LoadFiles`, with runs of small objects read as server-side composites (see
+    ``compose_shards_by_gcs``, whose settings these are); the source should list ``with_metadata``."""
+
+    def __init__(
+        self,
+        source: BaseNode[Item],
+        *,
+        transform: Callable[[str, IO[bytes]], Any] | None = None,
+        max_sources: int = MAX_SOURCES,
+        max_composite_bytes: int = 32 * 1024 * 1024,
+        client: ClientConfig | None = None,
+        transfer: TransferConfig | None = None,
+        retry: RetryConfig | None = None,
+    ) -> None:
+        super().__init__(source, transform, client, transfer, retry)
+        require_integer("max_sources", max_sources, 2, MAX_SOURCES)
+        require_integer("max_composite_bytes", max_composite_bytes, 1)
+        self.max_sources, self.max_composite_bytes = max_sources, max_composite_bytes
+
+    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
+        return compose_in_order(
+            items,
+            self.client,
+            self.transfer,
+            self.retry,
+            self.stats,
+            max_sources=self.max_sources,
+            max_bytes=self.max_composite_bytes,
+            reuse_prefix=None,
+            skip_missing=False,
+        )
