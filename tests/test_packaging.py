@@ -10,12 +10,15 @@ from packaging.requirements import Requirement
 
 
 def test_torchdata_is_only_an_extra() -> None:
-    """pip never replaces a user's torchdata (0.10 and later drop DataLoader2): only ``[dataloader2]`` pins it."""
-    wanted = [Requirement(text) for text in requires("torchdata-gcs") or []]
-    torchdata = [r for r in wanted if r.name == "torchdata"]
-    assert torchdata, "the [dataloader2] extra names torchdata"
-    assert all(r.marker is not None and r.marker.evaluate({"extra": "dataloader2"}) for r in torchdata)
-    assert not any(r.marker is None or r.marker.evaluate({"extra": ""}) for r in torchdata)
+    """pip never replaces a user's torchdata: ``[dataloader2]`` pins 0.9 (DataLoader2), ``[nodes]`` asks for 0.10+."""
+    torchdata = [Requirement(text) for text in requires("torchdata-gcs") or [] if Requirement(text).name == "torchdata"]
+    assert torchdata and not any(r.marker is None or r.marker.evaluate({"extra": ""}) for r in torchdata)
+    pinned = {
+        extra: [r.specifier for r in torchdata if r.marker is not None and r.marker.evaluate({"extra": extra})]
+        for extra in ("dataloader2", "nodes")
+    }
+    assert pinned["dataloader2"] and all(s.contains("0.9.0") and not s.contains("0.10.0") for s in pinned["dataloader2"])
+    assert pinned["nodes"] and all(s.contains("0.11.0") and not s.contains("0.9.0") for s in pinned["nodes"])
 
 
 def test_the_datapipes_need_no_torchdata(gcs_emulator, gcs_bucket) -> None:
