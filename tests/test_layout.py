@@ -76,6 +76,7 @@ PUBLIC_MODULES = [
     "torchdata_gcs.lightning",
     "torchdata_gcs.datasets",
     "torchdata_gcs.nodes",
+    "torchdata_gcs.fsspec",
     "torchdata_gcs.datapipes",
     "torchdata_gcs.testing",
     "torchdata_gcs.cli",

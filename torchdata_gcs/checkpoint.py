@@ -21,13 +21,7 @@ from ._engines.compression import CompressingWriter, decompress
 from ._engines.download import LoadStats, read_into_buffer
 from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.streams import MemoryStream
-from ._engines.upload import (
-    CompositeWriter,
-    MultipartWriter,
-    StreamingWriter,
-    library_errors_first,
-    multipart_served,
-)
+from ._engines.upload import StreamingWriter, library_errors_first, new_writer
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.urls import parse_url
@@ -45,7 +39,6 @@ __all__ = [
 ]
 
 Strategy = Literal["multipart", "compose"]
-_WRITERS: dict[str, type[StreamingWriter]] = {"multipart": MultipartWriter, "compose": CompositeWriter}
 
 
 def write_config(write: WriteConfig | None, where: str, **keywords: Any) -> WriteConfig:
@@ -92,14 +85,7 @@ def open_writer(
     """
     write = write_config(write, "open_writer", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip
-    strategy = write.strategy
-    if strategy == "multipart":
-        bucket = parse_url(url, allow_prefix=False)[0]
-        if not multipart_served(Client(client or ClientConfig(), retry or RetryConfig()), bucket):
-            strategy = "compose"
-    writer = _WRITERS[strategy](
-        url, client=client, retry=retry, part_size=write.part_size, max_parts_in_flight=write.max_parts_in_flight
-    )
+    writer = new_writer(url, client or ClientConfig(), retry or RetryConfig(), write)
     return writer if write.compression is None else CompressingWriter(writer, cast(Zstd, write.compression))
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from torchdata_gcs import RetryConfig, UploadError
-from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter
+from torchdata_gcs import PreconditionFailedError, RetryConfig, UploadError, WriteConfig
+from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter, new_writer
 from torchdata_gcs._transport.loop import io_loop
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -100,6 +100,26 @@ def test_bad_settings() -> None:
         MultipartWriter("gs://bucket/x", part_size=MiB)
     with pytest.raises(ValueError, match="max_parts_in_flight"):
         MultipartWriter("gs://bucket/x", max_parts_in_flight=0)
+    with pytest.raises(ValueError, match="no preconditions"):  # GCS's XML multipart uploads take none
+        MultipartWriter("gs://bucket/x", only_if_new=True)
+
+
+@pytest.mark.parametrize("strategy", ["multipart", "compose"])
+def test_new_writer_carries_only_if_new_by_compose(front: GCSFront, gcs_emulator: Emulator, strategy: str) -> None:
+    """Where a precondition is asked for, a multipart strategy writes by compose, whose destination
+    takes ``ifGenerationMatch=0``; a retry meeting its own lost compose is recognised by the bytes."""
+    gcs_emulator.upload(BUCKET, f"exists-{strategy}", b"kept")
+    config = WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy)  # type: ignore[arg-type]
+    data = os.urandom(6 * MiB)
+    with pytest.raises(PreconditionFailedError):
+        with new_writer(f"gs://{BUCKET}/exists-{strategy}", front.client_config, FAST_RETRY, config, only_if_new=True) as out:
+            out.write(data)
+    assert gcs_emulator.read(BUCKET, f"exists-{strategy}") == b"kept"
+    front.set_faults([Fault("truncate", match="compose", times=1)])  # the compose happens, its answer is cut
+    with new_writer(f"gs://{BUCKET}/new-{strategy}", front.client_config, FAST_RETRY, config, only_if_new=True) as out:
+        out.write(data)
+    assert gcs_emulator.read(BUCKET, f"new-{strategy}") == data and front.faults_injected["truncate"] == 1
+    assert [n for n in gcs_emulator.names(BUCKET) if n.startswith(".torchdata-gcs-tmp/")] == []
 
 
 def test_writer_dropped_on_the_io_thread_aborts_without_deadlock(front: GCSFront, gcs_emulator: Emulator) -> None:

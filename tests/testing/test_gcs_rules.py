@@ -142,7 +142,7 @@ def test_composites_have_a_component_count_and_no_md5(front: GCSFront, gcs_emula
         ({"ifGenerationNotMatch": 0}, True),
     ],
 )
-def test_preconditions_hold_on_deletes_media_uploads_and_compose(
+def test_preconditions_hold_on_deletes_media_uploads_compose_and_rewrite(
     front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str, condition: dict, holds: bool
 ) -> None:
     gcs_emulator.seed(gcs_bucket, {"x": b"old", "src": b"s"})
@@ -159,9 +159,12 @@ def test_preconditions_hold_on_deletes_media_uploads_and_compose(
             json={"sourceObjects": [{"name": "src"}]},
             timeout=30,
         ).status_code,
+        requests.post(
+            f"{object_url(front, gcs_bucket, 'src')}/rewriteTo/b/{gcs_bucket}/o/x", params=params(), json={}, timeout=30
+        ).status_code,
         requests.delete(object_url(front, gcs_bucket, "x"), params=params(), timeout=30).status_code,
     ]
-    assert answers == ([200, 200, 204] if holds else [412, 412, 412])
+    assert answers == ([200, 200, 200, 204] if holds else [412, 412, 412, 412])
     assert ("x" in gcs_emulator.names(gcs_bucket)) != holds
 
 

@@ -48,6 +48,7 @@ from ..errors import (
     InvalidURIError,
     NoMultipartListing,
     NotFoundError,
+    PreconditionFailedError,
     TransientError,
     UploadError,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "StreamingWriter",
     "library_errors_first",
     "multipart_served",
+    "new_writer",
     "part_size",
 ]
 
@@ -116,7 +118,9 @@ class PublishingWriter(io.RawIOBase):
 
 
 class StreamingWriter(PublishingWriter):
-    """Write one object as it is produced; publish it on a clean close, never otherwise.
+    """Write one object as it is produced; publish it on a clean close, never otherwise. With
+    ``only_if_new``, publishing fails with ``PreconditionFailedError`` (a ``FileExistsError``) where
+    the object already exists, and nothing is replaced.
 
     Subclasses say how parts are started, uploaded, assembled and discarded.
     """
@@ -132,9 +136,11 @@ class StreamingWriter(PublishingWriter):
         part_size: int = DEFAULT_PART_SIZE,
         max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
         parts_per_size: int = PARTS_PER_SIZE,
+        only_if_new: bool = False,
     ) -> None:
         super().__init__()
         self.check_settings(part_size, max_parts_in_flight)
+        self._only_if_new = only_if_new
         self.url = url
         self._bucket, self._name = parse_url(url, allow_prefix=False)
         if self._name.endswith("/"):
@@ -167,6 +173,10 @@ class StreamingWriter(PublishingWriter):
     def writable(self) -> bool:
         return True
 
+    def tell(self) -> int:
+        """Bytes written so far (where the next write lands in the object)."""
+        return self._size
+
     def write(self, data: Any) -> int:  # type: ignore[override]
         if self._state != "open":
             raise ValueError(f"write to a {self._state} writer ({self.url})")
@@ -190,7 +200,9 @@ class StreamingWriter(PublishingWriter):
             return
         try:
             if not self._started:
-                self.generation = self._client.create(self._bucket, self._name, bytes(self._buffer))
+                self.generation = self._client.create(
+                    self._bucket, self._name, bytes(self._buffer), if_generation_match=0 if self._only_if_new else None
+                )
             else:
                 self._send_part(bytes(self._buffer))
                 while self._pending:
@@ -320,6 +332,8 @@ class MultipartWriter(StreamingWriter):
     """
 
     def __init__(self, url: str, **settings: Any) -> None:
+        if settings.get("only_if_new"):
+            raise ValueError("GCS's XML API multipart uploads take no preconditions: write with CompositeWriter for only_if_new")
         super().__init__(url, **settings)
         self._xml_path = self._client.session.xml_path(self._bucket, self._name)
         self._upload_id: str | None = None
@@ -422,6 +436,11 @@ class CompositeWriter(StreamingWriter):
             info = self._run(self._compose_all(sources))
         except TransientError:  # every answer of the last compose may have been lost: the URL decides
             return None, None
+        except PreconditionFailedError:  # the object exists: this upload's own, if an earlier answer was lost
+            live = self._client.head(self._bucket, self._name, "size,generation,crc32c")
+            if live is None or int(live["size"]) != self._size or live.get("crc32c") != crc32c_base64(self._crc):
+                raise
+            return int(live["generation"]), live["crc32c"]
         finally:
             self._run(self._delete_temporaries())
         return info.generation, info.crc32c
@@ -439,7 +458,7 @@ class CompositeWriter(StreamingWriter):
             )
             sources = [(name, info.generation) for name, info in zip(names, composed)]
             self._intermediates.update(sources)
-        return await compose_object(self._job, self._bucket, self._name, sources, only_if_new=False)
+        return await compose_object(self._job, self._bucket, self._name, sources, only_if_new=self._only_if_new)
 
     async def _delete_temporaries(self) -> None:
         """Delete every temporary object, each by its generation where known (so object versioning
@@ -537,6 +556,28 @@ def multipart_served(client: Client, bucket: str) -> bool:
             served = True
         _multipart_served[endpoint] = served
     return served
+
+
+def new_writer(
+    url: str, client: ClientConfig, retry: RetryConfig, write: WriteConfig, *, only_if_new: bool = False
+) -> StreamingWriter:
+    """A writer of ``url`` with ``write``'s part size, parts in flight and strategy (compression is the
+    caller's). ``"multipart"`` writes as ``"compose"`` where the endpoint serves no XML API multipart
+    upload, and where ``only_if_new`` asks for a precondition, which only a compose can carry."""
+    strategy = write.strategy
+    if strategy == "multipart" and (
+        only_if_new or not multipart_served(Client(client, retry), parse_url(url, allow_prefix=False)[0])
+    ):
+        strategy = "compose"
+    writer = MultipartWriter if strategy == "multipart" else CompositeWriter
+    return writer(
+        url,
+        client=client,
+        retry=retry,
+        part_size=write.part_size,
+        max_parts_in_flight=write.max_parts_in_flight,
+        only_if_new=only_if_new,
+    )
 
 
 @contextmanager

@@ -26,6 +26,7 @@ __all__ = [
     "multipart_body",
     "object_resource",
     "read_object",
+    "rewrite_object",
 ]
 
 
@@ -179,6 +180,29 @@ async def compose_object(
             return ObjectInfo.from_json(await job.session.json_answer(answer, url, REQUIRED_FIELDS))
 
     return await with_retry(job, url, attempt)
+
+
+async def rewrite_object(
+    job: RequestContext, source: tuple[str, str], destination: tuple[str, str], *, only_if_new: bool = False
+) -> ObjectInfo:
+    """Copy the object ``source`` (bucket, name) to ``destination`` inside GCS, by as many rewrite calls
+    as GCS asks for (large objects across locations or storage classes take several; each returns a
+    token to continue with); ``only_if_new`` never replaces an existing object."""
+    url = format_url(*destination)
+    path = f"{job.session.object_path(*source)}/rewriteTo/b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
+    params: dict[str, Any] = {"fields": "done,rewriteToken,resource(size,generation,crc32c)"}
+    if only_if_new:
+        params["ifGenerationMatch"] = 0
+
+    async def attempt() -> dict[str, Any]:
+        async with job.session.send("POST", url, path, params, json={}) as answer:
+            return await job.session.json_answer(answer, url, ("done",))  # type: ignore[no-any-return]
+
+    while True:
+        answer = await with_retry(job, url, attempt)
+        if answer["done"]:
+            return ObjectInfo.from_json(answer["resource"])
+        params["rewriteToken"] = answer["rewriteToken"]
 
 
 async def delete_request(

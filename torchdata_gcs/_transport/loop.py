@@ -14,7 +14,7 @@ from . import lifecycle
 
 T = TypeVar("T")
 
-__all__ = ["io_loop", "run", "wait_unless_on_io_loop"]
+__all__ = ["io_loop", "on_io_loop", "run", "wait_unless_on_io_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -51,6 +51,14 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     except BaseException:
         future.cancel()
         raise
+
+
+async def on_io_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Await ``coroutine`` on the I/O loop from any event loop (the process's sessions live on that one)."""
+    loop = io_loop()
+    if _on_loop(loop):
+        return await coroutine
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
 
 
 def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T | None:

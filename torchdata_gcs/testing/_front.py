@@ -203,8 +203,8 @@ class GCSFront(LocalService):
     back the same way, so no body is ever held whole. Client and upstream connections are kept
     alive. GCS's rules that the emulator does not keep are kept here (see ``_gcs_rules``): a
     compose source that is missing or not at its given ``generation`` is answered 404, a failed
-    ``ifGenerationMatch``/``ifGenerationNotMatch`` on a compose (source or destination), a delete or
-    a media upload 412, and nothing is written; composite and multipart-uploaded objects have no MD5
+    ``ifGenerationMatch``/``ifGenerationNotMatch`` on a compose (source or destination), a rewrite's
+    destination, a delete or a media upload 412, and nothing is written; composite and multipart-uploaded objects have no MD5
     and a ``componentCount``; ``x-goog-hash`` values come on separate lines, ``md5`` first. With
     ``only_promised_headers`` the answers carry only the headers GCS promises (no ``x-goog-*``
     metadata headers, no ``Content-Length``: bodies go chunked) but those named in ``also_send``.
@@ -618,7 +618,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path, _, query = self.path.partition("?")
         params = dict(parse_qsl(query, keep_blank_values=True))
-        checked = kind in ("upload", "delete", "compose") and params.keys() & {"ifGenerationMatch", "ifGenerationNotMatch"}
+        checked = (kind in ("upload", "delete", "compose") or "/rewriteTo/" in path) and params.keys() & {
+            "ifGenerationMatch",
+            "ifGenerationNotMatch",
+        }
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)

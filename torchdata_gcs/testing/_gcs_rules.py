@@ -79,7 +79,7 @@ class GCSRules:
     # -- preconditions ------------------------------------------------------------------------------
 
     def precondition_refusal(self, method: str, path: str, params: dict[str, str]) -> Refusal | None:
-        """412 for a JSON API delete, media upload or compose whose ``ifGenerationMatch`` or
+        """412 for a JSON API delete, media upload, compose or rewrite whose ``ifGenerationMatch`` or
         ``ifGenerationNotMatch`` does not hold (the emulator enforces them on multipart uploads only)."""
         conditions = {key: params[key] for key in ("ifGenerationMatch", "ifGenerationNotMatch") if key in params}
         target = self._target(method, path, params)
@@ -101,6 +101,9 @@ class GCSRules:
             return unquote(parts[4]), unquote("/".join(parts[6:]))
         if method == "POST" and path.startswith("/storage/v1/b/") and path.endswith("/compose"):
             return unquote(parts[4]), unquote("/".join(parts[6:-1]))
+        if method == "POST" and path.startswith("/storage/v1/b/") and "/rewriteTo/b/" in path:
+            bucket, _, name = path.partition("/rewriteTo/b/")[2].partition("/o/")
+            return unquote(bucket), unquote(name)
         if path.startswith("/upload/storage/v1/b/") and params.get("uploadType") == "media" and "name" in params:
             return unquote(parts[5]), params["name"]
         return None

@@ -1,0 +1,485 @@
+"""An fsspec filesystem on this library's engines, for tools that reach storage through fsspec:
+Lightning's ``ModelCheckpoint``, ``torch.distributed.checkpoint`` with a ``gs://`` checkpoint id,
+pandas, pyarrow, Hugging Face datasets.
+
+:func:`register` makes :class:`GCSFileSystem` the handler of ``gs://`` and ``gcs://`` URLs in this
+process; nothing is replaced until it is called (gcsfs, if installed, stays the default otherwise)::
+
+    import torchdata_gcs.fsspec
+    torchdata_gcs.fsspec.register()
+    fs, path = fsspec.url_to_fs("gs://bucket/data")
+
+What it does on GCS:
+
+- ``find``/``glob``/recursive ``rm``, ``copy`` and ``get`` list a prefix with the parallel lister, not
+  directory by directory;
+- ``open(..., "rb")`` is a seekable file of one object version that reads only the ranges asked for,
+  a block ahead (concurrent ranged GETs for large reads), so a tar index or a parquet footer costs a
+  few small requests;
+- ``open(..., "wb")``, ``put`` and large ``pipe`` stream out in parts and publish on a clean close only
+  (a ``with`` block left by an exception publishes nothing); ``"xb"``, ``pipe_file(mode="create")``
+  and ``put_file(mode="create")`` never replace an existing object;
+- within ``with fs.transaction:``, written files are published together when it ends cleanly, and
+  none of them if it ends by an exception;
+- ``cp`` is a server-side rewrite; nothing passes through this process.
+
+GCS has no directories: a directory is a prefix with objects under it, ``mkdir`` changes nothing,
+and an empty directory does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from fsspec.asyn import AsyncFileSystem
+from fsspec.callbacks import DEFAULT_CALLBACK, Callback
+from fsspec.registry import register_implementation
+from fsspec.spec import AbstractBufferedFile
+
+from ._engines.download import Loaded, fetch_object, read_ranges_into
+from ._engines.listing import MAX_PAGE_SIZE, list_objects
+from ._engines.streams import PartStream
+from ._engines.upload import PublishingWriter, new_writer
+from ._ops.checksums import check_crc32c, crc32c_base64
+from ._ops.client import Client
+from ._ops.objects import bucket_resource, create_object, delete_object, list_page, object_resource, rewrite_object
+from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
+from ._transport.context import LoadStats, RequestContext, new_context
+from ._transport.loop import io_loop, on_io_loop, run
+from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
+from .errors import InvalidURIError, NotFoundError
+
+__all__ = ["GCSFile", "GCSFileSystem", "StagedWriter", "register"]
+
+T = TypeVar("T")
+
+FILE_FIELDS = "name,size,generation,crc32c,updated"
+"""What an ``info`` of a file holds, beyond its ``type``."""
+
+LISTING_CONCURRENCY = 8
+"""List requests at once for ``find`` (and the ``rm``, ``copy`` and ``get`` built on it)."""
+
+WRITE_MODES = ("overwrite", "create")
+
+
+def _on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
+        return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
+
+    return wrapper
+
+
+class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
+    """GCS as an fsspec ``AsyncFileSystem``, on the same engines as the DataPipes and checkpoints.
+
+    Args:
+        client: endpoint and credentials; the default ``ClientConfig()`` takes ``STORAGE_EMULATOR_HOST``,
+            then Application Default Credentials.
+        retry: how transient failures are retried.
+        transfer: requests in flight per call and the part size of concurrent ranged reads.
+        write: part size, parts in flight and strategy of streamed writes (``compression`` must be
+            ``None``: files are stored as written; fsspec's own ``compression=`` compresses them).
+        **storage_options: fsspec's own (``asynchronous``, ``loop``, ``skip_instance_cache``, ...).
+
+    ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
+    settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
+
+    Example:
+        >>> from torchdata_gcs.testing import Emulator
+        >>> with Emulator() as emulator:
+        ...     emulator.create_bucket("demo")
+        ...     fs = GCSFileSystem(client=emulator.client_config)
+        ...     fs.pipe_file("gs://demo/logs/a.txt", b"alpha")
+        ...     with fs.open("gs://demo/logs/b.txt", "wb") as f:
+        ...         _ = f.write(b"beta")
+        ...     fs.ls("gs://demo/logs", detail=False), fs.cat("gs://demo/logs/b.txt")
+        (['demo/logs/a.txt', 'demo/logs/b.txt'], b'beta')
+    """
+
+    protocol = ("gs", "gcs")
+    root_marker = ""
+
+    def __init__(
+        self,
+        client: ClientConfig | None = None,
+        retry: RetryConfig | None = None,
+        transfer: TransferConfig | None = None,
+        write: WriteConfig | None = None,
+        **storage_options: Any,
+    ) -> None:
+        if not storage_options.get("asynchronous"):
+            storage_options.setdefault("loop", io_loop())
+        super().__init__(**storage_options)
+        self.client = client or ClientConfig()
+        self.retry = retry or RetryConfig()
+        self.transfer = transfer or TransferConfig()
+        self.write = write or WriteConfig()
+        if self.write.compression is not None:
+            raise ValueError("GCSFileSystem stores files as written: pass compression= to fsspec.open instead of WriteConfig")
+        self.stats = LoadStats()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the blocking methods run on: the I/O loop of the current process (fork-safe)."""
+        return self._loop if self.asynchronous else io_loop()  # type: ignore[no-any-return]
+
+    # -- paths -----------------------------------------------------------------------------------
+
+    def split_path(self, path: str) -> tuple[str, str]:
+        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
+        bucket, _, name = self._strip_protocol(path).partition("/")
+        if not bucket:
+            raise InvalidURIError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
+        validate_bucket(bucket)
+        validate_object_name(name, allow_empty=True)
+        return bucket, name
+
+    def _object(self, path: str) -> tuple[str, str, str]:
+        """``(bucket, name, url)`` of a path that must name an object."""
+        bucket, name = self.split_path(path)
+        if not name:
+            raise IsADirectoryError(f"{path!r} is a bucket, not an object")
+        return bucket, name, format_url(bucket, name)
+
+    def _job(self, budget: int | None = None) -> RequestContext:
+        """A request context for one call (``budget``: bytes it may hold ahead, if not the transfer's)."""
+        transfer = self.transfer if budget is None else replace(self.transfer, max_buffered_bytes=budget)
+        return new_context(self.client, transfer, self.retry, self.stats)
+
+    @staticmethod
+    def _file(bucket: str, resource: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": f"{bucket}/{resource['name']}",
+            "type": "file",
+            "size": int(resource["size"]),
+            "generation": int(resource["generation"]),
+            "crc32c": resource.get("crc32c"),
+            "updated": resource.get("updated"),
+        }
+
+    @staticmethod
+    def _directory(bucket: str, name: str) -> dict[str, Any]:
+        return {"name": f"{bucket}/{name}".rstrip("/"), "type": "directory", "size": 0}
+
+    # -- metadata and listing --------------------------------------------------------------------
+
+    @_on_io_loop
+    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        bucket, name = self.split_path(path)
+        job = self._job()
+        if not name:
+            await bucket_resource(job, bucket, "name")  # NotFoundError, a FileNotFoundError, if missing
+            return self._directory(bucket, "")
+        resource = await object_resource(job, bucket, name, FILE_FIELDS)
+        if resource is not None:
+            return self._file(bucket, resource)
+        page = await list_page(job, bucket, {"prefix": f"{name}/", "maxResults": 1, "fields": "items(name)"}, url=path)
+        if page.get("items"):
+            return self._directory(bucket, name)
+        raise NotFoundError(f"{format_url(bucket, name)}: no such object or directory", url=format_url(bucket, name))
+
+    @_on_io_loop
+    async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        bucket, name = self.split_path(path)
+        prefix = f"{name}/" if name else ""
+        params: dict[str, Any] = {
+            "prefix": prefix,
+            "delimiter": "/",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": f"items({FILE_FIELDS}),prefixes,nextPageToken",
+        }
+        job = self._job()
+        entries: list[dict[str, Any]] = []
+        placeholder = False  # a zero-byte "name/" object: a folder made in the console, empty or not
+        while True:
+            page = await list_page(job, bucket, params, url=format_url(bucket, prefix))
+            entries += (self._directory(bucket, p) for p in page.get("prefixes", []) if p != TEMPORARY_PREFIX)
+            for item in page.get("items", []):
+                if item["name"] == prefix:
+                    placeholder = True
+                else:
+                    entries.append(self._file(bucket, item))
+            if not page.get("nextPageToken"):
+                break
+            params["pageToken"] = page["nextPageToken"]
+        if not entries and name and not placeholder:
+            entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
+            if entries[0]["type"] == "directory":
+                entries = []
+        entries.sort(key=lambda entry: entry["name"])
+        return entries if detail else [entry["name"] for entry in entries]
+
+    async def _find(
+        self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any
+    ) -> Any:
+        """Everything under ``path`` (and ``path`` itself if it is an object) from one parallel flat listing;
+        with ``maxdepth``, directory by directory as fsspec walks."""
+        if maxdepth is not None:
+            return await super()._find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+        bucket, name = self.split_path(path)
+        client = Client(self.client, self.retry)
+        batches = await asyncio.to_thread(
+            lambda: list(list_objects(client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY))
+        )
+        found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, item) for _, item in batch)}
+        if withdirs:
+            top = f"{bucket}/{name}".rstrip("/")
+            for entry_name in list(found):
+                parent = entry_name.rpartition("/")[0]
+                while len(parent) >= len(top) and parent not in found and parent.startswith(top):
+                    found[parent] = self._directory(*parent.split("/", 1)) if "/" in parent else self._directory(parent, "")
+                    parent = parent.rpartition("/")[0]
+        names = sorted(found)
+        return {n: found[n] for n in names} if detail else names
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @_on_io_loop
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        bucket, name, url = self._object(path)
+        if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
+            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0)
+            return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
+        info = await self._info(path)
+        if info["type"] != "file":
+            raise IsADirectoryError(f"{url} is a directory")
+        size = info["size"]
+        start, end = _resolve(start, size), _resolve(end, size) if end is not None else size
+        return await self._read_version(url, info, start, end)
+
+    async def _read_version(self, url: str, info: dict[str, Any], start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the version ``info`` describes, as concurrent ranged GETs of the part
+        size; checked by length, and by crc32c when they are the whole object."""
+        if end <= start:
+            return b""
+        buffer = bytearray(end - start)
+        crc = await read_ranges_into(self._job(), url, info["generation"], start, memoryview(buffer), self.transfer.part_size)
+        if start == 0 and end == info["size"]:
+            check_crc32c(url, crc32c_base64(crc), {"GCS": info["crc32c"]})
+        return bytes(buffer)
+
+    @_on_io_loop
+    async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
+        """Download one object to ``lpath``; an object larger than a few parts streams through, read ahead
+        while it is written. ``lpath`` is replaced only once every byte arrived and checked."""
+        _, _, url = self._object(rpath)
+        try:
+            data, _ = await fetch_object(self._job(budget=4 * self.transfer.part_size), url, None, 0)
+        except NotFoundError:
+            if not await self._isdir(rpath):  # a recursive get hands directories over too
+                raise
+            os.makedirs(lpath, exist_ok=True)
+            return
+        await asyncio.to_thread(_write_local, data, lpath, callback)
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        cache_type: str = "readahead",
+        **kwargs: Any,
+    ) -> GCSFile | PublishingWriter | StagedWriter:
+        """A seekable reader (``"rb"``), or a writer that publishes on a clean close (``"wb"``; ``"xb"``
+        only if the object does not exist); within ``fs.transaction``, writers publish when it commits."""
+        if mode == "rb":
+            return GCSFile(self, path, block_size=block_size, cache_type=cache_type, cache_options=cache_options)
+        if mode in ("wb", "xb"):
+            _, _, url = self._object(path)
+            if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
+                raise FileExistsError(f"{url} exists")
+            writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb")
+            return writer if autocommit else StagedWriter(writer)
+        raise NotImplementedError(f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place")
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    @_on_io_loop
+    async def _pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        bucket, name, url = self._object(path)
+        only_if_new = _only_if_new(mode)
+        data = bytes(value)
+        if len(data) <= self.write.part_size:
+            await create_object(self._job(), bucket, name, data, if_generation_match=0 if only_if_new else None)
+        else:
+            await asyncio.to_thread(self._write_chunks, url, [data], only_if_new)
+
+    @_on_io_loop
+    async def _put_file(
+        self, lpath: str, rpath: str, mode: str = "overwrite", callback: Callback = DEFAULT_CALLBACK, **kwargs: Any
+    ) -> None:
+        if os.path.isdir(lpath):
+            return  # GCS has no directories: the files under one carry it
+        _, _, url = self._object(rpath)
+        only_if_new = _only_if_new(mode)
+        callback.set_size(os.path.getsize(lpath))
+
+        def chunks() -> Iterable[bytes]:
+            with open(lpath, "rb") as local:
+                while chunk := local.read(self.write.part_size):
+                    yield chunk
+                    callback.relative_update(len(chunk))
+
+        await asyncio.to_thread(self._write_chunks, url, chunks(), only_if_new)
+
+    def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
+        with new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new) as writer:
+            for chunk in chunks:
+                writer.write(chunk)
+
+    @_on_io_loop
+    async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        source, destination = self._object(path1), self._object(path2)
+        await rewrite_object(self._job(), source[:2], destination[:2])
+
+    # -- removing and directories ----------------------------------------------------------------
+
+    @_on_io_loop
+    async def _rm_file(self, path: str, **kwargs: Any) -> None:
+        bucket, name, url = self._object(path)
+        if not await delete_object(self._job(), bucket, name):
+            raise NotFoundError(f"{url}: no such object", url=url)
+
+    @_on_io_loop
+    async def _rm(self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
+        """Delete every object ``path`` expands to, concurrently; directories go with their objects (a
+        directory without ``recursive=True`` raises ``IsADirectoryError``). Buckets are never deleted."""
+        paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        job = self._job()
+        targets = [(p, *self.split_path(p)) for p in paths]
+        deleted = await asyncio.gather(*(delete_object(job, bucket, name) for _, bucket, name in targets if name))
+        missed = [p for (p, _, name), gone in zip((t for t in targets if t[2]), deleted) if not gone]
+        if missed and not recursive:
+            if await self._isdir(missed[0]):
+                raise IsADirectoryError(f"{missed[0]} is a directory: remove it with recursive=True")
+            raise NotFoundError(f"gs://{missed[0]}: no such object", url=f"gs://{missed[0]}")
+        if recursive and not any(deleted):
+            raise NotFoundError(f"nothing to remove under {path}", url=str(path))
+
+    async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        """Nothing to make (GCS has no directories); the bucket must exist (buckets are not created here)."""
+        await self._info(self.split_path(path)[0])
+
+    async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
+        await self._mkdir(path)
+
+
+class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
+    """A read-only, seekable file over one version of an object (the live one when opened): it reads
+    only the ranges asked for, a block ahead (``cache_type`` is fsspec's), and a version replaced while
+    it is open fails its next read with ``NotFoundError`` instead of mixing two versions' bytes.
+
+    Reads of a part or more go out as concurrent ranged GETs of ``TransferConfig.part_size``; a read of
+    the whole object is checked against its crc32c, a partial one by its length (GCS keeps no checksum
+    per range).
+    """
+
+    DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
+
+    def __init__(
+        self,
+        fs: GCSFileSystem,
+        path: str,
+        *,
+        block_size: int | None = None,
+        cache_type: str = "readahead",
+        cache_options: dict[str, Any] | None = None,
+    ) -> None:
+        info = fs.info(path)
+        if info["type"] != "file":
+            raise IsADirectoryError(f"{path} is a directory")
+        super().__init__(fs, info["name"], "rb", block_size, cache_type=cache_type, cache_options=cache_options, size=info["size"])
+        self.details = info
+        self.url = format_url(*fs.split_path(info["name"]))
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        fs: GCSFileSystem = self.fs
+        return run(fs._read_version(self.url, self.details, start, min(end, self.size)))
+
+
+class StagedWriter(io.RawIOBase):
+    """A writer opened within an fsspec transaction: its parts go out as they are written, but the
+    object is published by ``commit()`` when the transaction ends cleanly, and ``discard()`` (the
+    transaction failed) publishes nothing; closing it only stops writes."""
+
+    def __init__(self, writer: PublishingWriter) -> None:
+        super().__init__()
+        self._writer = writer
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._writer.tell()
+
+    def write(self, data: Any) -> int:  # type: ignore[override]
+        if self.closed:
+            raise ValueError("write to a closed file")
+        return self._writer.write(data)  # type: ignore[no-any-return]
+
+    def commit(self) -> None:
+        self._writer.close()
+
+    def discard(self) -> None:
+        self._writer.abort()
+
+
+def _resolve(offset: int | None, size: int) -> int:
+    """An offset of fsspec's (``None``: 0, negative: from the end) as a position within ``size`` bytes."""
+    if offset is None:
+        return 0
+    return max(0, size + offset) if offset < 0 else min(offset, size)
+
+
+def _only_if_new(mode: str) -> bool:
+    if mode not in WRITE_MODES:
+        raise ValueError(f"mode must be one of {WRITE_MODES}, got {mode!r}")
+    return mode == "create"
+
+
+def _write_local(data: Loaded, lpath: str, callback: Callback) -> None:
+    """Write a downloaded object to ``lpath`` through a temporary file beside it, renamed over ``lpath``
+    only when complete, so a failed download leaves what was there before."""
+    folder = os.path.dirname(os.path.abspath(lpath))
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".", suffix=".partial")
+    try:
+        with os.fdopen(handle, "wb") as local:
+            if isinstance(data, PartStream):
+                callback.set_size(data.size)
+                with data:
+                    shutil.copyfileobj(data, local, data.part_size)
+            else:
+                local.writelines([data] if isinstance(data, bytes) else data)
+            callback.relative_update(local.tell())
+        os.replace(temporary, lpath)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def register(protocols: Iterable[str] = ("gs", "gcs")) -> None:
+    """Make :class:`GCSFileSystem` the handler of ``protocols`` in this process, replacing any other
+    (such as gcsfs), so ``fsspec.open``, ``fsspec.url_to_fs`` and every tool built on them use it.
+
+    Example:
+        >>> import fsspec
+        >>> register()
+        >>> type(fsspec.filesystem("gs", skip_instance_cache=True)).__name__
+        'GCSFileSystem'
+    """
+    for protocol in protocols:
+        register_implementation(protocol, GCSFileSystem, clobber=True)
