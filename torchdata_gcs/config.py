@@ -1,7 +1,9 @@
 """Settings for talking to GCS: frozen, validated, and safe to pickle into worker processes.
 
-Settings hold configuration only, never credentials or clients: each process resolves its
-credentials (Application Default Credentials unless told otherwise) when it first makes a request.
+Settings hold configuration, not clients: each process resolves its credentials (Application
+Default Credentials unless told otherwise) when it first makes a request. The one exception is a
+google-auth ``Credentials`` object handed to ``ClientConfig(credentials=...)``, which is pickled
+along with the settings into worker processes.
 
 Example:
     >>> from torchdata_gcs import ClientConfig, TransferConfig
@@ -13,9 +15,11 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 from urllib.parse import urlsplit
+
+import google.auth.credentials
 
 __all__ = [
     "ClientConfig",
@@ -61,6 +65,10 @@ class ClientConfig:
             would travel in clear text); otherwise Application Default Credentials.
         credentials_file: path of a service-account or authorized-user JSON file to use instead of
             Application Default Credentials. The path is stored, never the secret it holds.
+        credentials: a google-auth ``Credentials`` object to use instead (scoped to read and write
+            storage if it needs scopes). It travels with the settings, pickled, into DataLoader
+            workers; prefer ``credentials_file`` or ADC where secrets must not be pickled.
+            :meth:`from_storage_client` takes a ``google.cloud.storage.Client``'s.
         user_project: project billed for requests to requester-pays buckets (sent as the JSON API's
             ``userProject`` parameter and the XML API's ``x-goog-user-project`` header).
         connect_timeout: seconds to wait for a connection.
@@ -74,6 +82,7 @@ class ClientConfig:
     user_project: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    credentials: google.auth.credentials.Credentials | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.endpoint is not None:
@@ -87,11 +96,38 @@ class ClientConfig:
                 "endpoint must not embed credentials",
             )
         _require(
-            not (self.anonymous and self.credentials_file),
-            "anonymous=True and credentials_file contradict each other",
+            self.credentials is None or isinstance(self.credentials, google.auth.credentials.Credentials),
+            f"credentials must be a google.auth.credentials.Credentials, got {type(self.credentials).__name__}",
+        )
+        _require(
+            not (self.anonymous and (self.credentials_file or self.credentials)),
+            "anonymous=True and credentials contradict each other",
+        )
+        _require(
+            not (self.credentials_file and self.credentials),
+            "give credentials_file or credentials, not both",
         )
         _require(self.connect_timeout > 0, f"connect_timeout must be > 0, got {self.connect_timeout}")
         _require(self.read_timeout > 0, f"read_timeout must be > 0, got {self.read_timeout}")
+
+    @classmethod
+    def from_storage_client(cls, client: Any, **settings: Any) -> ClientConfig:
+        """The settings of a ``google.cloud.storage.Client``: its endpoint and credentials (anonymous for
+        an anonymous client). Its project is not taken: nothing here bills or creates by project (pass
+        ``user_project=`` for requester-pays buckets). ``settings`` are the other fields.
+
+        Example:
+            >>> from google.cloud import storage
+            >>> ClientConfig.from_storage_client(storage.Client.create_anonymous_client()).anonymous
+            True
+        """
+        credentials = getattr(client, "_credentials", None)
+        if not isinstance(credentials, google.auth.credentials.Credentials):
+            raise TypeError(f"expected a google.cloud.storage.Client, got {type(client).__name__}")
+        endpoint = getattr(client, "api_endpoint", None)
+        if isinstance(credentials, google.auth.credentials.AnonymousCredentials):
+            return cls(endpoint=endpoint, anonymous=True, **settings)
+        return cls(endpoint=endpoint, anonymous=False, credentials=credentials, **settings)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,12 @@ import pickle
 from importlib.metadata import version
 from pathlib import Path
 
+import google.oauth2.service_account
 import pytest
+from google.cloud import storage
+from torch.utils.data import DataLoader
 
+from tests.delivery import read
 from tests.http_proxy import RecordingProxy
 from tests.token_server import ACCESS_TOKEN, TokenServer, private_key_pem
 from torchdata_gcs import (
@@ -18,6 +22,7 @@ from torchdata_gcs import (
     GCSError,
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
+    GCSIterableDataset,
 )
 from torchdata_gcs._transport.http import GCS_ENDPOINT, resolve_endpoint
 from torchdata_gcs._transport.session import session_for
@@ -56,6 +61,38 @@ def test_credentials_are_used_but_never_leak(
     for secret in secrets:
         assert not any(secret in text for text in exposed)
         assert not any(secret.encode() in blob for blob in pickles)
+
+
+def test_a_credentials_object_or_a_storage_client_is_taken(
+    tmp_path: Path, token_server: TokenServer, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    key_file = token_server.write_key_file(tmp_path / "service-account.json", private_key_pem())
+    unscoped = google.oauth2.service_account.Credentials.from_service_account_file(key_file)  # scoped when used
+    gcs_emulator.seed(gcs_bucket, {f"c/{i}": bytes([i]) for i in range(4)})
+    with RecordingProxy(gcs_emulator.endpoint) as proxy:
+        storage_client = storage.Client(
+            project="billing-project", credentials=unscoped, client_options={"api_endpoint": proxy.endpoint}
+        )
+        for config in (
+            ClientConfig(endpoint=proxy.endpoint, anonymous=False, credentials=unscoped),
+            ClientConfig.from_storage_client(storage_client),
+        ):
+            dataset = GCSIterableDataset(f"gs://{gcs_bucket}/c/", client=config, transform=read)
+            loaded = list(DataLoader(dataset, batch_size=None, num_workers=2))
+            assert sorted(data for _, data in loaded) == [bytes([i]) for i in range(4)]  # workers got them pickled
+    assert token_server.grants >= 3, "the parent and each worker asked for a token"
+    assert {headers.get("authorization") for _, _, headers in proxy.requests} == {f"Bearer {ACCESS_TOKEN}"}
+    assert ClientConfig.from_storage_client(storage.Client.create_anonymous_client()).anonymous is True
+    with pytest.raises(ValueError, match="not both"):
+        ClientConfig(credentials=unscoped, credentials_file=key_file)
+    with pytest.raises(ValueError, match="contradict"):
+        ClientConfig(credentials=unscoped, anonymous=True)
+    with pytest.raises(ValueError, match="google.auth.credentials.Credentials"):
+        ClientConfig(credentials=key_file)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="storage.Client"):
+        ClientConfig.from_storage_client(unscoped)
+    with pytest.raises(ValueError, match="anonymous=False"):  # a token would travel in clear text: refused, not dropped
+        session_for(ClientConfig(endpoint=gcs_emulator.endpoint, credentials=unscoped))
 
 
 def test_refused_credentials_raise_access_denied(

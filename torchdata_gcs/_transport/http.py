@@ -62,7 +62,9 @@ def _credentials_from_file(path: str) -> google.auth.credentials.Credentials:
 
 
 def credentials_for(config: ClientConfig) -> google.auth.credentials.Credentials:
-    """The configured key file's credentials, else Application Default Credentials."""
+    """The configured credentials object or key file's credentials, else Application Default Credentials."""
+    if config.credentials is not None:
+        return google.auth.credentials.with_scopes_if_required(config.credentials, SCOPES)
     try:
         if config.credentials_file:
             return _credentials_from_file(config.credentials_file)

@@ -58,10 +58,10 @@ class Session:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self.endpoint, is_emulator = resolve_endpoint(config)
-        if config.credentials_file and config.anonymous is None and is_emulator:
+        if (config.credentials_file or config.credentials) and config.anonymous is None and is_emulator:
             raise ValueError(
-                f"credentials_file is set, but requests to {self.endpoint} go out anonymous unless "
-                "ClientConfig(anonymous=False) says otherwise: set it to send the credentials there, or drop the file"
+                f"credentials are given, but requests to {self.endpoint} go out anonymous unless "
+                "ClientConfig(anonymous=False) says otherwise: set it to send the credentials there, or drop them"
             )
         anonymous = config.anonymous if config.anonymous is not None else is_emulator
         self.credentials: google.auth.credentials.Credentials | None = None if anonymous else credentials_for(config)
