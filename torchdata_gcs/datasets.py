@@ -15,6 +15,7 @@ from ._engines.download import as_stream, load_in_order
 from ._engines.listing import MAX_PAGE_SIZE
 from ._engines.parallel_listing import ListingStats
 from ._engines.shared_listing import list_inputs
+from ._engines.worker_stats import WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._transport.context import LoadStats
@@ -83,12 +84,21 @@ class _Objects(Generic[T]):
         self.retry = retry or RetryConfig()
         self.transform = cast(Transform[T], transform or _pair)
         self.objects = _listed(urls, masks, manifest, self.client, self.retry, concurrency)
-        self.stats = LoadStats()
+        self._stats = WorkerStats()
+
+    @property
+    def stats(self) -> LoadStats:
+        """Requests, bytes, retries and objects so far, summed over this process and its DataLoader
+        workers (each worker's as of the last item it read)."""
+        return self._stats.total()
 
     def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
-        for url, data in load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=False):
-            yield self.transform(url, cast(IO[bytes], as_stream(url, data)))
+        stats = self._stats.local()
+        for url, data in load_in_order(items, self.client, self.transfer, self.retry, stats, skip_missing=False):
+            item = self.transform(url, cast(IO[bytes], as_stream(url, data)))
+            self._stats.publish()
+            yield item
 
 
 class GCSMapDataset(_Objects[T], Dataset[T]):

@@ -130,3 +130,17 @@ def test_two_ranks_of_two_workers_read_each_object_once(dataset, client, tmp_pat
     shares = [pickle.loads((tmp_path / f"rank-{rank}.pkl").read_bytes()) for rank in range(2)]
     assert [len(share) for share in shares] == [N_OBJECTS // 2] * 2
     assert_exactly_once(shares[0] + shares[1], expected)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_stats_are_summed_over_the_workers(dataset, client, context: str) -> None:
+    bucket, expected = dataset
+    kinds = (GCSMapDataset, GCSIterableDataset) if context == "fork" else (GCSIterableDataset,)  # spawning is slow
+    for ds in (kind(f"gs://{bucket}/ds/", transform=read, client=client) for kind in kinds):
+        loader = DataLoader(ds, batch_size=6, num_workers=2, multiprocessing_context=context, collate_fn=list)
+        for epoch in (1, 2):  # new workers each epoch: their counts add to the earlier ones'
+            assert_exactly_once([item for batch in loader for item in batch], expected)
+            stats = ds.stats
+            assert stats.objects == epoch * N_OBJECTS, type(ds).__name__
+            assert stats.requests >= epoch * N_OBJECTS and stats.bytes == epoch * sum(map(len, expected.values()))
+        assert pickle.loads(pickle.dumps(ds)).stats.objects == 0, "a pickled copy counts afresh"

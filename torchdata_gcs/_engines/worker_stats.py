@@ -1,0 +1,80 @@
+"""Load statistics summed over the process that made a dataset and its DataLoader workers.
+
+Each process counts into a plain :class:`LoadStats` of its own, so the I/O hot path stays an attribute
+add. After each item a worker copies its totals into its row of a small shared-memory table, which
+forked workers inherit and spawned ones receive with the dataset; reading the statistics sums the rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import multiprocessing
+import os
+from multiprocessing.context import get_spawning_popen
+from typing import Any
+
+from torch.utils.data import get_worker_info
+
+from .._transport.context import LoadStats
+
+__all__ = ["MAX_WORKERS", "WorkerStats"]
+
+FIELDS = tuple(field.name for field in dataclasses.fields(LoadStats))
+MAX_WORKERS = 256
+"""Workers with a row of their own; a worker numbered beyond counts only in its own process."""
+
+
+class WorkerStats:
+    """The :class:`LoadStats` of one process and its DataLoader workers: :meth:`local` is what this
+    process counts into, :meth:`publish` shares it, :meth:`total` sums every process's."""
+
+    def __init__(self) -> None:
+        self._table: Any = multiprocessing.RawArray(ctypes.c_double, (1 + MAX_WORKERS) * len(FIELDS))
+        self._pid = os.getpid()
+        self._local = LoadStats()
+        self._row: int | None = 0  # the process that made it; a worker takes 1 + its id
+        self._base = [0.0] * len(FIELDS)  # what earlier workers of the same id had published
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled to a worker being spawned, the table goes along (shared); pickled otherwise, a copy
+        starts counting afresh."""
+        if get_spawning_popen() is None:
+            return WorkerStats, ()
+        return _shared, (self._table,)
+
+    def local(self) -> LoadStats:
+        """This process's statistics (a worker's own start from zero)."""
+        if os.getpid() != self._pid:
+            self._pid, self._local = os.getpid(), LoadStats()
+            worker = get_worker_info()
+            self._row = None if worker is None or worker.id >= MAX_WORKERS else 1 + worker.id
+            self._base = self._read(self._row) if self._row is not None else [0.0] * len(FIELDS)
+        return self._local
+
+    def publish(self) -> None:
+        """Share this worker's totals (the process that made the dataset is read live instead)."""
+        if self._row:
+            start = self._row * len(FIELDS)
+            for offset, (name, base) in enumerate(zip(FIELDS, self._base)):
+                self._table[start + offset] = base + getattr(self._local, name)
+
+    def total(self) -> LoadStats:
+        """Every process's statistics summed: this process's live, the workers' as last published."""
+        local = self.local()
+        sums = [base + getattr(local, name) for name, base in zip(FIELDS, self._base)]
+        for row in range(1, 1 + MAX_WORKERS):
+            if row != self._row:
+                for index, value in enumerate(self._read(row)):
+                    sums[index] += value
+        return LoadStats(**{name: type(getattr(local, name))(value) for name, value in zip(FIELDS, sums)})
+
+    def _read(self, row: int) -> list[float]:
+        start = row * len(FIELDS)
+        return list(self._table[start : start + len(FIELDS)])
+
+
+def _shared(table: Any) -> WorkerStats:
+    stats = WorkerStats.__new__(WorkerStats)
+    stats._table, stats._pid, stats._local, stats._row, stats._base = table, -1, LoadStats(), None, []
+    return stats
