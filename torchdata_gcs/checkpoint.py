@@ -17,8 +17,9 @@ from typing import IO, Any, Literal, cast
 
 import torch
 
-from ._engines.compression import CompressingWriter, decompress
-from ._engines.download import LoadStats, read_into_buffer
+from ._engines.compression import CompressingWriter, decompress, is_compressed
+from ._engines.download import LoadStats, read_into, read_into_buffer
+from ._engines.memory_file import memory_file
 from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.streams import MemoryStream
 from ._engines.upload import StreamingWriter, library_errors_first, new_writer
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 Strategy = Literal["multipart", "compose"]
+ZIP_MAGIC = b"PK\x03\x04"
+"""How ``torch.save``'s archive format starts (the only one ``torch.load`` can map)."""
 
 
 def write_config(write: WriteConfig | None, where: str, **keywords: Any) -> WriteConfig:
@@ -127,6 +130,14 @@ def save(
     return writer.generation
 
 
+def _object_info(url: str, client: ClientConfig, retry: RetryConfig) -> ObjectInfo:
+    bucket, name = parse_url(url, allow_prefix=False)
+    resource = Client(client, retry).head(bucket, name, ITEM_FIELDS)
+    if resource is None:
+        raise NotFoundError(f"{url} does not exist", url=url, status=404)
+    return ObjectInfo.from_json(resource)
+
+
 def open_reader(
     url: str,
     *,
@@ -143,11 +154,7 @@ def open_reader(
         IntegrityError: the bytes (or their compression) do not check out.
     """
     client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
-    bucket, name = parse_url(url, allow_prefix=False)
-    resource = Client(client, retry).head(bucket, name, ITEM_FIELDS)
-    if resource is None:
-        raise NotFoundError(f"{url} does not exist", url=url, status=404)
-    buffer = read_into_buffer(url, ObjectInfo.from_json(resource), client, transfer, retry, LoadStats())
+    buffer = read_into_buffer(url, _object_info(url, client, retry), client, transfer, retry, LoadStats())
     return cast(IO[bytes], MemoryStream([decompress(buffer, url)]))
 
 
@@ -160,9 +167,27 @@ def load(
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
 ) -> Any:
-    """``torch.load`` of ``url``, read through :func:`open_reader` (compressed or not); ``weights_only=None``
-    leaves the choice to ``torch.load``'s own default."""
-    stream = open_reader(url, client=client, transfer=transfer, retry=retry)
+    """``torch.load`` of ``url`` (compressed or not); ``weights_only=None`` leaves the choice to
+    ``torch.load``'s own default.
+
+    On Linux an uncompressed checkpoint is read, as concurrent checked ranges, into an anonymous
+    in-memory file that ``torch.load(mmap=True)`` then maps: the tensors use the downloaded bytes
+    themselves, so loading holds the checkpoint once, not twice. Elsewhere (and for compressed or
+    legacy-format checkpoints) it is read as :func:`open_reader` reads it.
+    """
+    client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
+    info = _object_info(url, client, retry)
+    with memory_file(info.size) as file:
+        if file is not None:
+            path, mapping = file
+            with memoryview(mapping) as view:
+                read_into(view, url, info, client, transfer, retry, LoadStats())
+                head = bytes(view[:4])
+                stream = None if head == ZIP_MAGIC else MemoryStream([decompress(view, url) if is_compressed(head) else bytes(view)])
+            if stream is None:
+                return torch.load(path, mmap=True, map_location=map_location, weights_only=weights_only)
+        else:
+            stream = MemoryStream([decompress(read_into_buffer(url, info, client, transfer, retry, LoadStats()), url)])
     return torch.load(stream, map_location=map_location, weights_only=weights_only)
 
 

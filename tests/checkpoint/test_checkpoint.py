@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -10,6 +16,7 @@ from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 BUCKET = "checkpoints"
+MiB = 1024 * 1024
 
 
 @pytest.fixture
@@ -98,3 +105,49 @@ def test_default_settings_work_on_the_bare_emulator(caplog: pytest.LogCaptureFix
     assert torch.equal(loaded["weights"], state["weights"]) and names == ["bare.pt"]
     notes = [record.getMessage() for record in caplog.records if "multipart" in record.getMessage()]
     assert len(notes) == 1 and "strategy='compose'" in notes[0]
+
+
+LOAD_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from torchdata_gcs import ClientConfig, checkpoint
+
+    spec = json.load(sys.stdin)
+    client = ClientConfig(endpoint=spec["endpoint"])
+
+    def status(field):
+        with open("/proc/self/status") as lines:
+            return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
+
+    checkpoint.load(spec["warm_up"], client=client)  # the I/O thread, the session, the imports
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # reset the peak
+    baseline = status("VmRSS")
+    state = checkpoint.load(spec["url"], client=client)
+    growth = status("VmHWM") - baseline
+    print(json.dumps({"growth": growth, "sums": {key: float(value.double().sum()) for key, value in state.items()}}))
+    """
+)
+
+
+def test_load_holds_the_checkpoint_once(front: GCSFront, gcs_emulator: Emulator) -> None:
+    """Read into an anonymous file that torch.load maps: peak memory near the checkpoint's size, where
+    reading into a buffer and letting torch.load copy out of it took twice that."""
+    state = {f"layer{i}": torch.full((4 * MiB // 4,), float(i)) for i in range(24)}  # 96 MiB
+    client = gcs_emulator.client_config
+    checkpoint.save(state, f"gs://{BUCKET}/big.pt", client=client)
+    checkpoint.save({"x": torch.ones(2)}, f"gs://{BUCKET}/tiny.pt", client=client)
+    spec = {"endpoint": gcs_emulator.endpoint, "url": f"gs://{BUCKET}/big.pt", "warm_up": f"gs://{BUCKET}/tiny.pt"}
+    child = subprocess.run([sys.executable, "-c", LOAD_CHILD], input=json.dumps(spec), capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    answer = json.loads(child.stdout)
+    assert answer["sums"] == {key: float(value.double().sum()) for key, value in state.items()}
+    assert answer["growth"] < 1.3 * 96 * MiB, f"peak growth {answer['growth'] / MiB:.0f} MiB for a 96 MiB checkpoint"
+
+
+def test_load_without_anonymous_files_reads_into_a_buffer(front: GCSFront, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = state_dict()
+    url = f"gs://{BUCKET}/portable.pt"
+    checkpoint.save(state, url, client=front.client_config)
+    monkeypatch.delattr(os, "memfd_create")  # as on macOS and Windows
+    assert_equal(checkpoint.load(url, client=front.client_config), state)

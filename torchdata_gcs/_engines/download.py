@@ -50,6 +50,7 @@ __all__ = [
     "fetch_object",
     "load_in_order",
     "load_one",
+    "read_into",
     "read_into_buffer",
     "read_ranges_into",
 ]
@@ -410,19 +411,33 @@ async def read_ranges_into(job: RequestContext, url: str, generation: int, start
 def read_into_buffer(
     url: str, info: ObjectInfo, config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
 ) -> bytearray:
+    """One object (the version ``info`` names) in a new buffer, read as :func:`read_into` reads."""
+    buffer = bytearray(info.size)
+    read_into(memoryview(buffer), url, info, config, transfer, retry, stats)
+    return buffer
+
+
+def read_into(
+    target: memoryview,
+    url: str,
+    info: ObjectInfo,
+    config: ClientConfig,
+    transfer: TransferConfig,
+    retry: RetryConfig,
+    stats: LoadStats,
+) -> None:
     """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
-    one preallocated buffer, and checked against ``info``'s crc32c without another pass over the bytes.
+    ``target`` (its size), and checked against ``info``'s crc32c without another pass over the bytes.
 
     Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
     range was hit), as retries allow."""
-    buffer = bytearray(info.size)
     job = new_context(config, transfer, retry, stats)
     rereads = Attempts(retry, url, on_retry=stats.count_retry)
     while True:
-        reading = read_ranges_into(job, url, info.generation, 0, memoryview(buffer), transfer.part_size)
+        reading = read_ranges_into(job, url, info.generation, 0, target, transfer.part_size)
         crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
         try:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
-            return buffer
+            return
         except IntegrityError as exc:
             time.sleep(rereads.delay_after(exc))
