@@ -319,7 +319,7 @@ def test_gzip_encoded_objects_load_as_their_stored_and_checked_bytes(strict: GCS
     text = b"a line of text\n" * 5000
     stored = gzip.compress(text)
     body, headers = multipart_body("logs.txt", stored, "text/plain")
-    body = body.replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
+    body = b"".join(body).replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
     upload = requests.post(
         f"{gcs_emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o", params={"uploadType": "multipart"}, data=body,
         headers=headers, timeout=30,
@@ -337,7 +337,7 @@ def test_gzip_encoded_objects_load_as_their_stored_and_checked_bytes(strict: GCS
 
 def upload_gzip_encoded(emulator: Emulator, name: str, stored: bytes) -> None:
     body, headers = multipart_body(name, stored, "text/plain")
-    body = body.replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
+    body = b"".join(body).replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
     upload = requests.post(
         f"{emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o", params={"uploadType": "multipart"}, data=body,
         headers=headers, timeout=30,

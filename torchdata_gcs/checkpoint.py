@@ -182,8 +182,8 @@ def load(
             path, mapping = file
             with memoryview(mapping) as view:
                 read_into(view, url, info, client, transfer, retry, LoadStats())
-                head = bytes(view[:4])
-                stream = None if head == ZIP_MAGIC else MemoryStream([decompress(view, url) if is_compressed(head) else bytes(view)])
+                head = bytes(view[:16])
+                stream = None if head.startswith(ZIP_MAGIC) else MemoryStream([decompress(view, url) if is_compressed(head) else bytes(view)])
             if stream is None:
                 return torch.load(path, mmap=True, map_location=map_location, weights_only=weights_only)
         else:

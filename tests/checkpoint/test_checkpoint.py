@@ -151,3 +151,43 @@ def test_load_without_anonymous_files_reads_into_a_buffer(front: GCSFront, monke
     checkpoint.save(state, url, client=front.client_config)
     monkeypatch.delattr(os, "memfd_create")  # as on macOS and Windows
     assert_equal(checkpoint.load(url, client=front.client_config), state)
+
+
+SAVE_CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    from torchdata_gcs import ClientConfig, WriteConfig, checkpoint
+
+    spec = json.load(sys.stdin)
+    client = ClientConfig(endpoint=spec["endpoint"])
+    write = WriteConfig(part_size=spec["part"], max_parts_in_flight=spec["in_flight"], strategy=spec["strategy"])
+
+    def status(field):
+        with open("/proc/self/status") as lines:
+            return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
+
+    state = {f"t{i}": torch.full((16 * 2**20 // 4,), float(i)) for i in range(spec["tensors"])}
+    checkpoint.save({"x": torch.ones(2)}, spec["url"] + ".warm-up", client=client, write=write)
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # reset the peak
+    baseline = status("VmRSS")
+    checkpoint.save(state, spec["url"], client=client, write=write)
+    print(json.dumps({"growth": status("VmHWM") - baseline}))
+    """
+)
+
+
+@pytest.mark.parametrize("strategy", ["multipart", "compose"])
+def test_save_holds_the_parts_in_flight_and_one_being_filled(
+    front: GCSFront, gcs_emulator: Emulator, strategy: str
+) -> None:
+    """No copy of a part's body is made to send it, nor of a tensor to write it: peak memory stays near
+    ``part_size x (max_parts_in_flight + 1)`` (40 MiB here) while 192 MiB of tensors are saved."""
+    part, in_flight = 8 * MiB, 4
+    spec = {"endpoint": front.endpoint, "url": f"gs://{BUCKET}/bounded-{strategy}.pt", "strategy": strategy,
+            "part": part, "in_flight": in_flight, "tensors": 12}  # fmt: skip
+    child = subprocess.run([sys.executable, "-c", SAVE_CHILD], input=json.dumps(spec), capture_output=True, text=True, timeout=180)
+    assert child.returncode == 0, child.stderr
+    growth = json.loads(child.stdout)["growth"]
+    assert growth < part * (in_flight + 1) + 32 * MiB, f"peak growth {growth / MiB:.0f} MiB"
+    assert len(gcs_emulator.read(BUCKET, f"bounded-{strategy}.pt")) > 192 * MiB

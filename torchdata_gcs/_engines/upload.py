@@ -80,6 +80,8 @@ DEFAULT_PARTS_IN_FLIGHT = WriteConfig.max_parts_in_flight
 MAX_PARTS = 10_000
 PARTS_PER_SIZE = 1000
 """Parts of one size before the size doubles."""
+WRITE_SLICE = 1024 * 1024
+"""A write is taken in slices of this size (the most it copies beyond the part being filled)."""
 
 
 def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> int:
@@ -150,7 +152,8 @@ class StreamingWriter(PublishingWriter):
         self._client = Client(client, self._retry)
         self._job: RequestContext = new_context(client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats())
         self._base, self._parts_per_size, self._max_in_flight = part_size, parts_per_size, max_parts_in_flight
-        self._buffer = bytearray()
+        self._buffer = bytearray()  # the part being filled
+        self._part_crc = 0  # its crc32c
         self._crc = 0
         self._size = 0
         self._started = False
@@ -180,19 +183,32 @@ class StreamingWriter(PublishingWriter):
     def write(self, data: Any) -> int:  # type: ignore[override]
         if self._state != "open":
             raise ValueError(f"write to a {self._state} writer ({self.url})")
-        chunk = data if isinstance(data, bytes) else bytes(data)
-        self._crc = google_crc32c.extend(self._crc, chunk)
-        self._size += len(chunk)
-        self._buffer += chunk
+        view = memoryview(data).cast("B")
         try:
-            while len(self._buffer) > (size := part_size(self._sent + 1, self._base, self._parts_per_size)):
-                part = bytes(self._buffer[:size])  # the last part is sent by close(), never here
-                del self._buffer[:size]
-                self._send_part(part)
+            for start in range(0, len(view), WRITE_SLICE):
+                # google_crc32c reads only bytes: a slice at a time is copied, never a whole large write
+                piece = data if isinstance(data, bytes) and len(data) <= WRITE_SLICE else bytes(view[start : start + WRITE_SLICE])
+                self._crc = google_crc32c.extend(self._crc, piece)
+                self._take(piece)
         except BaseException:
             self.abort()
             raise
-        return len(chunk)
+        self._size += len(view)
+        return len(view)
+
+    def _take(self, piece: bytes) -> None:
+        """Copy ``piece`` into the part being filled; a full part goes out once more bytes follow it
+        (so the last part is always sent by ``close``), handed over as it is, not copied."""
+        view = memoryview(piece)
+        while view:
+            size = part_size(self._sent + 1, self._base, self._parts_per_size)
+            if len(self._buffer) == size:
+                self._send_part(self._buffer, self._part_crc)
+                self._buffer, self._part_crc = bytearray(), 0
+            portion = view[: size - len(self._buffer)]
+            self._buffer += portion
+            self._part_crc = google_crc32c.extend(self._part_crc, piece if len(portion) == len(piece) else bytes(portion))
+            view = view[len(portion) :]
 
     def close(self) -> None:
         """Publish the object (a no-op once published or aborted); on any failure abort and raise."""
@@ -204,7 +220,7 @@ class StreamingWriter(PublishingWriter):
                     self._bucket, self._name, bytes(self._buffer), if_generation_match=0 if self._only_if_new else None
                 )
             else:
-                self._send_part(bytes(self._buffer))
+                self._send_part(self._buffer, self._part_crc)
                 while self._pending:
                     self._collect(self._pending.popleft())
                 self.generation = self._publish()
@@ -238,7 +254,7 @@ class StreamingWriter(PublishingWriter):
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
 
-    def _send_part(self, data: bytes) -> None:
+    def _send_part(self, data: bytearray, crc32c: int) -> None:
         if not self._started:
             self._start()
             self._started = True
@@ -247,7 +263,7 @@ class StreamingWriter(PublishingWriter):
         while len(self._pending) >= self._max_in_flight:
             self._collect(self._pending.popleft())
         self._sent += 1
-        upload = self._upload_part(self._sent, data, google_crc32c.value(data))
+        upload = self._upload_part(self._sent, data, crc32c)
         self._pending.append(asyncio.run_coroutine_threadsafe(upload, io_loop()))
 
     def _collect(self, future: Future[tuple[int, Any]]) -> None:
@@ -299,7 +315,7 @@ class StreamingWriter(PublishingWriter):
     def _start(self) -> None:
         """Called before the first part."""
 
-    def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
+    def _upload_part(self, number: int, data: bytearray, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         """A coroutine that uploads part ``number`` (whose crc32c is ``crc32c``) and returns
         ``(number, token)``. It must not refer to the writer, or a dropped writer would live until
         its parts finish."""
@@ -362,7 +378,7 @@ class MultipartWriter(StreamingWriter):
         if marker is not None:
             await delete_temporary(self._job, self._bucket, *marker)
 
-    def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
+    def _upload_part(self, number: int, data: bytearray, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         return _put_part(self._job, self.url, self._xml_path, number, self._upload_id, data, crc32c)
 
     def _assemble(self) -> tuple[int | None, str | None]:
@@ -425,7 +441,7 @@ class CompositeWriter(StreamingWriter):
         self._temporaries: set[str] = set()  # every temporary name written or being written
         self._intermediates: dict[str, int | None] = {}  # composed intermediate name -> its generation
 
-    def _upload_part(self, number: int, data: bytes, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
+    def _upload_part(self, number: int, data: bytearray, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
         self._temporaries.add(name)
         return _create_part(self._job, self._bucket, name, number, data, crc32c)
@@ -508,7 +524,7 @@ async def _send(
 
 
 async def _put_part(
-    job: RequestContext, url: str, path: str, number: int, upload_id: str | None, data: bytes, crc32c: int
+    job: RequestContext, url: str, path: str, number: int, upload_id: str | None, data: bytearray, crc32c: int
 ) -> tuple[int, str]:
     """Upload part ``number`` with its crc32c, so GCS refuses it if damaged on the way (a refusal, or an
     answer reporting another crc32c, is retried); ``(number, ETag)``."""
@@ -529,7 +545,7 @@ async def _put_part(
 
 
 async def _create_part(
-    job: RequestContext, bucket: str, name: str, number: int, data: bytes, crc32c: int
+    job: RequestContext, bucket: str, name: str, number: int, data: bytearray, crc32c: int
 ) -> tuple[int, tuple[str, int]]:
     """Upload one part as the object ``name`` (GCS checks its crc32c); ``(number, (name, generation))``."""
     return number, (name, await create_object(job, bucket, name, data, crc32c=crc32c))

@@ -90,21 +90,20 @@ async def read_object(job: RequestContext, bucket: str, name: str) -> bytes | No
 
 
 def multipart_body(
-    name: str, data: bytes, content_type: str = "application/octet-stream", crc32c: int | None = None
-) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of a JSON API multipart upload of ``data`` as ``name``, its crc32c (computed
-    unless given) in the metadata so that GCS refuses bytes damaged on the way."""
+    name: str, data: bytes | bytearray, content_type: str = "application/octet-stream", crc32c: int | None = None
+) -> tuple[list[bytes | bytearray], dict[str, str]]:
+    """The body (as pieces, ``data`` itself among them, never copied) and headers of a JSON API multipart
+    upload of ``data`` as ``name``, its crc32c in the metadata so that GCS refuses bytes damaged on the
+    way (computed from bytes; a bytearray must come with it)."""
     boundary = uuid.uuid4().hex
-    checksum = crc32c_base64(data if crc32c is None else crc32c)
+    checksum = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
     metadata = json.dumps({"name": name, "crc32c": checksum, "contentType": content_type})
-    body = b"".join(
-        (
-            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n".encode(),
-            f"--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
-            data,
-            f"\r\n--{boundary}--\r\n".encode(),
-        )
-    )
+    body = [
+        f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n"
+        f"--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
+        data,
+        f"\r\n--{boundary}--\r\n".encode(),
+    ]
     return body, {"Content-Type": f"multipart/related; boundary={boundary}"}
 
 
@@ -112,13 +111,14 @@ async def create_object(
     job: RequestContext,
     bucket: str,
     name: str,
-    data: bytes,
+    data: bytes | bytearray,
     *,
     if_generation_match: int | None = None,
     content_type: str = "application/octet-stream",
     crc32c: int | None = None,
 ) -> int:
-    """Write ``data`` in one multipart upload and return the new generation.
+    """Write ``data`` (bytes, or a bytearray with its ``crc32c``) in one multipart upload and return
+    the new generation; the body is sent in pieces, ``data`` never copied.
 
     The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way. With
     ``if_generation_match`` (0: only if the object does not exist) a mismatch raises

@@ -42,7 +42,7 @@ from .http import (
 from .loop import io_loop
 from .throttle import Throttle
 
-__all__ = ["USER_AGENT", "Session", "session_for"]
+__all__ = ["USER_AGENT", "Body", "Session", "session_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,11 +166,12 @@ class Session:
         params: dict[str, Any],
         headers: dict[str, str] | None = None,
         json: Any = None,
-        data: bytes | None = None,
+        data: Body | None = None,
         xml_api: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
-        ``data`` body if given; a non-2xx answer raises its typed error naming ``url``."""
+        ``data`` body if given (bytes, or pieces sent one after the other, never joined); a non-2xx
+        answer raises its typed error naming ``url``."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
@@ -180,6 +181,13 @@ class Session:
                 headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
             )
         params, headers = self.billed(params, headers, xml_api=xml_api)
+        body: Any = None
+        if isinstance(data, bytes):
+            body = io.BytesIO(data)  # shares the bytes; aiohttp streams it
+        elif data is not None:
+            pieces = [memoryview(piece).cast("B") for piece in ([data] if isinstance(data, (bytearray, memoryview)) else data)]
+            headers = {**(headers or {}), "Content-Length": str(sum(map(len, pieces)))}
+            body = _streamed(pieces)
         request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers
         # The path is percent-encoded already: yarl need not parse and encode it again.
         target = yarl.URL(f"{path}?{urlencode(params)}" if params else path, encoded=True)
@@ -190,7 +198,7 @@ class Session:
                 headers=request_headers,
                 proxy=self._proxy,
                 json=json,
-                data=None if data is None else io.BytesIO(data),  # shares the bytes; aiohttp streams it
+                data=body,
             ) as response:
                 if response.status >= 400:
                     text = await response.text(errors="replace")
@@ -212,6 +220,20 @@ class Session:
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+"""A request body: bytes, or pieces sent in order without being joined."""
+
+STREAM_SLICE = 1024 * 1024
+"""Body pieces go out in slices of at most this size, so no single write holds up the I/O loop."""
+
+
+async def _streamed(pieces: Sequence[memoryview]) -> AsyncIterator[memoryview]:
+    """The pieces of a body as slices, for aiohttp to send (a new generator for each attempt)."""
+    for piece in pieces:
+        for start in range(0, len(piece), STREAM_SLICE):
+            yield piece[start : start + STREAM_SLICE]
 
 
 _lock = threading.Lock()
