@@ -113,6 +113,28 @@ def read_torchdata_fsspec(spec: Spec) -> Iterator[tuple[str, bytes]]:
     return ((url.split("/", 3)[3], stream.read()) for url, stream in pipe)
 
 
+def read_obstore(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    """Rust obstore (object_store's GCS store, unsigned requests to the emulator): every GET started at
+    once with ``get_async``, at most 64 in flight."""
+    import obstore
+    from obstore.store import GCSStore
+
+    store = GCSStore(spec.bucket, base_url=spec.endpoint, skip_signature=True, client_options={"allow_http": True})
+    names = _names(spec)
+
+    async def main() -> list[bytes]:
+        slots = asyncio.Semaphore(64)
+
+        async def fetch(name: str) -> bytes:
+            async with slots:
+                result = await obstore.get_async(store, name)
+                return bytes(await result.bytes_async())
+
+        return await asyncio.gather(*(fetch(name) for name in names))
+
+    return zip(names, asyncio.run(main()))
+
+
 def _our_client(spec: Spec) -> Any:
     from torchdata_gcs import ClientConfig
 
@@ -248,6 +270,7 @@ READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
     "gcs_loop": read_gcs_loop,
     "gcs_threads": read_gcs_threads,
     "gcsfs_cat": read_gcsfs_cat,
+    "obstore": read_obstore,
     "torchdata_fsspec": read_torchdata_fsspec,
     "dataflux_compose": read_dataflux_compose,
     "dataflux_direct": read_dataflux_direct,

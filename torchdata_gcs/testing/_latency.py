@@ -37,6 +37,9 @@ frontend front
     acl has_max_results query -m reg (^|&)maxResults=
     http-request set-query %[query]&maxResults=1000 if is_list !has_max_results
     http-request set-query %[query,regsub(maxResults=[0-9][0-9][0-9][0-9]+,maxResults=1000)] if is_list has_max_results
+    # The emulator serves XML API path-style requests (/bucket/object) only for its own host name,
+    # as GCS does for storage.googleapis.com: name the upstream, so clients of that API get through.
+    http-request set-header Host {upstream}
     {delay_rule}
     default_backend upstream
 backend upstream
