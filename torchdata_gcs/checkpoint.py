@@ -13,10 +13,13 @@ as the emulator, or buckets where multipart uploads are not wanted).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO, Any, Literal, cast
 
 import torch
 
+from ._engines.compressed_read import block_table_of, read_decompressed_into
 from ._engines.compression import CompressingWriter, decompress, is_compressed
 from ._engines.download import LoadStats, read_into, read_into_buffer
 from ._engines.memory_file import memory_file
@@ -170,25 +173,38 @@ def load(
     """``torch.load`` of ``url`` (compressed or not); ``weights_only=None`` leaves the choice to
     ``torch.load``'s own default.
 
-    On Linux an uncompressed checkpoint is read, as concurrent checked ranges, into an anonymous
-    in-memory file that ``torch.load(mmap=True)`` then maps: the tensors use the downloaded bytes
-    themselves, so loading holds the checkpoint once, not twice. Elsewhere (and for compressed or
-    legacy-format checkpoints) it is read as :func:`open_reader` reads it.
+    The checkpoint is read as concurrent checked ranges; a compressed one is decompressed range by
+    range as it arrives, on several threads. On Linux the bytes land in an anonymous in-memory file
+    that ``torch.load(mmap=True)`` then maps: the tensors use those bytes themselves, so loading holds
+    the checkpoint once, not twice.
     """
     client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
-    info = _object_info(url, client, retry)
-    with memory_file(info.size) as file:
-        if file is not None:
-            path, mapping = file
-            with memoryview(mapping) as view:
-                read_into(view, url, info, client, transfer, retry, LoadStats())
-                head = bytes(view[:16])
-                stream = None if head.startswith(ZIP_MAGIC) else MemoryStream([decompress(view, url) if is_compressed(head) else bytes(view)])
-            if stream is None:
-                return torch.load(path, mmap=True, map_location=map_location, weights_only=weights_only)
-        else:
-            stream = MemoryStream([decompress(read_into_buffer(url, info, client, transfer, retry, LoadStats()), url)])
-    return torch.load(stream, map_location=map_location, weights_only=weights_only)
+    with _downloaded(url, _object_info(url, client, retry), client, transfer, retry) as (path, view):
+        head = bytes(view[:16])
+        if is_compressed(head):  # compressed without a block table: older checkpoints, other zstd writers
+            view = memoryview(decompress(view, url))
+        elif path is not None and head.startswith(ZIP_MAGIC):
+            return torch.load(path, mmap=True, map_location=map_location, weights_only=weights_only)
+        return torch.load(MemoryStream([view]), map_location=map_location, weights_only=weights_only)
+
+
+@contextmanager
+def _downloaded(
+    url: str, info: ObjectInfo, client: ClientConfig, transfer: TransferConfig, retry: RetryConfig
+) -> Iterator[tuple[str | None, memoryview]]:
+    """The checkpoint's bytes (decompressed, where a block table allows it while downloading), in an
+    anonymous in-memory file (its path given) where the system has them, else in a buffer."""
+    stats = LoadStats()
+    table = block_table_of(url, info, client, transfer, retry, stats)
+    size = info.size if table is None else sum(raw for _, _, raw, _ in table[0])
+    with memory_file(size) as file:
+        path, buffer = (None, bytearray(size)) if file is None else file
+        with memoryview(buffer) as view:
+            if table is None:
+                read_into(view, url, info, client, transfer, retry, stats)
+            else:
+                read_decompressed_into(view, url, info, table, client, transfer, retry, stats)
+            yield path, view
 
 
 def remove(url: str, *, client: ClientConfig | None = None, retry: RetryConfig | None = None) -> bool:

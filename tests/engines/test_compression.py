@@ -14,7 +14,7 @@ import torch
 import zstandard
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from torchdata_gcs import IntegrityError, WriteConfig, Zstd, checkpoint
+from torchdata_gcs import IntegrityError, TransferConfig, WriteConfig, Zstd, checkpoint
 from torchdata_gcs._engines.compression import (
     BLOCK_HEADER,
     INDEX_FRAME,
@@ -23,8 +23,9 @@ from torchdata_gcs._engines.compression import (
     CompressingWriter,
     blocks,
     decompress,
+    read_block_table,
 )
-from torchdata_gcs.testing import Emulator, GCSFront
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 KiB = 1024
 
@@ -204,3 +205,29 @@ def test_bad_compression_settings() -> None:
         Zstd(level=30)
     with pytest.raises(ValueError, match="block_size"):
         Zstd(block_size=1)
+
+
+def test_a_compressed_checkpoint_is_decompressed_range_by_range_as_it_downloads(
+    gcs_bucket: str, gcs_emulator: Emulator, gcs_front: GCSFront
+) -> None:
+    """Its block table, read from its last bytes, lets the load read ranges of whole blocks (as many as
+    the uncompressed object would take) and decompress each as it arrives; a damaged range is read again."""
+    state = trained_like_state() | {f"w{i}": torch.linspace(0, i, 256 * KiB) for i in range(8)}  # ~8.5 MiB raw
+    url = f"gs://{gcs_bucket}/ranged.pt.zst"
+    checkpoint.save(state, url, client=gcs_front.client_config, write=WriteConfig(compression=Zstd(block_size=256 * KiB)))
+    stored = gcs_emulator.read(gcs_bucket, "ranged.pt.zst")
+    table = read_block_table(stored, len(stored), url)
+    assert isinstance(table, list) and len(table) >= 30 and sum(raw for _, _, raw, _ in table) > 8 * 1024 * KiB
+    gcs_front.reset_counts()
+    assert_equal(checkpoint.load(url, client=gcs_front.client_config, transfer=TransferConfig(part_size=1024 * KiB)), state)
+    assert gcs_front.counts.keys() == {"metadata", "range_get"}
+    assert 1 + 7 <= gcs_front.counts["range_get"] <= 1 + 10, "its tail, then about raw size / part size ranges"
+    gcs_front.reset_counts()
+    gcs_front.set_faults([Fault("corrupt", match="range_get", times=3)])  # the table's answer, then ranges
+    assert_equal(checkpoint.load(url, client=gcs_front.client_config, transfer=TransferConfig(part_size=1024 * KiB)), state)
+    assert gcs_front.faults_injected["corrupt"] == 3 and gcs_front.counts["range_get"] > 1 + 9
+
+    # Without the table (as written before it existed), the object is read whole and decompressed after.
+    frame = len(stored) - (table[-1][0] + table[-1][1])
+    gcs_emulator.upload(gcs_bucket, "untabled.pt.zst", stored[:-frame])
+    assert_equal(checkpoint.load(f"gs://{gcs_bucket}/untabled.pt.zst", client=gcs_emulator.client_config), state)

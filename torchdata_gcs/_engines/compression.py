@@ -10,6 +10,13 @@ output. Two formats, all integers little-endian:
       skippable frame: INDEX_MAGIC u32, payload size u32 (8), compressed size u32, raw size u32
       zstd frame:      compressed size bytes
 
+  then one more skippable frame, the table of every block, so that a reader can plan ranges of
+  whole blocks from the object's last bytes and decompress each range as it arrives::
+
+      TABLE_MAGIC u32, payload size u32 (8 x blocks + 12),
+      per block: compressed size u32, raw size u32,
+      blocks u32, crc32c of the per-block entries u32, TABLE_TAG (4 bytes)
+
 - Byte grouping (``Zstd(byte_grouping=True)``), smaller on float data but readable only here::
 
       MAGIC                                   8 bytes
@@ -33,6 +40,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+import google_crc32c
 import numpy as np
 import zstandard
 
@@ -45,6 +53,7 @@ __all__ = [
     "INDEX_FRAME",
     "INDEX_MAGIC",
     "MAGIC",
+    "TABLE_MAGIC",
     "CompressingWriter",
     "blocks",
     "decompress",
@@ -58,6 +67,10 @@ BLOCK_HEADER = struct.Struct("<IIB")
 INDEX_MAGIC = (0x184D2A5E).to_bytes(4, "little")
 """The magic number of the skippable frames that index standard-format blocks (one of zstd's 16)."""
 INDEX_FRAME = struct.Struct("<4sIII")
+TABLE_MAGIC = (0x184D2A5F).to_bytes(4, "little")
+"""The magic number of the skippable frame that ends a standard-format checkpoint with its block table."""
+TABLE_TAG = b"TDGT"
+TABLE_END = struct.Struct("<II4s")
 _WIDTHS = (2, 4, 8)
 _SAMPLE = 128 * 1024  # bytes of a block compressed in each layout to choose one
 
@@ -122,6 +135,7 @@ class CompressingWriter(PublishingWriter):
         self._buffer = bytearray()
         self._raw = 0
         self._open = True
+        self._table: list[tuple[int, int]] = []  # (compressed, raw) size of each block written
         if settings.byte_grouping:
             sink.write(MAGIC)
 
@@ -151,8 +165,14 @@ class CompressingWriter(PublishingWriter):
 
     def _submit(self, block: bytes) -> None:
         while len(self._pending) >= 2 * _threads(self._settings):
-            self.sink.write(self._pending.popleft().result())
+            self._write_block(self._pending.popleft().result())
         self._pending.append(self._pool.submit(_compress_block, block, self._settings))
+
+    def _write_block(self, block: bytes) -> None:
+        if not self._settings.byte_grouping:
+            _, _, compressed, raw = INDEX_FRAME.unpack_from(block)
+            self._table.append((compressed, raw))
+        self.sink.write(block)
 
     def close(self) -> None:
         """Compress what is left, then publish through the sink; on failure discard and raise."""
@@ -162,7 +182,9 @@ class CompressingWriter(PublishingWriter):
             if self._buffer:
                 self._submit(bytes(self._buffer))
             while self._pending:
-                self.sink.write(self._pending.popleft().result())
+                self._write_block(self._pending.popleft().result())
+            if not self._settings.byte_grouping:
+                self.sink.write(block_table(self._table))
             self.sink.close()
         except BaseException:
             self.abort()
@@ -198,6 +220,41 @@ class CompressingWriter(PublishingWriter):
         return self.sink.generation
 
 
+def block_table(sizes: list[tuple[int, int]]) -> bytes:
+    """The skippable frame that lists each block's ``(compressed, raw)`` size, to end the object with."""
+    entries = b"".join(struct.pack("<II", compressed, raw) for compressed, raw in sizes)
+    end = TABLE_END.pack(len(sizes), google_crc32c.value(entries), TABLE_TAG)
+    return TABLE_MAGIC + struct.pack("<I", len(entries) + TABLE_END.size) + entries + end
+
+
+def read_block_table(tail: bytes | memoryview, size: int, url: str) -> list[tuple[int, int, int, int]] | int | None:
+    """The blocks of a standard-format object of ``size`` bytes whose last bytes are ``tail``, as
+    ``(frame offset, compressed size, raw size, raw offset)``; the number of last bytes needed if
+    ``tail`` holds too few; ``None`` if the object ends in no block table. A table whose checksum or
+    sizes do not hold raises :class:`IntegrityError`."""
+    if len(tail) < TABLE_END.size or bytes(tail[-4:]) != TABLE_TAG:
+        return None
+    count, crc, _ = TABLE_END.unpack_from(tail, len(tail) - TABLE_END.size)
+    frame = 8 + 8 * count + TABLE_END.size
+    if frame > size:
+        return None
+    if frame > len(tail):
+        return frame
+    start = len(tail) - frame
+    magic, payload = struct.unpack_from("<4sI", tail, start)
+    entries = bytes(tail[start + 8 : start + 8 + 8 * count])
+    if magic != TABLE_MAGIC or payload != frame - 8 or google_crc32c.value(entries) != crc:
+        raise IntegrityError(f"{url}: its block table is damaged", url=url)
+    found, offset, raw_offset = [], 0, 0
+    for compressed, raw in struct.iter_unpack("<II", entries):
+        found.append((offset + INDEX_FRAME.size, compressed, raw, raw_offset))
+        offset += INDEX_FRAME.size + compressed
+        raw_offset += raw
+    if offset != size - frame:
+        raise IntegrityError(f"{url}: the block table describes {offset} bytes of blocks, the object holds {size - frame}", url=url)
+    return found
+
+
 def blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
     """``(frame offset, compressed size, raw size, width)`` of each block of either format, checked for
     consistency."""
@@ -212,6 +269,8 @@ def blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
             sound = width in (1, *_WIDTHS)
         else:
             magic, payload, compressed, raw = INDEX_FRAME.unpack_from(data, offset)
+            if magic == TABLE_MAGIC and offset + 8 + payload == len(data):
+                return  # the block table that ends the object
             width, sound = 1, magic == INDEX_MAGIC and payload == INDEX_FRAME.size - 8
         offset += header.size
         if not sound or offset + compressed > len(data):
