@@ -18,7 +18,7 @@ except ImportError as exc:  # torchdata 0.9 or none
         "torchdata_gcs.nodes needs torchdata >= 0.10, which has torchdata.nodes: pip install 'torchdata>=0.10'"
     ) from exc
 
-from ._engines.compose import MAX_SOURCES, compose_in_order
+from ._engines.compose import MAX_SOURCES, check_reuse_prefix, compose_in_order
 from ._engines.download import Loaded, as_stream, load_in_order
 from ._engines.listing import MAX_PAGE_SIZE
 from ._engines.parallel_listing import ListingStats
@@ -109,7 +109,7 @@ class _Reading(BaseNode[Any]):
         self.transform = transform
         self.client, self.transfer, self.retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
         self.stats = LoadStats()
-        self._states: deque[dict[str, Any]] = deque()  # the source's state after each item read ahead
+        self._states: deque[tuple[str, dict[str, Any]]] = deque()  # (url, source's state after it) read ahead
         self._state: dict[str, Any] | None = None
         self._loaded: Iterator[tuple[str, Loaded]] = iter(())
 
@@ -129,12 +129,15 @@ class _Reading(BaseNode[Any]):
 
     def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
         for item in self.source:
-            self._states.append(self.source.state_dict())
-            yield cast(tuple[str, ObjectInfo | None], item) if isinstance(item, tuple) else (item, None)
+            pair = cast(tuple[str, ObjectInfo | None], item) if isinstance(item, tuple) else (item, None)
+            self._states.append((pair[0], self.source.state_dict()))
+            yield pair
 
     def next(self) -> Any:
         url, data = next(self._loaded)
-        self._state = self._states.popleft()
+        pulled = ""
+        while pulled != url:  # the states of objects skipped as missing go with them
+            pulled, self._state = self._states.popleft()
         stream = cast(IO[bytes], as_stream(url, data))
         return (url, stream) if self.transform is None else self.transform(url, stream)
 
@@ -146,7 +149,8 @@ class LoadFiles(_Reading):
     """``(url, stream)`` for each URL or ``(url, ObjectInfo)`` of ``source``, in order, up to
     ``transfer.max_in_flight`` requests ahead (or ``transform(url, stream)`` of each).
 
-    A missing object raises ``NotFoundError``. Settings are those of ``load_files_by_gcs``.
+    A missing object raises ``NotFoundError``, or with ``skip_missing`` is skipped with a
+    ``MissingObjectWarning``. Settings are those of ``load_files_by_gcs``.
     """
 
     def __init__(
@@ -154,14 +158,16 @@ class LoadFiles(_Reading):
         source: BaseNode[Item],
         *,
         transform: Callable[[str, IO[bytes]], Any] | None = None,
+        skip_missing: bool = False,
         client: ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> None:
         super().__init__(source, transform, client, transfer, retry)
+        self.skip_missing = skip_missing
 
     def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
-        return load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=False)
+        return load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing)
 
 
 class ComposeShards(_Reading):
@@ -175,6 +181,8 @@ class ComposeShards(_Reading):
         transform: Callable[[str, IO[bytes]], Any] | None = None,
         max_sources: int = MAX_SOURCES,
         max_composite_bytes: int = 32 * 1024 * 1024,
+        reuse_prefix: str | None = None,
+        skip_missing: bool = False,
         client: ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
@@ -183,6 +191,8 @@ class ComposeShards(_Reading):
         require_integer("max_sources", max_sources, 2, MAX_SOURCES)
         require_integer("max_composite_bytes", max_composite_bytes, 1)
         self.max_sources, self.max_composite_bytes = max_sources, max_composite_bytes
+        check_reuse_prefix(reuse_prefix)
+        self.reuse_prefix, self.skip_missing = reuse_prefix, skip_missing
 
     def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
         return compose_in_order(
@@ -193,6 +203,6 @@ class ComposeShards(_Reading):
             self.stats,
             max_sources=self.max_sources,
             max_bytes=self.max_composite_bytes,
-            reuse_prefix=None,
-            skip_missing=False,
+            reuse_prefix=self.reuse_prefix,
+            skip_missing=self.skip_missing,
         )

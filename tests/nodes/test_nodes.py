@@ -6,9 +6,10 @@ import pytest
 
 pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >= 0.10 (the second test environment)")
 
-from torchdata.nodes import Batcher, Loader  # noqa: E402
+from torchdata.nodes import Batcher, IterableWrapper, Loader  # noqa: E402
 
 from tests.delivery import assert_exactly_once, read  # noqa: E402
+from torchdata_gcs import InvalidURIError, MissingObjectWarning, NotFoundError  # noqa: E402
 from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles  # noqa: E402
 from torchdata_gcs.testing import Emulator  # noqa: E402
 
@@ -52,3 +53,34 @@ def test_list_files_resumes_after_its_last_url(dataset, client) -> None:
     fresh = ListFiles(f"gs://{bucket}/n/", client=client)
     fresh.reset(node.state_dict())
     assert first + list(fresh) == sorted(expected)
+
+
+@pytest.mark.parametrize("kind", [LoadFiles, ComposeShards])
+def test_missing_objects_are_skipped_and_the_resume_stays_exact(dataset, client, kind) -> None:
+    bucket, expected = dataset
+    urls = sorted(expected)
+    with_missing = [*urls[:10], f"gs://{bucket}/n/gone-1", *urls[10:30], f"gs://{bucket}/n/gone-2", *urls[30:]]
+
+    def build_with_missing():
+        node = kind(IterableWrapper(with_missing), transform=read, skip_missing=True, client=client)
+        return Batcher(node, batch_size=6, drop_last=False)
+
+    loader = Loader(build_with_missing())
+    iterator = iter(loader)
+    with pytest.warns(MissingObjectWarning, match="gone-1"):
+        before = [item for _ in range(4) for item in next(iterator)]
+    state = loader.state_dict()
+    fresh = Loader(build_with_missing())
+    fresh.load_state_dict(state)
+    with pytest.warns(MissingObjectWarning, match="gone-2"):
+        after = [item for batch in fresh for item in batch]
+    assert len(before) == 24
+    assert_exactly_once(before + after, expected)
+    with pytest.raises(NotFoundError, match="gone-1"):
+        list(Loader(Batcher(kind(IterableWrapper(with_missing), client=client), batch_size=6)))
+
+
+def test_compose_shards_refuses_a_reuse_prefix_it_cannot_keep_composites_under(client) -> None:
+    for prefix in ("cache", ".torchdata-gcs-tmp/cache/"):
+        with pytest.raises(InvalidURIError, match="reuse_prefix"):
+            ComposeShards(IterableWrapper([]), reuse_prefix=prefix, client=client)

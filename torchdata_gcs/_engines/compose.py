@@ -36,7 +36,7 @@ from typing import Any
 from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
 from .._ops.objects import compose_object, delete_object, object_resource
-from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url
+from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle
 from .._transport.context import LoadStats, RequestContext, new_context
 from .._transport.loop import io_loop, run, wait_unless_on_io_loop
@@ -45,6 +45,7 @@ from ..errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
     IntegrityError,
+    InvalidURIError,
     NotFoundError,
     PreconditionFailedError,
 )
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "MAX_SOURCES",
     "Composer",
+    "check_reuse_prefix",
     "compose_in_order",
     "delete_temporary",
     "leftovers",
@@ -66,8 +68,19 @@ __all__ = [
 
 MAX_SOURCES = 32
 """GCS composes at most this many source objects in one call."""
+
 _DESCRIBE_BATCH = 256  # plain URLs whose metadata is fetched at once
 _CLOSE_TIMEOUT = 60.0
+
+
+def check_reuse_prefix(prefix: str | None) -> None:
+    """Raise ``InvalidURIError`` unless ``prefix`` (if given) can hold kept composites: an object-name
+    prefix ending in ``/``, outside the temporary objects' prefix."""
+    if prefix is None:
+        return
+    validate_object_name(prefix, allow_empty=False)
+    if not prefix.endswith("/") or prefix.startswith(TEMPORARY_PREFIX):
+        raise InvalidURIError(f"reuse_prefix must end with '/' and lie outside {TEMPORARY_PREFIX!r}, got {prefix!r}")
 
 
 def new_job_id() -> str:

@@ -6,12 +6,10 @@ from collections.abc import Iterable, Iterator
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
-from .._engines.compose import MAX_SOURCES, compose_in_order
+from .._engines.compose import MAX_SOURCES, check_reuse_prefix, compose_in_order
 from .._engines.download import Loaded
 from .._ops.checksums import ObjectInfo
-from .._ops.urls import TEMPORARY_PREFIX, validate_object_name
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ..errors import InvalidURIError
 from ._source import Item
 from .loading import GCSFileLoaderIterDataPipe
 
@@ -93,12 +91,7 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
             raise ValueError(f"max_sources must be 2 to {MAX_SOURCES}, got {max_sources}")
         if max_composite_bytes < 1:
             raise ValueError(f"max_composite_bytes must be positive, got {max_composite_bytes}")
-        if reuse_prefix is not None:
-            validate_object_name(reuse_prefix, allow_empty=False)
-            if not reuse_prefix.endswith("/") or reuse_prefix.startswith(TEMPORARY_PREFIX):
-                raise InvalidURIError(
-                    f"reuse_prefix must end with '/' and lie outside {TEMPORARY_PREFIX!r}, got {reuse_prefix!r}"
-                )
+        check_reuse_prefix(reuse_prefix)
         self.max_sources = max_sources
         self.max_composite_bytes = max_composite_bytes
         self.reuse_prefix = reuse_prefix
