@@ -55,9 +55,11 @@ __all__ = [
     "MAGIC",
     "TABLE_MAGIC",
     "CompressingWriter",
+    "block_table",
     "blocks",
     "decompress",
     "is_compressed",
+    "read_block_table",
 ]
 
 MAGIC = b"\x89TDGCSZ\n"
