@@ -541,7 +541,9 @@ def measure(spec: Spec) -> dict[str, Any]:
     if spec.workload == "listing":
         expected = _names(spec)
         firsts: list[float] = []
+        cpu = []
         while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:
+            cpu_before = _cpu_seconds()
             started = time.perf_counter()
             listed = []
             for name in LISTERS[spec.reader](spec):
@@ -549,9 +551,11 @@ def measure(spec: Spec) -> dict[str, Any]:
                     firsts.append(time.perf_counter() - started)
                 listed.append(name)
             timings.append(time.perf_counter() - started)
+            cpu.append(_cpu_seconds() - cpu_before)
             if listed != expected:
                 raise SystemExit(f"{spec.reader} listed {len(listed)} names, expected {len(expected)}")
         extra["first_seconds"] = statistics.median(firsts)
+        extra["cpu_seconds"] = statistics.median(cpu)
         moved, objects = 0, len(expected)
     else:
         firsts, cpu = [], []

@@ -219,10 +219,15 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 f"{fmt(r['save_cpu_seconds'], 2)} / {fmt(r['load_cpu_seconds'], 2)}", str(len(r["all_seconds"])),
             ])
         elif workload == "listing":
-            columns = ["lister", "objects listed/s", "vs direct", "seconds", "first name after ms", "list calls per listing", "runs"]
+            columns = [
+                "lister", "objects listed/s", "vs direct", "seconds", "first name after ms", "list calls per listing",
+                "client CPU s per 1k names", "runs",
+            ]
             lines += _table(columns, group, lambda r: [
                 fmt(r["objects"] / r["seconds"]), ratio(r["objects"] / r["seconds"], direct), fmt(r["seconds"], 2),
-                fmt(r["first_seconds"] * 1000), fmt(r.get("list_calls"), 1), str(len(r["all_seconds"])),
+                fmt(r["first_seconds"] * 1000), fmt(r.get("list_calls"), 1),
+                fmt(r["cpu_seconds"] * 1000 / r["objects"], 3) if r.get("cpu_seconds") is not None else "–",
+                str(len(r["all_seconds"])),
             ])
         else:
             columns = [
