@@ -196,7 +196,7 @@ def _downloaded(
     anonymous in-memory file (its path given) where the system has them, else in a buffer."""
     stats = LoadStats()
     table = block_table_of(url, info, client, transfer, retry, stats)
-    size = info.size if table is None else sum(raw for _, _, raw, _ in table[0])
+    size = info.size if table is None else sum(block.raw for block in table[0])
     with memory_file(size) as file:
         path, buffer = (None, bytearray(size)) if file is None else file
         with memoryview(buffer) as view:

@@ -23,13 +23,10 @@ from .._transport.loop import run
 from .._transport.retry import Attempts
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import IntegrityError
-from .compression import INDEX_FRAME, read_block_table
+from .compression import Block, place, read_block_table
 from .download import read_ranges_into
 
-__all__ = ["Block", "TAIL", "block_table_of", "read_decompressed_into"]
-
-Block = tuple[int, int, int, int]
-"""A block's frame offset, compressed size, raw size and offset in the decompressed bytes."""
+__all__ = ["TAIL", "block_table_of", "read_decompressed_into"]
 
 TAIL = 64 * 1024
 """Bytes read from an object's end to find its block table (more only if the table is longer)."""
@@ -64,7 +61,7 @@ def block_table_of(
         length = found  # a table longer than the tail read
     if found is None:
         return None
-    table_size = info.size - (found[-1][0] + found[-1][1] if found else 0)
+    table_size = info.size - (found[-1].frame + found[-1].compressed if found else 0)
     return found, tail[len(tail) - table_size :]
 
 
@@ -72,7 +69,7 @@ def _ranges(blocks: list[Block], target: int) -> list[list[Block]]:
     """Consecutive blocks grouped into ranges of about ``target`` compressed bytes."""
     ranges: list[list[Block]] = [[]]
     for block in blocks:
-        if ranges[-1] and ranges[-1][-1][0] + ranges[-1][-1][1] - (ranges[-1][0][0] - INDEX_FRAME.size) >= target:
+        if ranges[-1] and ranges[-1][-1].frame + ranges[-1][-1].compressed - ranges[-1][0].start >= target:
             ranges.append([])
         ranges[-1].append(block)
     return [group for group in ranges if group]
@@ -83,14 +80,15 @@ def _restore(buffer: bytearray, start: int, group: list[Block], target: memoryvi
     place in ``target``; zstd checks each frame's content checksum."""
     view = memoryview(buffer)
     decompressor = zstandard.ZstdDecompressor()
-    for offset, compressed, raw, raw_offset in group:
+    for block in group:
+        frame = view[block.frame - start : block.frame - start + block.compressed]
         try:
-            plain = decompressor.decompress(view[offset - start : offset - start + compressed], max_output_size=raw)
+            plain = decompressor.decompress(frame, max_output_size=block.raw)
         except zstandard.ZstdError as exc:
-            raise IntegrityError(f"{url}: damaged zstd block at byte {offset} ({exc})", url=url) from exc
-        if len(plain) != raw:
-            raise IntegrityError(f"{url}: a block holds {len(plain)} bytes, the table says {raw}", url=url)
-        target[raw_offset : raw_offset + raw] = plain
+            raise IntegrityError(f"{url}: damaged zstd block at byte {block.frame} ({exc})", url=url) from exc
+        if len(plain) != block.raw:
+            raise IntegrityError(f"{url}: a block holds {len(plain)} bytes, the table says {block.raw}", url=url)
+        place(plain, target[block.raw_offset : block.raw_offset + block.raw], block.width)
 
 
 def read_decompressed_into(
@@ -108,14 +106,14 @@ def read_decompressed_into(
     threads. The compressed bytes are checked against the object's crc32c (from the ranges' checksums,
     no second pass), and every block against its zstd content checksum; damaged bytes are read again."""
     blocks, table_frame = table
-    raw_size = sum(raw for _, _, raw, _ in blocks)
-    target_bytes = max(INDEX_FRAME.size, transfer.part_size * info.size // max(1, raw_size))  # as many ranges as raw
+    raw_size = sum(block.raw for block in blocks)
+    target_bytes = max(1, transfer.part_size * info.size // max(1, raw_size))  # as many ranges as raw
     groups = _ranges(blocks, target_bytes)
     job = new_context(config, transfer, retry, stats)
 
     async def one(group: list[Block], pool: ThreadPoolExecutor) -> tuple[int, int]:
-        start = group[0][0] - INDEX_FRAME.size
-        buffer = bytearray(group[-1][0] + group[-1][1] - start)
+        start = 0 if group is groups[0] else group[0].start  # the first range also covers the format's magic
+        buffer = bytearray(group[-1].frame + group[-1].compressed - start)
         crc = await read_ranges_into(job, url, info.generation, start, memoryview(buffer), len(buffer))
         await asyncio.get_running_loop().run_in_executor(pool, _restore, buffer, start, group, target, url)
         return crc, len(buffer)

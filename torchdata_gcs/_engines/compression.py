@@ -13,7 +13,7 @@ output. Two formats, all integers little-endian:
   then one more skippable frame, the table of every block, so that a reader can plan ranges of
   whole blocks from the object's last bytes and decompress each range as it arrives::
 
-      TABLE_MAGIC u32, payload size u32 (8 x blocks + 12),
+      TABLE_MAGIC u32, payload size u32 (entries + 12),
       per block: compressed size u32, raw size u32,
       blocks u32, crc32c of the per-block entries u32, TABLE_TAG (4 bytes)
 
@@ -26,7 +26,9 @@ output. Two formats, all integers little-endian:
                  zstd frame       compressed size bytes
 
   A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every
-  word, and so on, for the first ``n - n % width`` bytes; the rest follow as they are.
+  word, and so on, for the first ``n - n % width`` bytes; the rest follow as they are. The object
+  ends with a block table as the standard format's, whose entries also hold each block's width
+  (compressed size u32, raw size u32, width u8) and whose tag is GROUPED_TABLE_TAG.
 
 Readers also accept any other zstd stream (from the ``zstd`` tool, say) and uncompressed bytes.
 """
@@ -38,7 +40,7 @@ import struct
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import google_crc32c
 import numpy as np
@@ -50,15 +52,19 @@ from .upload import PublishingWriter
 
 __all__ = [
     "BLOCK_HEADER",
+    "GROUPED_TABLE_TAG",
     "INDEX_FRAME",
     "INDEX_MAGIC",
     "MAGIC",
     "TABLE_MAGIC",
+    "TABLE_TAG",
+    "Block",
     "CompressingWriter",
     "block_table",
     "blocks",
     "decompress",
     "is_compressed",
+    "place",
     "read_block_table",
 ]
 
@@ -72,7 +78,21 @@ INDEX_FRAME = struct.Struct("<4sIII")
 TABLE_MAGIC = (0x184D2A5F).to_bytes(4, "little")
 """The magic number of the skippable frame that ends a standard-format checkpoint with its block table."""
 TABLE_TAG = b"TDGT"
+GROUPED_TABLE_TAG = b"TDGG"
 TABLE_END = struct.Struct("<II4s")
+_ENTRIES = {TABLE_TAG: struct.Struct("<II"), GROUPED_TABLE_TAG: struct.Struct("<IIB")}
+
+
+class Block(NamedTuple):
+    """Where one compressed block lies: its header's offset, its zstd frame's offset and size, its raw
+    size, where its raw bytes go in the output, and its byte-grouping width (1: none)."""
+
+    start: int
+    frame: int
+    compressed: int
+    raw: int
+    raw_offset: int
+    width: int
 _WIDTHS = (2, 4, 8)
 _SAMPLE = 128 * 1024  # bytes of a block compressed in each layout to choose one
 
@@ -137,7 +157,7 @@ class CompressingWriter(PublishingWriter):
         self._buffer = bytearray()
         self._raw = 0
         self._open = True
-        self._table: list[tuple[int, int]] = []  # (compressed, raw) size of each block written
+        self._table: list[tuple[int, ...]] = []  # (compressed, raw[, width]) of each block written
         if settings.byte_grouping:
             sink.write(MAGIC)
 
@@ -171,9 +191,10 @@ class CompressingWriter(PublishingWriter):
         self._pending.append(self._pool.submit(_compress_block, block, self._settings))
 
     def _write_block(self, block: bytes) -> None:
-        if not self._settings.byte_grouping:
-            _, _, compressed, raw = INDEX_FRAME.unpack_from(block)
-            self._table.append((compressed, raw))
+        if self._settings.byte_grouping:
+            self._table.append(BLOCK_HEADER.unpack_from(block))
+        else:
+            self._table.append(INDEX_FRAME.unpack_from(block)[2:])
         self.sink.write(block)
 
     def close(self) -> None:
@@ -185,8 +206,7 @@ class CompressingWriter(PublishingWriter):
                 self._submit(bytes(self._buffer))
             while self._pending:
                 self._write_block(self._pending.popleft().result())
-            if not self._settings.byte_grouping:
-                self.sink.write(block_table(self._table))
+            self.sink.write(block_table(self._table, GROUPED_TABLE_TAG if self._settings.byte_grouping else TABLE_TAG))
             self.sink.close()
         except BaseException:
             self.abort()
@@ -222,39 +242,54 @@ class CompressingWriter(PublishingWriter):
         return self.sink.generation
 
 
-def block_table(sizes: list[tuple[int, int]]) -> bytes:
-    """The skippable frame that lists each block's ``(compressed, raw)`` size, to end the object with."""
-    entries = b"".join(struct.pack("<II", compressed, raw) for compressed, raw in sizes)
-    end = TABLE_END.pack(len(sizes), google_crc32c.value(entries), TABLE_TAG)
-    return TABLE_MAGIC + struct.pack("<I", len(entries) + TABLE_END.size) + entries + end
+def block_table(entries: list[tuple[int, ...]], tag: bytes = TABLE_TAG) -> bytes:
+    """The skippable frame that ends an object with each block's ``(compressed, raw)`` sizes (and
+    width, for the grouped format's ``tag``)."""
+    packed = b"".join(_ENTRIES[tag].pack(*entry) for entry in entries)
+    end = TABLE_END.pack(len(entries), google_crc32c.value(packed), tag)
+    return TABLE_MAGIC + struct.pack("<I", len(packed) + TABLE_END.size) + packed + end
 
 
-def read_block_table(tail: bytes | memoryview, size: int, url: str) -> list[tuple[int, int, int, int]] | int | None:
-    """The blocks of a standard-format object of ``size`` bytes whose last bytes are ``tail``, as
-    ``(frame offset, compressed size, raw size, raw offset)``; the number of last bytes needed if
-    ``tail`` holds too few; ``None`` if the object ends in no block table. A table whose checksum or
-    sizes do not hold raises :class:`IntegrityError`."""
-    if len(tail) < TABLE_END.size or bytes(tail[-4:]) != TABLE_TAG:
+def read_block_table(tail: bytes | memoryview, size: int, url: str) -> list[Block] | int | None:
+    """The blocks of an object of ``size`` bytes (either format) whose last bytes are ``tail``; the
+    number of last bytes needed if ``tail`` holds too few; ``None`` if the object ends in no block
+    table. A table whose checksum or sizes do not hold raises :class:`IntegrityError`."""
+    tag = bytes(tail[-4:])
+    if len(tail) < TABLE_END.size or tag not in _ENTRIES:
         return None
+    entry = _ENTRIES[tag]
     count, crc, _ = TABLE_END.unpack_from(tail, len(tail) - TABLE_END.size)
-    frame = 8 + 8 * count + TABLE_END.size
+    frame = 8 + entry.size * count + TABLE_END.size
     if frame > size:
         return None
     if frame > len(tail):
         return frame
     start = len(tail) - frame
     magic, payload = struct.unpack_from("<4sI", tail, start)
-    entries = bytes(tail[start + 8 : start + 8 + 8 * count])
+    entries = bytes(tail[start + 8 : start + 8 + entry.size * count])
     if magic != TABLE_MAGIC or payload != frame - 8 or google_crc32c.value(entries) != crc:
         raise IntegrityError(f"{url}: its block table is damaged", url=url)
-    found, offset, raw_offset = [], 0, 0
-    for compressed, raw in struct.iter_unpack("<II", entries):
-        found.append((offset + INDEX_FRAME.size, compressed, raw, raw_offset))
-        offset += INDEX_FRAME.size + compressed
+    grouped = tag == GROUPED_TABLE_TAG
+    header = BLOCK_HEADER.size if grouped else INDEX_FRAME.size
+    found, offset, raw_offset = [], len(MAGIC) if grouped else 0, 0
+    for compressed, raw, *width in entry.iter_unpack(entries):
+        found.append(Block(offset, offset + header, compressed, raw, raw_offset, width[0] if width else 1))
+        offset += header + compressed
         raw_offset += raw
     if offset != size - frame:
         raise IntegrityError(f"{url}: the block table describes {offset} bytes of blocks, the object holds {size - frame}", url=url)
     return found
+
+
+def place(plain: bytes, target: memoryview, width: int) -> None:
+    """Put a block's decompressed bytes into ``target``, regrouped if it was grouped by ``width``."""
+    if width == 1:
+        target[:] = plain
+        return
+    whole = len(plain) - len(plain) % width
+    words = np.frombuffer(target, dtype=np.uint8, count=whole).reshape(-1, width)
+    words[:] = np.frombuffer(plain, dtype=np.uint8, count=whole).reshape(width, -1).T
+    target[whole:] = plain[whole:]
 
 
 def blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
@@ -266,13 +301,14 @@ def blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
     while offset < len(data):
         if offset + header.size > len(data):
             raise IntegrityError(f"{url}: compressed data ends inside a block header", url=url)
+        magic, payload = struct.unpack_from("<4sI", data, offset)
+        if magic == TABLE_MAGIC and offset + 8 + payload == len(data):
+            return  # the block table that ends the object
         if grouped:
             compressed, raw, width = BLOCK_HEADER.unpack_from(data, offset)
             sound = width in (1, *_WIDTHS)
         else:
             magic, payload, compressed, raw = INDEX_FRAME.unpack_from(data, offset)
-            if magic == TABLE_MAGIC and offset + 8 + payload == len(data):
-                return  # the block table that ends the object
             width, sound = 1, magic == INDEX_MAGIC and payload == INDEX_FRAME.size - 8
         offset += header.size
         if not sound or offset + compressed > len(data):
@@ -304,14 +340,7 @@ def decompress(data: bytes | bytearray | memoryview, url: str = "", threads: int
             raise IntegrityError(f"{url}: damaged zstd block at byte {offset} ({exc})", url=url) from exc
         if len(plain) != raw:
             raise IntegrityError(f"{url}: a block holds {len(plain)} bytes, its header says {raw}", url=url)
-        target = memoryview(output)[start : start + raw]
-        if width == 1:
-            target[:] = plain
-            return
-        whole = raw - raw % width
-        words = np.frombuffer(target, dtype=np.uint8, count=whole).reshape(-1, width)
-        words[:] = np.frombuffer(plain, dtype=np.uint8, count=whole).reshape(width, -1).T
-        target[whole:] = plain[whole:]
+        place(plain, memoryview(output)[start : start + raw], width)
 
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
         list(pool.map(restore, found, starts))
