@@ -170,8 +170,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         }
 
     @staticmethod
-    def _directory(bucket: str, name: str) -> dict[str, Any]:
-        return {"name": f"{bucket}/{name}".rstrip("/"), "type": "directory", "size": 0}
+    def _directory(path: str) -> dict[str, Any]:
+        return {"name": path.rstrip("/"), "type": "directory", "size": 0}
 
     # -- metadata and listing --------------------------------------------------------------------
 
@@ -181,13 +181,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         job = self._job()
         if not name:
             await bucket_resource(job, bucket, "name")  # NotFoundError, a FileNotFoundError, if missing
-            return self._directory(bucket, "")
+            return self._directory(bucket)
         resource = await object_resource(job, bucket, name, FILE_FIELDS)
         if resource is not None:
             return self._file(bucket, resource)
         page = await list_page(job, bucket, {"prefix": f"{name}/", "maxResults": 1, "fields": "items(name)"}, url=path)
         if page.get("items"):
-            return self._directory(bucket, name)
+            return self._directory(f"{bucket}/{name}")
         raise NotFoundError(f"{format_url(bucket, name)}: no such object or directory", url=format_url(bucket, name))
 
     @_on_io_loop
@@ -205,7 +205,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         placeholder = False  # a zero-byte "name/" object: a folder made in the console, empty or not
         while True:
             page = await list_page(job, bucket, params, url=format_url(bucket, prefix))
-            entries += (self._directory(bucket, p) for p in page.get("prefixes", []) if p != TEMPORARY_PREFIX)
+            entries += (self._directory(f"{bucket}/{p}") for p in page.get("prefixes", []) if p != TEMPORARY_PREFIX)
             for item in page.get("items", []):
                 if item["name"] == prefix:
                     placeholder = True
@@ -238,8 +238,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             top = f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
                 parent = entry_name.rpartition("/")[0]
-                while len(parent) >= len(top) and parent not in found and parent.startswith(top):
-                    found[parent] = self._directory(*parent.split("/", 1)) if "/" in parent else self._directory(parent, "")
+                while parent.startswith(top) and parent not in found:
+                    found[parent] = self._directory(parent)
                     parent = parent.rpartition("/")[0]
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
@@ -360,9 +360,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         directory without ``recursive=True`` raises ``IsADirectoryError``). Buckets are never deleted."""
         paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
         job = self._job()
-        targets = [(p, *self.split_path(p)) for p in paths]
-        deleted = await asyncio.gather(*(delete_object(job, bucket, name) for _, bucket, name in targets if name))
-        missed = [p for (p, _, name), gone in zip((t for t in targets if t[2]), deleted) if not gone]
+        objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
+        deleted = await asyncio.gather(*(delete_object(job, bucket, name) for _, bucket, name in objects))
+        missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
         if missed and not recursive:
             if await self._isdir(missed[0]):
                 raise IsADirectoryError(f"{missed[0]} is a directory: remove it with recursive=True")

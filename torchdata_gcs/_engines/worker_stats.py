@@ -29,9 +29,11 @@ class WorkerStats:
     """The :class:`LoadStats` of one process and its DataLoader workers: :meth:`local` is what this
     process counts into, :meth:`publish` shares it, :meth:`total` sums every process's."""
 
-    def __init__(self) -> None:
-        self._table: Any = multiprocessing.RawArray(ctypes.c_double, (1 + MAX_WORKERS) * len(FIELDS))
-        self._pid = os.getpid()
+    def __init__(self, table: Any = None) -> None:
+        """A new table, or (a worker being spawned) the table its parent made."""
+        size = (1 + MAX_WORKERS) * len(FIELDS)
+        self._table: Any = multiprocessing.RawArray(ctypes.c_double, size) if table is None else table
+        self._pid = os.getpid() if table is None else -1  # -1: learn the worker's row on first use
         self._local = LoadStats()
         self._row: int | None = 0  # the process that made it; a worker takes 1 + its id
         self._base = [0.0] * len(FIELDS)  # what earlier workers of the same id had published
@@ -39,9 +41,7 @@ class WorkerStats:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled to a worker being spawned, the table goes along (shared); pickled otherwise, a copy
         starts counting afresh."""
-        if get_spawning_popen() is None:
-            return WorkerStats, ()
-        return _shared, (self._table,)
+        return WorkerStats, (() if get_spawning_popen() is None else (self._table,))
 
     def local(self) -> LoadStats:
         """This process's statistics (a worker's own start from zero)."""
@@ -73,8 +73,3 @@ class WorkerStats:
         start = row * len(FIELDS)
         return list(self._table[start : start + len(FIELDS)])
 
-
-def _shared(table: Any) -> WorkerStats:
-    stats = WorkerStats.__new__(WorkerStats)
-    stats._table, stats._pid, stats._local, stats._row, stats._base = table, -1, LoadStats(), None, []
-    return stats
