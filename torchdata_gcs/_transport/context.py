@@ -4,6 +4,7 @@ byte budget and statistics, and the one way a request is sent under them (:func:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -11,6 +12,7 @@ from typing import TypeVar
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from .retry import Attempts
 from .session import Session, session_for
+from .slots import Slots
 
 __all__ = ["ByteBudget", "ConsumerGone", "LoadStats", "RequestContext", "new_context", "with_retry"]
 
@@ -101,7 +103,7 @@ class RequestContext:
     retry: RetryConfig
     part_size: int
     budget: ByteBudget
-    slots: asyncio.Semaphore  # requests in flight for this loader
+    slots: Slots  # requests in flight for this loader
     stats: LoadStats
 
     async def reserve_while_sending(self, nbytes: int, seq: int) -> None:
@@ -121,7 +123,8 @@ class RequestContext:
 async def with_retry(job: RequestContext, url: str, attempt_once: Callable[[], Awaitable[T]]) -> T:
     """Run one request (``attempt_once``) under the loader's and the process's limits, retried."""
     stats = job.stats
-    attempts = Attempts(job.retry, url, on_retry=stats.count_retry)
+    started = time.monotonic()
+    attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
     while True:
         try:
             async with job.slots, job.session.throttle:
@@ -133,6 +136,8 @@ async def with_retry(job: RequestContext, url: str, attempt_once: Callable[[], A
             if getattr(exc, "status", None) == 429:
                 stats.throttled += 1
                 job.session.throttle.throttled()
+            if attempts is None:
+                attempts = Attempts(job.retry, url, on_retry=stats.count_retry, started=started)
             await asyncio.sleep(attempts.delay_after(exc))
 
 
@@ -143,6 +148,6 @@ def new_context(config: ClientConfig, transfer: TransferConfig, retry: RetryConf
         retry,
         transfer.part_size,
         ByteBudget(transfer.max_buffered_bytes),
-        asyncio.Semaphore(transfer.max_in_flight),
+        Slots(transfer.max_in_flight),
         stats,
     )
