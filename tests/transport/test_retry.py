@@ -97,3 +97,18 @@ def test_retry_after_stretches_the_wait_and_the_deadline_stops_early() -> None:
     with pytest.raises(TransientError):
         call_with_retry(attempt, retry, url="gs://b/x")
     assert len(calls) == 1  # the hinted 1 s wait would pass the 0.5 s deadline
+
+
+def test_the_deadline_counts_from_the_first_attempt() -> None:
+    """The first attempt's own time counts against the deadline, though the retry state is made after it fails."""
+    retry = RetryConfig(max_attempts=100, deadline=0.3, initial_delay=0.001, max_delay=0.002)
+    calls: list[int] = []
+
+    async def slow_failure() -> str:
+        calls.append(1)
+        await asyncio.sleep(0.4)
+        raise TransientError("busy", status=503)
+
+    with pytest.raises(TransientError):
+        call_with_retry(slow_failure, retry, url="gs://b/x")
+    assert len(calls) == 1  # 0.4 s spent: a second attempt would start past the 0.3 s deadline

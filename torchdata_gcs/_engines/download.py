@@ -36,7 +36,7 @@ from .._ops.checksums import (
 from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
-from .._transport.loop import io_loop
+from .._transport.loop import Handoff, io_loop
 from .._transport.retry import Attempts
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
@@ -56,6 +56,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+HANDOFF_UNITS = 16
+"""Units handed to the I/O loop together once the window is half full (see :func:`deliver_in_order`)."""
 
 STREAM_AHEAD_PARTS = 4
 """An object larger than the byte budget is read at most this many parts ahead of its reader."""
@@ -199,7 +202,7 @@ def as_stream(url: str, data: Loaded) -> StreamWrapper:
     return StreamWrapper(stream, name=url)
 
 
-async def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> tuple[Loaded, int]:
+def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> Awaitable[tuple[Loaded, int]]:
     """Download one object's stored bytes, verified, pinned to one generation (the listed one, if known).
 
     An object larger than ``part_size`` is read as concurrent ranges and comes back in parts; one
@@ -207,56 +210,102 @@ async def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, s
     share of the budget and gives it back when closed. Returns the bytes (or stream) and the budget
     reserved for bytes, which the consumer releases.
     """
-    bucket, name = parse_url(url, allow_prefix=False)
-    path = job.session.media_path(bucket, name)
-    params: dict[str, Any] = {"alt": "media"}
-    checksums = {"GCS": None, "the listing": info.crc32c if info is not None else None}
-    limit = job.budget.limit
-    reserved = 0
+    return _ObjectRead(job, url, info, seq).run()
 
-    def share(size: int) -> int:
+
+class _ObjectRead:
+    """One :func:`fetch_object` call's state. An object rather than closures: hundreds are in flight
+    at once, and each closure cell and function object is more for the garbage collector to walk."""
+
+    __slots__ = ("job", "url", "info", "seq", "path", "params", "checksums", "reserved")
+
+    def __init__(self, job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> None:
+        bucket, name = parse_url(url, allow_prefix=False)
+        self.job, self.url, self.info, self.seq = job, url, info, seq
+        self.path = job.session.media_path(bucket, name)
+        self.params: dict[str, Any] = {"alt": "media"} if info is None else {"alt": "media", "generation": info.generation}
+        self.checksums = {"GCS": None, "the listing": info.crc32c if info is not None else None}
+        self.reserved = 0
+
+    async def run(self) -> tuple[Loaded, int]:
+        job, url, info, params = self.job, self.url, self.info, self.params
+        try:
+            if info is not None and info.size > job.part_size:
+                size, parts = info.size, []
+                self.reserved = self.share(size)
+                await job.budget.acquire(self.reserved, self.seq)
+            else:
+                try:
+                    first, size = await with_retry(job, url, self.first_answer)
+                except NotFoundError as exc:
+                    if info is None:
+                        raise
+                    raise _gone(url, params, exc) from exc
+                if sum(map(len, first)) == size:
+                    return (first[0] if len(first) == 1 else first), self.reserved
+                parts = first
+                if "generation" not in params or self.checksums["GCS"] is None:  # the answer did not say: ask
+                    await _learn_version(job, url, params, self.checksums)
+            if size > job.budget.limit:
+                return self.stream(size, parts), self.reserved
+            rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
+            while True:
+                parts += await _read_parts(job, url, self.path, params, sum(map(len, parts)), size)
+                try:
+                    verify_bytes(url, parts, size, self.checksums)
+                    return parts, self.reserved
+                except IntegrityError as exc:  # each part had its length, so which one is bad is unknown
+                    await asyncio.sleep(rereads.delay_after(exc))
+                    parts = []
+        except BaseException:
+            if self.reserved:
+                job.budget.release(self.reserved)
+            raise
+
+    def share(self, size: int) -> int:
         """Budget to hold for an object: all of it, or a stream's read-ahead."""
-        return size if size <= limit else min(limit, STREAM_AHEAD_PARTS * job.part_size)
+        limit = self.job.budget.limit
+        return size if size <= limit else min(limit, STREAM_AHEAD_PARTS * self.job.part_size)
 
-    def stream(size: int, first: list[bytes]) -> PartStream:
-        loop = asyncio.get_running_loop()
-        allowance = reserved
+    def stream(self, size: int, first: list[bytes]) -> PartStream:
+        job, loop, allowance = self.job, asyncio.get_running_loop(), self.reserved
 
         def give_back() -> None:
             loop.call_soon_threadsafe(job.budget.release, allowance)
 
-        source = VersionRanges(job, url, params)
-        return PartStream(url, size, job.part_size, allowance, source, checksums, give_back, first)
+        source = VersionRanges(job, self.url, self.params)
+        return PartStream(self.url, size, job.part_size, allowance, source, self.checksums, give_back, first)
 
-    async def check_whole(chunks: list[bytes]) -> None:
+    async def check_whole(self, chunks: list[bytes]) -> None:
         """Check a whole object's bytes; with no checksum from GCS or the listing, ask its metadata
         first (GCS sends one with every read, so this costs a request only where an answer lacks it)."""
-        if checksums["GCS"] is None and checksums["the listing"] is None:
-            await _learn_version(job, url, params, checksums)
-        verify_bytes(url, chunks, info.size if info is not None else None, checksums)
+        if self.checksums["GCS"] is None and self.checksums["the listing"] is None:
+            await _learn_version(self.job, self.url, self.params, self.checksums)
+        verify_bytes(self.url, chunks, self.info.size if self.info is not None else None, self.checksums)
 
-    async def first_answer() -> tuple[list[bytes], int]:
+    async def first_answer(self) -> tuple[list[bytes], int]:
         """The whole object, or its first part (in chunks); and the object's size."""
-        nonlocal reserved
-        async with job.session.read_media(url, path, params) as response:
+        job = self.job
+        async with job.session.read_media(self.url, self.path, self.params) as response:
             # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing.
-            checksums["GCS"] = reported_crc32c(response.headers)
-            if "x-goog-generation" in response.headers:
-                params.setdefault("generation", response.headers["x-goog-generation"])
-            length = response.headers.get("Content-Length")
+            headers = response.headers
+            self.checksums["GCS"] = reported_crc32c(headers)
+            if "x-goog-generation" in headers:
+                self.params.setdefault("generation", headers["x-goog-generation"])
+            length = headers.get("Content-Length")
             if length is None:  # size unknown until the end: read the answer whole
                 chunks = await _read_at_most(response, sys.maxsize)
                 received = sum(map(len, chunks))
                 job.stats.bytes += received
-                if not reserved:
-                    reserved = received
-                    await job.reserve_while_sending(reserved, seq)
-                await check_whole(chunks)
+                if not self.reserved:
+                    self.reserved = received
+                    await job.reserve_while_sending(received, self.seq)
+                await self.check_whole(chunks)
                 return chunks, received
             total = int(length)
-            if not reserved:
-                reserved = share(total)
-                await job.reserve_while_sending(reserved, seq)
+            if not self.reserved:
+                self.reserved = self.share(total)
+                await job.reserve_while_sending(self.reserved, self.seq)
             # The whole object, or if larger than a part its first part (the rest is then read as
             # ranges of the same generation and this connection dropped). Chunks are kept as they
             # came: joining them would hold the object twice.
@@ -264,44 +313,9 @@ async def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, s
             received = sum(map(len, chunks))
             job.stats.bytes += received
             if total <= job.part_size:
-                await check_whole(chunks)  # bad bytes: retried
+                await self.check_whole(chunks)  # bad bytes: retried
                 return chunks, received
             return chunks, total
-
-    try:
-        if info is not None:
-            params["generation"] = info.generation
-        if info is not None and info.size > job.part_size:
-            size, parts = info.size, []
-            reserved = share(size)
-            await job.budget.acquire(reserved, seq)
-        else:
-            try:
-                first, size = await with_retry(job, url, first_answer)
-            except NotFoundError as exc:
-                if info is None:
-                    raise
-                raise _gone(url, params, exc) from exc
-            if sum(map(len, first)) == size:
-                return (first[0] if len(first) == 1 else first), reserved
-            parts = first
-            if "generation" not in params or checksums["GCS"] is None:  # the answer did not say: ask
-                await _learn_version(job, url, params, checksums)
-        if size > limit:
-            return stream(size, parts), reserved
-        rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
-        while True:
-            parts += await _read_parts(job, url, path, params, sum(map(len, parts)), size)
-            try:
-                verify_bytes(url, parts, size, checksums)
-                return parts, reserved
-            except IntegrityError as exc:  # each part had its length, so which one is bad is unknown
-                await asyncio.sleep(rereads.delay_after(exc))
-                parts = []
-    except BaseException:
-        if reserved:
-            job.budget.release(reserved)
-        raise
 
 
 Outcome = tuple[str, "Loaded | NotFoundError"]
@@ -325,22 +339,37 @@ def deliver_in_order(
     units: Iterable[Unit], job: RequestContext, window_size: int, *, skip_missing: bool
 ) -> Iterator[tuple[str, Loaded]]:
     """Run ``units`` on the I/O loop, up to ``window_size`` ahead of the consumer, and yield their
-    ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns."""
-    loop = io_loop()
+    ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns.
+
+    New units and budget releases reach the loop in batches (:class:`Handoff`): at once while fewer
+    than half the window is in flight, else every :data:`HANDOFF_UNITS` units or an eighth of the
+    budget released, and always before the consumer waits, so nothing waits on what the consumer holds.
+    """
+    handoff = Handoff()
     stats = job.stats
     window: deque[Future[tuple[list[Outcome], int]]] = deque()
     delivered = 0
+    released = 0  # bytes whose release is not handed over yet
+
+    def hand_over() -> None:
+        nonlocal released
+        handoff.flush()
+        released = 0
 
     def deliver() -> Iterator[tuple[str, Loaded]]:
-        nonlocal delivered
+        nonlocal delivered, released
         future = window.popleft()
         delivered += 1
-        waited = time.perf_counter()
-        try:
-            outcomes, held = future.result()
-        finally:
-            stats.wait_seconds += time.perf_counter() - waited
-        loop.call_soon_threadsafe(job.budget.release, held, delivered)
+        if not future.done():
+            hand_over()
+            waited = time.perf_counter()
+            try:
+                future.result()
+            finally:
+                stats.wait_seconds += time.perf_counter() - waited
+        outcomes, held = future.result()
+        handoff.call(job.budget.release, held, delivered)
+        released += held
         for url, data in outcomes:
             if isinstance(data, NotFoundError):
                 if not skip_missing:
@@ -352,15 +381,19 @@ def deliver_in_order(
 
     try:
         for seq, unit in enumerate(units):
-            window.append(asyncio.run_coroutine_threadsafe(unit(job, seq), loop))  # type: ignore[arg-type]
+            window.append(handoff.submit(unit(job, seq)))  # type: ignore[arg-type]
+            if len(window) < window_size // 2 or len(handoff) >= HANDOFF_UNITS or released >= job.budget.limit // 8:
+                hand_over()
             while len(window) > window_size or (window and window[0].done()):
                 yield from deliver()
+        hand_over()
         while window:
             yield from deliver()
     finally:
         for future in window:
             future.cancel()
-        loop.call_soon_threadsafe(job.budget.close)
+        handoff.call(job.budget.close)
+        handoff.flush()
         logger.debug("loaded %d objects: %s", stats.objects, stats)
 
 

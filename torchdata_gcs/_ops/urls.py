@@ -7,6 +7,7 @@ encoding happens only when a request is built (see ``_client``).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import reprlib
@@ -30,7 +31,9 @@ def validate_bucket(bucket: str) -> str:
     return bucket
 
 
+@functools.lru_cache(maxsize=256)
 def _bucket_problem(bucket: str) -> str | None:
+    """What is wrong with a bucket name, or ``None``; remembered, since every object URL names its bucket."""
     if not 3 <= len(bucket) <= 222:
         return "must be 3 to 222 characters long"
     if not _BUCKET_CHARS.fullmatch(bucket):

@@ -43,12 +43,19 @@ class Attempts:
     """The retry decisions of one operation: after each failure, how long to wait, or give up.
 
     A ``retry_after`` attribute on the error (from GCS's ``Retry-After``) stretches the wait.
-    ``on_retry``, if given, is told of every failure that will be retried.
+    ``on_retry``, if given, is told of every failure that will be retried. The deadline counts from
+    ``started`` (a ``time.monotonic()`` reading taken when the first attempt began), else from now.
     """
 
-    def __init__(self, retry: RetryConfig, url: str, on_retry: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        retry: RetryConfig,
+        url: str,
+        on_retry: Callable[[BaseException], None] | None = None,
+        started: float | None = None,
+    ) -> None:
         self.retry, self.url, self.on_retry = retry, url, on_retry
-        self.start = time.monotonic()
+        self.start = time.monotonic() if started is None else started
         self.attempt = 1
 
     def delay_after(self, exc: BaseException) -> float:
