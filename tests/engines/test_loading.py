@@ -122,6 +122,22 @@ def test_objects_larger_than_the_buffer_still_load(gcs_emulator: Emulator, gcs_b
     assert [data for _, data in read_all(pipe)] == [objects[n] for n in sorted(objects)]
 
 
+def test_the_next_object_downloads_while_the_consumer_holds_the_last(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+    """Budget freed by a delivery reaches the I/O loop at once: the consumer working on one object
+    (and asking for nothing) does not hold up the download of the next one."""
+    objects = {f"held/{i}": os.urandom(600_000) for i in range(3)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    transfer = TransferConfig(max_in_flight=4, max_buffered_bytes=500_000)  # room for the oldest object alone
+    pipe = GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/held/{i}" for i in range(3)], client=client, transfer=transfer)
+    iterator = iter(pipe)
+    _, stream = next(iterator)
+    deadline = time.monotonic() + 10
+    while pipe.stats.bytes < 1_200_000 and time.monotonic() < deadline:  # the consumer is busy with the first
+        time.sleep(0.01)
+    assert pipe.stats.bytes >= 1_200_000, "the second object waited for the consumer to ask for it"
+    assert [stream.read(), *(s.read() for _, s in iterator)] == [objects[f"held/{i}"] for i in range(3)]
+
+
 def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
     async def scenario() -> None:
         budget = ByteBudget(limit=100)

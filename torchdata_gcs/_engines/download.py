@@ -341,9 +341,10 @@ def deliver_in_order(
     """Run ``units`` on the I/O loop, up to ``window_size`` ahead of the consumer, and yield their
     ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns.
 
-    New units and budget releases reach the loop in batches (:class:`Handoff`): at once while fewer
-    than half the window is in flight, else every :data:`HANDOFF_UNITS` units or an eighth of the
-    budget released, and always before the consumer waits, so nothing waits on what the consumer holds.
+    New units and budget releases reach the loop in batches (:class:`Handoff`): new units at once
+    while fewer than half the window is in flight, else every :data:`HANDOFF_UNITS`; releases at once
+    when a read waits for budget or an eighth of it is freed; everything before the consumer waits,
+    so nothing ever waits on what the consumer holds.
     """
     handoff = Handoff()
     stats = job.stats
@@ -370,6 +371,8 @@ def deliver_in_order(
         outcomes, held = future.result()
         handoff.call(job.budget.release, held, delivered)
         released += held
+        if released >= job.budget.limit // 8 or job.budget.waiting:  # a read waits on it: no delay
+            hand_over()
         for url, data in outcomes:
             if isinstance(data, NotFoundError):
                 if not skip_missing:
@@ -382,7 +385,7 @@ def deliver_in_order(
     try:
         for seq, unit in enumerate(units):
             window.append(handoff.submit(unit(job, seq)))  # type: ignore[arg-type]
-            if len(window) < window_size // 2 or len(handoff) >= HANDOFF_UNITS or released >= job.budget.limit // 8:
+            if len(window) < window_size // 2 or len(handoff) >= HANDOFF_UNITS:
                 hand_over()
             while len(window) > window_size or (window and window[0].done()):
                 yield from deliver()

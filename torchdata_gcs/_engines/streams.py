@@ -63,7 +63,10 @@ class MemoryStream(io.RawIOBase):
         index = bisect.bisect_right(self._starts, self._position) - 1
         offset = self._position - self._starts[index]
         self._position = self._size
-        return b"".join([memoryview(self._parts[index])[offset:], *self._parts[index + 1 :]])
+        # A whole part goes in as it is: bytes.join lets other threads run while it copies bytes
+        # objects, and holds the interpreter for the whole copy if any piece is a memoryview.
+        first = self._parts[index] if offset == 0 else memoryview(self._parts[index])[offset:]
+        return b"".join([first, *self._parts[index + 1 :]])
 
     def peek(self, size: int = 0) -> bytes:
         """Bytes from the position to the end of its part, without moving (what ``readline`` looks ahead in)."""

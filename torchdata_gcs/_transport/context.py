@@ -56,6 +56,11 @@ class ByteBudget:
         self._waiting = 0
         self._changed = asyncio.Condition()
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a read waits for room (read from the consumer's thread: a stale answer only delays a release)."""
+        return bool(self._waiting)
+
     def try_acquire(self, nbytes: int, seq: int) -> bool:
         """Reserve ``nbytes`` for item ``seq`` if that needs no wait."""
         if self._closed:
