@@ -90,11 +90,11 @@ async def read_object(job: RequestContext, bucket: str, name: str) -> bytes | No
 
 
 def multipart_body(
-    name: str, data: bytes | bytearray, content_type: str = "application/octet-stream", crc32c: int | None = None
-) -> tuple[list[bytes | bytearray], dict[str, str]]:
+    name: str, data: bytes | bytearray | memoryview, content_type: str = "application/octet-stream", crc32c: int | None = None
+) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
     """The body (as pieces, ``data`` itself among them, never copied) and headers of a JSON API multipart
     upload of ``data`` as ``name``, its crc32c in the metadata so that GCS refuses bytes damaged on the
-    way (computed from bytes; a bytearray must come with it)."""
+    way (computed from bytes; a bytearray or memoryview must come with it)."""
     boundary = uuid.uuid4().hex
     checksum = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
     metadata = json.dumps({"name": name, "crc32c": checksum, "contentType": content_type})
@@ -111,13 +111,13 @@ async def create_object(
     job: RequestContext,
     bucket: str,
     name: str,
-    data: bytes | bytearray,
+    data: bytes | bytearray | memoryview,
     *,
     if_generation_match: int | None = None,
     content_type: str = "application/octet-stream",
     crc32c: int | None = None,
 ) -> int:
-    """Write ``data`` (bytes, or a bytearray with its ``crc32c``) in one multipart upload and return
+    """Write ``data`` (bytes, or a bytearray or memoryview with its ``crc32c``) in one multipart upload and return
     the new generation; the body is sent in pieces, ``data`` never copied.
 
     The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way. With

@@ -225,8 +225,10 @@ class Session:
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 """A request body: bytes, or pieces sent in order without being joined."""
 
-STREAM_SLICE = 1024 * 1024
-"""Body pieces go out in slices of at most this size, so no single write holds up the I/O loop."""
+STREAM_SLICE = 128 * 1024
+"""Body pieces go out in slices of at most this size: no single write holds up the I/O loop, and what a
+connection's transport copies aside when the socket takes only part of a write stays small (with 1 MiB
+slices, 8 uploads in flight held about 6 MiB more)."""
 
 
 async def _streamed(pieces: Sequence[memoryview]) -> AsyncIterator[memoryview]:
