@@ -6,6 +6,8 @@ import inspect
 import json
 import pickle
 import re
+import subprocess
+import sys
 import threading
 import warnings
 from concurrent.futures import Future
@@ -430,3 +432,44 @@ def test_two_ranks_save_dtensor_shards_and_load_them_resharded(
     loaded["step"] = 0
     dcp.load(loaded, storage_reader=GCSStorageReader(url, client=front.client_config))
     assert_same(loaded, {**full, "step": 77})
+
+
+DCP_LOAD_CHILD = """
+import json, sys, warnings
+warnings.filterwarnings("ignore", "torch.distributed is disabled")
+import torch
+import torch.distributed.checkpoint as dcp
+from torchdata_gcs import ClientConfig
+from torchdata_gcs.dcp import GCSStorageReader
+
+spec = json.load(sys.stdin)
+client = ClientConfig(endpoint=spec["endpoint"])
+
+def status(field):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
+
+dcp.load({"x": torch.zeros(2)}, storage_reader=GCSStorageReader(spec["warm_up"], client=client))
+targets = {f"t{i}": torch.zeros(16 * 2**20 // 4) for i in range(spec["tensors"])}  # allocated by the caller
+with open("/proc/self/clear_refs", "w") as clear_refs:
+    clear_refs.write("5")  # reset the peak
+baseline = status("VmRSS")
+dcp.load(targets, storage_reader=GCSStorageReader(spec["url"], client=client))
+growth = status("VmHWM") - baseline
+print(json.dumps({"growth": growth, "sums": {key: float(value.double().sum()) for key, value in targets.items()}}))
+"""
+
+
+def test_a_load_holds_a_bounded_read_ahead_beside_the_callers_tensors(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """DCP copies into tensors that exist already, so what is read ahead is extra: peak growth stays near
+    the 64 MiB read-ahead, not the checkpoint's 256 MiB (the old 256 MiB read-ahead held about 300)."""
+    client = gcs_emulator.client_config
+    state = {f"t{i}": torch.full((16 * MiB // 4,), float(i)) for i in range(16)}
+    dcp.save(state, storage_writer=GCSStorageWriter(f"gs://{gcs_bucket}/big", client=client))
+    dcp.save({"x": torch.ones(2)}, storage_writer=GCSStorageWriter(f"gs://{gcs_bucket}/tiny", client=client))
+    spec = {"endpoint": gcs_emulator.endpoint, "url": f"gs://{gcs_bucket}/big", "warm_up": f"gs://{gcs_bucket}/tiny", "tensors": 16}
+    child = subprocess.run([sys.executable, "-c", DCP_LOAD_CHILD], input=json.dumps(spec), capture_output=True, text=True, timeout=180)
+    assert child.returncode == 0, child.stderr
+    answer = json.loads(child.stdout)
+    assert answer["sums"] == {key: float(value.double().sum()) for key, value in state.items()}
+    assert answer["growth"] < 192 * MiB, f"peak growth {answer['growth'] / MiB:.0f} MiB loading 256 MiB into existing tensors"

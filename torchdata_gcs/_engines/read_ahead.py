@@ -23,6 +23,12 @@ from .download import read_ranges_into
 
 __all__ = ["ReadAhead", "Span"]
 
+RANGES_PER_BUDGET = 32
+"""GETs a full read-ahead budget is split into (see :attr:`ReadAhead.range_size`)."""
+
+MIN_RANGE = 256 * 1024
+"""The smallest range worth its own GET."""
+
 
 @dataclass
 class Span:
@@ -66,6 +72,13 @@ class ReadAhead:
     def __post_init__(self) -> None:
         for index, span in enumerate(self.spans):
             self._by_url.setdefault(span.url, []).append(index)
+
+    @property
+    def range_size(self) -> int:
+        """How much one GET reads: at most ``part_size``, and small enough that the budget's worth of
+        spans goes out as :data:`RANGES_PER_BUDGET` concurrent GETs (a connection's throughput, not the
+        memory allowed, then bounds how fast a load goes)."""
+        return max(MIN_RANGE, min(self.job.part_size, self.budget // RANGES_PER_BUDGET))
 
     def info(self, url: str) -> ObjectInfo:
         """The file's size, generation and crc32c, looked up once per load: every read is pinned to it."""
@@ -130,9 +143,7 @@ class ReadAhead:
                 url=span.url,
             )
         span.buffer = bytearray(span.size)
-        coroutine = read_ranges_into(
-            self.job, span.url, info.generation, span.start, memoryview(span.buffer), self.job.part_size
-        )
+        coroutine = read_ranges_into(self.job, span.url, info.generation, span.start, memoryview(span.buffer), self.range_size)
         span.future = asyncio.run_coroutine_threadsafe(coroutine, io_loop())
 
     def _release(self, span: Span) -> None:
