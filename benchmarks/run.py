@@ -80,6 +80,7 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "dataflux_checkpoint": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: DatafluxCheckpoint",
         "ours": f"{ours}: " + ("checkpoint.save/load (defaults: multipart, 8 x 8 MiB parts)" if workload.startswith("checkpoint") else "load_files_by_gcs (defaults: 128 in flight)"),
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
+        "ours_dcp": f"{ours}: dcp.save/dcp.load with GCSStorageWriter/GCSStorageReader (defaults; the load allocates its tensors from the metadata)",
         "ours_map_dataset": f"{ours}: GCSMapDataset, batches of 32, 2 workers",
         "per_item_dataset": f"one blocking GET per item (s3torchconnector's way; google-cloud-storage {gcs}), 2 workers",
         "ours_compose": f"{ours}: " + ("checkpoint.save/load, strategy=\"compose\"" if workload.startswith("checkpoint") else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"),
@@ -117,7 +118,7 @@ def build_workloads(quick: bool) -> list[Workload]:
         Workload("small objects", "bench-small", "small/", 20, readers, 3, small),
         Workload("large objects", "bench-large", "large/", 0, ["gcs_loop", "gcs_threads", "gcsfs_cat", "obstore", "dataflux_direct", "ours", "ceiling"], 3, large),
         Workload("listing", "bench-list", "list/", 20, ["gcs_loop", "gcsfs_find", "dataflux_list", "ours_sequential", "ours"], 3, listing, indexed=True, timeout=90),
-        Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["ours", "ours_compose", "gcs_upload_from_file", "gcsfs", "dataflux_checkpoint"], 3, capped=True),
+        Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["ours", "ours_compose", "ours_dcp", "gcs_upload_from_file", "gcsfs", "dataflux_checkpoint"], 3, capped=True),
         # One save and load of 2 GiB (the emulator composes a 256-part checkpoint in minutes, so "compose" is left out).
         Workload("checkpoint 2 GiB", "bench-ckpt", "ckpt/", 0, ["ours"], 1, capped=True, checkpoint_mib=2048, timeout=600),
         Workload("compression", "bench-ckpt", "ckpt/", 0, ["none", "zstd-1-plain", "zstd-1", "zstd-3"], 3, capped=True),
