@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 import requests
@@ -41,6 +47,37 @@ def test_stops_when_garbage_collected() -> None:
     del emulator
     gc.collect()
     assert not _answers(endpoint)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM is POSIX")
+def test_stops_and_removes_its_data_when_the_process_gets_sigterm() -> None:
+    """A test run killed by SIGTERM (a CI timeout, a Ctrl-C'd pytest-xdist worker) leaves no emulator
+    running and none of its objects in memory."""
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(
+            """
+            import os, time
+            from torchdata_gcs.testing import Emulator
+            emulator = Emulator(backend="filesystem").start()
+            emulator.seed("kept", {"x": b"1" * 1000})
+            print(emulator.endpoint, emulator._server.pid, os.path.dirname(emulator._server._log), flush=True)
+            time.sleep(60)
+            """
+        )],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:  # fmt: skip
+        assert child.stdout is not None
+        endpoint, pid, scratch = child.stdout.readline().split()
+        assert _answers(endpoint) and os.path.isdir(scratch)
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == -signal.SIGTERM  # it still dies of the signal
+    deadline = time.monotonic() + 10
+    while _answers(endpoint) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _answers(endpoint) and not os.path.exists(scratch)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid), 0)
 
 
 def test_two_emulators_run_side_by_side() -> None:

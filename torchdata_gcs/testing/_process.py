@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
+from .._transport import lifecycle
 from ..config import ClientConfig
 
 if TYPE_CHECKING:
@@ -65,7 +66,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _terminate(process: subprocess.Popen[bytes], scratch: str) -> None:
+def _terminate(process: subprocess.Popen[bytes], scratch: str, starter: int) -> None:
+    if os.getpid() != starter:  # a forked child's copy: the server belongs to its parent
+        return
     if process.poll() is None:
         process.terminate()
         try:
@@ -80,8 +83,9 @@ class ServerProcess:
     """Runs ``args`` (output in ``scratch/NAME.log``) and waits until ``endpoint`` answers.
 
     The process is stopped, and ``scratch`` removed, by :meth:`stop`, when it fails to answer within
-    ``timeout`` seconds, when ``owner`` is garbage collected, or at interpreter exit, so a failing
-    test never leaves a server behind.
+    ``timeout`` seconds, when ``owner`` is garbage collected, at interpreter exit, or when this process
+    is sent SIGTERM, so a failing or killed test run never leaves a server (and the objects it holds in
+    memory) behind.
     """
 
     def __init__(
@@ -101,7 +105,8 @@ class ServerProcess:
             self._process = subprocess.Popen(
                 list(args), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
             )
-        self._finalizer = weakref.finalize(owner, _terminate, self._process, scratch)
+        self._finalizer = weakref.finalize(owner, _terminate, self._process, scratch, os.getpid())
+        lifecycle.cleanup(self._finalizer)  # SIGTERM skips interpreter exit; the cleanups still run
         try:
             self._wait_until_answering(endpoint, timeout)
         except BaseException:
