@@ -509,7 +509,10 @@ def measure_checkpoint(spec: Spec) -> dict[str, Any]:
         del loaded
         phases["save"].append(tuple(save))  # type: ignore[arg-type]
         phases["load"].append(tuple(load))  # type: ignore[arg-type]
-        stored = sum(blob.size for blob in _gcs_bucket(spec).list_blobs(prefix=name))  # a DCP checkpoint is a folder
+        blobs = list(_gcs_bucket(spec).list_blobs(prefix=name))  # a DCP checkpoint is a folder
+        stored = sum(blob.size for blob in blobs)
+        for blob in blobs:  # checked: make room (the emulator's copies of 2 GiB saves filled the machine's memory)
+            blob.delete()
     moved = sum(t.numel() * t.element_size() for t in _tensors(state))
 
     def median(phase: str, field: int) -> float:
