@@ -363,12 +363,11 @@ def deliver_in_order(
         delivered += 1
         if not future.done():
             hand_over()
-            waited = time.perf_counter()
-            try:
-                future.result()
-            finally:
-                stats.wait_seconds += time.perf_counter() - waited
-        outcomes, held = future.result()
+        waited = time.perf_counter()
+        try:
+            outcomes, held = future.result()
+        finally:
+            stats.wait_seconds += time.perf_counter() - waited
         handoff.call(job.budget.release, held, delivered)
         released += held
         if released >= job.budget.limit // 8 or job.budget.waiting:  # a read waits on it: no delay
