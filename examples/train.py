@@ -226,7 +226,9 @@ def save_checkpoint(folder: str, epoch: int, net: nn.Module, optimizer: torch.op
     else:
         url = f"{folder}epoch-{epoch:04d}.pt"
         state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "history": history}
-        saved = IterableWrapper([(url, state)]).save_by_gcs(client=client, write=WriteConfig(strategy=strategy, compression="zstd"))
+        saved = IterableWrapper([(url, state)]).save_by_gcs(
+            client=client, write=WriteConfig(strategy=strategy, compression="zstd")
+        )
         list(saved)  # yields the URL once the object is published
         size = next(iter(IterableWrapper([url]).list_files_by_gcs(client=client, with_metadata=True)))[1].size
     totals.checkpoints.append((url, size, time.perf_counter() - started))

@@ -10,10 +10,12 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+from typing import final
 
 import requests
 
 
+@final
 class RecordingProxy:
     """Forwards to ``upstream``.
 

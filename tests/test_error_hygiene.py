@@ -51,11 +51,14 @@ def save(strategy: str) -> Operation:
         state = {"weights": torch.zeros(2 * 1024 * 1024)}  # 8 MiB: two parts
         return checkpoint.save(state, f"gs://{BUCKET}/ckpt-{strategy}.pt", client=client, retry=RETRY,
                                write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))  # fmt: skip
+
     return run
 
 
 def load_checkpoint(client: ClientConfig) -> object:
-    return checkpoint.load(f"gs://{BUCKET}/kept.pt", client=client, retry=RETRY, transfer=TransferConfig(part_size=256 * 1024))
+    return checkpoint.load(
+        f"gs://{BUCKET}/kept.pt", client=client, retry=RETRY, transfer=TransferConfig(part_size=256 * 1024)
+    )
 
 
 OPERATIONS: dict[str, tuple[Operation, str | None]] = {
@@ -78,7 +81,9 @@ def seeded(gcs_emulator: Emulator) -> Emulator:
 
 
 @pytest.fixture
-def signed_front(seeded: Emulator, token_server: TokenServer, tmp_path: Path) -> Iterator[tuple[GCSFront, ClientConfig]]:
+def signed_front(
+    seeded: Emulator, token_server: TokenServer, tmp_path: Path
+) -> Iterator[tuple[GCSFront, ClientConfig]]:
     key_file = token_server.write_key_file(tmp_path / "service-account.json", private_key_pem())
     with GCSFront(seeded.endpoint) as front:
         client = ClientConfig(

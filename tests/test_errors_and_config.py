@@ -103,8 +103,13 @@ def test_bad_settings_raise_value_error(make) -> None:
 
 def test_an_empty_mask_keeps_everything_alone_or_in_a_list(gcs_emulator) -> None:
     gcs_emulator.seed("masks-bucket", {"a.jpg": b"1", "b.txt": b"2"})
+
     def names(masks):
-        return [url for url in GCSFileListerIterDataPipe("gs://masks-bucket/", client=gcs_emulator.client_config, masks=masks)]
+        return [
+            url
+            for url in GCSFileListerIterDataPipe("gs://masks-bucket/", client=gcs_emulator.client_config, masks=masks)
+        ]
+
     everything = ["gs://masks-bucket/a.jpg", "gs://masks-bucket/b.txt"]
     assert names("") == names([""]) == names(["*.jpg", ""]) == names([]) == everything
     assert names(["*.jpg"]) == everything[:1]

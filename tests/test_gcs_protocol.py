@@ -73,7 +73,9 @@ def live_generation(emulator: Emulator, name: str) -> int:
 # -- the multipart writer ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sent", [(), ("x-goog-generation",), ("x-goog-hash",)], ids=["neither", "no-hash", "no-generation"])
+@pytest.mark.parametrize(
+    "sent", [(), ("x-goog-generation",), ("x-goog-hash",)], ids=["neither", "no-hash", "no-generation"]
+)
 def test_a_completion_answer_without_generation_or_hash_saves_and_keeps_the_object(
     gcs_emulator: Emulator, sent: tuple[str, ...]
 ) -> None:
@@ -169,7 +171,9 @@ def test_reads_of_several_ranges_are_pinned_and_checked_without_those_headers(
     gcs_emulator.create_bucket(BUCKET)
     data = os.urandom(3 * MiB)
     gcs_emulator.upload(BUCKET, "object.bin", data)
-    with GCSFront(gcs_emulator.endpoint, only_promised_headers=True, also_send=["content-length"], record=True) as strict:
+    with GCSFront(
+        gcs_emulator.endpoint, only_promised_headers=True, also_send=["content-length"], record=True
+    ) as strict:
         strict.set_faults([Fault("corrupt", match="range_get")])
         pipe = GCSFileLoaderIterDataPipe(
             [f"gs://{BUCKET}/object.bin"],
@@ -188,7 +192,9 @@ def test_reads_of_several_ranges_are_pinned_and_checked_without_those_headers(
 def test_checkpoints_round_trip_without_those_headers(strict: GCSFront, strategy: str) -> None:
     state = {"weights": torch.randn(700, 1000), "step": 7}
     url = f"gs://{BUCKET}/ckpt-{strategy}.pt"
-    generation = checkpoint.save(state, url, client=strict.client_config, write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))
+    generation = checkpoint.save(
+        state, url, client=strict.client_config, write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy)
+    )
     loaded = checkpoint.load(url, client=strict.client_config, transfer=TransferConfig(part_size=1 * MiB))
     assert generation > 0 and loaded["step"] == 7 and torch.equal(loaded["weights"], state["weights"])
 
@@ -206,7 +212,10 @@ def test_composed_shards_without_those_headers(strict: GCSFront, gcs_emulator: E
 def test_distributed_checkpoint_without_those_headers(strict: GCSFront) -> None:
     state = {"weights": torch.randn(1024, 1536), "bias": torch.arange(10)}
     url = f"gs://{BUCKET}/dcp/step-1"
-    dcp.save(state, storage_writer=GCSStorageWriter(url, client=strict.client_config, write=WriteConfig(part_size=MIN_PART_SIZE)))
+    dcp.save(
+        state,
+        storage_writer=GCSStorageWriter(url, client=strict.client_config, write=WriteConfig(part_size=MIN_PART_SIZE)),
+    )
     loaded = {key: torch.zeros_like(value) for key, value in state.items()}
     reader = GCSStorageReader(url, client=strict.client_config, transfer=TransferConfig(part_size=1 * MiB))
     dcp.load(loaded, storage_reader=reader)
@@ -268,7 +277,11 @@ def official_upload(front: GCSFront, name: str, path: str, chunk_size: int) -> N
 def xml_requests(front: GCSFront) -> list[RecordedRequest]:
     """The XML API requests recorded, parts in part-number order (they go out concurrently)."""
     xml = [r for r in front.recorded if not r.target.startswith(("/storage/", "/upload/", "/download/"))]
-    return [xml[0], *sorted(xml[1:-1], key=lambda r: int(dict(parse_qsl(r.target.partition("?")[2]))["partNumber"])), xml[-1]]
+    return [
+        xml[0],
+        *sorted(xml[1:-1], key=lambda r: int(dict(parse_qsl(r.target.partition("?")[2]))["partNumber"])),
+        xml[-1],
+    ]
 
 
 def test_the_official_client_multipart_upload_passes_the_strict_front(
@@ -319,10 +332,15 @@ def test_gzip_encoded_objects_load_as_their_stored_and_checked_bytes(strict: GCS
     text = b"a line of text\n" * 5000
     stored = gzip.compress(text)
     body, headers = multipart_body("logs.txt", stored, "text/plain")
-    body = b"".join(body).replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
+    body = b"".join(body).replace(
+        b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1
+    )
     upload = requests.post(
-        f"{gcs_emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o", params={"uploadType": "multipart"}, data=body,
-        headers=headers, timeout=30,
+        f"{gcs_emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o",
+        params={"uploadType": "multipart"},
+        data=body,
+        headers=headers,
+        timeout=30,
     )
     assert upload.json()["contentEncoding"] == "gzip"
     url = f"gs://{BUCKET}/logs.txt"
@@ -337,10 +355,15 @@ def test_gzip_encoded_objects_load_as_their_stored_and_checked_bytes(strict: GCS
 
 def upload_gzip_encoded(emulator: Emulator, name: str, stored: bytes) -> None:
     body, headers = multipart_body(name, stored, "text/plain")
-    body = b"".join(body).replace(b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1)
+    body = b"".join(body).replace(
+        b'"contentType": "text/plain"}', b'"contentType": "text/plain", "contentEncoding": "gzip"}', 1
+    )
     upload = requests.post(
-        f"{emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o", params={"uploadType": "multipart"}, data=body,
-        headers=headers, timeout=30,
+        f"{emulator.endpoint}/upload/storage/v1/b/{BUCKET}/o",
+        params={"uploadType": "multipart"},
+        data=body,
+        headers=headers,
+        timeout=30,
     )
     assert upload.json()["contentEncoding"] == "gzip"
 
@@ -452,10 +475,18 @@ def test_a_save_whose_completion_answers_are_all_lost_reports_what_was_published
     front: GCSFront, gcs_emulator: Emulator, strategy: str
 ) -> None:
     url = f"gs://{BUCKET}/lost-{strategy}.pt"
-    completion = rf"POST /{BUCKET}/lost-{strategy}\.pt\?uploadId" if strategy == "multipart" else r"/lost-[a-z]+\.pt/compose"
+    completion = (
+        rf"POST /{BUCKET}/lost-{strategy}\.pt\?uploadId" if strategy == "multipart" else r"/lost-[a-z]+\.pt/compose"
+    )
     state = {"weights": torch.randn(1024, 1536)}  # 6 MiB: two parts
     front.set_faults([Fault("truncate", match=completion)])  # carried out, every answer cut short
-    generation = checkpoint.save(state, url, client=front.client_config, retry=FAST_RETRY, write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))
+    generation = checkpoint.save(
+        state,
+        url,
+        client=front.client_config,
+        retry=FAST_RETRY,
+        write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy),
+    )
     assert generation == live_generation(gcs_emulator, f"lost-{strategy}.pt") and front.faults_injected["truncate"] >= 3
     assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])
 

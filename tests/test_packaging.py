@@ -17,7 +17,9 @@ def test_torchdata_is_only_an_extra() -> None:
         extra: [r.specifier for r in torchdata if r.marker is not None and r.marker.evaluate({"extra": extra})]
         for extra in ("dataloader2", "nodes")
     }
-    assert pinned["dataloader2"] and all(s.contains("0.9.0") and not s.contains("0.10.0") for s in pinned["dataloader2"])
+    assert pinned["dataloader2"] and all(
+        s.contains("0.9.0") and not s.contains("0.10.0") for s in pinned["dataloader2"]
+    )
     assert pinned["nodes"] and all(s.contains("0.11.0") and not s.contains("0.9.0") for s in pinned["nodes"])
 
 
@@ -36,6 +38,6 @@ pipe = IterableWrapper(["gs://{gcs_bucket}/"]).list_files_by_gcs(client=client).
 pipe = pipe.load_files_by_gcs(client=client).map(lambda item: (item[0], item[1].read()))
 print(sorted(tuple(item) for item in DataLoader(pipe, batch_size=None, num_workers=2)))
 """
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == repr([(f"gs://{gcs_bucket}/a.txt", b"alpha"), (f"gs://{gcs_bucket}/b.txt", b"beta")])

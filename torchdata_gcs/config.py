@@ -236,7 +236,10 @@ class WriteConfig:
     compression: Literal["zstd"] | Zstd | None = None
 
     def __post_init__(self) -> None:
-        _require(self.strategy in ("multipart", "compose"), f"strategy must be 'multipart' or 'compose', got {self.strategy!r}")
+        _require(
+            self.strategy in ("multipart", "compose"),
+            f"strategy must be 'multipart' or 'compose', got {self.strategy!r}",
+        )
         smallest = MIN_PART_SIZE if self.strategy == "multipart" else MIN_COMPOSE_PART_SIZE
         require_integer("part_size", self.part_size, smallest, MAX_PART_SIZE)
         require_integer("max_parts_in_flight", self.max_parts_in_flight, 1)

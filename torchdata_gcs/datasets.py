@@ -37,7 +37,7 @@ def _rank_and_world() -> tuple[int, int]:
     ``RANK`` and ``WORLD_SIZE``, else one process."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _listed(

@@ -322,9 +322,7 @@ class _GCSFileSystem(FileSystemBase):
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
         url = _url(path)
         if mode == "wb":
-            stream = _WriteStream(
-                open_writer(url, client=self.client, retry=self.retry, write=self.write)
-            )
+            stream = _WriteStream(open_writer(url, client=self.client, retry=self.retry, write=self.write))
             try:
                 yield stream
                 stream.close()

@@ -127,7 +127,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         self.transfer = transfer or TransferConfig()
         self.write = write or WriteConfig()
         if self.write.compression is not None:
-            raise ValueError("GCSFileSystem stores files as written: pass compression= to fsspec.open instead of WriteConfig")
+            raise ValueError(
+                "GCSFileSystem stores files as written: pass compression= to fsspec.open instead of WriteConfig"
+            )
         self.stats = LoadStats()
 
     @property
@@ -248,7 +250,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        bucket, name, url = self._object(path)
+        _, _, url = self._object(path)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
             data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
@@ -265,7 +267,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if end <= start:
             return b""
         buffer = bytearray(end - start)
-        crc = await read_ranges_into(self._job(), url, info["generation"], start, memoryview(buffer), self.transfer.part_size)
+        crc = await read_ranges_into(
+            self._job(), url, info["generation"], start, memoryview(buffer), self.transfer.part_size
+        )
         if start == 0 and end == info["size"]:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info["crc32c"]})
         return bytes(buffer)
@@ -304,7 +308,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 raise FileExistsError(f"{url} exists")
             writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb")
             return writer if autocommit else StagedWriter(writer)
-        raise NotImplementedError(f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place")
+        raise NotImplementedError(
+            f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
+        )
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -355,7 +361,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"{url}: no such object", url=url)
 
     @_on_io_loop
-    async def _rm(self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
+    async def _rm(
+        self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
+    ) -> None:
         """Delete every object ``path`` expands to, concurrently; directories go with their objects (a
         directory without ``recursive=True`` raises ``IsADirectoryError``). Buckets are never deleted."""
         paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
@@ -402,7 +410,9 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
         info = fs.info(path)
         if info["type"] != "file":
             raise IsADirectoryError(f"{path} is a directory")
-        super().__init__(fs, info["name"], "rb", block_size, cache_type=cache_type, cache_options=cache_options, size=info["size"])
+        super().__init__(
+            fs, info["name"], "rb", block_size, cache_type=cache_type, cache_options=cache_options, size=info["size"]
+        )
         self.details = info
         self.url = format_url(*fs.split_path(info["name"]))
 

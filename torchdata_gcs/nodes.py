@@ -107,7 +107,11 @@ class _Reading(BaseNode[Any]):
         super().__init__()
         self.source = source
         self.transform = transform
-        self.client, self.transfer, self.retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
+        self.client, self.transfer, self.retry = (
+            client or ClientConfig(),
+            transfer or TransferConfig(),
+            retry or RetryConfig(),
+        )
         self.stats = LoadStats()
         self._states: deque[tuple[str, dict[str, Any]]] = deque()  # (url, source's state after it) read ahead
         self._state: dict[str, Any] | None = None

@@ -55,7 +55,9 @@ def test_round_trip_bit_exact_in_parts_and_ranges(front: GCSFront) -> None:
 def test_failed_save_publishes_nothing(front: GCSFront, gcs_emulator: Emulator) -> None:
     state = {**state_dict(), "not a tensor": lambda: None}  # torch.save cannot pickle a lambda
     with pytest.raises(Exception, match="pickle|lambda"):
-        checkpoint.save(state, f"gs://{BUCKET}/broken.pt", client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE))
+        checkpoint.save(
+            state, f"gs://{BUCKET}/broken.pt", client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE)
+        )
     assert "broken.pt" not in gcs_emulator.names(BUCKET)
     assert front.open_uploads == []
 
@@ -86,7 +88,9 @@ def test_load_reads_again_after_a_byte_flipped_on_the_way(front: GCSFront, compr
 def test_the_loose_writer_keywords_still_work_with_a_deprecation_warning(front: GCSFront) -> None:
     url = f"gs://{BUCKET}/legacy.pt"
     with pytest.warns(DeprecationWarning, match=r"pass write=WriteConfig\(part_size=\.\.\., strategy=\.\.\.\)"):
-        checkpoint.save({"w": torch.ones(3)}, url, client=front.client_config, part_size=MIN_PART_SIZE, strategy="compose")
+        checkpoint.save(
+            {"w": torch.ones(3)}, url, client=front.client_config, part_size=MIN_PART_SIZE, strategy="compose"
+        )
     assert torch.equal(checkpoint.load(url, client=front.client_config)["w"], torch.ones(3))
     with pytest.raises(TypeError, match="not both"):
         checkpoint.save({}, url, client=front.client_config, write=WriteConfig(), part_size=MIN_PART_SIZE)
@@ -138,7 +142,14 @@ def test_load_holds_the_checkpoint_once(front: GCSFront, gcs_emulator: Emulator)
     checkpoint.save(state, f"gs://{BUCKET}/big.pt", client=client)
     checkpoint.save({"x": torch.ones(2)}, f"gs://{BUCKET}/tiny.pt", client=client)
     spec = {"endpoint": gcs_emulator.endpoint, "url": f"gs://{BUCKET}/big.pt", "warm_up": f"gs://{BUCKET}/tiny.pt"}
-    child = subprocess.run([sys.executable, "-c", LOAD_CHILD], input=json.dumps(spec), capture_output=True, text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", LOAD_CHILD],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert child.returncode == 0, child.stderr
     answer = json.loads(child.stdout)
     assert answer["sums"] == {key: float(value.double().sum()) for key, value in state.items()}
@@ -186,7 +197,14 @@ def test_save_holds_the_parts_in_flight_and_one_being_filled(
     part, in_flight = 8 * MiB, 4
     spec = {"endpoint": front.endpoint, "url": f"gs://{BUCKET}/bounded-{strategy}.pt", "strategy": strategy,
             "part": part, "in_flight": in_flight, "tensors": 12}  # fmt: skip
-    child = subprocess.run([sys.executable, "-c", SAVE_CHILD], input=json.dumps(spec), capture_output=True, text=True, timeout=180)
+    child = subprocess.run(
+        [sys.executable, "-c", SAVE_CHILD],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert child.returncode == 0, child.stderr
     growth = json.loads(child.stdout)["growth"]
     assert growth < part * (in_flight + 1) + 32 * MiB, f"peak growth {growth / MiB:.0f} MiB"

@@ -155,18 +155,25 @@ def test_clean_deletes_noncurrent_versions_by_generation_and_bills_the_user_proj
     """Object versioning keeps a deleted temporary as a noncurrent version, billed: clean lists every
     version and deletes each by its generation."""
     bucket = "cli-versioned"
-    created = requests.post(f"{gcs_emulator.endpoint}/storage/v1/b", json={"name": bucket, "versioning": {"enabled": True}})
+    created = requests.post(
+        f"{gcs_emulator.endpoint}/storage/v1/b", json={"name": bucket, "versioning": {"enabled": True}}
+    )
     assert created.ok
     name = f"{TEMPORARY_PREFIX}20200101T000000Z-host-1-abcdef/000000001"
     gcs_emulator.seed(bucket, {name: b"first"})
-    requests.delete(f"{gcs_emulator.endpoint}/storage/v1/b/{bucket}/o/{requests.utils.quote(name, safe='')}").raise_for_status()
+    requests.delete(
+        f"{gcs_emulator.endpoint}/storage/v1/b/{bucket}/o/{requests.utils.quote(name, safe='')}"
+    ).raise_for_status()
     gcs_emulator.seed(bucket, {name: b"second"})
     versions = requests.get(
         f"{gcs_emulator.endpoint}/storage/v1/b/{bucket}/o", params={"versions": "true", "prefix": TEMPORARY_PREFIX}
     ).json()["items"]
     assert len(versions) == 2
     with GCSFront(gcs_emulator.endpoint, record=True) as front:
-        assert main(["--endpoint", front.endpoint, "clean", f"gs://{bucket}", "--older-than", "0s", "--user-project", "p"]) == 0
+        assert (
+            main(["--endpoint", front.endpoint, "clean", f"gs://{bucket}", "--older-than", "0s", "--user-project", "p"])
+            == 0
+        )
         recorded = [r for r in front.recorded if r.target.startswith("/storage/")]
     deleted = sorted(
         dict(parse_qsl(urlsplit(r.target).query)).get("generation", "") for r in recorded if r.method == "DELETE"
@@ -179,7 +186,21 @@ def test_ls_and_bench_bill_the_user_project(gcs_emulator: Emulator) -> None:
     gcs_emulator.seed("cli-billed", {f"data/{i}.bin": b"x" * 100 for i in range(5)})
     with GCSFront(gcs_emulator.endpoint, record=True) as front:
         assert main(["--endpoint", front.endpoint, "ls", "gs://cli-billed/data/", "--user-project", "p"]) == 0
-        assert main(["--endpoint", front.endpoint, "bench", "gs://cli-billed/data/", "--seconds", "1", "--user-project", "p"]) == 0
+        assert (
+            main(
+                [
+                    "--endpoint",
+                    front.endpoint,
+                    "bench",
+                    "gs://cli-billed/data/",
+                    "--seconds",
+                    "1",
+                    "--user-project",
+                    "p",
+                ]
+            )
+            == 0
+        )
         recorded = [r for r in front.recorded if r.target.startswith(("/storage/", "/download/", "/upload/"))]
     assert {r.method for r in recorded} >= {"GET", "POST", "DELETE"}
     assert [r.target for r in recorded if dict(parse_qsl(urlsplit(r.target).query)).get("userProject") != "p"] == []
@@ -227,7 +248,9 @@ def test_clean_aborts_old_multipart_uploads(
 
     assert main([*endpoint, "clean", f"gs://{bucket}", "--older-than", "0s"]) == 0  # ours: marked
     out = capsys.readouterr().out
-    assert "aborted 1 unfinished multipart upload(s)" in out and "deleted 1 temporary object(s)" in out  # and its marker
+    assert (
+        "aborted 1 unfinished multipart upload(s)" in out and "deleted 1 temporary object(s)" in out
+    )  # and its marker
     assert gcs_front.open_uploads == []
     writer.abort()  # its job finds the upload gone and gives it up quietly
     assert gcs_emulator.names(bucket) == []

@@ -369,7 +369,9 @@ def test_bucket_settings_say_what_they_mean_for_temporary_objects_and_checkpoint
     assert "leave billed temporary objects" in facts["retention policy"][1]
     assert facts["object versioning"][0] == "on" and "noncurrent version" in facts["object versioning"][1]
     assert facts["hierarchical namespace"][0] == "on" and "stays behind empty" in facts["hierarchical namespace"][1]
-    assert "billed to my-project" in {f.name: f.meaning for f in bucket_settings(resource, "my-project")}["requester pays"]
+    assert (
+        "billed to my-project" in {f.name: f.meaning for f in bucket_settings(resource, "my-project")}["requester pays"]
+    )
 
     assert {fact.name: fact.value for fact in bucket_settings({}, None)} == {
         "location": "?",

@@ -105,7 +105,9 @@ def test_streams_cross_to_the_main_process(mixed_sizes, client: ClientConfig, st
         .sharding_filter()
         .load_files_by_gcs(client=client, transfer=SMALL_BUDGET)
     )
-    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers=2, multiprocessing_context=start_method))
+    loader = DataLoader2(
+        pipe, reading_service=MultiProcessingReadingService(num_workers=2, multiprocessing_context=start_method)
+    )
     try:
         delivered = [(url, stream.read()) for url, stream in loader]
     finally:
@@ -116,7 +118,9 @@ def test_streams_cross_to_the_main_process(mixed_sizes, client: ClientConfig, st
 def test_a_pickled_stream_resumes_where_it_was_and_is_still_checked(mixed_sizes, gcs_front: GCSFront) -> None:
     _, expected = mixed_sizes
     client = gcs_front.client_config
-    held, streamed = (next(url for url, data in expected.items() if len(data) == size) for size in (300 * KiB, 3 * MiB + 5))
+    held, streamed = (
+        next(url for url, data in expected.items() if len(data) == size) for size in (300 * KiB, 3 * MiB + 5)
+    )
     for url in (held, streamed):
         ((_, stream),) = list(GCSFileLoaderIterDataPipe([url], client=client, transfer=SMALL_BUDGET))
         head = stream.read(200 * KiB)

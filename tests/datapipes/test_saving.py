@@ -31,7 +31,9 @@ def test_payload_kinds_standalone(gcs_emulator: Emulator) -> None:
     state = {"w": torch.randn(64, 64), "step": torch.tensor(3)}
     items = [("gs://sink-kinds/a.bin", b"bytes"), ("gs://sink-kinds/b.bin", stream), ("gs://sink-kinds/c.pt", state)]
     with GCSFront(gcs_emulator.endpoint) as front:
-        pipe = IterableWrapper(items).save_by_gcs(client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE))
+        pipe = IterableWrapper(items).save_by_gcs(
+            client=front.client_config, write=WriteConfig(part_size=MIN_PART_SIZE)
+        )
         assert list(pipe) == [url for url, _ in items]
         assert front.open_uploads == []
     assert gcs_emulator.read("sink-kinds", "a.bin") == b"bytes"

@@ -26,8 +26,6 @@ def dataset(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
     return bucket, {f"gs://{bucket}/{name}": data for name, data in objects.items()}
 
 
-
-
 def test_map_dataset_reads_each_item_in_one_request(dataset, gcs_emulator: Emulator) -> None:
     bucket, expected = dataset
     with GCSFront(gcs_emulator.endpoint) as front:
@@ -48,7 +46,9 @@ def test_map_dataset_under_a_distributed_sampler(dataset, client) -> None:
     delivered = []
     for rank in range(2):
         sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=3)
-        delivered += [item for batch in DataLoader(ds, batch_size=5, sampler=sampler, collate_fn=list) for item in batch]
+        delivered += [
+            item for batch in DataLoader(ds, batch_size=5, sampler=sampler, collate_fn=list) for item in batch
+        ]
     assert_exactly_once(delivered, expected)
 
 
@@ -56,7 +56,10 @@ def test_map_dataset_under_a_distributed_sampler(dataset, client) -> None:
 def test_pairs_cross_worker_processes(dataset, client, num_workers: int) -> None:
     """The default items, ``(url, stream)``, are read in the main process after crossing from a worker."""
     bucket, expected = dataset
-    for ds in (GCSMapDataset(f"gs://{bucket}/ds/", client=client), GCSIterableDataset(f"gs://{bucket}/ds/", client=client)):
+    for ds in (
+        GCSMapDataset(f"gs://{bucket}/ds/", client=client),
+        GCSIterableDataset(f"gs://{bucket}/ds/", client=client),
+    ):
         loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
         assert_exactly_once([(url, stream.read()) for url, stream in loader], expected)
 
@@ -69,13 +72,17 @@ def test_iterable_dataset_splits_across_workers_by_itself(dataset, client) -> No
 
 def test_iterable_dataset_shuffles_by_seed_and_epoch(dataset, client) -> None:
     bucket, _ = dataset
-    ds = GCSIterableDataset(f"gs://{bucket}/ds/", transform=lambda url, stream: url, client=client, shuffle=True, seed=5)
+    ds = GCSIterableDataset(
+        f"gs://{bucket}/ds/", transform=lambda url, stream: url, client=client, shuffle=True, seed=5
+    )
     first = list(ds)
     assert list(ds) == first, "the same epoch and seed give the same order"
     ds.set_epoch(1)
     second = list(ds)
     assert second != first and sorted(second) == sorted(first)
-    assert list(GCSIterableDataset(f"gs://{bucket}/ds/", transform=lambda url, stream: url, client=client)) == sorted(first)
+    assert list(GCSIterableDataset(f"gs://{bucket}/ds/", transform=lambda url, stream: url, client=client)) == sorted(
+        first
+    )
 
 
 def test_iterable_dataset_resumes_mid_epoch(dataset, client) -> None:
@@ -94,9 +101,13 @@ def test_iterable_dataset_resumes_mid_epoch(dataset, client) -> None:
 
 def _stateful(ds, batch_size: int):
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning
+        )
         from torchdata.stateful_dataloader import StatefulDataLoader
-    return StatefulDataLoader(ds, batch_size=batch_size, num_workers=2, collate_fn=list, shuffle=isinstance(ds, GCSMapDataset))
+    return StatefulDataLoader(
+        ds, batch_size=batch_size, num_workers=2, collate_fn=list, shuffle=isinstance(ds, GCSMapDataset)
+    )
 
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.9's StatefulDataLoader on torch 2.13

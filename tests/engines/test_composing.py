@@ -96,7 +96,11 @@ def test_the_bucket_is_prepared_while_plain_urls_are_described(gcs_emulator: Emu
         assert read_all(pipe) == list(expected.items())
         kinds = [(request.method, request.target) for request in front.recorded]
     probe_delete = next(i for i, (method, target) in enumerate(kinds) if method == "DELETE" and "probe" in target)
-    described = [i for i, (method, target) in enumerate(kinds) if method == "GET" and "/o/d%2F" in target and "alt=media" not in target]
+    described = [
+        i
+        for i, (method, target) in enumerate(kinds)
+        if method == "GET" and "/o/d%2F" in target and "alt=media" not in target
+    ]
     assert len(described) == 40 and max(described) < probe_delete
     assert pipe.stats.composes == 2
 
@@ -293,7 +297,9 @@ def test_sigterm_to_dataloader2_leaves_nothing(gcs_emulator: Emulator, target: s
                 assert len(workers) == 2, child.stderr.read() if child.stderr else ""
                 deadline = time.monotonic() + 30
                 while not temporary(gcs_emulator, bucket):
-                    assert time.monotonic() < deadline, "no temporary composite ever existed: the test would prove nothing"
+                    assert time.monotonic() < deadline, (
+                        "no temporary composite ever existed: the test would prove nothing"
+                    )
                     time.sleep(0.05)
                 if target == "main":
                     child.send_signal(signal.SIGTERM)

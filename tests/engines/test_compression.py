@@ -62,7 +62,12 @@ def test_round_trip_is_bit_exact_and_detected_on_read(gcs_bucket: str, gcs_emula
     client = gcs_emulator.client_config
     plain, packed = f"gs://{gcs_bucket}/plain.pt", f"gs://{gcs_bucket}/packed.pt"
     checkpoint.save(state, plain, client=client)
-    checkpoint.save(state, packed, client=client, write=WriteConfig(compression=Zstd(level=3, block_size=64 * KiB), strategy="compose"))
+    checkpoint.save(
+        state,
+        packed,
+        client=client,
+        write=WriteConfig(compression=Zstd(level=3, block_size=64 * KiB), strategy="compose"),
+    )
     stored = gcs_emulator.read(gcs_bucket, "packed.pt")
     assert stored.startswith(INDEX_MAGIC) and len(stored) < len(gcs_emulator.read(gcs_bucket, "plain.pt"))
     assert len(widths(stored)) >= 3  # several blocks, compressed on several threads
@@ -70,7 +75,9 @@ def test_round_trip_is_bit_exact_and_detected_on_read(gcs_bucket: str, gcs_emula
     assert_equal(checkpoint.load(plain, client=client), state)
 
 
-def test_the_default_is_standard_zstd_that_other_tools_read(gcs_bucket: str, gcs_emulator: Emulator, tmp_path: Path) -> None:
+def test_the_default_is_standard_zstd_that_other_tools_read(
+    gcs_bucket: str, gcs_emulator: Emulator, tmp_path: Path
+) -> None:
     """Checkpoints saved with ``compression="zstd"`` need neither this library nor its index to be read."""
     state = trained_like_state()
     url = f"gs://{gcs_bucket}/portable.pt.zst"
@@ -140,7 +147,9 @@ def test_plain_zstd_and_uncompressed_objects_load_too(gcs_bucket: str, gcs_emula
 
 
 @pytest.mark.parametrize("grouping", [False, True])
-def test_damaged_compressed_data_raises_integrity_error(gcs_bucket: str, gcs_emulator: Emulator, grouping: bool) -> None:
+def test_damaged_compressed_data_raises_integrity_error(
+    gcs_bucket: str, gcs_emulator: Emulator, grouping: bool
+) -> None:
     sink = MemorySink()
     with CompressingWriter(sink, Zstd(block_size=64 * KiB, byte_grouping=grouping)) as writer:
         writer.write(np.arange(100_000, dtype=np.float32).tobytes())
@@ -162,7 +171,9 @@ def test_failure_while_compressing_publishes_nothing(
     state = {**trained_like_state(), "not a tensor": lambda: None}
     url = f"gs://{gcs_bucket}/broken.pt"
     with pytest.raises(Exception, match="pickle|lambda"):
-        checkpoint.save(state, url, client=gcs_front.client_config, write=WriteConfig(compression="zstd", part_size=5 * 1024 * KiB))
+        checkpoint.save(
+            state, url, client=gcs_front.client_config, write=WriteConfig(compression="zstd", part_size=5 * 1024 * KiB)
+        )
     assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
 
 
@@ -190,7 +201,9 @@ def test_sink_datapipe_compresses(gcs_bucket: str, gcs_emulator: Emulator) -> No
     state = trained_like_state()
     url = f"gs://{gcs_bucket}/epoch-1.pt"
     saved = list(
-        IterableWrapper([(url, state)]).save_by_gcs(client=gcs_emulator.client_config, write=WriteConfig(compression=Zstd(level=1)))
+        IterableWrapper([(url, state)]).save_by_gcs(
+            client=gcs_emulator.client_config, write=WriteConfig(compression=Zstd(level=1))
+        )
     )
     assert saved == [url] and gcs_emulator.read(gcs_bucket, "epoch-1.pt").startswith(INDEX_MAGIC)
     assert_equal(checkpoint.load(url, client=gcs_emulator.client_config), state)
@@ -223,13 +236,17 @@ def test_a_compressed_checkpoint_is_decompressed_range_by_range_as_it_downloads(
     assert {block.width for block in table} != {1} if grouping else {block.width for block in table} == {1}
     assert_equal(torch.load(io.BytesIO(decompress(stored, url)), weights_only=True), state)  # read whole, too
     gcs_front.reset_counts()
-    assert_equal(checkpoint.load(url, client=gcs_front.client_config, transfer=TransferConfig(part_size=1024 * KiB)), state)
+    assert_equal(
+        checkpoint.load(url, client=gcs_front.client_config, transfer=TransferConfig(part_size=1024 * KiB)), state
+    )
     assert gcs_front.counts.keys() == {"metadata", "range_get"}
     # its tail, then ranges of equal compressed size, about as many as the raw size in parts (8.5 here)
     assert 1 + 4 <= gcs_front.counts["range_get"] <= 1 + 10
     gcs_front.reset_counts()
     gcs_front.set_faults([Fault("corrupt", match="range_get", times=3)])  # the table's answer, then ranges
-    assert_equal(checkpoint.load(url, client=gcs_front.client_config, transfer=TransferConfig(part_size=1024 * KiB)), state)
+    assert_equal(
+        checkpoint.load(url, client=gcs_front.client_config, transfer=TransferConfig(part_size=1024 * KiB)), state
+    )
     assert gcs_front.faults_injected["corrupt"] == 3 and gcs_front.counts["range_get"] > 1 + 9
 
     # Without the table (as written before it existed), the object is read whole and decompressed after.

@@ -77,7 +77,11 @@ def test_object_urls_and_prefixes(gcs_emulator: Emulator, gcs_bucket: str, clien
     assert list(lister(base + "folder", client)) == [base + "folder/f"]  # placeholder skipped
     assert list(lister(base, client, masks="*.csv")) == [base + "database.csv"]
     assert list(lister(base, client, masks=["1", "2"])) == [base + "data/1", base + "data/sub/2"]
-    assert list(lister([base + "folder/", base + "data/"], client)) == [base + "folder/f", base + "data/1", base + "data/sub/2"]
+    assert list(lister([base + "folder/", base + "data/"], client)) == [
+        base + "folder/f",
+        base + "data/1",
+        base + "data/sub/2",
+    ]
 
 
 def test_empty_prefix_yields_nothing(gcs_bucket: str, client: ClientConfig) -> None:
@@ -104,7 +108,9 @@ def test_bad_inputs_raise_typed_errors(client: ClientConfig) -> None:
         lister(42, client)  # type: ignore[arg-type]
 
 
-def test_two_pipelines_list_identically_and_pickle(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+def test_two_pipelines_list_identically_and_pickle(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
     gcs_emulator.seed(gcs_bucket, {f"k/{i}": b"v" for i in range(30)})
     first = IterableWrapper([f"gs://{gcs_bucket}/k/"]).list_files_by_gcs(client=client, page_size=7)
     second = GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/k/", client=client)

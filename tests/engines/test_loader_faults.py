@@ -74,9 +74,11 @@ def test_two_workers_deliver_every_object_once_through_ten_percent_faults(
 
 def test_a_deadline_exceeded_raises_a_typed_error(gcs_emulator: Emulator, dataset: dict[str, bytes]) -> None:
     hopeless = RetryConfig(initial_delay=0.05, max_delay=0.2, deadline=1.0)
-    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_503", match="get")]) as front:
-        with pytest.raises(TransientError, match="503|gave up"):
-            run_pipeline(front, hopeless)
+    with (
+        GCSFront(gcs_emulator.endpoint, faults=[Fault("http_503", match="get")]) as front,
+        pytest.raises(TransientError, match="503|gave up"),
+    ):
+        run_pipeline(front, hopeless)
 
 
 def test_permission_denied_fails_at_once_naming_the_object(gcs_emulator: Emulator, dataset: dict[str, bytes]) -> None:

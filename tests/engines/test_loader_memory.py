@@ -67,10 +67,21 @@ def test_peak_memory_stays_under_the_budget_plus_a_constant() -> None:
             emulator.seed("memory-test", batch, concurrency=8)
             expected.update({f"gs://memory-test/{n}": [len(d), google_crc32c.value(d)] for n, d in batch.items()})
             del batch
-        spec = {"endpoint": emulator.endpoint, "budget": BUDGET, "part": PART, "in_flight": IN_FLIGHT, "urls": sorted(expected)}
+        spec = {
+            "endpoint": emulator.endpoint,
+            "budget": BUDGET,
+            "part": PART,
+            "in_flight": IN_FLIGHT,
+            "urls": sorted(expected),
+        }
         child = subprocess.run(
-            [sys.executable, "-c", CHILD], input=json.dumps(spec), capture_output=True, text=True, timeout=600,
+            [sys.executable, "-c", CHILD],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            timeout=600,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            check=False,
         )
     assert child.returncode == 0, child.stderr[-3000:]
     result = json.loads(child.stdout)

@@ -34,7 +34,9 @@ def read_all(pipe) -> list[tuple[str, bytes]]:
     return [(url, stream.read()) for url, stream in pipe]
 
 
-def test_loads_every_object_bit_exact_in_input_order(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+def test_loads_every_object_bit_exact_in_input_order(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
     objects = {f"o/{i:03d}": os.urandom(i * 997 % 50_000) for i in range(120)}
     gcs_emulator.seed(gcs_bucket, objects)
     urls = [f"gs://{gcs_bucket}/{name}" for name in sorted(objects, reverse=True)]
@@ -65,7 +67,9 @@ def test_missing_object_raises_naming_the_url(gcs_emulator: Emulator, gcs_bucket
     assert info.value.url == missing and missing in str(info.value)
 
 
-def test_missing_object_is_skipped_with_a_warning_when_asked(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+def test_missing_object_is_skipped_with_a_warning_when_asked(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
     gcs_emulator.seed(gcs_bucket, {"a": b"1", "c": b"3"})
     urls = [f"gs://{gcs_bucket}/{name}" for name in "abc"]
     with pytest.warns(MissingObjectWarning, match=f"gs://{gcs_bucket}/b"):
@@ -73,7 +77,9 @@ def test_missing_object_is_skipped_with_a_warning_when_asked(gcs_emulator: Emula
     assert loaded == [(urls[0], b"1"), (urls[2], b"3")]
 
 
-def test_object_overwritten_after_listing_fails_loudly(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+def test_object_overwritten_after_listing_fails_loudly(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
     gcs_emulator.seed(gcs_bucket, {"v": b"version one"})
     listed = list(IterableWrapper([f"gs://{gcs_bucket}/v"]).list_files_by_gcs(client=client, with_metadata=True))
     gcs_emulator.upload(gcs_bucket, "v", b"version two!")
@@ -105,7 +111,9 @@ def test_throttling_and_server_errors_are_retried_over_http(gcs_emulator: Emulat
         proxy.fail_next = [429, 503]  # the list request, then its retry
         listed = list(IterableWrapper([f"gs://{gcs_bucket}/r/"]).list_files_by_gcs(client=client, retry=FAST_RETRY))
         proxy.fail_next = [500, 429]
-        pipe = GCSFileLoaderIterDataPipe(listed, client=client, retry=FAST_RETRY, transfer=TransferConfig(max_in_flight=1))
+        pipe = GCSFileLoaderIterDataPipe(
+            listed, client=client, retry=FAST_RETRY, transfer=TransferConfig(max_in_flight=1)
+        )
         assert read_all(pipe) == [(f"gs://{gcs_bucket}/r/a", b"first"), (f"gs://{gcs_bucket}/r/b", b"second")]
         assert len(proxy.requests) == 3 + 4  # list: 2 refused + 1; media: 2 refused + 2
         proxy.fail_next = [503] * FAST_RETRY.max_attempts
@@ -114,21 +122,29 @@ def test_throttling_and_server_errors_are_retried_over_http(gcs_emulator: Emulat
         assert info.value.status == 503 and info.value.url == f"gs://{gcs_bucket}/r/a"
 
 
-def test_objects_larger_than_the_buffer_still_load(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+def test_objects_larger_than_the_buffer_still_load(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
     objects = {f"big/{i}": os.urandom(300_000) for i in range(6)}
     gcs_emulator.seed(gcs_bucket, objects)
     transfer = TransferConfig(max_in_flight=4, max_buffered_bytes=100_000)
-    pipe = GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/{n}" for n in sorted(objects)], client=client, transfer=transfer)
+    pipe = GCSFileLoaderIterDataPipe(
+        [f"gs://{gcs_bucket}/{n}" for n in sorted(objects)], client=client, transfer=transfer
+    )
     assert [data for _, data in read_all(pipe)] == [objects[n] for n in sorted(objects)]
 
 
-def test_the_next_object_downloads_while_the_consumer_holds_the_last(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:
+def test_the_next_object_downloads_while_the_consumer_holds_the_last(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
     """Budget freed by a delivery reaches the I/O loop at once: the consumer working on one object
     (and asking for nothing) does not hold up the download of the next one."""
     objects = {f"held/{i}": os.urandom(600_000) for i in range(3)}
     gcs_emulator.seed(gcs_bucket, objects)
     transfer = TransferConfig(max_in_flight=4, max_buffered_bytes=500_000)  # room for the oldest object alone
-    pipe = GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/held/{i}" for i in range(3)], client=client, transfer=transfer)
+    pipe = GCSFileLoaderIterDataPipe(
+        [f"gs://{gcs_bucket}/held/{i}" for i in range(3)], client=client, transfer=transfer
+    )
     iterator = iter(pipe)
     _, stream = next(iterator)
     deadline = time.monotonic() + 10
@@ -192,10 +208,14 @@ def test_large_objects_are_read_as_ranges_and_reassembled(gcs_emulator: Emulator
     with GCSFront(gcs_emulator.endpoint) as front:
         for with_metadata in (False, True):  # size unknown (learnt from the first answer), or listed
             front.reset_counts()
-            listed = GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/large/", client=front.client_config, with_metadata=with_metadata)
+            listed = GCSFileListerIterDataPipe(
+                f"gs://{gcs_bucket}/large/", client=front.client_config, with_metadata=with_metadata
+            )
             pipe = GCSFileLoaderIterDataPipe(listed, client=front.client_config, transfer=transfer)
             assert [data for _, data in read_all(pipe)] == [objects[name] for name in sorted(objects)]
-            assert front.counts["range_get"] >= sum(-(-len(data) // transfer.part_size) for data in objects.values()) - 3
+            assert (
+                front.counts["range_get"] >= sum(-(-len(data) // transfer.part_size) for data in objects.values()) - 3
+            )
 
 
 def test_an_object_larger_than_the_buffer_streams_and_is_checked_at_its_end(
@@ -211,7 +231,9 @@ def test_an_object_larger_than_the_buffer_streams_and_is_checked_at_its_end(
     assert stream.read() == data[2000:] and next_stream.read() == b"next"
     with RecordingProxy(gcs_emulator.endpoint) as proxy:
         proxy.corrupt_downloads = True
-        pipe = GCSFileLoaderIterDataPipe(urls[:1], client=ClientConfig(endpoint=proxy.endpoint), transfer=transfer, retry=FAST_RETRY)
+        pipe = GCSFileLoaderIterDataPipe(
+            urls[:1], client=ClientConfig(endpoint=proxy.endpoint), transfer=transfer, retry=FAST_RETRY
+        )
         ((_, corrupted),) = list(pipe)
         with pytest.raises(IntegrityError, match="crc32c"):
             corrupted.read()
@@ -219,9 +241,13 @@ def test_an_object_larger_than_the_buffer_streams_and_is_checked_at_its_end(
 
 def test_an_object_overwritten_during_a_ranged_read_fails_loudly(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     gcs_emulator.seed(gcs_bucket, {"moving": os.urandom(1_000_000)})
-    listed = list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/moving", client=gcs_emulator.client_config, with_metadata=True))
+    listed = list(
+        GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/moving", client=gcs_emulator.client_config, with_metadata=True)
+    )
     gcs_emulator.upload(gcs_bucket, "moving", os.urandom(1_000_000))
-    pipe = GCSFileLoaderIterDataPipe(listed, client=gcs_emulator.client_config, transfer=TransferConfig(part_size=256 * 1024))
+    pipe = GCSFileLoaderIterDataPipe(
+        listed, client=gcs_emulator.client_config, transfer=TransferConfig(part_size=256 * 1024)
+    )
     with pytest.raises(NotFoundError, match="no longer exists"):
         read_all(pipe)
 

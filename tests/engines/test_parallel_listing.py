@@ -117,7 +117,9 @@ def test_missing_bucket_and_early_stop(front: GCSFront, gcs_emulator: Emulator, 
         list(GCSFileListerIterDataPipe("gs://no-such-bucket-par/", client=front.client_config, concurrency=4))
     gcs_emulator.seed(gcs_bucket, {f"s/{i:03d}": b"" for i in range(50)})
     before = {t for t in threading.enumerate() if t.name == "torchdata-gcs-list"}
-    iterator = iter(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/s/", client=front.client_config, page_size=2, concurrency=4))
+    iterator = iter(
+        GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/s/", client=front.client_config, page_size=2, concurrency=4)
+    )
     assert next(iterator) == f"gs://{gcs_bucket}/s/000"
     iterator.close()
     deadline = time.monotonic() + 10

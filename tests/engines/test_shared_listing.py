@@ -122,9 +122,11 @@ def test_a_damaged_or_foreign_manifest_is_refused(gcs_emulator: Emulator, front:
 
 def test_a_failed_listing_publishes_nothing_and_frees_the_lock(gcs_emulator: Emulator, dataset) -> None:
     bucket, expected, folder = dataset
-    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="list")]) as denied:
-        with pytest.raises(AccessDeniedError):
-            list(lister(bucket, folder, denied.client_config))
+    with (
+        GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="list")]) as denied,
+        pytest.raises(AccessDeniedError),
+    ):
+        list(lister(bucket, folder, denied.client_config))
     assert manifest_objects(gcs_emulator, bucket, folder) == []
     assert list(lister(bucket, folder, gcs_emulator.client_config)) == expected
 
@@ -166,8 +168,10 @@ def test_a_lock_left_by_a_dead_replica_is_taken_over(
 def test_resumes_after_the_last_object_yielded(gcs_emulator: Emulator, front: GCSFront, dataset, shared: bool) -> None:
     bucket, expected, folder = dataset
     settings = {"page_size": 100}
-    make = (lambda: lister(bucket, folder, front.client_config, **settings)) if shared else (
-        lambda: GCSFileListerIterDataPipe(f"gs://{bucket}/data/", client=front.client_config, **settings)
+    make = (
+        (lambda: lister(bucket, folder, front.client_config, **settings))
+        if shared
+        else (lambda: GCSFileListerIterDataPipe(f"gs://{bucket}/data/", client=front.client_config, **settings))
     )
     first = make()
     iterator = iter(first)

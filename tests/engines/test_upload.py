@@ -111,9 +111,13 @@ def test_new_writer_carries_only_if_new_by_compose(front: GCSFront, gcs_emulator
     gcs_emulator.upload(BUCKET, f"exists-{strategy}", b"kept")
     config = WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy)  # type: ignore[arg-type]
     data = os.urandom(6 * MiB)
-    with pytest.raises(PreconditionFailedError):
-        with new_writer(f"gs://{BUCKET}/exists-{strategy}", front.client_config, FAST_RETRY, config, only_if_new=True) as out:
-            out.write(data)
+    with (
+        pytest.raises(PreconditionFailedError),
+        new_writer(
+            f"gs://{BUCKET}/exists-{strategy}", front.client_config, FAST_RETRY, config, only_if_new=True
+        ) as out,
+    ):
+        out.write(data)
     assert gcs_emulator.read(BUCKET, f"exists-{strategy}") == b"kept"
     front.set_faults([Fault("truncate", match="compose", times=1)])  # the compose happens, its answer is cut
     with new_writer(f"gs://{BUCKET}/new-{strategy}", front.client_config, FAST_RETRY, config, only_if_new=True) as out:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import fsspec.tests.abstract as abstract
 import pytest
+from fsspec.tests import abstract
 
 from torchdata_gcs.fsspec import GCSFileSystem
 from torchdata_gcs.testing import Emulator

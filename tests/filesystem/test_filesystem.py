@@ -33,7 +33,9 @@ def filesystem(front: GCSFront | Emulator, **settings: object) -> GCSFileSystem:
     return GCSFileSystem(client=front.client_config, skip_instance_cache=True, **settings)
 
 
-def test_an_open_file_reads_only_the_ranges_asked_for(gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str) -> None:
+def test_an_open_file_reads_only_the_ranges_asked_for(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str
+) -> None:
     data = random_bytes(40 * MiB)
     gcs_emulator.upload(gcs_bucket, "shard.tar", data)
     fs = filesystem(gcs_front, transfer=TransferConfig(part_size=4 * MiB))
@@ -69,10 +71,9 @@ def test_a_written_file_is_published_on_a_clean_close_only(
 ) -> None:
     fs = filesystem(gcs_front, write=WriteConfig(part_size=5 * MiB, max_parts_in_flight=2, strategy=strategy))  # type: ignore[arg-type]
     data = random_bytes(12 * MiB, seed=3)
-    with pytest.raises(RuntimeError, match="halfway"):
-        with fs.open(f"gs://{gcs_bucket}/out.bin", "wb") as f:
-            f.write(data[: 11 * MiB])  # two parts are out already
-            raise RuntimeError("halfway")
+    with pytest.raises(RuntimeError, match="halfway"), fs.open(f"gs://{gcs_bucket}/out.bin", "wb") as f:
+        f.write(data[: 11 * MiB])  # two parts are out already
+        raise RuntimeError("halfway")
     assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
     with fs.open(f"gs://{gcs_bucket}/out.bin", "wb") as f:
         for offset in range(0, len(data), MiB):
@@ -106,12 +107,11 @@ def test_a_transaction_publishes_its_files_together_or_not_at_all(
 ) -> None:
     fs = filesystem(gcs_front, write=WriteConfig(part_size=5 * MiB))
     data = random_bytes(7 * MiB, seed=7)
-    with pytest.raises(RuntimeError, match="second file"):
-        with fs.transaction:
-            with fs.open(f"{gcs_bucket}/t/a.bin", "wb") as f:
-                f.write(data)
-            assert not fs.exists(f"{gcs_bucket}/t/a.bin"), "closed, not yet published"
-            raise RuntimeError("failed before the second file")
+    with pytest.raises(RuntimeError, match="second file"), fs.transaction:
+        with fs.open(f"{gcs_bucket}/t/a.bin", "wb") as f:
+            f.write(data)
+        assert not fs.exists(f"{gcs_bucket}/t/a.bin"), "closed, not yet published"
+        raise RuntimeError("failed before the second file")
     assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
     with fs.transaction:
         for name in ("a.bin", "b.bin"):
@@ -158,7 +158,9 @@ def test_listing_hides_folder_placeholders_and_temporary_objects(gcs_emulator: E
     gcs_emulator.seed(gcs_bucket, {name: b"" if name.endswith("/") else b"x" for name in names})
     fs = filesystem(gcs_emulator)
     assert fs.find(gcs_bucket) == [f"{gcs_bucket}/{n}" for n in ("a/1", "a/b/2", "a/b/3", "ab")]
-    assert fs.find(f"{gcs_bucket}/a", withdirs=True) == [f"{gcs_bucket}/{n}" for n in ("a", "a/1", "a/b", "a/b/2", "a/b/3")]
+    assert fs.find(f"{gcs_bucket}/a", withdirs=True) == [
+        f"{gcs_bucket}/{n}" for n in ("a", "a/1", "a/b", "a/b/2", "a/b/3")
+    ]
     assert fs.ls(gcs_bucket, detail=False) == [f"{gcs_bucket}/{n}" for n in ("a", "ab", "empty")]
     assert fs.ls(f"{gcs_bucket}/empty") == [] and fs.ls(f"{gcs_bucket}/ab", detail=False) == [f"{gcs_bucket}/ab"]
     assert fs.isdir(f"{gcs_bucket}/a/b") and fs.isfile(f"{gcs_bucket}/ab") and not fs.exists(f"{gcs_bucket}/a/c")
@@ -211,7 +213,9 @@ def registered(gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Itera
         GCSFileSystem.clear_instance_cache()
 
 
-def test_registered_it_serves_gs_urls_with_default_settings(registered: None, gcs_emulator: Emulator, gcs_bucket: str) -> None:
+def test_registered_it_serves_gs_urls_with_default_settings(
+    registered: None, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
     with fsspec.open(f"gs://{gcs_bucket}/notes.txt", "w") as f:
         f.write("through fsspec.open")
     fs, path = fsspec.url_to_fs(f"gcs://{gcs_bucket}/notes.txt")

@@ -24,11 +24,19 @@ pytestmark = [
 
 
 def test_lightning_model_checkpoint_to_a_gs_dirpath(
-    registered: None, gcs_emulator: Emulator, gcs_bucket: str, tmp_path: Path  # noqa: F811
+    registered: None,  # noqa: F811 - the fixture imported above
+    gcs_emulator: Emulator,
+    gcs_bucket: str,
+    tmp_path: Path,
 ) -> None:
     def checkpoints() -> ModelCheckpoint:
         return ModelCheckpoint(
-            dirpath=f"gs://{gcs_bucket}/run", filename="{epoch}", save_top_k=2, monitor="step", mode="max", save_last=True
+            dirpath=f"gs://{gcs_bucket}/run",
+            filename="{epoch}",
+            save_top_k=2,
+            monitor="step",
+            mode="max",
+            save_last=True,
         )
 
     first, model = trainer(pl, tmp_path, 3, [], enable_checkpointing=True, callbacks=[checkpoints()]), tiny_module(pl)
@@ -47,7 +55,11 @@ def test_lightning_model_checkpoint_to_a_gs_dirpath(
     assert_same_tensors(saved["state_dict"], again.state_dict())
 
 
-def test_distributed_checkpoint_with_a_gs_checkpoint_id(registered: None, gcs_emulator: Emulator, gcs_bucket: str) -> None:  # noqa: F811
+def test_distributed_checkpoint_with_a_gs_checkpoint_id(
+    registered: None,  # noqa: F811 - the fixture imported above
+    gcs_emulator: Emulator,
+    gcs_bucket: str,
+) -> None:
     torch.manual_seed(0)
     state = {"weight": torch.randn(256, 64), "step": torch.tensor(7), "nested": {"bias": torch.arange(1000.0)}}
     checkpoint_id = f"gs://{gcs_bucket}/dcp/step-7"

@@ -6,12 +6,12 @@ import pytest
 
 pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >= 0.10 (the second test environment)")
 
-from torchdata.nodes import Batcher, IterableWrapper, Loader  # noqa: E402
+from torchdata.nodes import Batcher, IterableWrapper, Loader
 
-from tests.delivery import assert_exactly_once, read  # noqa: E402
-from torchdata_gcs import InvalidURIError, MissingObjectWarning, NotFoundError  # noqa: E402
-from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles  # noqa: E402
-from torchdata_gcs.testing import Emulator  # noqa: E402
+from tests.delivery import assert_exactly_once, read
+from torchdata_gcs import InvalidURIError, MissingObjectWarning, NotFoundError
+from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles
+from torchdata_gcs.testing import Emulator
 
 N_OBJECTS = 70
 
@@ -22,8 +22,6 @@ def dataset(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
     objects = {f"n/{i:03d}.bin": f"item {i};".encode() * (i % 11 + 1) for i in range(N_OBJECTS)}
     gcs_emulator.seed(bucket, objects)
     return bucket, {f"gs://{bucket}/{name}": data for name, data in objects.items()}
-
-
 
 
 def build(kind, bucket: str, client):

@@ -90,7 +90,7 @@ def test_two_emulators_run_side_by_side() -> None:
 def test_misuse_raises_emulator_error() -> None:
     emulator = Emulator()
     with pytest.raises(EmulatorError):
-        emulator.client_config
+        _ = emulator.client_config
     with pytest.raises(ValueError):
         Emulator(backend="disk")  # type: ignore[arg-type]
     with emulator, pytest.raises(EmulatorError):

@@ -470,7 +470,9 @@ def test_list_pages_are_capped_like_gcs(gcs_emulator: Emulator, gcs_bucket: str,
     assert len(requests.get(f"{gcs_emulator.endpoint}/storage/v1/b/{gcs_bucket}/o", timeout=30).json()["items"]) == 1003
 
 
-def test_compose_sources_are_checked_as_gcs_checks_them(gcs_emulator: Emulator, gcs_bucket: str, front: GCSFront) -> None:
+def test_compose_sources_are_checked_as_gcs_checks_them(
+    gcs_emulator: Emulator, gcs_bucket: str, front: GCSFront
+) -> None:
     base, b = front.endpoint, gcs_bucket
     gcs_emulator.seed(b, {"a": b"first ", "b": b"second"})
     with requests.Session() as http:
@@ -480,7 +482,9 @@ def test_compose_sources_are_checked_as_gcs_checks_them(gcs_emulator: Emulator, 
             body = {"sourceObjects": list(sources), "destination": {"contentType": "application/octet-stream"}}
             return http.post(object_url(base, b, destination) + "/compose", json=body, timeout=10)
 
-        pinned = [{"name": n, "generation": live[n], "objectPreconditions": {"ifGenerationMatch": live[n]}} for n in "ab"]
+        pinned = [
+            {"name": n, "generation": live[n], "objectPreconditions": {"ifGenerationMatch": live[n]}} for n in "ab"
+        ]
         assert compose("ab", *pinned).ok
         assert gcs_emulator.read(b, "ab") == b"first second"
         stale = compose("stale", {"name": "a", "objectPreconditions": {"ifGenerationMatch": live["a"] + 1}}, pinned[1])

@@ -48,7 +48,9 @@ def xml_code(response: requests.Response) -> str:
 
 
 def start_upload(front: GCSFront, bucket: str, name: str, headers: dict[str, str] | None = None) -> str:
-    answer = requests.post(f"{front.endpoint}/{bucket}/{quote(name)}", params={"uploads": ""}, headers=headers, timeout=30)
+    answer = requests.post(
+        f"{front.endpoint}/{bucket}/{quote(name)}", params={"uploads": ""}, headers=headers, timeout=30
+    )
     assert answer.status_code == 200, answer.text
     return ElementTree.fromstring(answer.content).findtext("{*}UploadId") or ""
 
@@ -73,12 +75,16 @@ def complete(front: GCSFront, bucket: str, name: str, upload_id: str, etags: lis
     )
 
 
-def test_a_part_whose_digest_does_not_match_is_refused_and_the_earlier_one_kept(front: GCSFront, gcs_bucket: str) -> None:
+def test_a_part_whose_digest_does_not_match_is_refused_and_the_earlier_one_kept(
+    front: GCSFront, gcs_bucket: str
+) -> None:
     data = os.urandom(1000)
     upload_id = start_upload(front, gcs_bucket, "p.bin")
     good = put_part(front, gcs_bucket, "p.bin", upload_id, 1, data, x_goog_hash=f"crc32c={crc32c_base64(data)}")
     assert good.status_code == 200
-    wrong_crc = put_part(front, gcs_bucket, "p.bin", upload_id, 1, b"other", x_goog_hash=f"crc32c={crc32c_base64(data)}")
+    wrong_crc = put_part(
+        front, gcs_bucket, "p.bin", upload_id, 1, b"other", x_goog_hash=f"crc32c={crc32c_base64(data)}"
+    )
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
     wrong_md5 = put_part(front, gcs_bucket, "p.bin", upload_id, 1, b"other", Content_MD5=md5)
     wrong_hash_md5 = put_part(front, gcs_bucket, "p.bin", upload_id, 1, b"other", x_goog_hash=f"md5={md5}")
@@ -102,7 +108,9 @@ def test_multipart_objects_keep_the_initiated_metadata_and_have_no_md5(front: GC
     headers = {"Content-Type": "application/x-checkpoint", "x-goog-meta-epoch": "7"}
     upload_id = start_upload(front, gcs_bucket, "m.bin", headers)
     first, last = os.urandom(5 * MiB), b"tail"
-    etags = [put_part(front, gcs_bucket, "m.bin", upload_id, n, data).headers["ETag"] for n, data in ((1, first), (2, last))]
+    etags = [
+        put_part(front, gcs_bucket, "m.bin", upload_id, n, data).headers["ETag"] for n, data in ((1, first), (2, last))
+    ]
     done = complete(front, gcs_bucket, "m.bin", upload_id, etags)
     assert done.status_code == 200 and "md5=" not in done.headers["x-goog-hash"]
     described = resource(front, gcs_bucket, "m.bin")

@@ -39,7 +39,10 @@ def test_each_request_waits_at_least_the_latency(gcs_emulator: Emulator, gcs_buc
         url = f"{front.endpoint}/download/storage/v1/b/{gcs_bucket}/o/x?alt=media"
         delayed = [_get_seconds(session, url) for _ in range(5)]
     direct = requests.Session()
-    bare = [_get_seconds(direct, f"{gcs_emulator.endpoint}/download/storage/v1/b/{gcs_bucket}/o/x?alt=media") for _ in range(5)]
+    bare = [
+        _get_seconds(direct, f"{gcs_emulator.endpoint}/download/storage/v1/b/{gcs_bucket}/o/x?alt=media")
+        for _ in range(5)
+    ]
     assert min(delayed) >= 0.05
     assert statistics.median(bare) < 0.05  # the delay comes from the front, not the emulator
 

@@ -93,4 +93,6 @@ def test_index_sorts_like_gcs() -> None:
     index = ListingIndex([{"name": name} for name in ["b", "a/", "a", "é", "z", "😀"]])
     page = index.page({"maxResults": "10"})
     assert page is not None
-    assert [item["name"] for item in page["items"]] == sorted(["b", "a/", "a", "é", "z", "😀"], key=lambda n: n.encode())
+    assert [item["name"] for item in page["items"]] == sorted(
+        ["b", "a/", "a", "é", "z", "😀"], key=lambda n: n.encode()
+    )

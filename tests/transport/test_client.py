@@ -111,11 +111,16 @@ def test_endpoint_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_endpoint(ClientConfig()) == (GCS_ENDPOINT, False)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:9023")
     assert resolve_endpoint(ClientConfig()) == ("http://127.0.0.1:9023", True)
-    assert resolve_endpoint(ClientConfig(endpoint="https://private.example.com/")) == ("https://private.example.com", False)
+    assert resolve_endpoint(ClientConfig(endpoint="https://private.example.com/")) == (
+        "https://private.example.com",
+        False,
+    )
     assert resolve_endpoint(ClientConfig(endpoint="http://127.0.0.1:1")) == ("http://127.0.0.1:1", True)
 
 
-def test_emulator_env_alone_reaches_the_emulator(monkeypatch: pytest.MonkeyPatch, gcs_emulator: Emulator, gcs_bucket: str) -> None:
+def test_emulator_env_alone_reaches_the_emulator(
+    monkeypatch: pytest.MonkeyPatch, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
     gcs_emulator.seed(gcs_bucket, {"env": b"x"})
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint.removeprefix("http://"))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")  # anonymous: never read
@@ -152,14 +157,19 @@ def test_sessions_are_per_process_and_never_pickled(client: ClientConfig) -> Non
 def test_every_request_names_the_library(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     gcs_emulator.seed(gcs_bucket, {"a": b"1"})
     with GCSFront(gcs_emulator.endpoint, record=True) as front:
-        assert [stream.read() for _, stream in GCSFileLoaderIterDataPipe(
-            GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/", client=front.client_config), client=front.client_config
-        )] == [b"1"]
+        assert [
+            stream.read()
+            for _, stream in GCSFileLoaderIterDataPipe(
+                GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/", client=front.client_config), client=front.client_config
+            )
+        ] == [b"1"]
         agents = [request.header("User-Agent") for request in front.recorded]
     assert len(agents) == 2 and agents == [[f"torchdata-gcs/{version('torchdata-gcs')}"]] * 2
 
 
-def test_a_key_file_for_an_anonymous_endpoint_is_refused(tmp_path: Path, gcs_emulator: Emulator, gcs_bucket: str) -> None:
+def test_a_key_file_for_an_anonymous_endpoint_is_refused(
+    tmp_path: Path, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
     """An emulator's http:// endpoint is anonymous by default: a key file given for it is an error, not ignored."""
     config = ClientConfig(endpoint=gcs_emulator.endpoint, credentials_file=str(tmp_path / "key.json"))
     with pytest.raises(ValueError, match="anonymous=False"):

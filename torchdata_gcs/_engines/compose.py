@@ -466,6 +466,7 @@ lifecycle.after_fork(_forget_after_fork)
 
 # -- leftovers of killed jobs --------------------------------------------------------------------
 
+
 def temporary_versions(client: Client, bucket: str) -> list[dict[str, Any]]:
     """Every version under ``TEMPORARY_PREFIX`` in ``bucket``, noncurrent ones included (object
     versioning keeps deleted ones, billed), with ``name``, ``generation`` and ``timeCreated``."""

@@ -93,6 +93,8 @@ class Block(NamedTuple):
     raw: int
     raw_offset: int
     width: int
+
+
 _WIDTHS = (2, 4, 8)
 _SAMPLE = 128 * 1024  # bytes of a block compressed in each layout to choose one
 
@@ -277,7 +279,9 @@ def read_block_table(tail: bytes | memoryview, size: int, url: str) -> list[Bloc
         offset += header + compressed
         raw_offset += raw
     if offset != size - frame:
-        raise IntegrityError(f"{url}: the block table describes {offset} bytes of blocks, the object holds {size - frame}", url=url)
+        raise IntegrityError(
+            f"{url}: the block table describes {offset} bytes of blocks, the object holds {size - frame}", url=url
+        )
     return found
 
 

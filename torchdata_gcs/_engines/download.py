@@ -90,7 +90,13 @@ def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
 
 
 async def _stream_range(
-    job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int, take: Callable[[int, bytes], None]
+    job: RequestContext,
+    url: str,
+    path: str,
+    params: dict[str, Any],
+    start: int,
+    length: int,
+    take: Callable[[int, bytes], None],
 ) -> None:
     """Hand bytes ``[start, start + length)`` of the object to ``take(offset, chunk)`` as they arrive,
     by ranged GETs that resume from the byte they reached (each byte is taken once)."""
@@ -116,7 +122,9 @@ async def _stream_range(
         raise _gone(url, params, exc) from exc
 
 
-async def _read_range(job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int) -> list[bytes]:
+async def _read_range(
+    job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int
+) -> list[bytes]:
     """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
     would hold them twice)."""
     chunks: list[bytes] = []
@@ -124,7 +132,9 @@ async def _read_range(job: RequestContext, url: str, path: str, params: dict[str
     return chunks
 
 
-async def _read_parts(job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, size: int) -> list[bytes]:
+async def _read_parts(
+    job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, size: int
+) -> list[bytes]:
     """The object's bytes from ``start`` to ``size`` (in pieces), read as concurrent ranges of ``part_size``."""
     parts = await asyncio.gather(
         *(
@@ -148,12 +158,20 @@ async def _read_at_most(response: Any, limit: int) -> list[bytes]:
     return chunks
 
 
-async def _learn_version(job: RequestContext, url: str, params: dict[str, Any], checksums: dict[str, str | None]) -> None:
+async def _learn_version(
+    job: RequestContext, url: str, params: dict[str, Any], checksums: dict[str, str | None]
+) -> None:
     """Pin ``params`` to the object's generation and learn its crc32c from its metadata, for an object
     whose first answer did not report them (read in several ranges, or with no checksum known)."""
     bucket, name = parse_url(url, allow_prefix=False)
     resource = await object_resource(
-        job, bucket, name, "generation,crc32c", generation=params.get("generation"), required=("generation",), missing_ok=False
+        job,
+        bucket,
+        name,
+        "generation,crc32c",
+        generation=params.get("generation"),
+        required=("generation",),
+        missing_ok=False,
     )
     assert resource is not None
     params["generation"] = resource["generation"]
@@ -217,13 +235,15 @@ class _ObjectRead:
     """One :func:`fetch_object` call's state. An object rather than closures: hundreds are in flight
     at once, and each closure cell and function object is more for the garbage collector to walk."""
 
-    __slots__ = ("job", "url", "info", "seq", "path", "params", "checksums", "reserved")
+    __slots__ = ("checksums", "info", "job", "params", "path", "reserved", "seq", "url")
 
     def __init__(self, job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
         self.job, self.url, self.info, self.seq = job, url, info, seq
         self.path = job.session.media_path(bucket, name)
-        self.params: dict[str, Any] = {"alt": "media"} if info is None else {"alt": "media", "generation": info.generation}
+        self.params: dict[str, Any] = (
+            {"alt": "media"} if info is None else {"alt": "media", "generation": info.generation}
+        )
         self.checksums = {"GCS": None, "the listing": info.crc32c if info is not None else None}
         self.reserved = 0
 
@@ -430,7 +450,9 @@ async def _read_range_into(
     return crc
 
 
-async def read_ranges_into(job: RequestContext, url: str, generation: int, start: int, buffer: memoryview, part_size: int) -> int:
+async def read_ranges_into(
+    job: RequestContext, url: str, generation: int, start: int, buffer: memoryview, part_size: int
+) -> int:
     """Fill ``buffer`` with the object's bytes from ``start`` as concurrent ranged GETs of ``part_size``, all
     pinned to ``generation``, each checked for its length and resumed if cut; their combined crc32c."""
     bucket, name = parse_url(url, allow_prefix=False)

@@ -152,9 +152,7 @@ class _Range:
 class _Listing:
     """The shared state of one parallel listing, guarded by one condition variable."""
 
-    def __init__(
-        self, client: Client, bucket: str, prefix: str, page_size: int, after: str | None
-    ) -> None:
+    def __init__(self, client: Client, bucket: str, prefix: str, page_size: int, after: str | None) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix
@@ -309,7 +307,7 @@ class _Listing:
         try:
             while (owned := self.claim()) is not None:
                 self.list_range(owned)
-        except BaseException as exc:  # handed to the consumer, which raises it
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             with self.changed:
                 self.error = self.error or exc
                 self.changed.notify_all()
@@ -342,10 +340,12 @@ def list_prefix_parallel(
         while True:
             with listing.changed:
                 listing.changed.wait_for(
-                    lambda: listing.error is not None
-                    or position >= len(listing.ranges)
-                    or bool(listing.ranges[position].items)
-                    or listing.ranges[position].done
+                    lambda position=position: (
+                        listing.error is not None
+                        or position >= len(listing.ranges)
+                        or bool(listing.ranges[position].items)
+                        or listing.ranges[position].done
+                    )
                 )
                 if listing.error is not None:
                     raise listing.error

@@ -143,7 +143,9 @@ class ReadAhead:
                 url=span.url,
             )
         span.buffer = bytearray(span.size)
-        coroutine = read_ranges_into(self.job, span.url, info.generation, span.start, memoryview(span.buffer), self.range_size)
+        coroutine = read_ranges_into(
+            self.job, span.url, info.generation, span.start, memoryview(span.buffer), self.range_size
+        )
         span.future = asyncio.run_coroutine_threadsafe(coroutine, io_loop())
 
     def _release(self, span: Span) -> None:

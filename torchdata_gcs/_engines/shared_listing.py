@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import final
 
 from torch.utils.data.datapipes.utils.common import match_masks
 
@@ -51,9 +51,7 @@ Entry = tuple[int, str, ObjectInfo | None]
 class SharedListing:
     """The manifest and lock of one listing request under a ``gs://bucket/folder/`` URL."""
 
-    def __init__(
-        self, client: Client, folder: str, inputs: list[str], masks: list[str]
-    ) -> None:
+    def __init__(self, client: Client, folder: str, inputs: list[str], masks: list[str]) -> None:
         bucket, name = parse_url(folder)
         if name and not name.endswith("/"):
             raise InvalidURIError(f"a manifest folder must end with '/': {folder!r}", url=folder)
@@ -145,7 +143,7 @@ class SharedListing:
                             recorded.append(batch)
                             changed.notify_all()
                     self._publish([entry for batch in recorded for entry in batch])
-            except BaseException as exc:  # handed to the consumer, which raises it
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
                 error = exc
             with changed:
                 outcome.append(error)
@@ -181,6 +179,7 @@ class SharedListing:
         logger.debug("published %d listed objects to %s", len(entries), self.url)
 
 
+@final
 class _Lock:
     """A held listing lock, rewritten every ``LEASE / 4`` seconds while held."""
 
@@ -193,7 +192,7 @@ class _Lock:
         threading.Thread(target=self._renew, name="torchdata-gcs-listing-lock", daemon=True).start()
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def release(self) -> None:

@@ -158,7 +158,9 @@ class StreamingWriter(PublishingWriter):
         client = client or ClientConfig()
         self._retry = retry or RetryConfig()
         self._client = Client(client, self._retry)
-        self._job: RequestContext = new_context(client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats())
+        self._job: RequestContext = new_context(
+            client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats()
+        )
         self._base, self._parts_per_size, self._max_in_flight = part_size, parts_per_size, max_parts_in_flight
         self._buffer = _new_part(0)  # the part being filled: its first ``_filled`` bytes
         self._filled = 0
@@ -196,7 +198,11 @@ class StreamingWriter(PublishingWriter):
         try:
             for start in range(0, len(view), WRITE_SLICE):
                 # google_crc32c reads only bytes: a slice at a time is copied, never a whole large write
-                piece = data if isinstance(data, bytes) and len(data) <= WRITE_SLICE else bytes(view[start : start + WRITE_SLICE])
+                piece = (
+                    data
+                    if isinstance(data, bytes) and len(data) <= WRITE_SLICE
+                    else bytes(view[start : start + WRITE_SLICE])
+                )
                 self._crc = google_crc32c.extend(self._crc, piece)
                 self._take(piece)
         except BaseException:
@@ -218,7 +224,9 @@ class StreamingWriter(PublishingWriter):
             portion = view[: len(self._buffer) - self._filled]
             self._buffer[self._filled : self._filled + len(portion)] = portion
             self._filled += len(portion)
-            self._part_crc = google_crc32c.extend(self._part_crc, piece if len(portion) == len(piece) else bytes(portion))
+            self._part_crc = google_crc32c.extend(
+                self._part_crc, piece if len(portion) == len(piece) else bytes(portion)
+            )
             view = view[len(portion) :]
 
     def close(self) -> None:
@@ -228,7 +236,10 @@ class StreamingWriter(PublishingWriter):
         try:
             if not self._started:
                 self.generation = self._client.create(
-                    self._bucket, self._name, bytes(self._buffer[: self._filled]), if_generation_match=0 if self._only_if_new else None
+                    self._bucket,
+                    self._name,
+                    bytes(self._buffer[: self._filled]),
+                    if_generation_match=0 if self._only_if_new else None,
                 )
             else:
                 self._send_part(self._buffer[: self._filled], self._part_crc)
@@ -360,7 +371,9 @@ class MultipartWriter(StreamingWriter):
 
     def __init__(self, url: str, **settings: Any) -> None:
         if settings.get("only_if_new"):
-            raise ValueError("GCS's XML API multipart uploads take no preconditions: write with CompositeWriter for only_if_new")
+            raise ValueError(
+                "GCS's XML API multipart uploads take no preconditions: write with CompositeWriter for only_if_new"
+            )
         super().__init__(url, **settings)
         self._xml_path = self._client.session.xml_path(self._bucket, self._name)
         self._upload_id: str | None = None
@@ -374,7 +387,9 @@ class MultipartWriter(StreamingWriter):
         except ElementTree.ParseError:
             self._upload_id = None
         if not self._upload_id:
-            raise UploadError(f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url)
+            raise UploadError(
+                f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url
+            )
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
             generation = self._client.create(
@@ -401,7 +416,15 @@ class MultipartWriter(StreamingWriter):
         params = {"uploadId": self._upload_id}
         try:
             headers, _ = self._run(
-                _send(self._job, self.url, self._xml_path, "POST", params, document, headers={"Content-Type": "application/xml"})
+                _send(
+                    self._job,
+                    self.url,
+                    self._xml_path,
+                    "POST",
+                    params,
+                    document,
+                    headers={"Content-Type": "application/xml"},
+                )
             )
         except (NotFoundError, TransientError):
             # GCS's NoSuchUpload to a retried completion whose first answer was lost on the way, or

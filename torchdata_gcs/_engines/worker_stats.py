@@ -72,4 +72,3 @@ class WorkerStats:
     def _read(self, row: int) -> list[float]:
         start = row * len(FIELDS)
         return list(self._table[start : start + len(FIELDS)])
-

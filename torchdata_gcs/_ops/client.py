@@ -77,10 +77,17 @@ class Client:
     ) -> int:
         """Write ``data`` as ``name`` in one request; the new generation."""
         return self.run(
-            objects.create_object, bucket, name, data, if_generation_match=if_generation_match, content_type=content_type
+            objects.create_object,
+            bucket,
+            name,
+            data,
+            if_generation_match=if_generation_match,
+            content_type=content_type,
         )
 
-    def compose(self, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool) -> ObjectInfo:
+    def compose(
+        self, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
+    ) -> ObjectInfo:
         """Concatenate ``sources`` into ``name`` in one compose call."""
         return self.run(objects.compose_object, bucket, name, sources, only_if_new=only_if_new)
 

@@ -30,7 +30,9 @@ __all__ = [
 ]
 
 
-async def _get_json(job: RequestContext, url: str, path: str, params: dict[str, Any], required: Sequence[str] = ()) -> Any:
+async def _get_json(
+    job: RequestContext, url: str, path: str, params: dict[str, Any], required: Sequence[str] = ()
+) -> Any:
     async def attempt() -> Any:
         async with job.session.send("GET", url, path, params) as response:
             return await job.session.json_answer(response, url, required)
@@ -90,7 +92,10 @@ async def read_object(job: RequestContext, bucket: str, name: str) -> bytes | No
 
 
 def multipart_body(
-    name: str, data: bytes | bytearray | memoryview, content_type: str = "application/octet-stream", crc32c: int | None = None
+    name: str,
+    data: bytes | bytearray | memoryview,
+    content_type: str = "application/octet-stream",
+    crc32c: int | None = None,
 ) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
     """The body (as pieces, ``data`` itself among them, never copied) and headers of a JSON API multipart
     upload of ``data`` as ``name``, its crc32c in the metadata so that GCS refuses bytes damaged on the
@@ -144,7 +149,11 @@ async def create_object(
             if attempts == 1:
                 raise
             live = await object_resource(job, bucket, name, "generation,size,crc32c")
-            if live is None or int(live["size"]) != len(data) or live.get("crc32c") != crc32c_base64(data if crc32c is None else crc32c):
+            if (
+                live is None
+                or int(live["size"]) != len(data)
+                or live.get("crc32c") != crc32c_base64(data if crc32c is None else crc32c)
+            ):
                 raise
             return int(live["generation"])
 

@@ -54,13 +54,13 @@ def at_exit(close: Callable[[], None]) -> None:
 
 
 def _run_cleanups() -> None:
-    for run in list(_cleanups):
+    for run in _cleanups:
         run()
 
 
 def _exit() -> None:
     _run_cleanups()
-    for close in list(_closings):
+    for close in _closings:
         close()
 
 
@@ -108,7 +108,7 @@ def _watch(parent_pid: int) -> None:
 
 
 def _forget_after_fork() -> None:
-    for forget in list(_after_fork):
+    for forget in _after_fork:
         forget()
 
 

@@ -121,7 +121,9 @@ def _start(
             continue
         task = loop.create_task(coroutine)
         task.add_done_callback(lambda task, future=future: _settle(future, task))
-        future.add_done_callback(lambda future, task=task: future.cancelled() and loop.call_soon_threadsafe(task.cancel))
+        future.add_done_callback(
+            lambda future, task=task: future.cancelled() and loop.call_soon_threadsafe(task.cancel)
+        )
 
 
 def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:

@@ -185,7 +185,9 @@ class Session:
         if isinstance(data, bytes):
             body = io.BytesIO(data)  # shares the bytes; aiohttp streams it
         elif data is not None:
-            pieces = [memoryview(piece).cast("B") for piece in ([data] if isinstance(data, (bytearray, memoryview)) else data)]
+            pieces = [
+                memoryview(piece).cast("B") for piece in ([data] if isinstance(data, (bytearray, memoryview)) else data)
+            ]
             headers = {**(headers or {}), "Content-Length": str(sum(map(len, pieces)))}
             body = _streamed(pieces)
         request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers

@@ -157,7 +157,11 @@ def _clean(args: argparse.Namespace) -> int:
     found = leftovers(versions, older_than)
     now = time.time()
     try:
-        old = [upload for upload in unfinished_uploads(client, bucket) if now - rfc3339_seconds(upload.initiated) >= older_than]
+        old = [
+            upload
+            for upload in unfinished_uploads(client, bucket)
+            if now - rfc3339_seconds(upload.initiated) >= older_than
+        ]
     except NoMultipartListing as exc:
         print(f"multipart uploads not listed: {exc}, not with the uploads (an emulator without the XML API?)")
     else:
@@ -191,9 +195,7 @@ def _clean(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up as Ctrl-C does
     try:
-        report = doctor(
-            args.url, client=client_config(args), say=lambda line: print(line, flush=True)
-        )
+        report = doctor(args.url, client=client_config(args), say=lambda line: print(line, flush=True))
     finally:
         signal.signal(signal.SIGTERM, previous)
     if report.interrupted:

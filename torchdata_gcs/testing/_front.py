@@ -44,13 +44,26 @@ FaultKind = Literal[
 ]
 MAX_COMPOSE_SOURCES = 32
 FAULT_KINDS: tuple[str, ...] = (
-    "http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt", "html_200"
+    "http_403",
+    "http_404",
+    "http_412",
+    "http_429",
+    "http_503",
+    "reset",
+    "truncate",
+    "stall",
+    "corrupt",
+    "html_200",
 )
 _HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
 _HTTP_FAULTS = {
     "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
     "http_404": (404, "Not Found", "injected by the test front: No such object"),
-    "http_412": (412, "Precondition Failed", "injected by the test front: At least one of the pre-conditions you specified did not hold."),
+    "http_412": (
+        412,
+        "Precondition Failed",
+        "injected by the test front: At least one of the pre-conditions you specified did not hold.",
+    ),
     "http_429": (429, "Too Many Requests", "injected by the test front: Too Many Requests"),
     "http_503": (503, "Service Unavailable", "injected by the test front: Service Unavailable"),
 }
@@ -383,7 +396,6 @@ class GCSFront(LocalService):
             self._thread.join()
         self._multipart.close()
 
-
     def _record(self, kind: str, request_line: str) -> Fault | None:
         """Count one request and pick the fault to inject into it, if any."""
         with self._lock:
@@ -677,7 +689,11 @@ class _Handler(BaseHTTPRequestHandler):
         """
         bucket = unquote(self.path.split("/")[4])
         if len(sources) > MAX_COMPOSE_SOURCES:
-            return 400, "Bad Request", f"The number of source components provided ({len(sources)}) exceeds the maximum (32)"
+            return (
+                400,
+                "Bad Request",
+                f"The number of source components provided ({len(sources)}) exceeds the maximum (32)",
+            )
         for source in sources:
             name = str(source.get("name", ""))
             live = self.server.front._live_generation(bucket, name)
@@ -842,7 +858,9 @@ class _Handler(BaseHTTPRequestHandler):
             source, length = io.BytesIO(data), len(data)
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(length))]
         headers = rules.answer_headers(headers, bucket=bucket, name=name)
-        rechunk = has_body and (length is None or not rules.sends("content-length")) and self.request_version == "HTTP/1.1"
+        rechunk = (
+            has_body and (length is None or not rules.sends("content-length")) and self.request_version == "HTTP/1.1"
+        )
         if has_body and length is None and not rechunk:
             self.close_connection = True
         if rechunk:

@@ -154,8 +154,14 @@ class GCSRules:
         """Whether answers carry ``header`` (lower case) where upstream sends it."""
         return not self.only_promised_headers or header in _ALWAYS_KEPT | self._also_sent
 
-    def answer_headers(self, headers: Headers, *, bucket: str | None = None, name: str | None = None,
-                       keep: frozenset[str] = frozenset()) -> Headers:
+    def answer_headers(
+        self,
+        headers: Headers,
+        *,
+        bucket: str | None = None,
+        name: str | None = None,
+        keep: frozenset[str] = frozenset(),
+    ) -> Headers:
         """The headers the front sends for an answer about ``bucket/name``: hashes on separate lines
         (no ``md5`` for a composite), and in ``only_promised_headers`` mode only what GCS promises
         (``keep`` names what it promises for this answer, beyond the content type)."""

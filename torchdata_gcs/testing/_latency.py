@@ -131,4 +131,3 @@ class LatencyFront(LocalService):
         if self._server is not None:
             self._server.stop()
         self._server = None
-

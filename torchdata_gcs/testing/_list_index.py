@@ -20,7 +20,17 @@ from .._engines.listing import MAX_PAGE_SIZE
 __all__ = ["ListingIndex", "parse_fields"]
 
 _SUPPORTED = frozenset(
-    {"prefix", "startOffset", "endOffset", "maxResults", "pageToken", "fields", "projection", "prettyPrint", "userProject"}
+    {
+        "prefix",
+        "startOffset",
+        "endOffset",
+        "maxResults",
+        "pageToken",
+        "fields",
+        "projection",
+        "prettyPrint",
+        "userProject",
+    }
 )
 
 

@@ -250,7 +250,9 @@ class MultipartUploads:
         mismatch = _digest_mismatch(headers, received)
         if mismatch is not None:  # GCS refuses a damaged part and keeps any earlier one of that number
             os.remove(path)
-            return _error(400, "Bad Request", "BadDigest", "The digest you specified did not match what we received.", mismatch)
+            return _error(
+                400, "Bad Request", "BadDigest", "The digest you specified did not match what we received.", mismatch
+            )
         os.replace(path, os.path.join(upload.folder, str(number)))
         etag = f'"{md5.hexdigest()}"'
         with self._lock:
