@@ -205,7 +205,7 @@ def train_epoch(
 def latest_checkpoint(folder: str, client: ClientConfig) -> tuple[int, str] | None:
     """The highest epoch saved under ``folder`` and its URL (a file, or a DCP folder's ``.metadata``)."""
     found = []
-    for url in IterableWrapper([folder]).list_files_by_gcs(client=client):
+    for url in IterableWrapper([folder]).list_files_by_gcs(client=client, allow_empty=True):  # none on a first run
         name = url[len(folder) :]
         if name.startswith("epoch-") and name.endswith((".pt", "/.metadata")):
             found.append((int(name[len("epoch-") :].split(".")[0].split("/")[0]), url))
@@ -315,7 +315,9 @@ def summary(totals: Totals) -> None:
 
 def seed(images: str, client: ClientConfig, count: int) -> None:
     """Write ``count`` images under ``images`` unless they are there already."""
-    present = sum(1 for _ in IterableWrapper([images]).list_files_by_gcs(masks="*.png", client=client))
+    present = sum(
+        1 for _ in IterableWrapper([images]).list_files_by_gcs(masks="*.png", client=client, allow_empty=True)
+    )
     if present >= count:
         return
     items = ((f"{images}{name}", data) for name, data in map(draw, range(count)))

@@ -3,73 +3,242 @@ listed once and read through the same engine as ``load_files_by_gcs``."""
 
 from __future__ import annotations
 
+import inspect
+import math
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any, Generic, TypeVar, cast
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from multiprocessing.context import get_spawning_popen
+from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ._engines.download import as_stream, load_in_order
-from ._engines.listing import MAX_PAGE_SIZE
+from ._engines.inputs import list_inputs
+from ._engines.listing import MAX_PAGE_SIZE, describe_objects
 from ._engines.parallel_listing import ListingStats
-from ._engines.shared_listing import list_inputs
-from ._engines.worker_stats import WorkerStats
+from ._engines.workers import SharedEpoch, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
+from ._ops.urls import brief, parse_url, url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
+from .errors import InvalidURIError, MissingObjectWarning
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["GCSIterableDataset", "GCSMapDataset"]
 
 T = TypeVar("T")
-Transform = Callable[[str, IO[bytes]], T]
-"""What a dataset does with each object: given its URL and a binary stream over its bytes, the item."""
+Transform = Callable[[str, IO[bytes]], T] | Callable[[IO[bytes]], T]
+"""What a dataset does with each object: given its URL and a binary stream over its bytes, or the stream
+alone (whose ``name`` is the URL), the item."""
+
+Objects = str | Sequence[str] | Sequence[tuple[str, ObjectInfo]]
+"""What a dataset reads: ``gs://`` prefixes, object URLs or globs to list, or ``(url, ObjectInfo)`` pairs
+already listed (as ``list_files_by_gcs(with_metadata=True)`` yields them)."""
 
 
-def _pair(url: str, stream: IO[bytes]) -> tuple[str, IO[bytes]]:
-    return url, stream
+def _url_and_bytes(url: str, stream: IO[bytes]) -> tuple[str, bytes]:
+    return url, stream.read()
 
 
-def _rank_and_world() -> tuple[int, int]:
-    """This process's rank and the world size: from the default process group, else from torchrun's
-    ``RANK`` and ``WORLD_SIZE``, else one process."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+def _takes_one_argument(transform: Callable[..., Any]) -> bool:
+    """Whether ``transform`` is called with the stream alone: it takes one positional argument and not
+    two (a callable whose signature cannot be read, such as some builtins, is taken to take one)."""
+    try:
+        signature = inspect.signature(transform)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return True
+    return False
 
 
-def _listed(
-    urls: str | Sequence[str],
-    masks: str | Sequence[str],
-    manifest: str | None,
-    client: ClientConfig,
-    retry: RetryConfig,
-    concurrency: int,
-) -> list[tuple[str, ObjectInfo]]:
-    """Every object the URLs name, in listing order, with the metadata its reads are pinned to."""
-    inputs = [urls] if isinstance(urls, str) else list(urls)
-    require_integer("concurrency", concurrency, 1, 256)
-    batches = list_inputs(
-        Client(client, retry),
-        inputs,
-        [masks] if isinstance(masks, str) else list(masks),
-        with_info=True,
-        page_size=MAX_PAGE_SIZE,
-        concurrency=concurrency,
-        stats=ListingStats(),
-        manifest=manifest,
-    )
-    return [(url, cast(ObjectInfo, info)) for batch in batches for _, url, info in batch]
+class _Dataset(Generic[T]):
+    """What both datasets hold: the objects, the settings that read them, the transform."""
+
+    def _configure(
+        self,
+        objects: Objects,
+        masks: str | Sequence[str],
+        manifest: str | None,
+        transform: Transform[T] | None,
+        client: ClientConfig | None,
+        transfer: TransferConfig | None,
+        retry: RetryConfig | None,
+        concurrency: int,
+        allow_empty: bool,
+        skip_missing: bool,
+    ) -> None:
+        require_integer("concurrency", concurrency, 1, 256)
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        self.client = client or ClientConfig()
+        self.transfer = transfer or TransferConfig()
+        self.retry = retry or RetryConfig()
+        self.transform: Transform[T] = transform or cast(Transform[T], _url_and_bytes)
+        self._stream_only = transform is not None and _takes_one_argument(transform)
+        self._stats = WorkerStats()
+        pairs = _pairs(objects)
+        if pairs is not None:
+            self.objects = pairs
+            return
+        listing = ListingStats()
+        batches = list_inputs(
+            Client(self.client, self.retry),
+            url_list(objects),
+            [masks] if isinstance(masks, str) else list(masks),
+            with_info=True,
+            page_size=MAX_PAGE_SIZE,
+            concurrency=concurrency,
+            stats=listing,
+            manifest=manifest,
+            allow_empty=allow_empty,
+            skip_missing=skip_missing,
+        )
+        self.objects = [(url, cast(ObjectInfo, info)) for batch in batches for _, url, info in batch]
+        self._stats.local().missing += listing.missing
+
+    @classmethod
+    def from_prefix(cls, urls: str | Sequence[str], **settings: Any) -> Self:
+        """The objects under ``gs://`` prefixes (or globs, or names that are also folders), listed now:
+        the same as calling the class with ``urls``.
+
+        Example:
+            >>> from torchdata_gcs import GCSMapDataset
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.seed("demo", {"train/a.jpg": b"a", "train/b.jpg": b"b", "train/c.txt": b"c"})
+            ...     ds = GCSMapDataset.from_prefix("gs://demo/train/*.jpg", client=emulator.client_config)
+            ...     [url for url, _ in ds]
+            ['gs://demo/train/a.jpg', 'gs://demo/train/b.jpg']
+        """
+        return cls(urls, **settings)  # type: ignore[call-arg]
+
+    @classmethod
+    def from_objects(
+        cls,
+        urls: Iterable[str],
+        *,
+        skip_missing: bool = False,
+        client: ClientConfig | None = None,
+        retry: RetryConfig | None = None,
+        **settings: Any,
+    ) -> Self:
+        """Exactly the objects ``urls`` name, in that order: one metadata request each (concurrently), no
+        listing. A URL with no object raises ``NotFoundError`` naming it, or with ``skip_missing`` is
+        left out with a ``MissingObjectWarning`` (counted in ``stats.missing``).
+
+        Example:
+            >>> from torchdata_gcs import GCSMapDataset
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.seed("demo", {"a.txt": b"alpha", "b.txt": b"beta"})
+            ...     ds = GCSMapDataset.from_objects(["gs://demo/b.txt", "gs://demo/a.txt"], client=emulator.client_config)
+            ...     ds[0]
+            ('gs://demo/b.txt', b'beta')
+        """
+        listed = url_list(urls if isinstance(urls, str) else list(urls))
+        for url in listed:
+            parse_url(url, allow_prefix=False)
+        checking = Client(client or ClientConfig(), retry or RetryConfig())
+        pairs, missing = [], 0
+        for url, info in zip(listed, describe_objects(checking, listed)):
+            if isinstance(info, ObjectInfo):
+                pairs.append((url, info))
+            elif not skip_missing:
+                raise info
+            else:
+                missing += 1
+                warnings.warn(f"skipping {url}: no such object", MissingObjectWarning, stacklevel=2)
+        dataset = cls(pairs, client=client, retry=retry, **settings)  # type: ignore[call-arg]
+        dataset._stats.local().missing += missing
+        return dataset
+
+    @property
+    def stats(self) -> LoadStats:
+        """Requests, bytes, retries and objects so far, summed over this process and its DataLoader
+        workers (each worker's as of the last item it read); ``missing`` counts objects skipped."""
+        return self._stats.total()
+
+    def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
+        """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
+        stats = self._stats.local()
+        transform: Callable[..., T] = self.transform
+        for url, data in load_in_order(items, self.client, self.transfer, self.retry, stats, skip_missing=False):
+            stream = cast(IO[bytes], as_stream(url, data))
+            item = transform(stream) if self._stream_only else transform(url, stream)
+            self._stats.publish()
+            yield item
 
 
-class _Objects(Generic[T]):
-    """What both datasets hold: the listed objects, the settings that read them, the transform."""
+def _pairs(objects: Objects) -> list[tuple[str, ObjectInfo]] | None:
+    """``objects`` as ``(url, ObjectInfo)`` pairs if that is what they are, ``None`` if they are URLs to
+    list; a mix is refused."""
+    if isinstance(objects, (str, os.PathLike)) or not isinstance(objects, Sequence):
+        return None
+    pairs = [item for item in objects if isinstance(item, tuple)]
+    if not pairs:
+        return None
+    if len(pairs) != len(objects) or not all(len(p) == 2 and isinstance(p[1], ObjectInfo) for p in pairs):
+        raise InvalidURIError(
+            f"expected gs:// URLs or (url, ObjectInfo) pairs, not a mix: got {brief(list(objects)[:4])}"
+        )
+    for url, _ in pairs:
+        parse_url(url, allow_prefix=False)
+    return cast(list[tuple[str, ObjectInfo]], pairs)
+
+
+class GCSMapDataset(_Dataset[T], Dataset[T]):
+    """A map-style dataset of the objects under ``gs://`` prefixes, globs or URLs, listed once when it is made.
+
+    ``ds[i]`` reads object ``i`` in one request, pinned to the listed generation and checked against
+    the listed crc32c; a batch (``DataLoader`` calls ``__getitems__``) is read concurrently. Items
+    are ``(url, bytes)`` pairs, which ``default_collate`` batches, or whatever ``transform`` makes
+    of each object, computed where the item is read (in the DataLoader worker). Works with any
+    sampler, ``DistributedSampler`` included.
+
+    Args:
+        urls: ``gs://`` prefixes, object URLs or globs, listed as ``list_files_by_gcs`` lists them
+            (an input that matches no object raises ``NotFoundError``); or ``(url, ObjectInfo)``
+            pairs already listed. See also :meth:`from_prefix` and :meth:`from_objects`.
+        masks: patterns objects must match, as for ``list_files_by_gcs`` (``*.jpg`` on base names,
+            ``**/*.jpg`` on names below the prefix); none keeps all.
+        manifest: a ``gs://bucket/folder/`` where the listing is shared by every process that makes
+            this dataset (see ``list_files_by_gcs``).
+        transform: makes the item of each object: ``transform(url, stream)``, or ``transform(stream)``
+            for a callable of one argument (``PIL.Image.open``, ``torch.load``; ``stream.name`` is the
+            URL). The default gives ``(url, bytes)``.
+        client, transfer, retry: as for ``load_files_by_gcs``.
+        concurrency: list requests at once.
+        allow_empty: an input that matches no object is not an error.
+        skip_missing: an input naming one object that does not exist is left out with a
+            ``MissingObjectWarning`` (counted in ``stats.missing``) instead of raising.
+
+    Raises:
+        NotFoundError: a bucket does not exist, or an input matches no object.
+        InvalidURIError: an input is not a ``gs://`` URL (a local path, say).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> from torchdata_gcs import GCSMapDataset
+        >>> from torchdata_gcs.testing import Emulator
+        >>> with Emulator() as emulator:
+        ...     emulator.seed("demo", {"a.txt": b"alpha", "b.txt": b"beta", "c.txt": b"gamma"})
+        ...     ds = GCSMapDataset("gs://demo/", client=emulator.client_config)
+        ...     len(ds), ds[1], next(iter(DataLoader(ds, batch_size=2)))
+        (3, ('gs://demo/b.txt', b'beta'), [('gs://demo/a.txt', 'gs://demo/b.txt'), (b'alpha', b'beta')])
+    """
 
     def __init__(
         self,
-        urls: str | Sequence[str],
+        urls: Objects,
         *,
         masks: str | Sequence[str] = "",
         manifest: str | None = None,
@@ -78,57 +247,12 @@ class _Objects(Generic[T]):
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
         concurrency: int = 16,
+        allow_empty: bool = False,
+        skip_missing: bool = False,
     ) -> None:
-        self.client = client or ClientConfig()
-        self.transfer = transfer or TransferConfig()
-        self.retry = retry or RetryConfig()
-        self.transform = cast(Transform[T], transform or _pair)
-        self.objects = _listed(urls, masks, manifest, self.client, self.retry, concurrency)
-        self._stats = WorkerStats()
-
-    @property
-    def stats(self) -> LoadStats:
-        """Requests, bytes, retries and objects so far, summed over this process and its DataLoader
-        workers (each worker's as of the last item it read)."""
-        return self._stats.total()
-
-    def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
-        """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
-        stats = self._stats.local()
-        for url, data in load_in_order(items, self.client, self.transfer, self.retry, stats, skip_missing=False):
-            item = self.transform(url, cast(IO[bytes], as_stream(url, data)))
-            self._stats.publish()
-            yield item
-
-
-class GCSMapDataset(_Objects[T], Dataset[T]):
-    """A map-style dataset of the objects under ``gs://`` prefixes or URLs, listed once when it is made.
-
-    ``ds[i]`` reads object ``i`` in one request, pinned to the listed generation and checked against
-    the listed crc32c; a batch (``DataLoader`` calls ``__getitems__``) is read concurrently. Items
-    are ``(url, stream)`` pairs, or whatever ``transform(url, stream)`` makes of them, computed where
-    the item is read (in the DataLoader worker). Works with any sampler, ``DistributedSampler``
-    included.
-
-    Args:
-        urls: ``gs://`` prefixes or object URLs, listed as ``list_files_by_gcs`` lists them.
-        masks: fnmatch pattern(s) for the objects' base names; none keeps all.
-        manifest: a ``gs://bucket/folder/`` where the listing is shared by every process that makes
-            this dataset (see ``list_files_by_gcs``).
-        transform: turns ``(url, stream)`` into the item; the default keeps the pair.
-        client, transfer, retry: as for ``load_files_by_gcs``.
-        concurrency: list requests at once.
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> from torchdata_gcs import GCSMapDataset
-        >>> from torchdata_gcs.testing import Emulator
-        >>> with Emulator() as emulator:
-        ...     emulator.seed("demo", {"a.txt": b"alpha", "b.txt": b"beta", "c.txt": b"gamma"})
-        ...     ds = GCSMapDataset("gs://demo/", transform=lambda url, stream: stream.read(), client=emulator.client_config)
-        ...     len(ds), ds[1], list(DataLoader(ds, batch_size=2, collate_fn=list))
-        (3, b'beta', [[b'alpha', b'beta'], [b'gamma']])
-    """
+        self._configure(
+            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing
+        )
 
     def __len__(self) -> int:
         return len(self.objects)
@@ -141,21 +265,25 @@ class GCSMapDataset(_Objects[T], Dataset[T]):
         return list(self._load([self.objects[index] for index in indices]))
 
 
-class GCSIterableDataset(_Objects[T], IterableDataset[T]):
-    """An iterable dataset of the objects under ``gs://`` prefixes or URLs, listed once when it is made.
+class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
+    """An iterable dataset of the objects under ``gs://`` prefixes, globs or URLs, listed once when it is made.
 
-    Each epoch's order (shuffled with ``seed`` and the epoch when ``shuffle``; see :meth:`set_epoch`)
-    is split across ranks and DataLoader workers by itself, so every object is read exactly once per
-    epoch with no ``sharding_filter`` needed. The rank and world size are read when the dataset is
-    made: from the default process group if it is initialized, else from torchrun's ``RANK`` and
-    ``WORLD_SIZE``. Objects are read ahead
-    concurrently, in order. :meth:`state_dict` says how far this worker's share has been read, so
-    ``StatefulDataLoader`` resumes mid-epoch without reading anything twice.
+    Each epoch's order (shuffled with ``seed`` and the epoch when ``shuffle``; see :meth:`set_epoch`) is
+    split across ranks and DataLoader workers by itself, as ``DistributedSampler`` splits it: every
+    rank gets the same number of items, the order padded by repeating from its start (or, with
+    ``drop_last``, its tail dropped), so DDP ranks run the same number of steps; the workers of a
+    rank differ by at most one item and add up to the rank's share. The rank and world size are read
+    when an epoch starts: from the default process group if it is initialized (in a DataLoader worker,
+    the one of the process that started it), else from torchrun's ``RANK`` and ``WORLD_SIZE``.
+    Objects are read ahead concurrently, in order. :meth:`state_dict` says how far this worker's
+    share has been read, so ``StatefulDataLoader`` resumes mid-epoch without reading anything twice.
 
     Args:
-        urls, masks, manifest, transform, client, transfer, retry, concurrency: as for :class:`GCSMapDataset`.
+        urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing:
+            as for :class:`GCSMapDataset`.
         shuffle: shuffle the order each epoch.
         seed: the shuffle's seed; every rank and worker must use the same one.
+        drop_last: drop the tail that would leave ranks unequal, instead of padding the order.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -163,32 +291,81 @@ class GCSIterableDataset(_Objects[T], IterableDataset[T]):
         >>> from torchdata_gcs.testing import Emulator
         >>> with Emulator() as emulator:
         ...     emulator.seed("demo", {f"{i}.txt": str(i).encode() for i in range(6)})
-        ...     ds = GCSIterableDataset("gs://demo/", transform=lambda url, stream: stream.read(), client=emulator.client_config)
+        ...     ds = GCSIterableDataset("gs://demo/", transform=lambda stream: stream.read(), client=emulator.client_config)
         ...     sorted(DataLoader(ds, batch_size=None, num_workers=2))
         [b'0', b'1', b'2', b'3', b'4', b'5']
     """
 
-    def __init__(self, urls: str | Sequence[str], *, shuffle: bool = False, seed: int = 0, **settings: Any) -> None:
-        super().__init__(urls, **settings)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-        self.rank, self.world_size = _rank_and_world()  # DataLoader workers do not see the process group
+    def __init__(
+        self,
+        urls: Objects,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        masks: str | Sequence[str] = "",
+        manifest: str | None = None,
+        transform: Transform[T] | None = None,
+        client: ClientConfig | None = None,
+        transfer: TransferConfig | None = None,
+        retry: RetryConfig | None = None,
+        concurrency: int = 16,
+        allow_empty: bool = False,
+        skip_missing: bool = False,
+    ) -> None:
+        self._configure(
+            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing
+        )
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self._epoch = SharedEpoch()  # set here, read in persistent workers too
+        self._sender: tuple[int, int] | None = None  # (rank, world size) of the process that pickled this copy
         self._done = 0  # items of this worker's share delivered this epoch
         self._resume = 0  # items to skip at the start of the next iteration
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order the next iteration reads."""
+        return self._epoch.value
+
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order for the next iteration (call it on every rank before each epoch)."""
-        self.epoch = epoch
+        """Use ``epoch``'s order for the next iteration (call it on every rank before each epoch); it
+        reaches the DataLoader's workers, persistent ones included."""
+        require_integer("epoch", epoch, 0)
+        self._epoch.value = epoch
+
+    def rank_and_world_size(self) -> tuple[int, int]:
+        """This process's rank and the world size, as the next epoch will split the objects."""
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        if self._sender is not None:  # a spawned worker: its parent's process group
+            return self._sender
+        try:
+            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        except ValueError:
+            raise ValueError(
+                f"RANK and WORLD_SIZE must be integers, got {os.environ.get('RANK')!r}, {os.environ.get('WORLD_SIZE')!r}"
+            ) from None
+        if not 0 <= rank < world:
+            raise ValueError(f"RANK must be in 0..WORLD_SIZE-1, got RANK={rank}, WORLD_SIZE={world}")
+        return rank, world
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if get_spawning_popen() is not None and dist.is_available() and dist.is_initialized():
+            state["_sender"] = (dist.get_rank(), dist.get_world_size())  # a spawned worker has no process group
+        return state
 
     def share(self) -> list[tuple[str, ObjectInfo]]:
         """This rank's and worker's objects for the current epoch, in order."""
         order = list(range(len(self.objects)))
         if self.shuffle:
             random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        rank, world = self.rank_and_world_size()
+        mine = [order[i] for i in _rank_slice(len(order), rank, world, self.drop_last)]
         worker = get_worker_info()
-        index, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        return [self.objects[i] for i in order[self.rank * workers + index :: self.world_size * workers]]
+        if worker is not None:
+            mine = mine[worker.id :: worker.num_workers]
+        return [self.objects[i] for i in mine]
 
     def __iter__(self) -> Iterator[T]:
         share = self.share()
@@ -204,4 +381,24 @@ class GCSIterableDataset(_Objects[T], IterableDataset[T]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the epoch in ``state`` (from :meth:`state_dict`) after the items it had delivered."""
-        self.epoch, self.seed, self._resume = int(state["epoch"]), int(state["seed"]), int(state["done"])
+        epoch, seed, done = int(state["epoch"]), int(state["seed"]), int(state["done"])
+        if epoch < 0 or done < 0:
+            raise ValueError(f"not a state of this dataset: epoch {epoch}, done {done}")
+        self._epoch.value, self.seed, self._resume = epoch, seed, done
+
+
+def _rank_slice(count: int, rank: int, world: int, drop_last: bool) -> list[int]:
+    """The positions in an order of ``count`` items that ``rank`` of ``world`` reads, as
+    ``DistributedSampler`` deals them: every ``world``-th, after padding the order by repeating it from
+    its start to a multiple of ``world`` (or, with ``drop_last``, cutting it down to one).
+
+    >>> [_rank_slice(7, rank, 3, False) for rank in range(3)]
+    [[0, 3, 6], [1, 4, 0], [2, 5, 1]]
+    >>> [_rank_slice(7, rank, 3, True) for rank in range(3)]
+    [[0, 3], [1, 4], [2, 5]]
+    """
+    if drop_last:
+        total = count - count % world
+    else:
+        total = math.ceil(count / world) * world if count else 0
+    return [position % count for position in range(rank, total, world)]

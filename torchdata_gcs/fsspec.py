@@ -226,10 +226,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _find(
         self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any
     ) -> Any:
-        """Everything under ``path`` (and ``path`` itself if it is an object) from one parallel flat listing;
-        with ``maxdepth``, directory by directory as fsspec walks."""
-        if maxdepth is not None:
-            return await super()._find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+        """Everything under ``path`` (and ``path`` itself if it is an object) from one parallel flat listing,
+        at most ``maxdepth`` levels below ``path`` if given (as gcsfs does: a missing bucket raises)."""
+        if maxdepth is not None and maxdepth < 1:
+            raise ValueError("maxdepth must be at least 1")
         bucket, name = self.split_path(path)
         client = Client(self.client, self.retry)
         batches = await asyncio.to_thread(
@@ -243,6 +243,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 while parent.startswith(top) and parent not in found:
                     found[parent] = self._directory(parent)
                     parent = parent.rpartition("/")[0]
+        if maxdepth is not None:
+            deepest = f"{bucket}/{name}".rstrip("/").count("/") + maxdepth
+            found = {entry_name: entry for entry_name, entry in found.items() if entry_name.count("/") <= deepest}
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
 

@@ -20,12 +20,13 @@ except ImportError as exc:  # torchdata 0.9 or none
 
 from ._engines.compose import MAX_SOURCES, check_reuse_prefix, compose_in_order
 from ._engines.download import Loaded, as_stream, load_in_order
+from ._engines.inputs import list_inputs
 from ._engines.listing import MAX_PAGE_SIZE
 from ._engines.parallel_listing import ListingStats
-from ._engines.shared_listing import Entry, list_inputs
+from ._engines.shared_listing import Entry
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
-from ._ops.urls import parse_url
+from ._ops.urls import url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
 
@@ -38,8 +39,10 @@ class ListFiles(BaseNode[Item]):
     """The objects under ``gs://`` prefixes or URLs, in listing order: URLs, or ``(url, ObjectInfo)``
     pairs ``with_metadata`` (then :class:`LoadFiles` needs no metadata request per object).
 
-    Args are those of ``list_files_by_gcs``. The state is the position of the last object handed
-    out; a reset to it lists again from there.
+    Args are those of ``list_files_by_gcs``: globs in URLs and masks, and an input that matches no
+    object raises ``NotFoundError`` unless ``allow_empty`` (or, for a missing named object,
+    ``skip_missing``). The state is the position of the last object handed out; a reset to it lists
+    again from there.
     """
 
     def __init__(
@@ -52,14 +55,15 @@ class ListFiles(BaseNode[Item]):
         client: ClientConfig | None = None,
         retry: RetryConfig | None = None,
         concurrency: int = 16,
+        allow_empty: bool = False,
+        skip_missing: bool = False,
     ) -> None:
         super().__init__()
-        self.urls = [urls] if isinstance(urls, str) else list(urls)
-        for url in self.urls:
-            parse_url(url)
+        self.urls = url_list(urls)
         require_integer("concurrency", concurrency, 1, 256)
         self.masks = [masks] if isinstance(masks, str) else list(masks)
         self.with_metadata, self.manifest, self.concurrency = with_metadata, manifest, concurrency
+        self.allow_empty, self.skip_missing = allow_empty, skip_missing
         self.client, self.retry = client or ClientConfig(), retry or RetryConfig()
         self.stats = ListingStats()
         self._position: tuple[int, str] | None = None
@@ -80,6 +84,8 @@ class ListFiles(BaseNode[Item]):
             stats=self.stats,
             manifest=self.manifest,
             after=self._position,
+            allow_empty=self.allow_empty,
+            skip_missing=self.skip_missing,
         )
         self._entries = (entry for batch in batches for entry in batch)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import pickle
 import warnings
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data.datapipes.iter import IterableWrapper
@@ -76,3 +78,62 @@ def test_two_ranks_of_two_workers_list_once_and_read_each_object_once(gcs_emulat
     assert max(counts.values()) == 1
     pages = N_OBJECTS // 100  # one listing, not one per replica (4 replicas would make 4 x 12 calls)
     assert pages <= list_calls <= 1.5 * pages
+
+
+UNEVEN_WORLD = 3
+
+
+def run_uneven_rank(rank: int, port: int, bucket: str, client: ClientConfig, out: Path) -> None:
+    """One epoch of 19 or 20 objects per DataLoader2 set-up, each item a DDP-like step (an all-reduce)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=UNEVEN_WORLD)
+    results = {}
+    try:
+        for size in (19, 20):
+            for workers in (0, 2, 3):
+                pipe = (
+                    IterableWrapper([f"gs://{bucket}/n{size}/"])
+                    .list_files_by_gcs(client=client)
+                    .shuffle()
+                    .sharding_filter()
+                    .load_files_by_gcs(client=client)
+                    .map(read_sample)
+                )
+                services = [DistributedReadingService()]
+                if workers:
+                    # forked: a spawned rank would spawn its workers too, which is slow
+                    services.append(MultiProcessingReadingService(num_workers=workers, multiprocessing_context="fork"))
+                loader = DataLoader2(pipe, reading_service=SequentialReadingService(*services))
+                try:
+                    results[size, workers] = []
+                    for url in loader:
+                        results[size, workers].append(url)
+                        dist.all_reduce(torch.ones(1))
+                finally:
+                    loader.shutdown()
+    finally:
+        dist.destroy_process_group()
+    (out / f"uneven-{rank}.pkl").write_bytes(pickle.dumps(results))
+
+
+def test_three_ranks_of_uneven_shares_stop_together_at_the_shortest(gcs_emulator: Emulator, tmp_path: Path) -> None:
+    """DistributedReadingService ends every rank's epoch when the first rank runs out (its full-sync
+    step), so no rank waits in an all-reduce: with 19 or 20 objects on 3 ranks each rank reads 6 and
+    the rest of the epoch (1 or 2 objects) is not read."""
+    bucket = "uneven-data"
+    names = {f"n{size}/{i:02d}": f"{i:02d}".encode() for size in (19, 20) for i in range(size)}
+    gcs_emulator.seed(bucket, names)
+    mp.start_processes(
+        run_uneven_rank,
+        args=(free_port(), bucket, gcs_emulator.client_config, tmp_path),
+        nprocs=UNEVEN_WORLD,
+        join=True,
+        start_method="spawn",
+    )
+    ranks = [pickle.loads((tmp_path / f"uneven-{rank}.pkl").read_bytes()) for rank in range(UNEVEN_WORLD)]
+    for size in (19, 20):
+        for workers in (0, 2, 3):
+            shares = [ranks[rank][size, workers] for rank in range(UNEVEN_WORLD)]
+            assert [len(share) for share in shares] == [size // UNEVEN_WORLD] * UNEVEN_WORLD, (size, workers)
+            read = [url for share in shares for url in share]
+            assert len(set(read)) == len(read), "nothing is read twice"
+            assert set(read) < {f"gs://{bucket}/{name}" for name in names if name.startswith(f"n{size}/")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pickle
 import warnings
 from pathlib import Path
@@ -12,10 +13,25 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tests.delivery import assert_exactly_once, read
-from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
+from torchdata_gcs import (
+    ClientConfig,
+    GCSIterableDataset,
+    GCSMapDataset,
+    InvalidURIError,
+    MissingObjectWarning,
+    NotFoundError,
+)
 from torchdata_gcs.testing import Emulator, GCSFront
 
 N_OBJECTS = 60
+
+
+def pair(url: str, stream):
+    return url, stream
+
+
+def len_of(stream, scale: int) -> int:
+    return scale * len(stream.read())
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +69,68 @@ def test_map_dataset_under_a_distributed_sampler(dataset, client) -> None:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_pairs_cross_worker_processes(dataset, client, num_workers: int) -> None:
-    """The default items, ``(url, stream)``, are read in the main process after crossing from a worker."""
+def test_default_items_go_through_default_collate(dataset, client, num_workers: int) -> None:
+    """``(url, bytes)``: a DataLoader with a batch size and no collate_fn batches them as they are."""
     bucket, expected = dataset
     for ds in (
         GCSMapDataset(f"gs://{bucket}/ds/", client=client),
         GCSIterableDataset(f"gs://{bucket}/ds/", client=client),
     ):
+        batches = list(DataLoader(ds, batch_size=7, num_workers=num_workers))
+        assert all(len(urls) == len(datas) for urls, datas in batches)
+        assert_exactly_once([item for urls, datas in batches for item in zip(urls, datas)], expected)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_streams_cross_worker_processes(dataset, client, num_workers: int) -> None:
+    """A transform may hand the stream itself on: it is read in the main process after crossing from a worker."""
+    bucket, expected = dataset
+    for ds in (
+        GCSMapDataset(f"gs://{bucket}/ds/", transform=pair, client=client),
+        GCSIterableDataset(f"gs://{bucket}/ds/", transform=pair, client=client),
+    ):
         loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
         assert_exactly_once([(url, stream.read()) for url, stream in loader], expected)
+
+
+def test_a_transform_of_one_argument_gets_the_stream(dataset, client) -> None:
+    bucket, expected = dataset
+    ds = GCSMapDataset(f"gs://{bucket}/ds/", transform=lambda stream: (stream.name, stream.read()), client=client)
+    assert ds[3] == (f"gs://{bucket}/ds/003.bin", expected[f"gs://{bucket}/ds/003.bin"])
+    ds = GCSIterableDataset(f"gs://{bucket}/ds/", transform=functools.partial(len_of, scale=2), client=client)
+    assert sum(ds) == 2 * sum(map(len, expected.values()))
+    with pytest.raises(TypeError, match="transform must be callable"):
+        GCSMapDataset(f"gs://{bucket}/ds/", transform="decode", client=client)  # type: ignore[arg-type]
+
+
+def test_from_prefix_and_from_objects(dataset, client) -> None:
+    bucket, expected = dataset
+    urls = [f"gs://{bucket}/ds/007.bin", f"gs://{bucket}/ds/003.bin"]
+    assert [url for url, _ in GCSMapDataset.from_prefix(f"gs://{bucket}/ds/00*.bin", client=client)] == sorted(
+        expected
+    )[:10]
+    with GCSFront(client.endpoint) as front:
+        ds = GCSIterableDataset.from_objects(urls, client=front.client_config, shuffle=False)
+        assert front.counts == {"metadata": 2}, "one metadata request per object, no listing"
+        assert list(ds) == [(url, expected[url]) for url in urls]
+    with pytest.raises(NotFoundError, match=f"gs://{bucket}/ds/missing.bin"):
+        GCSMapDataset.from_objects([*urls, f"gs://{bucket}/ds/missing.bin"], client=client)
+    with pytest.warns(MissingObjectWarning, match="missing.bin"):
+        ds = GCSMapDataset.from_objects([f"gs://{bucket}/ds/missing.bin", *urls], skip_missing=True, client=client)
+    assert [ds[i][0] for i in range(len(ds))] == urls and ds.stats.missing == 1
+    with pytest.raises(InvalidURIError, match="object name must not be empty"):
+        GCSMapDataset.from_objects([f"gs://{bucket}/"], client=client)
+
+
+def test_errors_name_the_public_classes(dataset, client) -> None:
+    bucket, _ = dataset
+    for kind in (GCSMapDataset, GCSIterableDataset):
+        with pytest.raises(
+            TypeError, match=rf"{kind.__name__}.__init__\(\) got an unexpected keyword argument 'shufle'"
+        ):
+            kind(f"gs://{bucket}/ds/", shufle=True, client=client)
+        with pytest.raises(TypeError, match=rf"{kind.__name__}.__init__\(\) got an unexpected keyword argument 'mask'"):
+            kind.from_prefix(f"gs://{bucket}/ds/", mask="*.bin", client=client)
 
 
 def test_iterable_dataset_splits_across_workers_by_itself(dataset, client) -> None:

@@ -84,9 +84,11 @@ def test_object_urls_and_prefixes(gcs_emulator: Emulator, gcs_bucket: str, clien
     ]
 
 
-def test_empty_prefix_yields_nothing(gcs_bucket: str, client: ClientConfig) -> None:
-    assert list(lister(f"gs://{gcs_bucket}/nothing-here/", client)) == []
-    assert list(lister(f"gs://{gcs_bucket}/nothing-here", client)) == []
+def test_an_empty_prefix_is_an_error_unless_allowed(gcs_bucket: str, client: ClientConfig) -> None:
+    for url in (f"gs://{gcs_bucket}/nothing-here/", f"gs://{gcs_bucket}/nothing-here"):
+        with pytest.raises(NotFoundError, match=url):
+            list(lister(url, client))
+        assert list(lister(url, client, allow_empty=True)) == []
 
 
 def test_missing_bucket_raises_not_found(client: ClientConfig) -> None:
@@ -104,7 +106,7 @@ def test_bad_inputs_raise_typed_errors(client: ClientConfig) -> None:
         list(IterableWrapper(["not a url"]).list_files_by_gcs(client=client))
     with pytest.raises(ValueError):
         lister("gs://ok-bucket/", client, page_size=1001)
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidURIError, match="got int: 42"):
         lister(42, client)  # type: ignore[arg-type]
 
 

@@ -73,7 +73,9 @@ def test_parallel_listing_equals_a_sequential_one(
     front.index_listings(bucket)
     url = f"gs://{bucket}/{shared}"
     front.reset_counts()
-    lister = GCSFileListerIterDataPipe(url, client=front.client_config, page_size=page_size, concurrency=concurrency)
+    lister = GCSFileListerIterDataPipe(
+        url, client=front.client_config, page_size=page_size, concurrency=concurrency, allow_empty=True
+    )
     listed = list(lister)
     expected = [f"gs://{bucket}/{name}" for name in names if name.startswith(shared) and not name.endswith("/")]
     assert listed == expected
@@ -96,7 +98,9 @@ def sized_prefixes() -> Iterator[tuple[Emulator, GCSFront]]:
 def test_prefix_sizes_around_a_page(sized_prefixes: tuple[Emulator, GCSFront], count: int) -> None:
     _, running = sized_prefixes
     running.reset_counts()
-    lister = GCSFileListerIterDataPipe(f"gs://sized-prefixes/n{count}/", client=running.client_config, concurrency=8)
+    lister = GCSFileListerIterDataPipe(
+        f"gs://sized-prefixes/n{count}/", client=running.client_config, concurrency=8, allow_empty=True
+    )
     listed = list(lister)
     assert listed == [f"gs://sized-prefixes/n{count}/{i:05d}" for i in range(count)]
     assert running.counts["list"] == lister.stats.requests <= 1.5 * sequential_pages(count, 1000)

@@ -33,9 +33,9 @@ from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
+from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import compose_object, delete_object, object_resource
+from .._ops.objects import compose_object, delete_object
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle
 from .._transport.context import LoadStats, RequestContext, new_context
@@ -50,7 +50,7 @@ from ..errors import (
     PreconditionFailedError,
 )
 from .download import Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
-from .listing import MAX_PAGE_SIZE, list_objects, list_versions
+from .listing import MAX_PAGE_SIZE, describe, list_objects, list_versions
 
 logger = logging.getLogger(__name__)
 
@@ -163,11 +163,7 @@ class Composer:
         pending: list[str] = []
 
         def resolve() -> Iterator[tuple[str, ObjectInfo | NotFoundError]]:
-            async def describe_all() -> list[ObjectInfo | NotFoundError]:
-                return await asyncio.gather(*(_describe(self.job, url) for url in pending))
-
-            infos = run(describe_all())
-            yield from zip(pending, infos)
+            yield from zip(pending, run(describe(self.job, pending)))
             pending.clear()
 
         for url, info in items:
@@ -370,18 +366,6 @@ async def delete_temporary(job: RequestContext, bucket: str, name: str, generati
         logger.debug("deleting %s failed: %r", format_url(bucket, name), exc)
         return False
     return True
-
-
-async def _describe(job: RequestContext, url: str) -> ObjectInfo | NotFoundError:
-    """An object's size, generation and crc32c (one metadata request), or the error saying it is gone."""
-    bucket, name = parse_url(url, allow_prefix=False)
-    try:
-        resource = await object_resource(
-            job, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS, missing_ok=False
-        )
-    except NotFoundError as exc:
-        return exc
-    return ObjectInfo.from_json(resource)  # type: ignore[arg-type]
 
 
 async def _missing(url: str, error: NotFoundError, job: RequestContext, seq: int) -> tuple[list[Outcome], int]:

@@ -396,6 +396,7 @@ def deliver_in_order(
             if isinstance(data, NotFoundError):
                 if not skip_missing:
                     raise data
+                stats.missing += 1
                 warnings.warn(f"skipping {url}: it no longer exists", MissingObjectWarning, stacklevel=4)
                 continue
             stats.objects += 1

@@ -1,12 +1,19 @@
-"""Listing of a ``gs://`` URL into the objects it names, in GCS's name order."""
+"""Listing of a ``gs://`` URL into the objects it names, in GCS's name order, and the metadata of
+objects named one by one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo
 from .._ops.client import Client
-from .._ops.urls import TEMPORARY_PREFIX
+from .._ops.objects import object_resource
+from .._ops.urls import TEMPORARY_PREFIX, parse_url
+from .._transport.context import RequestContext
+from .._transport.loop import run
+from ..errors import NotFoundError
 from .parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
 
 MAX_PAGE_SIZE = 1000  # GCS never returns more per page
@@ -67,3 +74,27 @@ def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str
         if not page.get("nextPageToken"):
             return
         params["pageToken"] = page["nextPageToken"]
+
+
+async def describe(job: RequestContext, urls: Sequence[str]) -> list[ObjectInfo | NotFoundError]:
+    """Each object's size, generation and crc32c (one metadata request each, as many at once as
+    ``job``'s slots allow), or the error saying it does not exist."""
+
+    async def one(url: str) -> ObjectInfo | NotFoundError:
+        bucket, name = parse_url(url, allow_prefix=False)
+        try:
+            resource = await object_resource(
+                job, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS, missing_ok=False
+            )
+        except NotFoundError as exc:
+            return exc
+        return ObjectInfo.from_json(resource)  # type: ignore[arg-type]
+
+    return await asyncio.gather(*(one(url) for url in urls))
+
+
+def describe_objects(client: Client, urls: Sequence[str], batch: int = 1024) -> Iterator[ObjectInfo | NotFoundError]:
+    """:func:`describe` for a blocking caller, ``batch`` objects at a time (their requests under the
+    client's concurrency limit), in the order of ``urls``."""
+    for start in range(0, len(urls), batch):
+        yield from run(describe(client.context(), urls[start : start + batch]))

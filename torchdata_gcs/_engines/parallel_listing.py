@@ -121,12 +121,14 @@ def split_point(low: str, high: str | None, space: KeySpace, stride: int = 0) ->
 
 @dataclass
 class ListingStats:
-    """What a listing cost: list requests sent (and how many came back full), ranges split off, objects."""
+    """What a listing cost: list requests sent (and how many came back full), ranges split off, objects,
+    and named objects skipped because they do not exist (``skip_missing``)."""
 
     requests: int = 0
     full_pages: int = 0
     splits: int = 0
     objects: int = 0
+    missing: int = 0
 
 
 @dataclass(eq=False)

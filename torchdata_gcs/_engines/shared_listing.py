@@ -19,26 +19,21 @@ import hashlib
 import json
 import logging
 import os
-import posixpath
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import final
-
-from torch.utils.data.datapipes.utils.common import match_masks
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.urls import format_url, parse_url
 from ..errors import GCSError, InvalidURIError, PreconditionFailedError
-from .listing import list_objects
-from .parallel_listing import ListingStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LEASE", "Entry", "SharedListing", "list_inputs"]
+__all__ = ["LEASE", "Entry", "SharedListing"]
 
 FORMAT = 1
 LEASE = 30.0
@@ -217,42 +212,3 @@ class _Lock:
                 except GCSError as exc:  # taken over; this listing still completes and publishes
                     logger.warning("could not renew the listing lock %s: %s", shared.lock_name, exc)
                     return
-
-
-def list_inputs(
-    client: Client,
-    inputs: list[str],
-    masks: Sequence[str],
-    *,
-    with_info: bool,
-    page_size: int,
-    concurrency: int,
-    stats: ListingStats,
-    manifest: str | None = None,
-    after: tuple[int, str] | None = None,
-) -> Iterator[list[Entry]]:
-    """List every input URL in turn (from position ``after`` on), in batches of the entries whose base
-    names pass ``masks`` (fnmatch patterns; none, or only empty ones, keep all); through the shared
-    ``manifest`` folder if one is given (entries then always carry their metadata)."""
-    for url in inputs:
-        parse_url(url)
-    patterns = [mask for mask in masks if mask]
-
-    def list_from(start: tuple[int, str] | None) -> Iterator[list[Entry]]:
-        for index, source_url in enumerate(inputs):
-            if start is not None and index < start[0]:
-                continue
-            bucket, name = parse_url(source_url)
-            resume_name = parse_url(start[1])[1] if start is not None and index == start[0] else None
-            for batch in list_objects(client, bucket, name, page_size, concurrency, stats, resume_name):
-                yield [
-                    (index, url, ObjectInfo.from_json(resource) if with_info or manifest is not None else None)
-                    for url, resource in batch
-                    if not patterns or match_masks(posixpath.basename(url), patterns)
-                ]
-
-    if manifest is None:
-        yield from list_from(after)
-        return
-    for batch in SharedListing(client, manifest, inputs, list(masks)).entries(lambda: list_from(None)):
-        yield batch if after is None else [entry for entry in batch if (entry[0], entry[1]) > after]

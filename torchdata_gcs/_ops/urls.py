@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 import re
 import reprlib
+from collections.abc import Iterable
 
 from ..errors import InvalidURIError
 
@@ -85,7 +87,7 @@ def parse_url(url: str, *, allow_prefix: bool = True) -> tuple[str, str]:
     ('my-bucket', 'images/cat #1.jpg')
     """
     if not isinstance(url, str):
-        raise InvalidURIError(f"expected a gs:// URL string, got {type(url).__name__}: {brief(url)}")
+        raise InvalidURIError(not_a_url(url))
     scheme = next((s for s in SCHEMES if url.startswith(s)), None)
     if scheme is None:
         raise InvalidURIError(f"not a GCS URL (expected gs://bucket/name): {brief(url)}")
@@ -93,6 +95,31 @@ def parse_url(url: str, *, allow_prefix: bool = True) -> tuple[str, str]:
     validate_bucket(bucket)
     validate_object_name(name, allow_empty=allow_prefix)
     return bucket, name
+
+
+def url_list(urls: object) -> list[str]:
+    """``urls`` as a list: one URL string, or an iterable of them (each checked by :func:`parse_url`).
+
+    >>> url_list("gs://bkt/train/"), url_list(("gs://bkt/a", "gs://bkt/b"))
+    (['gs://bkt/train/'], ['gs://bkt/a', 'gs://bkt/b'])
+    """
+    if isinstance(urls, str):
+        listed = [urls]
+    elif isinstance(urls, (bytes, bytearray, os.PathLike)) or not isinstance(urls, Iterable):
+        raise InvalidURIError(not_a_url(urls))
+    else:
+        listed = list(urls)
+    for url in listed:
+        parse_url(url)
+    return listed
+
+
+def not_a_url(value: object) -> str:
+    """What an error says of ``value`` given where a URL belongs."""
+    accepted = "expected a 'gs://bucket/name' string (or a list of them)"
+    if isinstance(value, os.PathLike):
+        return f"{accepted}, got the local path {brief(value)}: a pathlib path turns 'gs://' into 'gs:/'"
+    return f"{accepted}, got {type(value).__name__}: {brief(value)}"
 
 
 def format_url(bucket: str, name: str = "") -> str:

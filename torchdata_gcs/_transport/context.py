@@ -22,14 +22,16 @@ T = TypeVar("T")
 @dataclass
 class LoadStats:
     """What loading cost so far: requests sent, bytes received, retries, 429 answers, objects
-    delivered, seconds the consumer waited for the next object, and (``compose_shards_by_gcs``)
-    compose calls made and kept composites reused."""
+    delivered, objects skipped because they do not exist (``skip_missing``), seconds the consumer
+    waited for the next object, and (``compose_shards_by_gcs``) compose calls made and kept
+    composites reused."""
 
     requests: int = 0
     bytes: int = 0
     retries: int = 0
     throttled: int = 0
     objects: int = 0
+    missing: int = 0
     wait_seconds: float = 0.0
     composes: int = 0
     reused: int = 0

@@ -45,7 +45,10 @@ def listed_with_stats(
     url: str, client: ClientConfig, concurrency: int
 ) -> tuple[GCSFileListerIterDataPipe, Iterator[Any]]:
     """The parallel lister of ``url`` (for its stats) and its ``(url, ObjectInfo)`` pairs."""
-    lister = GCSFileListerIterDataPipe(url, with_metadata=True, client=client, concurrency=concurrency)
+    # An empty prefix is an answer here (ls prints 0 objects; bench says there is nothing to measure).
+    lister = GCSFileListerIterDataPipe(
+        url, with_metadata=True, client=client, concurrency=concurrency, allow_empty=True
+    )
     return lister, iter(lister)
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
 
 from .._ops.checksums import ObjectInfo
-from .._ops.urls import brief
+from .._ops.urls import brief, not_a_url
 from ..errors import InvalidURIError
 
 Item = str | tuple[str, ObjectInfo]
@@ -26,8 +27,8 @@ def as_source(source: IterDataPipe[T] | Iterable[T] | str) -> IterDataPipe[T] | 
         return source
     if isinstance(source, str):
         return (source,)
-    if not isinstance(source, Iterable):
-        raise TypeError(f"expected a DataPipe, an iterable of URLs or a URL, got {type(source).__name__}")
+    if isinstance(source, os.PathLike) or not isinstance(source, Iterable):
+        raise InvalidURIError(f"{not_a_url(source)}, or a DataPipe of them")
     return tuple(source)
 
 

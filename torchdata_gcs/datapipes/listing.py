@@ -7,9 +7,9 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
+from .._engines.inputs import list_inputs
 from .._engines.listing import MAX_PAGE_SIZE
 from .._engines.parallel_listing import ListingStats
-from .._engines.shared_listing import list_inputs
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.urls import parse_url
@@ -21,19 +21,24 @@ __all__ = ["GCSFileListerIterDataPipe"]
 
 @functional_datapipe("list_files_by_gcs")
 class GCSFileListerIterDataPipe(IterDataPipe):
-    """Lists the objects under ``gs://`` prefixes or URLs (functional name: ``list_files_by_gcs``).
+    """Lists the objects under ``gs://`` prefixes, object URLs or globs (functional name: ``list_files_by_gcs``).
 
     Each input is expanded in GCS's name order (lexicographic by UTF-8 bytes), inputs one after
     another in the order given, so every worker and rank that lists the same unchanged bucket sees
-    the same sequence. An input ending in ``/`` (or a bare bucket) is a prefix; any other input
-    names an object and, if it also acts as a folder, everything under ``input/``. Zero-byte
-    folder placeholders (names ending in ``/``) are skipped. Metadata comes from the listing
-    itself; no request per object is made.
+    the same sequence. An input ending in ``/`` (or a bare bucket) is a prefix; an input with ``*``,
+    ``?`` or ``[`` is a glob as fsspec and gcsfs read it (``*`` within one level, ``**`` across
+    levels; ``[*]`` is a literal ``*``); any other input names an object and, if it also acts as a
+    folder, everything under ``input/``. Zero-byte folder placeholders (names ending in ``/``) are
+    skipped. Metadata comes from the listing itself; no request per object is made.
+
+    An input that matches no object raises ``NotFoundError`` naming it and the masks when the
+    listing reaches it: a misspelt prefix or mask is an error, not an empty epoch.
 
     Args:
         source_datapipe: a DataPipe, an iterable of ``gs://`` (or ``gcs://``) URLs, or one URL.
-        masks: fnmatch pattern(s) matched against each object's base name; an empty pattern (or
-            none) keeps all.
+        masks: pattern(s) an object must match: without ``/``, fnmatch on its base name (``*.jpg``);
+            with ``/``, a glob on its name below the input's prefix (``**/*.jpg``, ``*/labels.json``).
+            An empty pattern (or none) keeps all.
         with_metadata: yield ``(url, ObjectInfo)`` instead of ``url``; ``load_files_by_gcs``
             then pins each read to the listed generation and checks the listed crc32c.
         client: endpoint and credentials; defaults to ``ClientConfig()``.
@@ -48,6 +53,9 @@ class GCSFileListerIterDataPipe(IterDataPipe):
             manifest is named by the inputs and masks and kept, so a restarted job reads it instead
             of listing; objects added later are seen only under another folder (say, one per job).
             Needs permission to create and delete objects in the folder.
+        allow_empty: an input that matches no object is not an error.
+        skip_missing: an input naming an object (no ``/`` at its end, no glob) that does not exist is
+            skipped with a ``MissingObjectWarning`` and counted in ``stats.missing``.
 
     State:
         :meth:`state_dict` records the last object yielded; a DataPipe given it with
@@ -59,7 +67,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
 
     Raises:
         InvalidURIError: an input is not a valid ``gs://`` URL (raised here for literal inputs).
-        NotFoundError: a bucket does not exist.
+        NotFoundError: a bucket does not exist, or an input matches no object.
         AccessDeniedError: the credentials may not list the bucket.
 
     Example:
@@ -85,6 +93,8 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         page_size: int = MAX_PAGE_SIZE,
         concurrency: int = 8,
         manifest: str | None = None,
+        allow_empty: bool = False,
+        skip_missing: bool = False,
     ) -> None:
         require_integer("page_size", page_size, 1, MAX_PAGE_SIZE)
         require_integer("concurrency", concurrency, 1, 256)
@@ -102,6 +112,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         if manifest is not None:
             parse_url(manifest)
         self.manifest = manifest
+        self.allow_empty, self.skip_missing = allow_empty, skip_missing
         self.stats = ListingStats()
         self._position: tuple[int, str] | None = None  # (input index, URL) of the last object yielded
         self._resume_after: tuple[int, str] | None = None
@@ -136,6 +147,8 @@ class GCSFileListerIterDataPipe(IterDataPipe):
             stats=self.stats,
             manifest=self.manifest,
             after=after,
+            allow_empty=self.allow_empty,
+            skip_missing=self.skip_missing,
         )
         with_metadata = self.with_metadata
         for batch in batches:

@@ -1,8 +1,10 @@
-"""Load statistics summed over the process that made a dataset and its DataLoader workers.
+"""What a dataset shares with its DataLoader workers, through shared memory that forked workers inherit
+and spawned ones receive with the dataset: load statistics summed over every process, and the epoch.
 
 Each process counts into a plain :class:`LoadStats` of its own, so the I/O hot path stays an attribute
-add. After each item a worker copies its totals into its row of a small shared-memory table, which
-forked workers inherit and spawned ones receive with the dataset; reading the statistics sums the rows.
+add. After each item a worker copies its totals into its row of a small shared-memory table; reading the
+statistics sums the rows. The epoch is one shared integer, so ``set_epoch`` in the main process reaches
+persistent workers, which are copies made once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch.utils.data import get_worker_info
 
 from .._transport.context import LoadStats
 
-__all__ = ["MAX_WORKERS", "WorkerStats"]
+__all__ = ["MAX_WORKERS", "SharedEpoch", "WorkerStats"]
 
 FIELDS = tuple(field.name for field in dataclasses.fields(LoadStats))
 MAX_WORKERS = 256
@@ -72,3 +74,25 @@ class WorkerStats:
     def _read(self, row: int) -> list[float]:
         start = row * len(FIELDS)
         return list(self._table[start : start + len(FIELDS)])
+
+
+class SharedEpoch:
+    """An epoch number that a process and its DataLoader workers read and set as one."""
+
+    def __init__(self, value: int = 0, cell: Any = None) -> None:
+        self._cell: Any = multiprocessing.RawValue(ctypes.c_int64, value) if cell is None else cell
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled to a worker being spawned, the cell goes along (shared); pickled otherwise, a copy holds
+        the current value on its own."""
+        if get_spawning_popen() is None:
+            return SharedEpoch, (self.value,)
+        return SharedEpoch, (0, self._cell)
+
+    @property
+    def value(self) -> int:
+        return int(self._cell.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._cell.value = epoch
