@@ -16,8 +16,10 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 from torchdata_gcs import (
     ClientConfig,
     GCSFileListerIterDataPipe,
+    GCSFileLoaderIterDataPipe,
     GCSIterableDataset,
     GCSMapDataset,
+    GCSShardComposerIterDataPipe,
     InvalidURIError,
     MissingObjectWarning,
     NotFoundError,
@@ -185,3 +187,14 @@ def test_fsspec_globs_as_gcsfs_and_raises_where_gcsfs_raises(bucket: str, client
         fs.find("gs://no-such-front-door/x/")
     with pytest.raises(FileNotFoundError):
         fs.glob("gs://no-such-front-door/x/*.jpg")
+
+
+def test_the_loaders_name_a_missing_object_or_count_it_when_skipping(bucket: str, client: ClientConfig) -> None:
+    urls = [url("train/a.jpg"), url("train/z.jpg")]
+    for loader in (GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe):
+        with pytest.raises(NotFoundError, match="gs://front-door/train/z.jpg"):
+            list(loader(urls, client=client))
+        pipe = loader(urls, client=client, skip_missing=True)
+        with pytest.warns(MissingObjectWarning, match="gs://front-door/train/z.jpg"):
+            assert [name for name, _ in pipe] == [url("train/a.jpg")]
+        assert pipe.stats.missing == 1 and pipe.stats.objects == 1
