@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -10,6 +11,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 from torchdata_gcs import (
     AccessDeniedError,
     ClientConfig,
+    EndpointError,
     GCSError,
     IntegrityError,
     InvalidURIError,
@@ -21,7 +23,7 @@ from torchdata_gcs import (
     Zstd,
     checkpoint,
 )
-from torchdata_gcs._transport.http import error_for_status
+from torchdata_gcs._transport.http import error_detail, error_for_status
 from torchdata_gcs.datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe
 
 
@@ -45,6 +47,66 @@ def test_statuses_map_to_typed_errors(status: int, error_type: type, builtin: ty
     assert "gs://b/x" in str(error) and str(status) in str(error)
 
 
+def _json_error(message: str) -> str:
+    """A 404 body of GCS's JSON API, as GCS words it."""
+    error = {"message": message, "domain": "global", "reason": "notFound"}
+    return json.dumps({"error": {"code": 404, "message": message, "errors": [error]}}, indent=2)
+
+
+def _xml_error(code: str, message: str, details: str = "") -> str:
+    """A 404 body of GCS's XML API."""
+    extra = f"<Details>{details}</Details>" if details else ""
+    return (
+        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message>{extra}</Error>"
+    )
+
+
+NO_BUCKET = "The specified bucket does not exist."
+
+
+@pytest.mark.parametrize(
+    "url, body, message, named",
+    [
+        ("gs://bkt/a/b", _json_error(NO_BUCKET), "bucket 'bkt' does not exist (gs://bkt/a/b)", "gs://bkt/"),
+        ("gs://bkt/", _json_error(NO_BUCKET), "bucket 'bkt' does not exist", "gs://bkt/"),
+        ("gs://bkt/a", NO_BUCKET, "bucket 'bkt' does not exist (gs://bkt/a)", "gs://bkt/"),  # a media read's text body
+        ("gs://bkt/a", _xml_error("NoSuchBucket", NO_BUCKET), "bucket 'bkt' does not exist (gs://bkt/a)", "gs://bkt/"),
+        ("gs://bkt/a/b", _json_error("No such object: bkt/a/b"), "object gs://bkt/a/b does not exist", "gs://bkt/a/b"),
+        ("gs://bkt/a", "No such object: bkt/a", "object gs://bkt/a does not exist", "gs://bkt/a"),
+        (
+            "gs://bkt/a",
+            _xml_error("NoSuchKey", "The specified key does not exist.", "No such object: bkt/a"),
+            "object gs://bkt/a does not exist",
+            "gs://bkt/a",
+        ),
+        # what an emulator (and GCS in earlier years) answers for either: both are said
+        ("gs://bkt/a", _json_error("Not Found"), "gs://bkt/a does not exist: no such object, or no bucket 'bkt'", None),
+        ("gs://bkt/a", "Not Found\n", "gs://bkt/a does not exist: no such object, or no bucket 'bkt'", None),
+        ("gs://bkt/", _json_error("Not Found"), "bucket 'bkt' does not exist", "gs://bkt/"),  # a bucket's own URL
+        # another object than the one asked for (a compose's source), or no object at all: GCS's words
+        (
+            "gs://bkt/out",
+            _json_error("No such object: bkt/src"),
+            "GCS answered 404 (gs://bkt/out): No such object: bkt/src",
+            None,
+        ),
+        (
+            "gs://bkt/a",
+            _xml_error("NoSuchUpload", "The requested upload was not found."),
+            "GCS answered 404 (gs://bkt/a): NoSuchUpload: The requested upload was not found.",
+            None,
+        ),
+    ],
+)
+def test_a_404_says_whether_the_bucket_or_the_object_is_missing(
+    url: str, body: str, message: str, named: str | None
+) -> None:
+    error = error_for_status(404, url, error_detail(body))
+    assert type(error) is NotFoundError and error.status == 404
+    assert str(error).startswith(message), str(error)
+    assert error.url == (named or url)
+
+
 @pytest.mark.parametrize(
     "error",
     [
@@ -54,6 +116,7 @@ def test_statuses_map_to_typed_errors(status: int, error_type: type, builtin: ty
         InvalidURIError("bad"),
         TransientError("busy", url="gs://b/x", status=429, retry_after=3.0),
         IntegrityError("crc", url="gs://b/x"),
+        EndpointError("refused", url="http://127.0.0.1:1"),
         GCSError("other", status=400),
     ],
 )

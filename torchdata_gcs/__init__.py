@@ -30,6 +30,7 @@ from .datasets import GCSIterableDataset, GCSMapDataset
 from .errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
+    EndpointError,
     GCSError,
     IntegrityError,
     InvalidURIError,
@@ -46,6 +47,7 @@ __all__ = [
     "AccessDeniedError",
     "ClientConfig",
     "ComposeFallbackWarning",
+    "EndpointError",
     "GCSError",
     "GCSFileListerIterDataPipe",
     "GCSFileLoaderIterDataPipe",

@@ -7,6 +7,7 @@
         ├── PreconditionFailedError FileExistsError    412: a generation precondition did not hold
         ├── InvalidURIError        ValueError          a URL, bucket or object name GCS would refuse
         ├── TransientError         ConnectionError     429, 5xx, resets, timeouts: retries ran out
+        ├── EndpointError          ConnectionError     the endpoint cannot be reached or trusted
         ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
         ├── UploadError            OSError             a write failed: nothing was published
         └── NoMultipartListing                         the endpoint lists no multipart uploads
@@ -24,6 +25,7 @@ from __future__ import annotations
 __all__ = [
     "AccessDeniedError",
     "ComposeFallbackWarning",
+    "EndpointError",
     "GCSError",
     "IntegrityError",
     "InvalidURIError",
@@ -86,6 +88,12 @@ class TransientError(GCSError, ConnectionError):
     ) -> None:
         super().__init__(message, url=url, status=status)
         self.retry_after = retry_after
+
+
+class EndpointError(GCSError, ConnectionError):
+    """The endpoint cannot be reached or trusted: its TLS certificate failed verification (never
+    retried), or, before it has answered once in this process, the connection was refused or its host
+    name does not resolve (retried for a few seconds only, then raised). ``url`` is the endpoint's."""
 
 
 class IntegrityError(GCSError, OSError):
