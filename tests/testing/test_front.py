@@ -499,3 +499,51 @@ def test_compose_sources_are_checked_as_gcs_checks_them(
         object_url(gcs_emulator.endpoint, b, "x") + "/compose", json={"sourceObjects": [{"name": "absent"}]}, timeout=10
     )
     assert bare.status_code >= 500  # why the front checks: the emulator answers a missing source with 500
+
+
+def test_404s_carry_gcs_own_bodies(gcs_emulator: Emulator, gcs_bucket: str, front: GCSFront) -> None:
+    """GCS names a missing bucket apart from a missing object, in the JSON API's error document, in a
+    media read's text and in the XML API's error codes; the emulator answers "Not Found" to all."""
+    gcs_emulator.seed(gcs_bucket, {"here": b"1"})
+    absent = f"{gcs_bucket}-absent"
+    no_bucket = "The specified bucket does not exist."
+
+    def json_message(response: requests.Response) -> str:
+        assert response.status_code == 404 and response.headers["Content-Type"].startswith("application/json")
+        error = response.json()["error"]
+        assert error["code"] == 404 and error["errors"] == [
+            {"message": error["message"], "domain": "global", "reason": "notFound"}
+        ]
+        return str(error["message"])
+
+    def media_text(response: requests.Response) -> str:
+        assert response.status_code == 404 and response.headers["Content-Type"].startswith("text/html")
+        return response.text
+
+    compose = {"sourceObjects": [{"name": "here"}]}
+    with requests.Session() as http:
+        base = front.endpoint
+        assert json_message(http.get(f"{base}/storage/v1/b/{absent}/o", timeout=10)) == no_bucket
+        assert json_message(http.get(f"{base}/storage/v1/b/{absent}", timeout=10)) == no_bucket
+        assert json_message(http.get(object_url(base, absent, "a/b"), timeout=10)) == no_bucket
+        assert (
+            json_message(http.get(object_url(base, gcs_bucket, "a/b"), timeout=10))
+            == f"No such object: {gcs_bucket}/a/b"
+        )
+        assert (
+            json_message(http.delete(object_url(base, gcs_bucket, "a"), timeout=10))
+            == f"No such object: {gcs_bucket}/a"
+        )
+        upload = f"{base}/upload/storage/v1/b/{absent}/o?uploadType=media&name=x"
+        assert json_message(http.post(upload, data=b"x", timeout=10)) == no_bucket
+        assert (
+            json_message(http.post(object_url(base, absent, "c") + "/compose", json=compose, timeout=10)) == no_bucket
+        )
+        assert (
+            media_text(http.get(media_url(base, gcs_bucket, "a/b"), timeout=10)) == f"No such object: {gcs_bucket}/a/b"
+        )
+        assert media_text(http.get(media_url(base, absent, "a"), timeout=10)) == no_bucket
+        xml = http.post(f"{base}/{absent}/x?uploads", timeout=10)
+        assert xml.status_code == 404 and "<Code>NoSuchBucket</Code>" in xml.text
+        bare = http.get(object_url(gcs_emulator.endpoint, absent, "a"), timeout=10)
+        assert bare.status_code == 404 and bare.json()["error"]["message"] == "Not Found"  # why the front rewrites

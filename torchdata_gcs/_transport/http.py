@@ -30,6 +30,7 @@ from ..errors import (
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 
 
@@ -44,36 +45,75 @@ def resolve_endpoint(config: ClientConfig) -> tuple[str, bool]:
     return GCS_ENDPOINT, False
 
 
-def _credentials_from_file(path: str) -> google.auth.credentials.Credentials:
-    """Load a service-account or authorized-user key file; other kinds belong in ADC."""
+def _key_file(path: str, source: str) -> dict[str, Any]:
+    """The JSON document of the key file at ``path`` (named by ``source``); a file that is missing,
+    unreadable or not a JSON object raises ``AccessDeniedError`` naming it and what is wrong."""
+
+    def refused(problem: str) -> AccessDeniedError:
+        return AccessDeniedError(f"credentials file {path} ({source}) {problem}")
+
     try:
         with open(path, encoding="utf-8") as file:
-            kind = json.load(file).get("type")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise google.auth.exceptions.DefaultCredentialsError(f"cannot read {path}: {exc}") from None
-    if kind == "service_account":
-        return google.oauth2.service_account.Credentials.from_service_account_file(path, scopes=SCOPES)
-    if kind == "authorized_user":
-        return google.oauth2.credentials.Credentials.from_authorized_user_file(path, scopes=SCOPES)
-    raise google.auth.exceptions.DefaultCredentialsError(
-        f"{path} holds {kind!r} credentials; only service_account and authorized_user files are "
-        "accepted here (use GOOGLE_APPLICATION_CREDENTIALS for other kinds)"
+            document = json.load(file)
+    except FileNotFoundError:
+        raise refused("does not exist") from None
+    except IsADirectoryError:
+        raise refused("is a directory, not a key file") from None
+    except OSError as exc:
+        raise refused(f"cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise refused(f"is not a JSON key file ({exc})") from None
+    if not isinstance(document, dict):
+        raise refused(f"is not a JSON key file (it holds a JSON {type(document).__name__}, not an object)")
+    return document
+
+
+def _reason(exc: Exception) -> str:
+    """google-auth's account of what went wrong, on one line (it often gives a message and a cause)."""
+    return ": ".join(str(arg) for arg in exc.args).replace("\n", " ") if exc.args else type(exc).__name__
+
+
+def _credentials_from_file(path: str) -> google.auth.credentials.Credentials:
+    """Load a service-account or authorized-user key file; other kinds belong in ADC."""
+    document = _key_file(path, "ClientConfig.credentials_file")
+    kind = document.get("type")
+    try:
+        if kind == "service_account":
+            return google.oauth2.service_account.Credentials.from_service_account_info(document, scopes=SCOPES)
+        if kind == "authorized_user":
+            return google.oauth2.credentials.Credentials.from_authorized_user_info(document, scopes=SCOPES)
+    except ValueError as exc:  # google-auth's MalformedError: fields missing or wrong
+        raise AccessDeniedError(
+            f"credentials file {path} (ClientConfig.credentials_file) is not a usable {kind} key: {_reason(exc)}"
+        ) from None
+    raise AccessDeniedError(
+        f"credentials file {path} (ClientConfig.credentials_file) holds {kind!r} credentials; only service_account "
+        "and authorized_user files are accepted here (GOOGLE_APPLICATION_CREDENTIALS takes the other kinds)"
     )
 
 
 def credentials_for(config: ClientConfig) -> google.auth.credentials.Credentials:
-    """The configured credentials object or key file's credentials, else Application Default Credentials."""
+    """The configured credentials object or key file's credentials, else Application Default Credentials.
+
+    A key file that is missing or malformed (given here or named by ``GOOGLE_APPLICATION_CREDENTIALS``)
+    raises ``AccessDeniedError`` naming the file and what is wrong with it."""
     if config.credentials is not None:
         return google.auth.credentials.with_scopes_if_required(config.credentials, SCOPES)
+    if config.credentials_file:
+        return _credentials_from_file(config.credentials_file)
+    named = os.environ.get(CREDENTIALS_ENV)
+    if named:
+        _key_file(named, CREDENTIALS_ENV)  # google-auth's own account of these is vaguer
     try:
-        if config.credentials_file:
-            return _credentials_from_file(config.credentials_file)
         credentials, _ = google.auth.default(scopes=SCOPES)
     except (google.auth.exceptions.DefaultCredentialsError, ValueError) as exc:
-        source = config.credentials_file or "Application Default Credentials"
+        if named:
+            raise AccessDeniedError(
+                f"credentials file {named} ({CREDENTIALS_ENV}) is not a usable key file: {_reason(exc)}"
+            ) from None
         raise AccessDeniedError(
-            f"no usable Google credentials from {source} ({exc}): run `gcloud auth application-default "
-            "login`, set GOOGLE_APPLICATION_CREDENTIALS, or point STORAGE_EMULATOR_HOST at an emulator"
+            f"no Google credentials found ({_reason(exc)}): run `gcloud auth application-default login`, set "
+            f"{CREDENTIALS_ENV}, or point {EMULATOR_ENV} at an emulator"
         ) from None
     return credentials
 
