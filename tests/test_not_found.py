@@ -17,6 +17,11 @@ MISSING = "no-such-bucket-4f1c"
 Read = Callable[[ClientConfig, str], object]
 
 
+def message_of(error: BaseException) -> str:
+    """The error's own message (torch adds a line naming the DataPipe that raised it)."""
+    return str(error).splitlines()[0]
+
+
 def list_prefix(client: ClientConfig, url: str) -> object:
     return list(IterableWrapper([url]).list_files_by_gcs(client=client))
 
@@ -56,7 +61,7 @@ def fsspec_ls(client: ClientConfig, url: str) -> object:
 def test_a_missing_bucket_is_named(read: Read, url: str, gcs_front: GCSFront) -> None:
     with pytest.raises(NotFoundError) as info:
         read(gcs_front.client_config, url)
-    message = str(info.value)
+    message = message_of(info.value)
     assert message.startswith(f"bucket '{MISSING}' does not exist"), message
     assert info.value.url == f"gs://{MISSING}/" and info.value.status == 404
     assert isinstance(info.value, FileNotFoundError)
@@ -70,8 +75,8 @@ def test_a_missing_object_is_named_apart_from_its_bucket(
     url = f"gs://{gcs_bucket}/gone.bin"
     with pytest.raises(NotFoundError) as info:
         read(gcs_front.client_config, url)
-    assert str(info.value) == f"object {url} does not exist"
-    assert info.value.url == url and "bucket" not in str(info.value)
+    assert message_of(info.value) == f"object {url} does not exist"
+    assert info.value.url == url and "bucket" not in message_of(info.value)
 
 
 @pytest.mark.parametrize("read", [load, load_checkpoint, fsspec_cat], ids=lambda read: read.__name__)
@@ -81,7 +86,7 @@ def test_the_bare_emulator_still_gives_a_true_message(read: Read, client: Client
     for url in (f"gs://{MISSING}/a.bin", f"gs://{gcs_bucket}/a.bin"):
         with pytest.raises(NotFoundError) as info:
             read(client, url)
-        message = str(info.value)
+        message = message_of(info.value)
         assert url in message and "does not exist" in message, message
         assert not message.startswith(("bucket", "object")), message
 
@@ -90,5 +95,5 @@ def test_the_bare_emulator_listing_a_missing_bucket_names_it(client: ClientConfi
     """A listing answered 404 can only mean the bucket, whatever the answer's text."""
     with pytest.raises(NotFoundError) as info:
         list_prefix(client, f"gs://{MISSING}/train/")
-    assert str(info.value).startswith(f"bucket '{MISSING}' does not exist")
+    assert message_of(info.value).startswith(f"bucket '{MISSING}' does not exist")
     assert info.value.url == f"gs://{MISSING}/"

@@ -30,7 +30,6 @@ from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.urls import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
-from .errors import NotFoundError
 
 __all__ = [
     "Strategy",
@@ -135,9 +134,8 @@ def save(
 
 def _object_info(url: str, client: ClientConfig, retry: RetryConfig) -> ObjectInfo:
     bucket, name = parse_url(url, allow_prefix=False)
-    resource = Client(client, retry).head(bucket, name, ITEM_FIELDS)
-    if resource is None:
-        raise NotFoundError(f"{url} does not exist", url=url, status=404)
+    resource = Client(client, retry).head(bucket, name, ITEM_FIELDS, missing_ok=False)
+    assert resource is not None
     return ObjectInfo.from_json(resource)
 
 
@@ -153,7 +151,7 @@ def open_reader(
     second copy of an uncompressed object) and checked against GCS's crc32c.
 
     Raises:
-        NotFoundError: no such object.
+        NotFoundError: no such object, or no such bucket.
         IntegrityError: the bytes (or their compression) do not check out.
     """
     client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()

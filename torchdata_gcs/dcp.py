@@ -566,8 +566,7 @@ class GCSStorageReader(FileSystemReader):
             return super().read_metadata(*args, **kwargs)
         except NotFoundError as exc:
             raise NotFoundError(
-                f"no DCP checkpoint at {self.path}: {exc.url} does not exist (the save did not finish, or the "
-                "path is wrong)",
+                f"no DCP checkpoint at {self.path}: {exc} (the save did not finish, or the path is wrong)",
                 url=exc.url,
                 status=exc.status,
             ) from None

@@ -36,6 +36,7 @@ from .._ops.checksums import (
 from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, io_loop
 from .._transport.retry import Attempts
 from ..config import ClientConfig, RetryConfig, TransferConfig
@@ -119,6 +120,8 @@ async def _stream_range(
     try:
         await with_retry(job, url, attempt)
     except NotFoundError as exc:
+        if is_missing_bucket(exc):
+            raise
         raise _gone(url, params, exc) from exc
 
 
@@ -258,7 +261,7 @@ class _ObjectRead:
                 try:
                     first, size = await with_retry(job, url, self.first_answer)
                 except NotFoundError as exc:
-                    if info is None:
+                    if info is None or is_missing_bucket(exc):
                         raise
                     raise _gone(url, params, exc) from exc
                 if sum(map(len, first)) == size:
@@ -351,6 +354,8 @@ async def load_one(url: str, info: ObjectInfo | None, job: RequestContext, seq: 
     try:
         data, reserved = await fetch_object(job, url, info, seq)
     except NotFoundError as exc:
+        if is_missing_bucket(exc):  # never a missing object to skip
+            raise
         return [(url, exc)], 0
     return [(url, data)], 0 if isinstance(data, PartStream) else reserved
 

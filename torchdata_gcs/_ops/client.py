@@ -58,9 +58,12 @@ class Client:
         """The bucket's settings, trimmed to ``fields``."""
         return self.run(objects.bucket_resource, bucket, fields)
 
-    def head(self, bucket: str, name: str, fields: str, *, generation: int | None = None) -> dict[str, Any] | None:
-        """The object's metadata trimmed to ``fields``; ``None`` if it does not exist."""
-        return self.run(objects.object_resource, bucket, name, fields, generation=generation)
+    def head(
+        self, bucket: str, name: str, fields: str, *, generation: int | None = None, missing_ok: bool = True
+    ) -> dict[str, Any] | None:
+        """The object's metadata trimmed to ``fields``; ``None`` if it does not exist (``NotFoundError``
+        unless ``missing_ok``)."""
+        return self.run(objects.object_resource, bucket, name, fields, generation=generation, missing_ok=missing_ok)
 
     def read(self, bucket: str, name: str) -> bytes | None:
         """A small object's bytes, checked; ``None`` if it does not exist."""

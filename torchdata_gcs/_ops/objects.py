@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .._transport.context import RequestContext, with_retry
+from .._transport.http import is_missing_bucket, missing_bucket
 from ..errors import NotFoundError, PreconditionFailedError
 from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc32c, verify_bytes
 from .urls import format_url
@@ -41,8 +42,12 @@ async def _get_json(
 
 
 async def list_page(job: RequestContext, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
-    """One page of the bucket's object listing for the query ``params`` (``url`` names it in errors)."""
-    return await _get_json(job, url, job.session.bucket_path(bucket) + "/o", params)
+    """One page of the bucket's object listing for the query ``params`` (``url`` names it in errors); a
+    404 can only mean that the bucket does not exist, whatever the answer's words."""
+    try:
+        return await _get_json(job, url, job.session.bucket_path(bucket) + "/o", params)
+    except NotFoundError:
+        raise missing_bucket(bucket, url) from None
 
 
 async def bucket_resource(job: RequestContext, bucket: str, fields: str) -> dict[str, Any]:
@@ -61,21 +66,22 @@ async def object_resource(
     missing_ok: bool = True,
 ) -> dict[str, Any] | None:
     """The object's JSON resource (of ``generation``, else the live one) trimmed to ``fields``, or
-    ``None`` if it does not exist (``NotFoundError`` unless ``missing_ok``); an answer that lacks a
-    ``required`` field is retried."""
+    ``None`` if it does not exist (``NotFoundError`` unless ``missing_ok``; always if its bucket does
+    not); an answer that lacks a ``required`` field is retried."""
     params: dict[str, Any] = {"fields": fields}
     if generation is not None:
         params["generation"] = generation
     try:
         return await _get_json(job, format_url(bucket, name), job.session.object_path(bucket, name), params, required)
-    except NotFoundError:
-        if not missing_ok:
+    except NotFoundError as exc:
+        if not missing_ok or is_missing_bucket(exc):
             raise
         return None
 
 
 async def read_object(job: RequestContext, bucket: str, name: str) -> bytes | None:
-    """A small object's stored bytes, checked against GCS's crc32c, or ``None`` if it does not exist."""
+    """A small object's stored bytes, checked against GCS's crc32c, or ``None`` if it does not exist
+    (``NotFoundError`` if its bucket does not)."""
     url = format_url(bucket, name)
     path = job.session.media_path(bucket, name)
 
@@ -87,7 +93,9 @@ async def read_object(job: RequestContext, bucket: str, name: str) -> bytes | No
 
     try:
         return await with_retry(job, url, attempt)
-    except NotFoundError:
+    except NotFoundError as exc:
+        if is_missing_bucket(exc):
+            raise
         return None
 
 
@@ -157,7 +165,10 @@ async def create_object(
                 raise
             return int(live["generation"])
 
-    return await with_retry(job, url, attempt)
+    try:
+        return await with_retry(job, url, attempt)
+    except NotFoundError:  # an upload creates the object: only its bucket can be missing
+        raise missing_bucket(bucket, url) from None
 
 
 async def compose_object(
@@ -217,7 +228,8 @@ async def rewrite_object(
 async def delete_request(
     job: RequestContext, url: str, path: str, params: dict[str, Any], *, xml_api: bool = False
 ) -> bool:
-    """Send a DELETE to ``path`` (``url`` names it in errors); ``False`` if it was already gone."""
+    """Send a DELETE to ``path`` (``url`` names it in errors); ``False`` if it was already gone
+    (``NotFoundError`` if its bucket is)."""
 
     async def attempt() -> None:
         async with job.session.send("DELETE", url, path, params, xml_api=xml_api):
@@ -225,7 +237,9 @@ async def delete_request(
 
     try:
         await with_retry(job, url, attempt)
-    except NotFoundError:
+    except NotFoundError as exc:
+        if is_missing_bucket(exc):
+            raise
         return False
     return True
 

@@ -181,12 +181,61 @@ DIGEST_MISMATCHES = ("BadDigest", "InvalidDigest", "CrcMismatch", "Provided CRC3
 XML API's error codes (as ``"Code: Message"``) and the JSON API's messages."""
 
 
+BUCKET_MISSING = ("NoSuchBucket", "The specified bucket does not exist")
+"""How GCS's 404 answers say that the bucket does not exist: the XML API's code, the JSON API's message
+(also the whole text of a media read's answer)."""
+
+
+def missing_bucket(bucket: str, url: str | None = None) -> NotFoundError:
+    """The error for a bucket that does not exist, met while asking for ``url``; its ``url`` is ``gs://bucket/``."""
+    named = f"gs://{bucket}/"
+    asked = f" ({url})" if url and url != named else ""
+    return NotFoundError(f"bucket {bucket!r} does not exist{asked}", url=named, status=404)
+
+
+def is_missing_bucket(error: BaseException) -> bool:
+    """Whether ``error`` says that a bucket does not exist (as :func:`missing_bucket` makes it): a missing
+    bucket is never a missing object to skip or to take as "not there yet".
+
+    >>> is_missing_bucket(missing_bucket("b", "gs://b/x")), is_missing_bucket(NotFoundError("", url="gs://b/x"))
+    (True, False)
+    """
+    url = getattr(error, "url", None)
+    return (
+        isinstance(error, NotFoundError) and bool(url) and url.startswith("gs://") and url.find("/", 5) == len(url) - 1
+    )
+
+
+def _not_found(url: str | None, detail: str, message: str) -> NotFoundError:
+    """What a 404 means: GCS says whether the bucket or the object is missing (JSON API "The specified
+    bucket does not exist." / "No such object: b/o", the same as a media read's text, XML API
+    ``NoSuchBucket`` / ``NoSuchKey``). An answer that says neither ("Not Found", as emulators answer)
+    is told as either, except for a bucket's own URL; any other answer keeps GCS's words."""
+    if not url or not url.startswith("gs://"):
+        return NotFoundError(message, url=url, status=404)
+    bucket, _, name = url[5:].partition("/")
+    if detail.startswith(BUCKET_MISSING):
+        return missing_bucket(bucket, url)
+    says_nothing = detail.rstrip(".").lower() in ("", "not found")
+    if not name and says_nothing:
+        return missing_bucket(bucket)
+    if name and (detail.startswith("NoSuchKey") or detail == f"No such object: {bucket}/{name}"):
+        return NotFoundError(f"object {url} does not exist", url=url, status=404)
+    if name and says_nothing:
+        return NotFoundError(
+            f"{url} does not exist: no such object, or no bucket {bucket!r} (GCS answered 404: {detail or 'Not Found'})",
+            url=url,
+            status=404,
+        )
+    return NotFoundError(message, url=url, status=404)
+
+
 def error_for_status(status: int, url: str | None, detail: str, *, retry_after: float | None = None) -> GCSError:
     """Turn an HTTP status GCS answered into the matching error; the one translation point."""
     where = f" ({url})" if url else ""
     message = f"GCS answered {status}{where}: {detail}" if detail else f"GCS answered {status}{where}"
     if status == 404:
-        return NotFoundError(message, url=url, status=status)
+        return _not_found(url, detail, message)
     if status in (401, 403):
         return AccessDeniedError(message, url=url, status=status)
     if status == 412:

@@ -284,7 +284,9 @@ class GCSFront(LocalService):
         self._pool = _UpstreamPool(self._upstream_address)
         self._indexes: dict[str, ListingIndex] = {}
         address = self._upstream_address
-        self.rules = GCSRules(self._live_generation, only_promised_headers=only_promised_headers, also_send=also_send)
+        self.rules = GCSRules(
+            self._live_generation, self._bucket_exists, only_promised_headers=only_promised_headers, also_send=also_send
+        )
         self._multipart = MultipartUploads(
             lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size
         )
@@ -437,7 +439,14 @@ class GCSFront(LocalService):
 
     def _live_generation(self, bucket: str, name: str) -> int | None:
         """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation"
+        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation")
+        return int(json.loads(answer)["generation"]) if status == 200 else None
+
+    def _bucket_exists(self, bucket: str) -> bool:
+        return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
+
+    def _ask(self, path: str) -> tuple[int, bytes]:
+        """The status and body of a GET of ``path`` upstream, for the front's own checks."""
         connection, _ = self._pool.get()
         try:
             connection.request("GET", path)
@@ -447,7 +456,7 @@ class GCSFront(LocalService):
             connection.close()
             raise
         self._pool.put(connection)
-        return int(json.loads(answer)["generation"]) if response.status == 200 else None
+        return response.status, answer
 
     def _forget_indexes(self) -> None:
         with self._lock:
@@ -634,6 +643,10 @@ class _Handler(BaseHTTPRequestHandler):
             "ifGenerationMatch",
             "ifGenerationNotMatch",
         }
+        if kind == "compose" and self._answer_not_found(kind, _object_of(path)[0], None):  # its bucket, first
+            for _ in body or ():
+                pass
+            return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
@@ -751,6 +764,28 @@ class _Handler(BaseHTTPRequestHandler):
             headers.append(("Connection", "close"))
         self.wfile.write(_head(status, reason, headers) + (b"" if self.command == "HEAD" else body))
 
+    def _answer_not_found(self, kind: str, bucket: str | None, name: str | None) -> bool:
+        """Answer a 404 from upstream as GCS words it (see ``GCSRules.not_found``); False where the
+        path names no bucket, or the bucket exists and no object: upstream's answer then stands."""
+        path = self.path.partition("?")[0]
+        api = "json"
+        if bucket is None and not path.startswith(_JSON_PREFIXES):  # the XML API: /bucket/object
+            api, (bucket, _, named) = "xml", unquote(path[1:]).partition("/")
+            name = named or None
+        if not bucket:
+            return False
+        if kind in ("get", "range_get") and api == "json":
+            api = "media"
+        answer = self.server.front.rules.not_found(bucket, name, api)
+        if answer is None:
+            return False
+        content_type, body = answer
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        if self.close_connection:
+            headers.append(("Connection", "close"))
+        self.wfile.write(_head(404, "Not Found", headers) + (b"" if self.command == "HEAD" else body))
+        return True
+
     def _inject(self, fault: Fault) -> None:
         if fault.kind in _HTTP_FAULTS:
             status, reason, message = _HTTP_FAULTS[fault.kind]
@@ -840,6 +875,9 @@ class _Handler(BaseHTTPRequestHandler):
         rules = front.rules
         has_body = self.command != "HEAD" and response.status >= 200 and response.status not in (204, 304)
         bucket, name = _object_of(self.path)
+        if response.status == 404 and self._answer_not_found(kind, bucket, name):
+            response.read()
+            return True
         headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
         status, reason = response.status, response.reason
         if kind == "delete" and status == 200 and self.path.startswith("/storage/"):  # GCS: 204, no body

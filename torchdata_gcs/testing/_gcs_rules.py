@@ -2,9 +2,10 @@
 
 fake-gcs-server ignores preconditions on deletes, media uploads and compose destinations, gives
 every object an MD5 (GCS gives composite and multipart-uploaded objects none, and a
-``componentCount`` instead) and sends ``x-goog-hash`` as one line. :class:`GCSRules` makes the
-front's answers as strict as GCS's, and optionally leaves out every response header that GCS does
-not promise, so clients are tested against what GCS guarantees rather than what it usually sends.
+``componentCount`` instead), sends ``x-goog-hash`` as one line and answers "Not Found" to a missing
+bucket and a missing object alike. :class:`GCSRules` makes the front's answers as strict and as
+telling as GCS's, and optionally leaves out every response header that GCS does not promise, so
+clients are tested against what GCS guarantees rather than what it usually sends.
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote
+from xml.sax.saxutils import escape
 
-__all__ = ["PROMISED_ON_PARTS", "GCSRules", "Refusal", "split_hash_lines"]
+__all__ = ["NO_SUCH_BUCKET", "PROMISED_ON_PARTS", "GCSRules", "Refusal", "split_hash_lines"]
 
 Refusal = tuple[int, str, str]
 """Status, reason and message of an answer that refuses a request."""
 Headers = list[tuple[str, str]]
 LiveGeneration = Callable[[str, str], "int | None"]
+BucketExists = Callable[[str], bool]
+
+NO_SUCH_BUCKET = "The specified bucket does not exist."
+"""GCS's words for a missing bucket, in every API."""
 
 PROMISED_ON_PARTS = frozenset({"etag", "x-goog-hash"})
 """What an XML API part upload answer always carries: the ETag that completion names, and the
@@ -61,14 +67,21 @@ class GCSRules:
 
     Args:
         live_generation: ``(bucket, name) -> generation`` of the live version upstream, or ``None``.
+        bucket_exists: ``bucket -> whether it exists upstream``.
         only_promised_headers: leave out every response header GCS does not promise to send...
         also_send: ...but these (lower case), to see how a client copes with each other one missing.
     """
 
     def __init__(
-        self, live_generation: LiveGeneration, *, only_promised_headers: bool = False, also_send: Sequence[str] = ()
+        self,
+        live_generation: LiveGeneration,
+        bucket_exists: BucketExists,
+        *,
+        only_promised_headers: bool = False,
+        also_send: Sequence[str] = (),
     ) -> None:
         self._live_generation = live_generation
+        self.bucket_exists = bucket_exists
         self.only_promised_headers = only_promised_headers
         self._also_sent = frozenset(name.lower() for name in also_send)
         self._composites: dict[tuple[str, str], tuple[int, int]] = {}  # -> (generation, component count)
@@ -107,6 +120,31 @@ class GCSRules:
         if path.startswith("/upload/storage/v1/b/") and params.get("uploadType") == "media" and "name" in params:
             return unquote(parts[5]), params["name"]
         return None
+
+    # -- what is missing ---------------------------------------------------------------------------
+
+    def not_found(self, bucket: str, name: str | None, api: str) -> tuple[str, bytes] | None:
+        """The content type and body of GCS's 404 for object ``name`` (``None``: the bucket itself) of
+        ``bucket`` through ``api``: ``"json"``, an error document naming a missing bucket apart from a
+        missing object; ``"media"``, a media read's bare text of the same words; ``"xml"``,
+        ``NoSuchBucket`` or ``NoSuchKey``. ``None`` if the bucket exists and no object is named."""
+        if self.bucket_exists(bucket):
+            if name is None:
+                return None
+            message, code = f"No such object: {bucket}/{name}", "NoSuchKey"
+        else:
+            message, code = NO_SUCH_BUCKET, "NoSuchBucket"
+        if api == "xml":
+            words = NO_SUCH_BUCKET if code == "NoSuchBucket" else "The specified key does not exist."
+            details = "" if code == "NoSuchBucket" else f"<Details>{escape(message)}</Details>"
+            body = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{words}</Message>{details}</Error>"
+            return "application/xml; charset=UTF-8", body.encode()
+        if api == "media":
+            return "text/html; charset=UTF-8", message.encode()
+        error = {"message": message, "domain": "global", "reason": "notFound"}
+        return "application/json; charset=UTF-8", json.dumps(
+            {"error": {"code": 404, "message": message, "errors": [error]}}, indent=2
+        ).encode()
 
     # -- composite objects -------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ count.
 A bucket's unfinished uploads are listed by ``GET /bucket?uploads`` as GCS lists them: by object
 name, then upload ID, at most ``max-uploads`` (1,000) a page, each with its ``Initiated`` time,
 continued with ``key-marker`` and ``upload-id-marker``; ``prefix`` is honoured, ``delimiter`` and
-``encoding-type`` are refused (501), and a bucket missing upstream is ``NoSuchBucket`` (404).
+``encoding-type`` are refused (501), and a bucket missing upstream is ``NoSuchBucket`` (404), to a listing as to an initiation.
 """
 
 from __future__ import annotations
@@ -173,6 +173,9 @@ class MultipartUploads:
         return self._complete(params["uploadId"], upload, b"".join(chunks))
 
     def _initiate(self, bucket: str, name: str, headers: Message) -> Answer:
+        missing = self._missing_bucket(bucket)
+        if missing is not None:
+            return missing
         upload_id = secrets.token_urlsafe(24)
         content_type = headers.get("Content-Type") or "application/octet-stream"
         metadata = {
@@ -198,8 +201,9 @@ class MultipartUploads:
         if not limit_text.isdigit():
             return _error(400, "Bad Request", "InvalidArgument", "max-uploads must be a non-negative integer.")
         limit = min(int(limit_text), MAX_UPLOADS_PAGE)
-        if not self._bucket_exists(bucket):
-            return _error(404, "Not Found", "NoSuchBucket", "The specified bucket does not exist.")
+        missing = self._missing_bucket(bucket)
+        if missing is not None:
+            return missing
         prefix, key_marker = params.get("prefix", ""), params.get("key-marker", "")
         id_marker = params.get("upload-id-marker", "") if key_marker else ""  # GCS ignores it alone
         with self._lock:
@@ -222,15 +226,10 @@ class MultipartUploads:
         )
         return _ok(_xml("ListMultipartUploadsResult", fields, inner))
 
-    def _bucket_exists(self, bucket: str) -> bool:
-        connection = self._connect()
-        try:
-            connection.request("GET", f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")
-            response = connection.getresponse()
-            response.read()
-        finally:
-            connection.close()
-        return response.status == 200
+    def _missing_bucket(self, bucket: str) -> Answer | None:
+        """GCS's ``NoSuchBucket`` answer if ``bucket`` does not exist upstream."""
+        answer = self._rules.not_found(bucket, None, "xml")
+        return None if answer is None else (404, "Not Found", [("Content-Type", answer[0])], answer[1])
 
     def _put_part(self, upload: _Upload, number_text: str, headers: Message, chunks: Iterator[bytes]) -> Answer:
         number = int(number_text) if number_text.isdigit() else 0
