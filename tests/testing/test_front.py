@@ -89,6 +89,7 @@ def test_forwards_every_method_with_the_headers_clients_need(
 
 
 def test_paths_are_forwarded_byte_exact(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"a/b~c d": b"x"})  # found: no 404, which the front would look into upstream
     sent = f"/storage/v1/b/{gcs_bucket}/o/a%2fb%7Ec%20d?fields=name&x=%e2%82%ac"
     with RecordingProxy(gcs_emulator.endpoint) as recorder, GCSFront(recorder.endpoint) as front:
         connection = connect(front)
