@@ -120,6 +120,7 @@ class Relay:
         self.stop()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.run_until_complete(asyncio.sleep(0))  # what closing transports left to do
         self._loop.close()
 
     def __enter__(self) -> Self:

@@ -11,9 +11,24 @@ import aiohttp
 import google.auth.exceptions
 
 from ..config import RetryConfig
-from ..errors import GCSError, IntegrityError, TransientError
+from ..errors import EndpointError, GCSError, IntegrityError, TransientError
 
 logger = logging.getLogger(__name__)
+
+UNANSWERED_DELAYS = (0.25, 0.75, 1.5)
+"""The waits before each new attempt at an endpoint that has never answered in this process and refuses
+the connection or whose host does not resolve: about 2.5 s in all, enough for a server still starting,
+short enough that a wrong endpoint is said at once."""
+
+
+class Unanswered(Exception):
+    """A connection to an endpoint that has never answered in this process was refused, or its host name
+    did not resolve: tried again for :data:`UNANSWERED_DELAYS` only, then :attr:`error` is raised."""
+
+    def __init__(self, error: EndpointError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
 
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectionError,  # resets, refused connections, read timeouts of object reads
@@ -25,8 +40,11 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """True for failures a new attempt may cure: transient statuses, network faults, bad bytes."""
-    return isinstance(exc, (TransientError, IntegrityError, *_NETWORK_ERRORS))
+    """True for failures a new attempt may cure: transient statuses, network faults, bad bytes, an endpoint
+    not up yet; never for an endpoint that cannot be reached or trusted (``EndpointError``)."""
+    if isinstance(exc, EndpointError):  # a ConnectionError, and yet final
+        return False
+    return isinstance(exc, (TransientError, IntegrityError, Unanswered, *_NETWORK_ERRORS))
 
 
 _JITTER = random.SystemRandom()
@@ -62,21 +80,34 @@ class Attempts:
         """Seconds to wait before the next attempt; raises (``exc``, or a ``TransientError``) to give up.
 
         Non-retryable errors are raised at once. When retries run out, a ``GCSError`` is raised as
-        it is and a network fault becomes a ``TransientError`` naming the URL.
+        it is, an :class:`Unanswered` endpoint as its ``EndpointError`` (after a few seconds), and a
+        network fault becomes a ``TransientError`` naming the URL.
         """
         if not is_retryable(exc):
             raise exc
         retry = self.retry
+        if isinstance(exc, Unanswered):
+            delay = UNANSWERED_DELAYS[min(self.attempt, len(UNANSWERED_DELAYS)) - 1]
+            if self.attempt > len(UNANSWERED_DELAYS) or self._spent(delay):
+                raise exc.error from None  # one line, without the network library's chain
+            return self._next(exc, delay)
         delay = backoff_delay(self.attempt, retry, _JITTER)
         hinted = getattr(exc, "retry_after", None)
         if hinted is not None:
             delay = max(delay, min(hinted, retry.max_delay))
-        if self.attempt >= retry.max_attempts or time.monotonic() - self.start + delay > retry.deadline:
+        if self._spent(delay):
             if isinstance(exc, GCSError):
                 raise exc
             raise TransientError(
                 f"gave up on {self.url} after {self.attempt} attempts: {type(exc).__name__}: {exc}", url=self.url
             ) from exc
+        return self._next(exc, delay)
+
+    def _spent(self, delay: float) -> bool:
+        """Whether the attempts or the deadline run out before another attempt ``delay`` seconds on."""
+        return self.attempt >= self.retry.max_attempts or time.monotonic() - self.start + delay > self.retry.deadline
+
+    def _next(self, exc: BaseException, delay: float) -> float:
         logger.debug("retrying %s in %.2fs after attempt %d failed: %r", self.url, delay, self.attempt, exc)
         if self.on_retry is not None:
             self.on_retry(exc)

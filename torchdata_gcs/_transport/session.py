@@ -4,7 +4,8 @@ Every request goes out here (listing, metadata, reads, writes, compose, delete),
 credentials and user project the configuration names. A session is never pickled (DataPipes pickle
 their ``ClientConfig``; each process builds its own) and is built anew after fork. Object bytes are
 the stored ones (``Accept-Encoding: gzip`` on media reads and no decompression), so checksums apply;
-every other answer is asked for uncompressed.
+every other answer is asked for uncompressed. A connection that fails says why in one line: an
+endpoint that cannot be trusted or, before it has ever answered, reached is an ``EndpointError``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import importlib.metadata
 import io
 import logging
 import os
+import re
+import ssl
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
@@ -25,10 +28,11 @@ import aiohttp
 import google.auth.credentials
 import google.auth.exceptions
 import google.auth.transport.requests
+import requests.exceptions
 import yarl
 
 from ..config import ClientConfig
-from ..errors import AccessDeniedError, TransientError
+from ..errors import AccessDeniedError, EndpointError, TransientError
 from . import lifecycle
 from .http import (
     EMULATOR_ENV,
@@ -40,6 +44,7 @@ from .http import (
     retry_after_seconds,
 )
 from .loop import io_loop
+from .retry import Unanswered
 from .throttle import Throttle
 
 __all__ = ["USER_AGENT", "Body", "Session", "session_for"]
@@ -73,6 +78,9 @@ class Session:
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         self._session: aiohttp.ClientSession | None = None
+        self._trusted, self._trust_hint = (
+            _trusted_certificates() if self.endpoint.startswith("https://") else (None, "")
+        )
         # The proxy for the endpoint, resolved once from the environment (aiohttp's trust_env
         # re-reads the environment and ~/.netrc on every request).
         endpoint = urlsplit(self.endpoint)
@@ -107,6 +115,11 @@ class Session:
                     credentials.refresh(self._token_request)
                 except google.auth.exceptions.RefreshError as exc:
                     raise AccessDeniedError(f"could not refresh the credentials: {exc}", url=url) from None
+                except google.auth.exceptions.TransportError as exc:
+                    untrusted = _untrusted_token_endpoint(exc)
+                    if untrusted is None:
+                        raise  # the token endpoint could not be reached: retried
+                    raise untrusted from None
             return {"Authorization": f"Bearer {credentials.token}"}
 
     def token_is_fresh(self) -> bool:
@@ -174,7 +187,7 @@ class Session:
         answer raises its typed error naming ``url``."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=self._trusted or True),
                 timeout=self._timeout,
                 auto_decompress=False,
                 # Media reads ask for gzip instead: see read_media.
@@ -202,6 +215,7 @@ class Session:
                 json=json,
                 data=body,
             ) as response:
+                _answered.add(self.endpoint)
                 if response.status >= 400:
                     text = await response.text(errors="replace")
                     raise error_for_status(
@@ -213,6 +227,45 @@ class Session:
                 yield response
         except aiohttp.ClientResponseError as exc:  # a malformed answer; its request_info holds our headers
             raise TransientError(f"{url}: {type(exc).__name__}: {exc.message}", url=url, status=exc.status) from None
+        except aiohttp.ClientConnectorError as exc:
+            failure = self._connection_failure(exc)
+            if failure is None:
+                raise  # the endpoint has answered before: a blip, retried as any network fault
+            raise failure from None
+
+    def _connection_failure(self, exc: aiohttp.ClientConnectorError) -> Exception | None:
+        """What a connection that could not be made means. A certificate that fails verification is an
+        ``EndpointError`` at once (no new attempt trusts it); a refused connection, a host that does not
+        resolve or a failed handshake is one after a few seconds (:class:`Unanswered`) while the endpoint has
+        never answered in this process; after that, ``None``: a network fault, retried."""
+        proxied = isinstance(exc, aiohttp.ClientProxyConnectionError)
+        where = f"the proxy {self._proxy} for {self.endpoint}" if proxied else self.endpoint
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            return EndpointError(
+                f"cannot trust {where}: its TLS certificate failed verification "
+                f"({_verify_failure(str(exc.certificate_error))}); if a proxy or firewall on the way intercepts TLS, "
+                f"{self._trust_hint}",
+                url=self.endpoint,
+            )
+        if self.endpoint in _answered:
+            return None
+        if isinstance(exc, aiohttp.ClientConnectorDNSError):
+            cause = f"host name {exc.host!r} does not resolve"
+        elif isinstance(exc, aiohttp.ClientSSLError):
+            cause = f"the TLS handshake failed ({exc.os_error})"
+        elif exc.os_error.errno:
+            cause = os.strerror(exc.os_error.errno).lower()  # "connection refused", "no route to host"
+        else:
+            cause = str(exc.os_error) or type(exc.os_error).__name__
+        check = "check HTTP_PROXY, HTTPS_PROXY and NO_PROXY" if proxied else self._where_the_endpoint_comes_from()
+        return Unanswered(EndpointError(f"cannot reach {where}: {cause}; {check}", url=self.endpoint))
+
+    def _where_the_endpoint_comes_from(self) -> str:
+        if self.config.endpoint:
+            return f"check ClientConfig(endpoint=...) (it takes precedence over {EMULATOR_ENV})"
+        if os.environ.get(EMULATOR_ENV):
+            return f"check {EMULATOR_ENV} (or pass ClientConfig(endpoint=...))"
+        return f"check the network and proxy settings (neither ClientConfig(endpoint=...) nor {EMULATOR_ENV} is set)"
 
     @staticmethod
     async def json_answer(response: aiohttp.ClientResponse, url: str, required: Sequence[str] = ()) -> Any:
@@ -222,6 +275,53 @@ class Session:
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+_answered: set[str] = set()
+"""Endpoints that have answered in this process, or in the parent it was forked from: their refused
+connections are network faults, retried, not a wrong endpoint."""
+
+_BUNDLE_ENVS = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+def _trusted_certificates() -> tuple[ssl.SSLContext, str]:
+    """The certificates an https endpoint is checked against, and where to add one: the bundle that
+    ``REQUESTS_CA_BUNDLE`` (else ``CURL_CA_BUNDLE``) names, as requests, and so the official client, take
+    it; else the system's, where ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` point when the session is made."""
+    named = next((name for name in _BUNDLE_ENVS if os.environ.get(name)), None)
+    if named is None:
+        hint = "add its CA certificate to the bundle that SSL_CERT_FILE names, or name one in REQUESTS_CA_BUNDLE"
+        return ssl.create_default_context(), hint
+    bundle = os.environ[named]
+    order = "" if named == "REQUESTS_CA_BUNDLE" else "; REQUESTS_CA_BUNDLE, over both"
+    hint = f"add its CA certificate to {bundle}, which {named} names (it takes precedence over SSL_CERT_FILE{order})"
+    try:
+        if os.path.isdir(bundle):
+            return ssl.create_default_context(capath=bundle), hint
+        return ssl.create_default_context(cafile=bundle), hint
+    except (OSError, ssl.SSLError) as exc:
+        raise EndpointError(f"the CA bundle {bundle}, which {named} names, cannot be used: {exc}") from None
+
+
+def _verify_failure(text: str) -> str:
+    """OpenSSL's reason in a verification error's text (``self-signed certificate``...), else the text."""
+    match = re.search(r"certificate verify failed: ([^(]+?)\s*\(", text)
+    return match.group(1) if match else text
+
+
+def _untrusted_token_endpoint(exc: google.auth.exceptions.TransportError) -> EndpointError | None:
+    """The ``EndpointError`` for a token endpoint whose certificate failed verification, else ``None``."""
+    cause = exc.__cause__ or (exc.args[0] if exc.args else None)
+    if not isinstance(cause, requests.exceptions.SSLError) or "CERTIFICATE_VERIFY_FAILED" not in str(cause):
+        return None
+    request_url = getattr(cause.request, "url", None) or "the token endpoint"
+    token_endpoint = re.sub(r"^(https://[^/]+).*$", r"\1", request_url)
+    return EndpointError(
+        f"cannot trust the token endpoint {token_endpoint}: its TLS certificate failed verification "
+        f"({_verify_failure(str(cause))}); if a proxy or firewall on the way intercepts TLS, add its CA "
+        "certificate to the bundle that REQUESTS_CA_BUNDLE names (tokens are fetched through requests)",
+        url=token_endpoint,
+    )
 
 
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
