@@ -29,6 +29,7 @@ from .._transport.session import Session
 from ..config import ClientConfig, RetryConfig
 from ..errors import (
     AccessDeniedError,
+    EndpointError,
     GCSError,
     NoMultipartListing,
     NotFoundError,
@@ -268,7 +269,7 @@ class _Run:
             resource = self.objects.bucket(self.bucket, _BUCKET_FIELDS)
         except AccessDeniedError:
             return [Fact(name, _UNKNOWN) for name in _FACT_NAMES]
-        except (NotFoundError, TransientError):
+        except (NotFoundError, TransientError, EndpointError):
             raise
         except GCSError as exc:  # such as a requester-pays bucket asked without a user project
             return [Fact(name, f"unknown ({_one_line(exc)})") for name in _FACT_NAMES]
