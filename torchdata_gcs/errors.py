@@ -56,7 +56,8 @@ class GCSError(Exception):
 
 
 class NotFoundError(GCSError, FileNotFoundError):
-    """The bucket or object does not exist (HTTP 404)."""
+    """The bucket or object does not exist (HTTP 404); the message says which, and ``url`` is
+    ``gs://bucket/`` when it is the bucket."""
 
 
 class AccessDeniedError(GCSError, PermissionError):
