@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from torchdata_gcs import ClientConfig, NotFoundError, checkpoint
+from torchdata_gcs import ClientConfig, GCSMapDataset, NotFoundError, checkpoint
 from torchdata_gcs.fsspec import GCSFileSystem
 from torchdata_gcs.testing import Emulator, GCSFront
 
@@ -34,6 +34,10 @@ def load_skipping_missing(client: ClientConfig, url: str) -> object:
     return list(IterableWrapper([url]).load_files_by_gcs(client=client, skip_missing=True))
 
 
+def dataset_skipping_missing(client: ClientConfig, url: str) -> object:
+    return GCSMapDataset.from_objects([url], client=client, skip_missing=True)
+
+
 def load_checkpoint(client: ClientConfig, url: str) -> object:
     return checkpoint.load(url, client=client)
 
@@ -52,6 +56,7 @@ def fsspec_ls(client: ClientConfig, url: str) -> object:
         (list_prefix, f"gs://{MISSING}/train/"),
         (load, f"gs://{MISSING}/train/a.bin"),
         (load_skipping_missing, f"gs://{MISSING}/train/a.bin"),  # a missing bucket is never skipped
+        (dataset_skipping_missing, f"gs://{MISSING}/train/a.bin"),
         (load_checkpoint, f"gs://{MISSING}/ckpt.pt"),
         (fsspec_cat, f"gs://{MISSING}/train/a.bin"),
         (fsspec_ls, f"gs://{MISSING}/train/"),

@@ -12,6 +12,7 @@ from .._ops.client import Client
 from .._ops.objects import object_resource
 from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from .._transport.context import RequestContext
+from .._transport.http import is_missing_bucket
 from .._transport.loop import run
 from ..errors import NotFoundError
 from .parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
@@ -78,7 +79,7 @@ def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str
 
 async def describe(job: RequestContext, urls: Sequence[str]) -> list[ObjectInfo | NotFoundError]:
     """Each object's size, generation and crc32c (one metadata request each, as many at once as
-    ``job``'s slots allow), or the error saying it does not exist."""
+    ``job``'s slots allow), or the error saying it does not exist; a missing bucket raises."""
 
     async def one(url: str) -> ObjectInfo | NotFoundError:
         bucket, name = parse_url(url, allow_prefix=False)
@@ -87,6 +88,8 @@ async def describe(job: RequestContext, urls: Sequence[str]) -> list[ObjectInfo 
                 job, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS, missing_ok=False
             )
         except NotFoundError as exc:
+            if is_missing_bucket(exc):  # never a missing object to skip
+                raise
             return exc
         return ObjectInfo.from_json(resource)  # type: ignore[arg-type]
 
