@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import aiohttp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchdata_gcs import ClientConfig, IntegrityError, NotFoundError, RetryConfig, TransferConfig, TransientError
+from torchdata_gcs import (
+    ClientConfig,
+    EndpointError,
+    IntegrityError,
+    NotFoundError,
+    RetryConfig,
+    TransferConfig,
+    TransientError,
+)
 from torchdata_gcs._transport.context import LoadStats, new_context, with_retry
 from torchdata_gcs._transport.loop import run
-from torchdata_gcs._transport.retry import backoff_delay, is_retryable
+from torchdata_gcs._transport.retry import UNANSWERED_DELAYS, Unanswered, backoff_delay, is_retryable
 
 FAST = RetryConfig(max_attempts=4, deadline=10, initial_delay=0.001, max_delay=0.002)
 
@@ -112,3 +121,21 @@ def test_the_deadline_counts_from_the_first_attempt() -> None:
     with pytest.raises(TransientError):
         call_with_retry(slow_failure, retry, url="gs://b/x")
     assert len(calls) == 1  # 0.4 s spent: a second attempt would start past the 0.3 s deadline
+
+
+def test_an_endpoint_error_is_final_and_an_endpoint_not_up_yet_gets_a_few_seconds() -> None:
+    untrusted = EndpointError("cannot trust https://x", url="https://x")
+    attempt, calls = _flaky([untrusted])
+    with pytest.raises(EndpointError):
+        call_with_retry(attempt, FAST, url="gs://b/x")
+    assert len(calls) == 1 and isinstance(untrusted, ConnectionError) and not is_retryable(untrusted)
+
+    unreachable = EndpointError("cannot reach http://x", url="http://x")
+    patient = RetryConfig(max_attempts=100, deadline=60, initial_delay=0.001, max_delay=0.002)
+    attempt, calls = _flaky([Unanswered(unreachable)] * 10)
+    started = time.monotonic()
+    with pytest.raises(EndpointError) as info:
+        call_with_retry(attempt, patient, url="gs://b/x")
+    assert time.monotonic() - started >= sum(UNANSWERED_DELAYS)  # its own waits, not the configuration's
+    assert len(calls) == len(UNANSWERED_DELAYS) + 1
+    assert info.value is unreachable and info.value.__cause__ is None and info.value.__suppress_context__
