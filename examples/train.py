@@ -18,6 +18,8 @@ gloo, or NCCL on GPUs) and checkpoints are written with ``torch.distributed.chec
     python examples/train.py                                  # again: resumes, 3 more epochs
     torchrun --nproc_per_node 2 examples/train.py --data-dir .emulator-ddp
     python examples/train.py --bucket gs://my-bucket/shapes --seed
+
+It needs ``pip install 'torchdata-gcs[emulator,examples,dataloader2]'`` (``[dataloader2]``: torchdata 0.9).
 """
 
 from __future__ import annotations
@@ -50,12 +52,18 @@ from torchdata_gcs.testing import Emulator
 
 warnings.filterwarnings("ignore", message=r"\n#+\nWARNING!\nThe 'datapipes', 'dataloader2'", category=UserWarning)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in a single process
-from torchdata.dataloader2 import (
-    DataLoader2,
-    DistributedReadingService,
-    MultiProcessingReadingService,
-    SequentialReadingService,
-)
+try:
+    from torchdata.dataloader2 import (
+        DataLoader2,
+        DistributedReadingService,
+        MultiProcessingReadingService,
+        SequentialReadingService,
+    )
+except ImportError as missing:  # torchdata 0.10 and later have no DataLoader2
+    raise SystemExit(
+        f"examples/train.py runs in DataLoader2, which torchdata 0.9 is the last to have ({missing}): "
+        "pip install 'torchdata-gcs[dataloader2]'"
+    ) from missing
 
 CLASSES = ("circle", "square", "triangle", "cross")
 SIZE = 32

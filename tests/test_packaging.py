@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from importlib.metadata import requires
+from importlib.metadata import metadata, requires
 
 from packaging.requirements import Requirement
 
@@ -41,3 +41,41 @@ print(sorted(tuple(item) for item in DataLoader(pipe, batch_size=None, num_worke
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == repr([(f"gs://{gcs_bucket}/a.txt", b"alpha"), (f"gs://{gcs_bucket}/b.txt", b"beta")])
+
+
+def extra_requirements(extra: str, seen: frozenset[str] = frozenset()) -> list[Requirement]:
+    """What ``pip install 'torchdata-gcs[extra]'`` asks for beyond the core, through other extras too."""
+    found = []
+    for text in requires("torchdata-gcs") or []:
+        requirement = Requirement(text)
+        if requirement.marker is None or not requirement.marker.evaluate({"extra": extra}):
+            continue
+        if requirement.name == "torchdata-gcs":
+            for inner in sorted(requirement.extras - seen - {extra}):
+                found += extra_requirements(inner, seen | {extra})
+        else:
+            found.append(requirement)
+    return found
+
+
+def keeps_torchdata_0_10_and_later(requirement: Requirement) -> bool:
+    return all(requirement.specifier.contains(version) for version in ("0.10.0", "0.11.0"))
+
+
+def test_only_a_dataloader2_extra_takes_torchdata_below_0_10() -> None:
+    """A user with torchdata 0.10 or 0.11 keeps it through every extra but those named for DataLoader2."""
+    extras = metadata("torchdata-gcs").get_all("Provides-Extra") or []
+    assert {"dataloader2", "examples", "test"} <= set(extras)
+    downgrading = {
+        extra: sorted(
+            f"{r.name}{r.specifier}"
+            for r in extra_requirements(extra)
+            if r.name == "torchdata" and not keeps_torchdata_0_10_and_later(r)
+        )
+        for extra in extras
+        if "dataloader2" not in extra
+    }
+    assert {extra: found for extra, found in downgrading.items() if found} == {}
+    assert not any(
+        keeps_torchdata_0_10_and_later(r) for r in extra_requirements("dataloader2") if r.name == "torchdata"
+    )
