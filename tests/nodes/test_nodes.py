@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >= 0.10 (the second test environment)")
@@ -82,3 +85,27 @@ def test_compose_shards_refuses_a_reuse_prefix_it_cannot_keep_composites_under(c
     for prefix in ("cache", ".torchdata-gcs-tmp/cache/"):
         with pytest.raises(InvalidURIError, match="reuse_prefix"):
             ComposeShards(IterableWrapper([]), reuse_prefix=prefix, client=client)
+
+
+def readme_block(containing: str) -> str:
+    """The README's one Python block that contains ``containing``."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (block,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if containing in block]
+    return block
+
+
+def test_the_readme_nodes_snippet_delivers_every_object_the_last_partial_batch_too(
+    gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = "nodes-readme"
+    objects = {f"train/{i:03d}.jpg": f"image {i}".encode() for i in range(300)}  # 4 batches of 64, then 44
+    gcs_emulator.seed(bucket, objects)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
+    snippet = readme_block("from torchdata.nodes import Batcher, Loader")
+    namespace = {"decode": read}
+    exec(snippet.replace("gs://my-bucket/train/", f"gs://{bucket}/train/"), namespace)  # noqa: S102 - our own README
+    batches = list(namespace["loader"])
+    assert [len(batch) for batch in batches] == [64, 64, 64, 64, 44]
+    assert_exactly_once(
+        [item for batch in batches for item in batch], {f"gs://{bucket}/{n}": d for n, d in objects.items()}
+    )
