@@ -80,6 +80,7 @@ PUBLIC_MODULES = [
     "torchdata_gcs.datapipes",
     "torchdata_gcs.testing",
     "torchdata_gcs.cli",
+    "torchdata_gcs_fsspec_handler",
 ]
 
 

@@ -1,12 +1,19 @@
 """An fsspec filesystem on this library's engines, for tools that reach storage through fsspec:
 Lightning's ``ModelCheckpoint``, ``torch.distributed.checkpoint`` with a ``gs://`` checkpoint id,
-pandas, pyarrow, Hugging Face datasets.
+pandas and pyarrow (as the README's fsspec section says, call by call).
 
-:func:`register` makes :class:`GCSFileSystem` the handler of ``gs://`` and ``gcs://`` URLs in this
-process; nothing is replaced until it is called (gcsfs, if installed, stays the default otherwise)::
+Which filesystem serves ``gs://`` and ``gcs://``, in every process (DataLoader workers, forked,
+spawned or forkserver, and subprocesses alike), through the entry point this package gives fsspec:
+
+- :func:`register` was called in this process or a parent (it sets ``TORCHDATA_GCS_FSSPEC=1``), or
+  that variable is set for the job: :class:`GCSFileSystem`;
+- ``TORCHDATA_GCS_FSSPEC=0``: gcsfs;
+- neither: gcsfs if it is installed (nothing changes for its users), else :class:`GCSFileSystem`.
+
+::
 
     import torchdata_gcs.fsspec
-    torchdata_gcs.fsspec.register()
+    torchdata_gcs.fsspec.register()  # needed only where gcsfs is installed too
     fs, path = fsspec.url_to_fs("gs://bucket/data")
 
 What it does on GCS:
@@ -44,6 +51,8 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile
+
+from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import MAX_PAGE_SIZE, list_objects
@@ -486,13 +495,19 @@ def _write_local(data: Loaded, lpath: str, callback: Callback) -> None:
 
 def register(protocols: Iterable[str] = ("gs", "gcs")) -> None:
     """Make :class:`GCSFileSystem` the handler of ``protocols`` in this process, replacing any other
-    (such as gcsfs), so ``fsspec.open``, ``fsspec.url_to_fs`` and every tool built on them use it.
+    (such as gcsfs), so ``fsspec.open``, ``fsspec.url_to_fs`` and every tool built on them use it; and of
+    ``gs://`` and ``gcs://`` in the processes started from now on, DataLoader workers included.
+
+    Child processes learn it from ``TORCHDATA_GCS_FSSPEC=1``, set here, which they inherit. A forkserver
+    already running keeps the environment it started with: call this before the first forkserver worker
+    starts, or set the variable for the whole job instead.
 
     Example:
-        >>> import fsspec
+        >>> import fsspec, os
         >>> register()
-        >>> type(fsspec.filesystem("gs", skip_instance_cache=True)).__name__
-        'GCSFileSystem'
+        >>> type(fsspec.filesystem("gs", skip_instance_cache=True)).__name__, os.environ["TORCHDATA_GCS_FSSPEC"]
+        ('GCSFileSystem', '1')
     """
+    os.environ[VARIABLE] = "1"
     for protocol in protocols:
         register_implementation(protocol, GCSFileSystem, clobber=True)

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata_gcs import InvalidURIError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs.fsspec import GCSFile, GCSFileSystem, register
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
+from torchdata_gcs_fsspec_handler import VARIABLE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,8 +199,10 @@ def test_bad_input_is_refused_with_a_typed_error(gcs_emulator: Emulator, gcs_buc
 
 @pytest.fixture
 def registered(gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``register()`` with the emulator as the default endpoint; fsspec's table as it was afterwards."""
+    """``register()`` with the emulator as the default endpoint; fsspec's table and the environment as
+    they were afterwards."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+    monkeypatch.setenv(VARIABLE, "1")  # what register() sets for child processes, undone afterwards
     before = {protocol: _registry.get(protocol) for protocol in ("gs", "gcs")}
     register()
     try:
