@@ -339,7 +339,7 @@ def test_missing_bucket_and_refusal_are_one_line(
 ) -> None:
     assert main(["--endpoint", gcs_emulator.endpoint, command, "gs://cli-no-such-bucket"]) == 1
     err = capsys.readouterr().err
-    assert one_line(err, command) and "404" in err
+    assert one_line(err, command) and "bucket 'cli-no-such-bucket' does not exist" in err
 
     gcs_emulator.seed("cli-denied", {"a.bin": b"a"})
     with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="list")]) as front:
