@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import time
+from collections.abc import Iterator
 
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
@@ -24,7 +25,8 @@ from torchdata_gcs import (
     TransferConfig,
     TransientError,
 )
-from torchdata_gcs._transport.context import ByteBudget
+from torchdata_gcs._transport.context import ByteBudget, LoadStats
+from torchdata_gcs._transport.loop import run
 from torchdata_gcs.testing import Emulator, GCSFront
 
 FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
@@ -32,6 +34,14 @@ FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
 
 def read_all(pipe) -> list[tuple[str, bytes]]:
     return [(url, stream.read()) for url, stream in pipe]
+
+
+def bytes_received_within(stats: LoadStats, expected: int, seconds: float) -> int:
+    """``stats.bytes`` once it reaches ``expected``, or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while stats.bytes < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stats.bytes
 
 
 def test_loads_every_object_bit_exact_in_input_order(
@@ -147,11 +157,35 @@ def test_the_next_object_downloads_while_the_consumer_holds_the_last(
     )
     iterator = iter(pipe)
     _, stream = next(iterator)
-    deadline = time.monotonic() + 10
-    while pipe.stats.bytes < 1_200_000 and time.monotonic() < deadline:  # the consumer is busy with the first
-        time.sleep(0.01)
-    assert pipe.stats.bytes >= 1_200_000, "the second object waited for the consumer to ask for it"
+    received = bytes_received_within(pipe.stats, 1_200_000, seconds=10)  # the consumer is busy with the first
+    assert received >= 1_200_000, "the second object waited for the consumer to ask for it"
     assert [stream.read(), *(s.read() for _, s in iterator)] == [objects[f"held/{i}"] for i in range(3)]
+
+
+def test_the_window_downloads_while_the_consumer_holds_an_object_that_finished_early(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
+    """The first object can finish before the consumer has handed the rest of the window to the I/O loop
+    (on a busy machine the consumer's thread waits for a core; here the source is slow to give the next
+    URL): the consumer still hands the window over before it gives out the object, so the rest of the
+    window downloads while the object is held."""
+    objects = {f"early/{i}": os.urandom(100_000) for i in range(4)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    urls = [f"gs://{gcs_bucket}/{name}" for name in objects]
+
+    def slow_source() -> Iterator[str]:
+        yield urls[0]
+        bytes_received_within(pipe.stats, 100_000, seconds=10)
+        run(asyncio.sleep(0))  # the I/O loop has settled the first object's result too
+        yield from urls[1:]
+
+    source = IterableWrapper(slow_source(), deepcopy=False)
+    pipe = GCSFileLoaderIterDataPipe(source, client=client, transfer=TransferConfig(max_in_flight=4))
+    iterator = iter(pipe)
+    _, stream = next(iterator)
+    received = bytes_received_within(pipe.stats, 400_000, seconds=5)  # the consumer is busy with the first
+    assert received == 400_000, "objects within the window waited for the consumer to ask for them"
+    assert [stream.read(), *(s.read() for _, s in iterator)] == list(objects.values())
 
 
 def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
