@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import os
 import pickle
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
@@ -25,7 +28,8 @@ from torchdata_gcs import (
     TransferConfig,
     TransientError,
 )
-from torchdata_gcs._transport.context import ByteBudget, LoadStats
+from torchdata_gcs._engines.download import as_stream, deliver_in_order, load_one
+from torchdata_gcs._transport.context import ByteBudget, LoadStats, RequestContext, new_context
 from torchdata_gcs._transport.loop import run
 from torchdata_gcs.testing import Emulator, GCSFront
 
@@ -188,6 +192,33 @@ def test_the_window_downloads_while_the_consumer_holds_an_object_that_finished_e
     assert [stream.read(), *(s.read() for _, s in iterator)] == list(objects.values())
 
 
+def test_budget_given_back_reaches_a_read_that_starts_waiting_while_the_consumer_holds_an_object(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
+    """The consumer gives an object's budget back as it takes the object; a read that finds no room
+    only afterwards, while the consumer works on that object, gets the room without waiting for the
+    consumer to come back."""
+    small, large = os.urandom(100_000), os.urandom(950_000)  # the large one fits once the small one is out
+    gcs_emulator.seed(gcs_bucket, {"given/small": small, "given/large": large})
+    job = new_context(client, TransferConfig(max_buffered_bytes=1_000_000), RetryConfig(), LoadStats())
+    holding: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    async def large_once_the_small_is_held(job: RequestContext, seq: int) -> tuple[list[Any], int]:
+        await asyncio.wrap_future(holding)
+        return await load_one(f"gs://{gcs_bucket}/given/large", None, job, seq)
+
+    units = [functools.partial(load_one, f"gs://{gcs_bucket}/given/small", None), large_once_the_small_is_held]
+    delivered = deliver_in_order(units, job, window_size=2, skip_missing=False)  # the large one is on the loop
+    try:
+        small_stream = as_stream(*next(delivered))
+        holding.set_result(None)  # the consumer holds the small object; the large one's read starts
+        received = bytes_received_within(job.stats, 1_050_000, seconds=5)
+        assert received == 1_050_000, "the large object waited for budget the consumer had given back"
+        assert [small_stream.read(), as_stream(*next(delivered)).read()] == [small, large]
+    finally:
+        delivered.close()
+
+
 def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
     async def scenario() -> None:
         budget = ByteBudget(limit=100)
@@ -196,9 +227,12 @@ def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
         third = asyncio.ensure_future(budget.acquire(50, seq=2))
         await asyncio.sleep(0.05)
         assert not third.done()  # 150 bytes would exceed the limit
-        budget.release(60, head=1)
+        assert budget.give_back(60, delivered=1)  # the third waits: the consumer wakes it
+        budget.wake()
         await asyncio.wait_for(third, 5)
         await budget.acquire(500, seq=1)  # the oldest undelivered item never waits
+        assert not budget.give_back(590, delivered=3)  # no read waits: no wake...
+        await asyncio.wait_for(budget.acquire(100, seq=4), 5)  # ...the next read that needs room counts it
 
     asyncio.run(scenario())
 
