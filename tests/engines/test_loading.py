@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import os
 import pickle
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
@@ -24,7 +28,9 @@ from torchdata_gcs import (
     TransferConfig,
     TransientError,
 )
-from torchdata_gcs._transport.context import ByteBudget
+from torchdata_gcs._engines.download import as_stream, deliver_in_order, load_one
+from torchdata_gcs._transport.context import ByteBudget, LoadStats, RequestContext, new_context
+from torchdata_gcs._transport.loop import run
 from torchdata_gcs.testing import Emulator, GCSFront
 
 FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
@@ -32,6 +38,14 @@ FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
 
 def read_all(pipe) -> list[tuple[str, bytes]]:
     return [(url, stream.read()) for url, stream in pipe]
+
+
+def bytes_received_within(stats: LoadStats, expected: int, seconds: float) -> int:
+    """``stats.bytes`` once it reaches ``expected``, or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while stats.bytes < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stats.bytes
 
 
 def test_loads_every_object_bit_exact_in_input_order(
@@ -147,11 +161,62 @@ def test_the_next_object_downloads_while_the_consumer_holds_the_last(
     )
     iterator = iter(pipe)
     _, stream = next(iterator)
-    deadline = time.monotonic() + 10
-    while pipe.stats.bytes < 1_200_000 and time.monotonic() < deadline:  # the consumer is busy with the first
-        time.sleep(0.01)
-    assert pipe.stats.bytes >= 1_200_000, "the second object waited for the consumer to ask for it"
+    received = bytes_received_within(pipe.stats, 1_200_000, seconds=10)  # the consumer is busy with the first
+    assert received >= 1_200_000, "the second object waited for the consumer to ask for it"
     assert [stream.read(), *(s.read() for _, s in iterator)] == [objects[f"held/{i}"] for i in range(3)]
+
+
+def test_the_window_downloads_while_the_consumer_holds_an_object_that_finished_early(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
+    """The first object can finish before the consumer has handed the rest of the window to the I/O loop
+    (on a busy machine the consumer's thread waits for a core; here the source is slow to give the next
+    URL): the consumer still hands the window over before it gives out the object, so the rest of the
+    window downloads while the object is held."""
+    objects = {f"early/{i}": os.urandom(100_000) for i in range(4)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    urls = [f"gs://{gcs_bucket}/{name}" for name in objects]
+
+    def slow_source() -> Iterator[str]:
+        yield urls[0]
+        bytes_received_within(pipe.stats, 100_000, seconds=10)
+        run(asyncio.sleep(0))  # the I/O loop has settled the first object's result too
+        yield from urls[1:]
+
+    source = IterableWrapper(slow_source(), deepcopy=False)
+    pipe = GCSFileLoaderIterDataPipe(source, client=client, transfer=TransferConfig(max_in_flight=4))
+    iterator = iter(pipe)
+    _, stream = next(iterator)
+    received = bytes_received_within(pipe.stats, 400_000, seconds=5)  # the consumer is busy with the first
+    assert received == 400_000, "objects within the window waited for the consumer to ask for them"
+    assert [stream.read(), *(s.read() for _, s in iterator)] == list(objects.values())
+
+
+def test_budget_given_back_reaches_a_read_that_starts_waiting_while_the_consumer_holds_an_object(
+    gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig
+) -> None:
+    """The consumer gives an object's budget back as it takes the object; a read that finds no room
+    only afterwards, while the consumer works on that object, gets the room without waiting for the
+    consumer to come back."""
+    small, large = os.urandom(100_000), os.urandom(950_000)  # the large one fits once the small one is out
+    gcs_emulator.seed(gcs_bucket, {"given/small": small, "given/large": large})
+    job = new_context(client, TransferConfig(max_buffered_bytes=1_000_000), RetryConfig(), LoadStats())
+    holding: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    async def large_once_the_small_is_held(job: RequestContext, seq: int) -> tuple[list[Any], int]:
+        await asyncio.wrap_future(holding)
+        return await load_one(f"gs://{gcs_bucket}/given/large", None, job, seq)
+
+    units = [functools.partial(load_one, f"gs://{gcs_bucket}/given/small", None), large_once_the_small_is_held]
+    delivered = deliver_in_order(units, job, window_size=2, skip_missing=False)  # the large one is on the loop
+    try:
+        small_stream = as_stream(*next(delivered))
+        holding.set_result(None)  # the consumer holds the small object; the large one's read starts
+        received = bytes_received_within(job.stats, 1_050_000, seconds=5)
+        assert received == 1_050_000, "the large object waited for budget the consumer had given back"
+        assert [small_stream.read(), as_stream(*next(delivered)).read()] == [small, large]
+    finally:
+        delivered.close()
 
 
 def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
@@ -162,9 +227,12 @@ def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
         third = asyncio.ensure_future(budget.acquire(50, seq=2))
         await asyncio.sleep(0.05)
         assert not third.done()  # 150 bytes would exceed the limit
-        budget.release(60, head=1)
+        assert budget.give_back(60, delivered=1)  # the third waits: the consumer wakes it
+        budget.wake()
         await asyncio.wait_for(third, 5)
         await budget.acquire(500, seq=1)  # the oldest undelivered item never waits
+        assert not budget.give_back(590, delivered=3)  # no read waits: no wake...
+        await asyncio.wait_for(budget.acquire(100, seq=4), 5)  # ...the next read that needs room counts it
 
     asyncio.run(scenario())
 

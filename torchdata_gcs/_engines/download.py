@@ -363,40 +363,41 @@ async def load_one(url: str, info: ObjectInfo | None, job: RequestContext, seq: 
 def deliver_in_order(
     units: Iterable[Unit], job: RequestContext, window_size: int, *, skip_missing: bool
 ) -> Iterator[tuple[str, Loaded]]:
-    """Run ``units`` on the I/O loop, up to ``window_size`` ahead of the consumer, and yield their
+    """Run ``units`` on the I/O loop, ``window_size`` ahead of the consumer, and yield their
     ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns.
 
-    New units and budget releases reach the loop in batches (:class:`Handoff`): new units at once
-    while fewer than half the window is in flight, else every :data:`HANDOFF_UNITS`; releases at once
-    when a read waits for budget or an eighth of it is freed; everything before the consumer waits,
-    so nothing ever waits on what the consumer holds.
+    The window is filled from ``units`` before an object is given out, even one that is already
+    loaded: what the consumer has not taken downloads while it works on what it took. New units reach
+    the loop in batches (:class:`Handoff`): at once while fewer than half the window is on the loop,
+    else every :data:`HANDOFF_UNITS`, and all before the consumer waits. The budget of a delivered
+    object is given back at once (:meth:`ByteBudget.give_back`), the loop woken only for a read that
+    waits for it, so nothing ever waits on what the consumer holds.
     """
     handoff = Handoff()
     stats = job.stats
     window: deque[Future[tuple[list[Outcome], int]]] = deque()
     delivered = 0
-    released = 0  # bytes whose release is not handed over yet
 
-    def hand_over() -> None:
-        nonlocal released
-        handoff.flush()
-        released = 0
+    def keep_the_loop_busy() -> None:
+        """Hand new units over once fewer than half the window is on the loop, or a batch is ready."""
+        if len(window) - len(handoff) < window_size // 2 or len(handoff) >= HANDOFF_UNITS:
+            handoff.flush()
 
     def deliver() -> Iterator[tuple[str, Loaded]]:
-        nonlocal delivered, released
+        nonlocal delivered
         future = window.popleft()
         delivered += 1
         if not future.done():
-            hand_over()
+            handoff.flush()
         waited = time.perf_counter()
         try:
             outcomes, held = future.result()
         finally:
             stats.wait_seconds += time.perf_counter() - waited
-        handoff.call(job.budget.release, held, delivered)
-        released += held
-        if released >= job.budget.limit // 8 or job.budget.waiting:  # a read waits on it: no delay
-            hand_over()
+        if job.budget.give_back(held, delivered):  # a read waits for room: wake it now
+            handoff.call(job.budget.wake)
+            handoff.flush()
+        keep_the_loop_busy()
         for url, data in outcomes:
             if isinstance(data, NotFoundError):
                 if not skip_missing:
@@ -410,11 +411,10 @@ def deliver_in_order(
     try:
         for seq, unit in enumerate(units):
             window.append(handoff.submit(unit(job, seq)))  # type: ignore[arg-type]
-            if len(window) < window_size // 2 or len(handoff) >= HANDOFF_UNITS:
-                hand_over()
-            while len(window) > window_size or (window and window[0].done()):
+            keep_the_loop_busy()
+            if len(window) > window_size:
                 yield from deliver()
-        hand_over()
+        handoff.flush()
         while window:
             yield from deliver()
     finally:

@@ -4,6 +4,7 @@ byte budget and statistics, and the one way a request is sent under them (:func:
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ class ConsumerGone(Exception):
 
 
 class ByteBudget:
-    """Counts bytes buffered ahead of the consumer; lives on the I/O loop.
+    """Counts bytes buffered ahead of the consumer; lives on the I/O loop, except :meth:`give_back`.
 
     A newcomer waits while it would exceed the limit, except the oldest undelivered item.
     """
@@ -57,43 +58,64 @@ class ByteBudget:
         self._closed = False
         self._waiting = 0
         self._changed = asyncio.Condition()
+        self._given_back = threading.Lock()  # guards the consumer's two counts below and _waiting
+        self._returned = 0
+        self._delivered = 0
 
-    @property
-    def waiting(self) -> bool:
-        """Whether a read waits for room (read from the consumer's thread: a stale answer only delays a release)."""
-        return bool(self._waiting)
+    def give_back(self, nbytes: int, delivered: int) -> bool:
+        """From the consumer's thread: ``nbytes`` are free and the first ``delivered`` items are delivered.
+
+        The loop counts them when a read next finds no room, so this costs it nothing while reads fit.
+        Returns whether a read waits already: then the caller must run :meth:`wake` on the loop. The
+        answer is exact: a read counts itself waiting under the same lock, and only then counts what
+        came back before it.
+        """
+        with self._given_back:
+            self._returned += nbytes
+            self._delivered = delivered
+            return bool(self._waiting)
 
     def try_acquire(self, nbytes: int, seq: int) -> bool:
         """Reserve ``nbytes`` for item ``seq`` if that needs no wait."""
         if self._closed:
             raise ConsumerGone
-        if seq == self._head or self._used + nbytes <= self.limit:
-            self._used += nbytes
-            return True
-        return False
+        if not self._fits(nbytes, seq):
+            with self._given_back:
+                self._used -= self._returned
+                self._head = self._delivered
+                self._returned = 0
+            if not self._fits(nbytes, seq):
+                return False
+        self._used += nbytes
+        return True
+
+    def _fits(self, nbytes: int, seq: int) -> bool:
+        return seq == self._head or self._used + nbytes <= self.limit
 
     async def acquire(self, nbytes: int, seq: int) -> None:
         """Reserve ``nbytes`` for item ``seq``, waiting for room."""
-        if not self.try_acquire(nbytes, seq):
+        if self.try_acquire(nbytes, seq):
+            return
+        with self._given_back:
             self._waiting += 1
-            try:
-                async with self._changed:
-                    await self._changed.wait_for(lambda: self.try_acquire(nbytes, seq))
-            finally:
+        try:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.try_acquire(nbytes, seq))
+        finally:
+            with self._given_back:
                 self._waiting -= 1
 
-    def release(self, nbytes: int, head: int | None = None) -> None:
-        """Free ``nbytes``; ``head``, if given, is now the oldest undelivered item."""
+    def release(self, nbytes: int) -> None:
+        """Free ``nbytes`` (a read that failed, a stream closed)."""
         self._used -= nbytes
-        if head is not None:
-            self._head = head
-        self._wake()
+        self.wake()
 
     def close(self) -> None:
         self._closed = True
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Let reads that wait for room look again."""
         if self._waiting:  # a task per release costs more than the rest of it: only when needed
             asyncio.ensure_future(self._notify())
 
