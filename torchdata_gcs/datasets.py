@@ -47,17 +47,14 @@ def _url_and_bytes(url: str, stream: IO[bytes]) -> tuple[str, bytes]:
 
 
 def _takes_one_argument(transform: Callable[..., Any]) -> bool:
-    """Whether ``transform`` is called with the stream alone: it takes one positional argument and not
-    two (a callable whose signature cannot be read, such as some builtins, is taken to take one)."""
+    """Whether ``transform`` is called with the stream alone: its signature requires exactly one positional
+    argument (one whose signature cannot be read, as some builtins', is taken to take one)."""
     try:
-        signature = inspect.signature(transform)
+        parameters = inspect.signature(transform).parameters.values()
     except (TypeError, ValueError):
         return True
-    try:
-        signature.bind(None, None)
-    except TypeError:
-        return True
-    return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters) == 1
 
 
 class _Dataset(Generic[T]):
@@ -212,9 +209,9 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
             ``**/*.jpg`` on names below the prefix); none keeps all.
         manifest: a ``gs://bucket/folder/`` where the listing is shared by every process that makes
             this dataset (see ``list_files_by_gcs``).
-        transform: makes the item of each object: ``transform(url, stream)``, or ``transform(stream)``
-            for a callable of one argument (``PIL.Image.open``, ``torch.load``; ``stream.name`` is the
-            URL). The default gives ``(url, bytes)``.
+        transform: makes the item of each object: ``transform(stream)`` for a callable that requires one
+            positional argument (``PIL.Image.open``, ``torch.load``; ``stream.name`` is the URL), else
+            ``transform(url, stream)``. The default gives ``(url, bytes)``.
         client, transfer, retry: as for ``load_files_by_gcs``.
         concurrency: list requests at once.
         allow_empty: an input that matches no object is not an error.

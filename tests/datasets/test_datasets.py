@@ -99,6 +99,10 @@ def test_a_transform_of_one_argument_gets_the_stream(dataset, client) -> None:
     assert ds[3] == (f"gs://{bucket}/ds/003.bin", expected[f"gs://{bucket}/ds/003.bin"])
     ds = GCSIterableDataset(f"gs://{bucket}/ds/", transform=functools.partial(len_of, scale=2), client=client)
     assert sum(ds) == 2 * sum(map(len, expected.values()))
+    ds = GCSMapDataset(
+        f"gs://{bucket}/ds/", transform=lambda stream, scale=3: scale * len(stream.read()), client=client
+    )
+    assert ds[3] == 3 * len(expected[f"gs://{bucket}/ds/003.bin"]), "a second argument with a default is not the stream"
     with pytest.raises(TypeError, match="transform must be callable"):
         GCSMapDataset(f"gs://{bucket}/ds/", transform="decode", client=client)  # type: ignore[arg-type]
 
