@@ -91,7 +91,6 @@ class Relay:
         self._thread = threading.Thread(target=self._loop.run_forever, name="tls-relay", daemon=True)
         self._thread.start()
         self._server: asyncio.Server | None = None
-        self._open: set[asyncio.Task[None]] = set()
 
     @property
     def endpoint(self) -> str:
@@ -108,9 +107,11 @@ class Relay:
     def stop(self) -> None:
         async def close(server: asyncio.Server) -> None:
             server.close()
-            for task in list(self._open):
+            # Every connection's task, one accepted but not started yet too: cancelled, it closes its sockets.
+            running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in running:
                 task.cancel()
-            await asyncio.gather(*self._open, return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
 
         server, self._server = self._server, None
         if server is not None:
@@ -131,9 +132,6 @@ class Relay:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        task = asyncio.current_task()
-        assert task is not None
-        self._open.add(task)
         upstream: asyncio.StreamWriter | None = None
         try:
             if self._tls is not None:
@@ -143,10 +141,9 @@ class Relay:
         except (OSError, ssl.SSLError, asyncio.CancelledError):
             pass  # a refused handshake, a closed peer, or stop(): the connection just ends
         finally:
-            self._open.discard(task)
             for stream in (writer, upstream):
-                if stream is not None:
-                    stream.close()
+                if stream is not None:  # cut, not closed: a TLS close waits up to 30 s for the peer's answer
+                    stream.transport.abort()
 
 
 async def _pump(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
