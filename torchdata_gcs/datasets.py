@@ -12,12 +12,12 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ._engines.download import as_stream, load_in_order
-from ._engines.listing import MAX_PAGE_SIZE
 from ._engines.parallel_listing import ListingStats
 from ._engines.shared_listing import list_inputs
 from ._engines.worker_stats import WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
+from ._ops.objects import MAX_PAGE_SIZE
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
 

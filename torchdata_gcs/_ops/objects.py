@@ -16,6 +16,7 @@ from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc3
 from .urls import format_url
 
 __all__ = [
+    "MAX_PAGE_SIZE",
     "bucket_resource",
     "compose_object",
     "create_object",
@@ -28,6 +29,9 @@ __all__ = [
     "read_object",
     "rewrite_object",
 ]
+
+MAX_PAGE_SIZE = 1000
+"""GCS never returns more items in one list page."""
 
 
 async def _get_json(

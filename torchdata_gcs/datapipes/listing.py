@@ -7,11 +7,11 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
-from .._engines.listing import MAX_PAGE_SIZE
 from .._engines.parallel_listing import ListingStats
 from .._engines.shared_listing import list_inputs
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.objects import MAX_PAGE_SIZE
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, require_integer
 from ._source import as_source
