@@ -17,11 +17,12 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ._engines.download import as_stream, load_in_order
 from ._engines.inputs import list_inputs
-from ._engines.listing import MAX_PAGE_SIZE, describe_objects
+from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
 from ._engines.workers import SharedEpoch, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
+from ._ops.objects import MAX_PAGE_SIZE
 from ._ops.urls import brief, parse_url, url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer

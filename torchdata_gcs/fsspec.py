@@ -55,12 +55,20 @@ from fsspec.spec import AbstractBufferedFile
 from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object, read_ranges_into
-from ._engines.listing import MAX_PAGE_SIZE, list_objects
+from ._engines.listing import list_objects
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, new_writer
 from ._ops.checksums import check_crc32c, crc32c_base64
 from ._ops.client import Client
-from ._ops.objects import bucket_resource, create_object, delete_object, list_page, object_resource, rewrite_object
+from ._ops.objects import (
+    MAX_PAGE_SIZE,
+    bucket_resource,
+    create_object,
+    delete_object,
+    list_page,
+    object_resource,
+    rewrite_object,
+)
 from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.loop import io_loop, on_io_loop, run

@@ -21,11 +21,11 @@ except ImportError as exc:  # torchdata 0.9 or none
 from ._engines.compose import MAX_SOURCES, check_reuse_prefix, compose_in_order
 from ._engines.download import Loaded, as_stream, load_in_order
 from ._engines.inputs import list_inputs
-from ._engines.listing import MAX_PAGE_SIZE
 from ._engines.parallel_listing import ListingStats
 from ._engines.shared_listing import Entry
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
+from ._ops.objects import MAX_PAGE_SIZE
 from ._ops.urls import url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer

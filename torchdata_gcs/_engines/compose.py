@@ -9,9 +9,11 @@ object instead, so a changed object raises (or is skipped) exactly as ``load_fil
 
 Temporary composites live under ``TEMPORARY_PREFIX/<time>-<host>-<pid>-<random>/`` and are deleted
 once downloaded; :meth:`Composer.close` waits for composes still running and deletes whatever is
-left, and runs at the end of iteration, on early stop, on exceptions, at interpreter or worker
-exit and on SIGTERM. With ``reuse_prefix`` composites are kept, named by a hash of their sources,
-and that prefix's listing is the manifest later iterations consult.
+left, and runs at the end of iteration, on early stop, on exceptions, and at interpreter or worker
+exit. Before a bucket's first temporary object is written, its job prefix is handed to the process's
+reaper, which deletes every version under it if the process ends (SIGTERM, SIGKILL) before the
+composer is closed. With ``reuse_prefix`` composites are kept, named by a hash of their sources, and
+that prefix's listing is the manifest later iterations consult.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from typing import Any
 
 from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import compose_object, delete_object
+from .._ops.objects import MAX_PAGE_SIZE, compose_object, delete_object
+from .._ops.temporaries import DeletePrefix, list_versions
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
-from .._transport import lifecycle
+from .._transport import lifecycle, reaper
 from .._transport.context import LoadStats, RequestContext, new_context
 from .._transport.loop import io_loop, run, wait_unless_on_io_loop
 from ..config import ClientConfig, RetryConfig, TransferConfig
@@ -50,7 +53,7 @@ from ..errors import (
     PreconditionFailedError,
 )
 from .download import Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
-from .listing import MAX_PAGE_SIZE, describe, list_objects, list_versions
+from .listing import describe, list_objects
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +119,13 @@ class Composer:
         self._unsettled: set[tuple[str, str]] = set()  # composites that may exist and are not ours to keep
         self._running: set[asyncio.Future[Any]] = set()  # composes and deletes in flight
         self._found = 0  # groups whose kept composite existed (reuse mode)
+        self._watches: list[reaper.Watch | None] = []  # this job's prefixes in the reaper's hands
         self._closed = False
         _live.add(self)
-        lifecycle.install()  # this process's worker exit and SIGTERM run the cleanup
+        lifecycle.cleanup(_close_all, pending=_any_live)  # at interpreter and worker exit
+        lifecycle.after_fork(_forget_after_fork)
         lifecycle.watch_parent()
+        reaper.start_soon()
 
     # -- planning (consumer thread; preparation in a worker thread) --------------------------------------------------------------
 
@@ -194,7 +200,9 @@ class Composer:
         """Whether composites may be written and deleted in ``bucket`` (with the reason if not): tried
         once, by writing and deleting a probe object; in reuse mode, also read the kept composites."""
         client = Client(self.job.session.config, self.job.retry)
-        probe = f"{TEMPORARY_PREFIX}{self.job_id}/probe"
+        prefix = f"{TEMPORARY_PREFIX}{self.job_id}/"
+        self._watches.append(reaper.watch(DeletePrefix(bucket, prefix, client.config, client.retry)))
+        probe = f"{prefix}probe"
         try:
             self._unsettled.add((bucket, probe))
             client.delete(bucket, probe, generation=client.create(bucket, probe, b"", if_generation_match=0))
@@ -347,6 +355,9 @@ class Composer:
         if self._unsettled:
             left = ", ".join(format_url(bucket, name) for bucket, name in sorted(self._unsettled))
             logger.warning("temporary composites could not be deleted: %s; `torchdata-gcs clean` removes them", left)
+        else:  # what is left stays in the reaper's hands, for another try when the process ends
+            for watched in self._watches:
+                reaper.release(watched)
         for bucket in self._cached_before:
             if self.job.stats.composes and not self._found:
                 warnings.warn(
@@ -430,7 +441,7 @@ def compose_in_order(
         composer.close()
 
 
-# -- leftovers at exit and on SIGTERM ----------------------------------------------------------------
+# -- leftovers at exit ------------------------------------------------------------------------------
 
 _live: weakref.WeakSet[Composer] = weakref.WeakSet()
 
@@ -440,12 +451,12 @@ def _close_all() -> None:
         composer.close()
 
 
+def _any_live() -> bool:
+    return bool(_live)
+
+
 def _forget_after_fork() -> None:
     _live.clear()  # the parent's composers are the parent's to close
-
-
-lifecycle.cleanup(_close_all, pending=lambda: bool(_live))
-lifecycle.after_fork(_forget_after_fork)
 
 
 # -- leftovers of killed jobs --------------------------------------------------------------------

@@ -17,8 +17,6 @@ from .._transport.loop import run
 from ..errors import NotFoundError
 from .parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
 
-MAX_PAGE_SIZE = 1000  # GCS never returns more per page
-
 
 def list_objects(
     client: Client,
@@ -57,24 +55,6 @@ def list_objects(
             if not (item["name"].endswith("/") and item["size"] == "0")
             and not (hidden and item["name"].startswith(hidden))
         ]
-
-
-def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
-    """Every version under ``prefix``, live and noncurrent (object versioning keeps a deleted or replaced
-    object as noncurrent), as resources with ``name``, ``generation`` and ``timeCreated``; page by page."""
-    url = f"gs://{bucket}/{prefix}"
-    params: dict[str, Any] = {
-        "prefix": prefix,
-        "versions": "true",
-        "maxResults": MAX_PAGE_SIZE,
-        "fields": "items(name,generation,timeCreated),nextPageToken",
-    }
-    while True:
-        page = client.list_page(bucket, params, url=url)
-        yield from page.get("items", [])
-        if not page.get("nextPageToken"):
-            return
-        params["pageToken"] = page["nextPageToken"]
 
 
 async def describe(job: RequestContext, urls: Sequence[str]) -> list[ObjectInfo | NotFoundError]:

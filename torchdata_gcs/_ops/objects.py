@@ -17,6 +17,7 @@ from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc3
 from .urls import format_url
 
 __all__ = [
+    "MAX_PAGE_SIZE",
     "bucket_resource",
     "compose_object",
     "create_object",
@@ -29,6 +30,9 @@ __all__ = [
     "read_object",
     "rewrite_object",
 ]
+
+MAX_PAGE_SIZE = 1000
+"""GCS never returns more items in one list page."""
 
 
 async def _get_json(

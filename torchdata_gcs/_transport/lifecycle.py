@@ -1,12 +1,12 @@
 """Process lifecycle in one place: what each module forgets in a forked child, and what runs when the
-process ends (interpreter exit, a multiprocessing worker's exit, SIGTERM), in an order fixed here rather
-than by which module happened to be imported first.
+process ends (interpreter exit, a multiprocessing worker's exit), in an order fixed here rather than by
+which module happened to be imported first.
 
-Cleanups (deleting temporary objects) run first, at every kind of end; closings (sessions) run after
-them, at a normal exit only. The SIGTERM handler can be set only from a main thread: it is set when this
-module is imported (a spawned DataLoader worker imports the package while unpickling its DataPipe, on
-its main thread) and inherited through fork, so it is in place even where the work runs on another
-thread, as in torchdata's prefetcher.
+Cleanups (deleting temporary objects) run first; closings (sessions) run after them, at a normal exit
+only. Nothing is registered at import: the process-wide hooks (``atexit``, ``os.register_at_fork``, a
+worker's finalizer) are set when a module first registers something, at its first use. No signal
+handler is ever set: a process ended by a signal leaves its temporary objects to the reaper
+(:mod:`.reaper`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
-from typing import Any
+from typing import TypeVar
 
 __all__ = ["after_fork", "at_exit", "cleanup", "install", "watch_parent"]
+
+T = TypeVar("T")
 
 PARENT_CHECK_SECONDS = 1.0
 """How often a worker looks whether its parent is still alive."""
@@ -31,26 +32,34 @@ _after_fork: list[Callable[[], None]] = []
 _cleanups: list[Callable[[], None]] = []
 _closings: list[Callable[[], None]] = []
 _pending: list[Callable[[], bool]] = []  # whether some cleanup has work (a watched worker ends only then)
+_hooked = False  # atexit and at-fork hooks registered (inherited through fork, as the registrations are)
 _finalizer_pid: int | None = None  # the process whose multiprocessing finalizer is registered
 _watched_pid: int | None = None  # the process whose parent is watched
-_previous_sigterm: Any = None  # the SIGTERM handler ours replaced, called after it
+
+
+def _add(registry: list[T], item: T) -> None:
+    """Add ``item`` once: modules register at every first use, again after a fork."""
+    if item not in registry:
+        registry.append(item)
+    _hook()
 
 
 def after_fork(forget: Callable[[], None]) -> None:
     """Run ``forget`` in every forked child, before anything else there."""
-    _after_fork.append(forget)
+    _add(_after_fork, forget)
 
 
 def cleanup(run: Callable[[], None], *, pending: Callable[[], bool] | None = None) -> None:
-    """Run ``run`` at every end of the process, before any closing; ``pending`` says whether it has work."""
-    _cleanups.append(run)
+    """Run ``run`` at every normal end of the process, before any closing; ``pending`` says whether it has work."""
+    _add(_cleanups, run)
     if pending is not None:
-        _pending.append(pending)
+        _add(_pending, pending)
+    install()
 
 
 def at_exit(close: Callable[[], None]) -> None:
     """Run ``close`` at a normal end of the process, after every cleanup."""
-    _closings.append(close)
+    _add(_closings, close)
 
 
 def _run_cleanups() -> None:
@@ -64,34 +73,35 @@ def _exit() -> None:
         close()
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _run_cleanups()
-    if callable(_previous_sigterm):
-        _previous_sigterm(signum, frame)
-    else:  # the default action: die of SIGTERM, as the sender expects
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+def _forget_after_fork() -> None:
+    for forget in _after_fork:
+        forget()
+
+
+def _hook() -> None:
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    atexit.register(_exit)
+    if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+        os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def install() -> None:
-    """Make sure this process runs the cleanups at a worker's exit (which skips ``atexit``) and on SIGTERM
-    (whose default action skips both); cheap to call often, from any thread."""
-    global _finalizer_pid, _previous_sigterm
+    """Make sure this process runs the cleanups at a multiprocessing worker's exit, which skips
+    ``atexit``; cheap to call often, from any thread."""
+    global _finalizer_pid
+    _hook()
     if _finalizer_pid != os.getpid() and multiprocessing.parent_process() is not None:
-        _finalizer_pid = os.getpid()  # a worker's registry starts empty, and its end skips atexit
+        _finalizer_pid = os.getpid()  # a worker's registry starts empty
         multiprocessing.util.Finalize(None, _run_cleanups, exitpriority=100)
-    if threading.current_thread() is not threading.main_thread():
-        return
-    current = signal.getsignal(signal.SIGTERM)
-    if current is _on_sigterm or current is signal.SIG_IGN:
-        return
-    _previous_sigterm = current
-    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def watch_parent() -> None:
-    """In a worker process, end through SIGTERM (so after the cleanups) once its parent is gone while a
-    cleanup has work: a killed parent cannot stop its workers, as torchdata 0.9's cannot."""
+    """In a worker process, end through SIGTERM once its parent is gone while a cleanup has work: a
+    killed parent cannot stop its workers, as torchdata 0.9's cannot. SIGTERM's default action ends
+    the worker at once; its reaper then deletes what it left."""
     global _watched_pid
     parent = multiprocessing.parent_process()
     if _watched_pid == os.getpid() or parent is None or parent.pid is None:
@@ -105,14 +115,3 @@ def _watch(parent_pid: int) -> None:
         time.sleep(PARENT_CHECK_SECONDS)
     if any(pending() for pending in _pending):
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _forget_after_fork() -> None:
-    for forget in _after_fork:
-        forget()
-
-
-atexit.register(_exit)
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_forget_after_fork)
-install()

@@ -29,6 +29,7 @@ def io_loop() -> asyncio.AbstractEventLoop:
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="torchdata-gcs-io", daemon=True).start()
             _loop = loop
+            lifecycle.after_fork(_forget_after_fork)
         return _loop
 
 
@@ -142,6 +143,3 @@ def _forget_after_fork() -> None:
     """A forked child has no loop thread: the next ``io_loop()`` starts one."""
     global _lock, _loop
     _lock, _loop = threading.Lock(), None
-
-
-lifecycle.after_fork(_forget_after_fork)

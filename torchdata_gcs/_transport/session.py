@@ -356,6 +356,8 @@ def session_for(config: ClientConfig) -> Session:
         session = _sessions.get(key)
         if session is None:
             session = _sessions[key] = Session(config)
+            lifecycle.after_fork(_forget_after_fork)
+            lifecycle.at_exit(_close_at_exit)
             logger.debug("created %r in process %d", session, os.getpid())
         return session
 
@@ -376,7 +378,3 @@ def _close_at_exit() -> None:
             asyncio.run_coroutine_threadsafe(session.close(), io_loop()).result(timeout=5)
         except (RuntimeError, TimeoutError):  # the loop is gone or stuck: nothing left to tidy
             pass
-
-
-lifecycle.after_fork(_forget_after_fork)
-lifecycle.at_exit(_close_at_exit)

@@ -18,11 +18,11 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._engines.listing import MAX_PAGE_SIZE, list_objects
+from .._engines.listing import list_objects
 from .._engines.upload import MIN_PART_SIZE, MultipartWriter
 from .._ops.checksums import crc32c_base64
 from .._ops.client import Client
-from .._ops.objects import delete_folder
+from .._ops.objects import MAX_PAGE_SIZE, delete_folder
 from .._ops.uploads import abort_upload, unfinished_uploads
 from .._ops.urls import format_url, parse_url
 from .._transport.session import Session

@@ -8,10 +8,10 @@ from typing import Any
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._engines.inputs import list_inputs
-from .._engines.listing import MAX_PAGE_SIZE
 from .._engines.parallel_listing import ListingStats
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.objects import MAX_PAGE_SIZE
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, require_integer
 from ._source import as_source

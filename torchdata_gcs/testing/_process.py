@@ -1,4 +1,5 @@
-"""A helper server process (the emulator, HAProxy): logged, ready once it answers, always stopped."""
+"""A helper server process (the emulator, HAProxy): logged, ready once it answers, always stopped, even
+when the process that started it is killed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from .._transport import lifecycle
+from .._transport import lifecycle, reaper
 from ..config import ClientConfig
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _terminate(process: subprocess.Popen[bytes], scratch: str, starter: int) -> None:
+def _terminate(process: subprocess.Popen[bytes], scratch: str, starter: int, watched: reaper.Watch | None) -> None:
     if os.getpid() != starter:  # a forked child's copy: the server belongs to its parent
         return
     if process.poll() is None:
@@ -77,15 +78,16 @@ def _terminate(process: subprocess.Popen[bytes], scratch: str, starter: int) -> 
             process.kill()
             process.wait()
     shutil.rmtree(scratch, ignore_errors=True)
+    reaper.release(watched)
 
 
 class ServerProcess:
     """Runs ``args`` (output in ``scratch/NAME.log``) and waits until ``endpoint`` answers.
 
     The process is stopped, and ``scratch`` removed, by :meth:`stop`, when it fails to answer within
-    ``timeout`` seconds, when ``owner`` is garbage collected, at interpreter exit, or when this process
-    is sent SIGTERM, so a failing or killed test run never leaves a server (and the objects it holds in
-    memory) behind.
+    ``timeout`` seconds, when ``owner`` is garbage collected, at interpreter or worker exit, or, by this
+    process's reaper, when this process is killed (SIGTERM, SIGKILL), so a failing or killed test run
+    never leaves a server (and the objects it holds in memory) behind.
     """
 
     def __init__(
@@ -105,8 +107,9 @@ class ServerProcess:
             self._process = subprocess.Popen(
                 list(args), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
             )
-        self._finalizer = weakref.finalize(owner, _terminate, self._process, scratch, os.getpid())
-        lifecycle.cleanup(self._finalizer)  # SIGTERM skips interpreter exit; the cleanups still run
+        watched = reaper.watch(reaper.StopProcess(self._process.pid, scratch))
+        self._finalizer = weakref.finalize(owner, _terminate, self._process, scratch, os.getpid(), watched)
+        lifecycle.cleanup(self._finalizer)  # a multiprocessing worker's exit skips interpreter exit
         try:
             self._wait_until_answering(endpoint, timeout)
         except BaseException:

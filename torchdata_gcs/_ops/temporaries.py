@@ -1,0 +1,76 @@
+"""Every version of the objects under a prefix, and their deletion for good: how a job's temporary
+objects are listed (by ``torchdata-gcs clean`` too) and removed by the reaper once the job is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from .._transport.context import RequestContext
+from .._transport.http import EMULATOR_ENV
+from ..config import ClientConfig, RetryConfig
+from .client import Client
+from .objects import MAX_PAGE_SIZE, delete_object
+from .urls import format_url, printable
+
+__all__ = ["DeletePrefix", "list_versions"]
+
+logger = logging.getLogger(__name__)
+
+
+def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
+    """Every version under ``prefix``, live and noncurrent (object versioning keeps a deleted or replaced
+    object as noncurrent), as resources with ``name``, ``generation`` and ``timeCreated``; page by page."""
+    url = f"gs://{bucket}/{prefix}"
+    params: dict[str, Any] = {
+        "prefix": prefix,
+        "versions": "true",
+        "maxResults": MAX_PAGE_SIZE,
+        "fields": "items(name,generation,timeCreated),nextPageToken",
+    }
+    while True:
+        page = client.list_page(bucket, params, url=url)
+        yield from page.get("items", [])
+        if not page.get("nextPageToken"):
+            return
+        params["pageToken"] = page["nextPageToken"]
+
+
+async def _delete_each(job: RequestContext, bucket: str, versions: list[tuple[str, int]]) -> list[Any]:
+    return await asyncio.gather(
+        *(delete_object(job, bucket, name, generation=generation) for name, generation in versions),
+        return_exceptions=True,
+    )
+
+
+class DeletePrefix:
+    """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good, through the endpoint
+    this process would use now (the emulator variable is part of that, as for its sessions)."""
+
+    def __init__(self, bucket: str, prefix: str, config: ClientConfig, retry: RetryConfig) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.config = config
+        self.retry = retry
+        self.emulator = os.environ.get(EMULATOR_ENV)
+
+    def __str__(self) -> str:
+        return f"deleting {printable(format_url(self.bucket, self.prefix))}"
+
+    def run(self) -> None:
+        if self.emulator is None:  # the reaper's own environment: it serves no one else
+            os.environ.pop(EMULATOR_ENV, None)
+        else:
+            os.environ[EMULATOR_ENV] = self.emulator
+        client = Client(self.config, self.retry)
+        versions = [(item["name"], int(item["generation"])) for item in list_versions(client, self.bucket, self.prefix)]
+        for (name, _), outcome in zip(versions, client.run(_delete_each, self.bucket, versions)):
+            if isinstance(outcome, BaseException):
+                logger.warning(
+                    "could not delete %s (%s): a lifecycle rule or `torchdata-gcs clean` removes it",
+                    printable(format_url(self.bucket, name)),
+                    outcome,
+                )
