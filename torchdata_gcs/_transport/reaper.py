@@ -20,7 +20,6 @@ import os
 import pickle
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -66,7 +65,6 @@ class _Link:
         self.started = threading.Event()
         self.lock = threading.Lock()  # one message at a time on the pipe
         self.keys = itertools.count()
-        self.process: subprocess.Popen[bytes] | None = None
         self.pipe: Connection | None = None
 
 
@@ -101,11 +99,17 @@ def _start(link: _Link) -> None:
     command = [sys.executable, "-c", _BOOTSTRAP, package, root, json.dumps(sys.path), str(os.getpid())]
     read, write = os.pipe()  # neither end is inherited by other programs this process starts
     try:
-        link.process = subprocess.Popen(
-            [*command, str(DEADLINE_SECONDS)], stdin=read, stdout=subprocess.DEVNULL, start_new_session=True
+        # posix_spawn, not Popen: a Popen object warns when collected while its process runs, and this one
+        # is meant to outlive the process that started it. A new session keeps the job's signals off it.
+        os.posix_spawn(
+            sys.executable,
+            [*command, str(DEADLINE_SECONDS)],
+            os.environ,
+            file_actions=[(os.POSIX_SPAWN_DUP2, read, 0), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)],
+            setsid=True,
         )
         link.pipe = Connection(write, readable=False)
-    except OSError as exc:
+    except (OSError, NotImplementedError) as exc:
         os.close(write)
         logger.warning("could not start the cleanup process (%s): a killed job leaves its temporary objects", exc)
     finally:
