@@ -22,7 +22,9 @@ PARENT = textwrap.dedent(
     from torchdata_gcs._transport import reaper
     reaper.DEADLINE_SECONDS = float(sys.argv[1])
     def server(*command):
-        process = subprocess.Popen(command or ["sleep", "300"], start_new_session=True)  # only the reaper stops it
+        process = subprocess.Popen(  # in a session of its own: only the reaper stops it
+            command or ["sleep", "300"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         folder = tempfile.mkdtemp(prefix="torchdata-gcs-test-reaper-")
         return process, folder, reaper.watch(reaper.StopProcess(process.pid, folder))
     watched, folder, _ = server(*sys.argv[3:])
@@ -82,6 +84,15 @@ def wait_until(condition, seconds: float, what: str) -> float:
     return time.monotonic() - start
 
 
+def end_group(parent: subprocess.Popen[str]) -> None:
+    """Kill what is left of the parent's process group (a forked child holds its output open) and reap it."""
+    try:
+        os.killpg(parent.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    parent.communicate(timeout=30)
+
+
 def start(how: str, *command: str, deadline: float = 120.0) -> tuple[subprocess.Popen[str], list[str]]:
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, str(deadline), how, *command],
@@ -112,8 +123,7 @@ def test_a_killed_process_leaves_no_watched_server_and_no_folder(how: str) -> No
         for pid in (int(watched), int(released)):
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
-        parent.kill()
-        parent.communicate()
+        end_group(parent)
         subprocess.run(["rm", "-rf", folder, kept], check=True)
 
 
