@@ -58,6 +58,14 @@ def temporary(emulator: Emulator, bucket: str) -> list[str]:
     return [name for name in emulator.names(bucket) if name.startswith(TEMPORARY_PREFIX)]
 
 
+def wait_until_gone(emulator: Emulator, bucket: str, seconds: float = 30) -> None:
+    """The temporary composites of a process that ended are deleted by its reaper right after: poll."""
+    deadline = time.monotonic() + seconds
+    while temporary(emulator, bucket):
+        assert time.monotonic() < deadline, f"temporary composites left: {temporary(emulator, bucket)}"
+        time.sleep(0.1)
+
+
 def decode(item):
     url, stream = item
     return url, stream.read()
@@ -220,34 +228,127 @@ SIGNALLED_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "KeyboardInterrupt"])
-def test_signals_leave_nothing(gcs_emulator: Emulator, signum: int) -> None:
-    """SIGTERM is handled; SIGINT raises KeyboardInterrupt in the consumer's loop, outside the DataPipe,
-    and the composites are deleted at interpreter exit."""
-    bucket = f"compose-signal-{signum}"
-    seed(gcs_emulator, bucket, 2000)
-    # Slow deletes keep composites alive long enough to be seen before the signal.
-    with GCSFront(
-        gcs_emulator.endpoint,
+def composites_appear(emulator: Emulator, bucket: str) -> None:
+    deadline = time.monotonic() + 30
+    while not temporary(emulator, bucket):
+        assert time.monotonic() < deadline, "no temporary composite ever existed: the test would prove nothing"
+        time.sleep(0.05)
+
+
+def slow_deletes(emulator: Emulator) -> GCSFront:
+    """A front whose first deletes of composites stall, so that composites are alive when a signal comes."""
+    return GCSFront(
+        emulator.endpoint,
         latency=0.05,
         faults=[Fault("stall", match=r"DELETE .*%2F\d{9}", stall_seconds=1.0, times=10)],
-    ) as front:
+    )
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT], ids=["SIGTERM", "SIGKILL", "KeyboardInterrupt"]
+)
+def test_signals_leave_nothing(gcs_emulator: Emulator, signum: int) -> None:
+    """SIGTERM and SIGKILL end the process at once (no handler) and its reaper deletes the composites
+    right after; SIGINT raises KeyboardInterrupt in the consumer's loop, outside the DataPipe, and the
+    composites are deleted at interpreter exit."""
+    bucket = f"compose-signal-{signum}"
+    seed(gcs_emulator, bucket, 2000)
+    with slow_deletes(gcs_emulator) as front:
         command = [sys.executable, "-c", SIGNALLED_CHILD, front.endpoint, bucket]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
             try:
                 assert child.stdout is not None and child.stdout.readline().startswith("got "), child.stderr.read()
-                deadline = time.monotonic() + 30
-                while not temporary(gcs_emulator, bucket):
-                    assert time.monotonic() < deadline, (
-                        "no temporary composite ever existed: the test would prove nothing"
-                    )
-                    time.sleep(0.05)
+                composites_appear(gcs_emulator, bucket)
                 child.send_signal(signum)
                 _, errors = child.communicate(timeout=60)
             finally:
                 child.kill()
         assert child.returncode == -signum, errors
-    assert temporary(gcs_emulator, bucket) == []
+        wait_until_gone(gcs_emulator, bucket)
+
+
+NATIVE_CHILD = textwrap.dedent(
+    """
+    import datetime, socket, sys, threading, time
+    import torch.distributed as dist
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torchdata_gcs import ClientConfig
+    client = ClientConfig(endpoint=sys.argv[1], anonymous=True)
+    pipe = IterableWrapper([f"gs://{sys.argv[2]}/d/"]).list_files_by_gcs(client=client, with_metadata=True)
+    def consume():
+        for url, stream in pipe.compose_shards_by_gcs(client=client):
+            time.sleep(60)
+    threading.Thread(target=consume, daemon=True).start()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", port, 2, True, timeout=timeout, wait_for_workers=False)
+    print("blocking", flush=True)
+    # gloo waits for rank 1, which never comes, in native code that retries its wait on EINTR: a Python
+    # signal handler would never run here
+    dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timeout)
+    """
+)
+
+
+def test_sigterm_ends_a_process_blocked_in_native_code_and_its_composites_go(gcs_emulator: Emulator) -> None:
+    bucket = "compose-native"
+    seed(gcs_emulator, bucket, 2000)
+    with slow_deletes(gcs_emulator) as front:
+        command = [sys.executable, "-c", NATIVE_CHILD, front.endpoint, bucket]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            try:
+                assert child.stdout is not None and child.stdout.readline() == "blocking\n", child.stderr.read()
+                composites_appear(gcs_emulator, bucket)
+                time.sleep(1)  # the main thread is inside init_process_group by now
+                child.send_signal(signal.SIGTERM)
+                assert child.wait(timeout=5) == -signal.SIGTERM
+            finally:
+                child.kill()
+                child.communicate()
+        wait_until_gone(gcs_emulator, bucket)
+
+
+HANDLER_CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    def handler(signum, frame):
+        print("handled", flush=True)
+        sys.exit(3)
+    if sys.argv[3] == "before":
+        signal.signal(signal.SIGTERM, handler)
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torchdata_gcs import ClientConfig
+    if sys.argv[3] == "after":
+        signal.signal(signal.SIGTERM, handler)
+    client = ClientConfig(endpoint=sys.argv[1], anonymous=True)
+    pipe = IterableWrapper([f"gs://{sys.argv[2]}/d/"]).list_files_by_gcs(client=client, with_metadata=True)
+    for url, stream in pipe.compose_shards_by_gcs(client=client):
+        print("mine" if signal.getsignal(signal.SIGTERM) is handler else "replaced", flush=True)
+        time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_the_users_sigterm_handler_stays_and_runs(gcs_emulator: Emulator, when: str) -> None:
+    """A preemption handler set before or after importing us is still the handler while composing, runs
+    on SIGTERM, and the process ends its way; the composites are deleted still."""
+    bucket = f"compose-handler-{when}"
+    seed(gcs_emulator, bucket, 2000)
+    with slow_deletes(gcs_emulator) as front:
+        command = [sys.executable, "-c", HANDLER_CHILD, front.endpoint, bucket, when]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            try:
+                assert child.stdout is not None and child.stdout.readline() == "mine\n", child.stderr.read()
+                composites_appear(gcs_emulator, bucket)
+                child.send_signal(signal.SIGTERM)
+                output, errors = child.communicate(timeout=60)
+            finally:
+                child.kill()
+        assert (child.returncode, output) == (3, "handled\n"), errors
+        wait_until_gone(gcs_emulator, bucket)
 
 
 DATALOADER2_CHILD = textwrap.dedent(
@@ -282,8 +383,9 @@ def running(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
 @pytest.mark.parametrize("target", ["main", "workers", "group"])
 def test_sigterm_to_dataloader2_leaves_nothing(gcs_emulator: Emulator, target: str) -> None:
-    """The pipe runs on torchdata's prefetch thread inside each worker, not on a main thread; the workers
-    still delete their composites on SIGTERM, and end (deleting them) when SIGTERM kills only their parent."""
+    """The pipe runs on torchdata's prefetch thread inside each worker, not on a main thread; SIGTERM ends
+    the workers at once, or, when it kills only their parent, they end themselves; either way their
+    reapers delete their composites."""
     bucket = f"compose-dataloader2-{target}"
     seed(gcs_emulator, bucket, 2000)
     with GCSFront(gcs_emulator.endpoint, latency=0.02) as front:
@@ -315,7 +417,7 @@ def test_sigterm_to_dataloader2_leaves_nothing(gcs_emulator: Emulator, target: s
             finally:
                 os.killpg(child.pid, signal.SIGKILL)  # torchdata 0.9's main process waits forever for killed workers
                 child.communicate()
-    assert temporary(gcs_emulator, bucket) == []
+        wait_until_gone(gcs_emulator, bucket)
 
 
 def test_no_permission_falls_back_with_one_warning(gcs_emulator: Emulator) -> None:

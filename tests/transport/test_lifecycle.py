@@ -1,5 +1,5 @@
-"""Process lifecycle: cleanups before closings whatever the import order, SIGTERM runs the cleanups from
-any thread's work and still dies of SIGTERM, a forked child forgets what it inherited."""
+"""Process lifecycle: cleanups before closings whatever the import order, hooks registered at first use,
+no signal handler ever, a forked child forgets what it inherited."""
 
 from __future__ import annotations
 
@@ -28,21 +28,46 @@ def test_cleanups_run_before_closings_whatever_registered_first() -> None:
     assert done.returncode == 0 and done.stdout.split() == ["cleanup", "close"], done.stderr
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM and fork are POSIX")
-def test_sigterm_runs_the_cleanups_for_work_on_another_thread_and_still_kills() -> None:
+def test_hooks_are_registered_at_first_use_not_at_import() -> None:
     done = run(
         """
-        import os, signal, threading, time
-        import torchdata_gcs
-        from torchdata_gcs._transport import lifecycle
+        import atexit
+        from torchdata_gcs._transport import lifecycle, loop, reaper, session
+        imported = atexit._ncallbacks()
+        lifecycle.at_exit(lambda: print("close", flush=True))
+        print(atexit._ncallbacks() - imported, flush=True)
+        """
+    )
+    assert done.stdout.split() == ["1", "close"], done.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the signal masks from /proc")
+def test_no_signal_handler_is_ever_set() -> None:
+    """Every hook in use (exit, worker exit, fork, a watched parent, the reaper, the I/O loop): no handler,
+    neither through Python nor in C, so SIGTERM still ends the process at once."""
+    done = run(
+        """
+        import os, signal, time
+        from torchdata_gcs._transport import lifecycle, loop, reaper
+        def handlers():
+            caught = [line for line in open("/proc/self/status") if line.startswith("SigCgt")]
+            return caught, [signal.getsignal(s) for s in signal.valid_signals()]
+        before = handlers()
         lifecycle.cleanup(lambda: print("cleanup", flush=True))
-        worker = threading.Thread(target=lambda: os.kill(os.getpid(), signal.SIGTERM))
-        worker.start()
+        lifecycle.install()
+        lifecycle.watch_parent()
+        reaper.start_soon()
+        loop.run(__import__("asyncio").sleep(0))
+        if os.fork() == 0:
+            os._exit(0)
+        os.wait()
+        print(handlers() == before, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
         print("not reached", flush=True)
         """
     )
-    assert done.returncode == -signal.SIGTERM and done.stdout.split() == ["cleanup"], done.stderr
+    assert done.returncode == -signal.SIGTERM and done.stdout.split() == ["True"], done.stderr
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,10 @@ from .urls import format_url, printable
 __all__ = ["DeletePrefix", "list_versions"]
 
 logger = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 5.0
+"""How long a prefix must stay empty before the reaper trusts it: requests the ended process had in
+flight (a compose, an upload) can still complete on the server and create an object after it died."""
 
 
 def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
@@ -66,7 +71,20 @@ class DeletePrefix:
         else:
             os.environ[EMULATOR_ENV] = self.emulator
         client = Client(self.config, self.retry)
-        versions = [(item["name"], int(item["generation"])) for item in list_versions(client, self.bucket, self.prefix)]
+        tried: set[tuple[str, int]] = set()  # a version that could not be deleted is not tried again
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < SETTLE_SECONDS:
+            listed = (
+                (item["name"], int(item["generation"])) for item in list_versions(client, self.bucket, self.prefix)
+            )
+            versions = [version for version in listed if version not in tried]
+            if versions:
+                tried.update(versions)
+                self._delete(client, versions)
+                quiet_since = time.monotonic()
+            time.sleep(1.0)
+
+    def _delete(self, client: Client, versions: list[tuple[str, int]]) -> None:
         for (name, _), outcome in zip(versions, client.run(_delete_each, self.bucket, versions)):
             if isinstance(outcome, BaseException):
                 logger.warning(

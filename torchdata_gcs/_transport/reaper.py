@@ -132,25 +132,29 @@ def watch(task: Task) -> Watch | None:
             "%s is left to a lifecycle rule or `clean`: it cannot be handed to the cleanup process (%s)", task, exc
         )
         return None
-    with link.lock:
-        key = next(link.keys)
-        try:
-            link.pipe.send(("watch", key, data))
-        except OSError as exc:  # the reaper is gone
-            logger.warning("the cleanup process is gone (%s): %s is left to a lifecycle rule or `clean`", exc, task)
-            return None
+    key = next(link.keys)
+    if not _send(link, ("watch", key, data)):
+        logger.warning("the cleanup process is gone: %s is left to a lifecycle rule or `clean`", task)
+        return None
     return Watch(link, key)
 
 
 def release(watched: Watch | None) -> None:
     """Take back a task handed to the reaper: it will not run (a no-op in a forked child)."""
-    if watched is None or watched.link is not _link or watched.link.pipe is None:
-        return
-    with watched.link.lock:
+    if watched is not None and watched.link is _link:
+        _send(watched.link, ("release", watched.key))
+
+
+def _send(link: _Link, message: tuple[Any, ...]) -> bool:
+    """Put ``message`` on the pipe; ``False`` if the reaper is gone."""
+    with link.lock:
+        if link.pipe is None:
+            return False
         try:
-            watched.link.pipe.send(("release", watched.key))
-        except OSError:  # the reaper is gone: nothing to take back
-            pass
+            link.pipe.send(message)
+        except OSError:
+            return False
+    return True
 
 
 def _forget_after_fork() -> None:
