@@ -228,6 +228,12 @@ SIGNALLED_CHILD = textwrap.dedent(
 )
 
 
+def killed(child: subprocess.Popen[str]) -> str:
+    """What a child that went wrong wrote, once killed: reading its stderr alive would wait for its end."""
+    child.kill()
+    return child.communicate()[1]
+
+
 def composites_appear(emulator: Emulator, bucket: str) -> None:
     deadline = time.monotonic() + 30
     while not temporary(emulator, bucket):
@@ -252,12 +258,12 @@ def test_signals_leave_nothing(gcs_emulator: Emulator, signum: int) -> None:
     right after; SIGINT raises KeyboardInterrupt in the consumer's loop, outside the DataPipe, and the
     composites are deleted at interpreter exit."""
     bucket = f"compose-signal-{signum}"
-    seed(gcs_emulator, bucket, 2000)
+    seed(gcs_emulator, bucket, 600)
     with slow_deletes(gcs_emulator) as front:
         command = [sys.executable, "-c", SIGNALLED_CHILD, front.endpoint, bucket]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
             try:
-                assert child.stdout is not None and child.stdout.readline().startswith("got "), child.stderr.read()
+                assert child.stdout is not None and child.stdout.readline().startswith("got "), killed(child)
                 composites_appear(gcs_emulator, bucket)
                 child.send_signal(signum)
                 _, errors = child.communicate(timeout=60)
@@ -294,12 +300,12 @@ NATIVE_CHILD = textwrap.dedent(
 
 def test_sigterm_ends_a_process_blocked_in_native_code_and_its_composites_go(gcs_emulator: Emulator) -> None:
     bucket = "compose-native"
-    seed(gcs_emulator, bucket, 2000)
+    seed(gcs_emulator, bucket, 600)
     with slow_deletes(gcs_emulator) as front:
         command = [sys.executable, "-c", NATIVE_CHILD, front.endpoint, bucket]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
             try:
-                assert child.stdout is not None and child.stdout.readline() == "blocking\n", child.stderr.read()
+                assert child.stdout is not None and child.stdout.readline() == "blocking\n", killed(child)
                 composites_appear(gcs_emulator, bucket)
                 time.sleep(1)  # the main thread is inside init_process_group by now
                 child.send_signal(signal.SIGTERM)
@@ -336,12 +342,12 @@ def test_the_users_sigterm_handler_stays_and_runs(gcs_emulator: Emulator, when: 
     """A preemption handler set before or after importing us is still the handler while composing, runs
     on SIGTERM, and the process ends its way; the composites are deleted still."""
     bucket = f"compose-handler-{when}"
-    seed(gcs_emulator, bucket, 2000)
+    seed(gcs_emulator, bucket, 600)
     with slow_deletes(gcs_emulator) as front:
         command = [sys.executable, "-c", HANDLER_CHILD, front.endpoint, bucket, when]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
             try:
-                assert child.stdout is not None and child.stdout.readline() == "mine\n", child.stderr.read()
+                assert child.stdout is not None and child.stdout.readline() == "mine\n", killed(child)
                 composites_appear(gcs_emulator, bucket)
                 child.send_signal(signal.SIGTERM)
                 output, errors = child.communicate(timeout=60)
@@ -396,7 +402,7 @@ def test_sigterm_to_dataloader2_leaves_nothing(gcs_emulator: Emulator, target: s
             try:
                 assert child.stdout is not None
                 workers = [int(pid) for pid in child.stdout.readline().split()]
-                assert len(workers) == 2, child.stderr.read() if child.stderr else ""
+                assert len(workers) == 2, killed(child)
                 deadline = time.monotonic() + 30
                 while not temporary(gcs_emulator, bucket):
                     assert time.monotonic() < deadline, (
