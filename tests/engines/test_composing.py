@@ -393,7 +393,7 @@ def test_sigterm_to_dataloader2_leaves_nothing(gcs_emulator: Emulator, target: s
     the workers at once, or, when it kills only their parent, they end themselves; either way their
     reapers delete their composites."""
     bucket = f"compose-dataloader2-{target}"
-    seed(gcs_emulator, bucket, 2000)
+    seed(gcs_emulator, bucket, 600)
     with GCSFront(gcs_emulator.endpoint, latency=0.02) as front:
         command = [sys.executable, "-c", DATALOADER2_CHILD, front.endpoint, bucket]
         with subprocess.Popen(
