@@ -34,8 +34,9 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
 
     Temporary composites are written under ``.torchdata-gcs-tmp/<time>-<host>-<pid>-<random>/`` in
     the objects' bucket (listings skip that prefix) and deleted once read; what is left when the
-    iteration ends, stops early or fails, at process exit or on SIGTERM is deleted then. Only a
-    killed process leaves some: ``torchdata-gcs clean gs://bucket`` or a lifecycle rule removes
+    iteration ends, stops early or fails, or at process exit is deleted then; a killed process
+    (SIGTERM, SIGKILL) leaves them to a small cleanup process that deletes them once it has ended.
+    Only a lost machine leaves some: ``torchdata-gcs clean gs://bucket`` or a lifecycle rule removes
     them. Where the credentials may not create and delete objects (checked once per bucket by
     writing and deleting an empty probe), objects are loaded directly with one
     ``ComposeFallbackWarning``.
