@@ -138,6 +138,32 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
     return "other"
 
 
+def is_write(method: str, target: str) -> bool:
+    """Whether a request changes what the bucket holds (an upload, compose, rewrite, delete or patch;
+    XML multipart requests included)."""
+    return method in ("POST", "PUT", "DELETE", "PATCH") and not target.startswith("/storage/v1/b?")
+
+
+def repeatable(method: str, target: str, headers: Any = None) -> bool:
+    """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the
+    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``,
+    or an XML multipart request bound to its upload ID (a part PUT overwrites the same part number, a
+    completion or an abort finds the upload gone).
+
+    Example:
+        >>> repeatable("POST", "/upload/storage/v1/b/b/o?uploadType=multipart&name=x&ifGenerationMatch=0")
+        True
+        >>> repeatable("DELETE", "/storage/v1/b/b/o/x"), repeatable("PUT", "/b/x?partNumber=2&uploadId=u")
+        (False, True)
+    """
+    params = dict(parse_qsl(target.partition("?")[2], keep_blank_values=True))
+    if "ifGenerationMatch" in params or (method == "DELETE" and "generation" in params):
+        return True
+    if headers is not None and headers.get("x-goog-if-generation-match") is not None:
+        return True
+    return not target.startswith(_JSON_PREFIXES) and "uploadId" in params
+
+
 @dataclass(frozen=True)
 class RecordedRequest:
     """A request as the front received it: method, ``/path?query``, headers in order, and body."""
@@ -225,7 +251,10 @@ class GCSFront(LocalService):
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
     emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. With ``record``,
-    :attr:`recorded` keeps every request as the client sent it. On top, per request:
+    :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``, the first
+    attempt of every write (upload, compose, rewrite, delete, patch) is carried out and then answered
+    503, as an answer lost on the way would be, and :attr:`unconditional_resends` lists each write sent
+    again without what makes it safe to repeat (see :func:`repeatable`). On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
     - request and response bodies travel at most ``bandwidth`` bytes/s each way per connection
@@ -262,6 +291,7 @@ class GCSFront(LocalService):
         only_promised_headers: bool = False,
         also_send: Sequence[str] = (),
         record: bool = False,
+        lose_write_answers: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -292,6 +322,9 @@ class GCSFront(LocalService):
         )
         self._record_requests = record
         self._recorded: list[RecordedRequest] = []
+        self._lose_write_answers = lose_write_answers
+        self._writes_seen: set[str] = set()
+        self._unconditional_resends: list[str] = []
         self.set_faults(faults)
 
     def __repr__(self) -> str:
@@ -348,6 +381,13 @@ class GCSFront(LocalService):
         """Every request received, as the client sent it, when the front was made with ``record=True``."""
         with self._lock:
             return list(self._recorded)
+
+    @property
+    def unconditional_resends(self) -> list[str]:
+        """``"METHOD /path?query"`` of every write sent again that GCS does not make safe to repeat (a
+        late repeat could overwrite or delete a newer object); kept with ``lose_write_answers``."""
+        with self._lock:
+            return list(self._unconditional_resends)
 
     @property
     def faults_injected(self) -> Counter[str]:
@@ -413,6 +453,20 @@ class GCSFront(LocalService):
                 self._injected[fault.kind] += 1
                 return fault
         return None
+
+    def _loses_answer(self, method: str, target: str, headers: Any) -> bool:
+        """Whether to answer this write 503 after carrying it out: its first attempt, with
+        ``lose_write_answers``; a write seen before and not :func:`repeatable` is noted."""
+        if not self._lose_write_answers or not is_write(method, target):
+            return False
+        with self._lock:
+            if target not in self._writes_seen:
+                self._writes_seen.add(target)
+                self._injected["lost_answer"] += 1
+                return True
+            if not repeatable(method, target, headers):
+                self._unconditional_resends.append(f"{method} {target}")
+        return False
 
     def index_listings(self, bucket: str) -> int:
         """Answer list requests for ``bucket`` from a snapshot of its objects taken now.
@@ -615,6 +669,23 @@ class _Handler(BaseHTTPRequestHandler):
             body = iter([data]) if body is not None else None
             with front._lock:
                 front._recorded.append(RecordedRequest(self.command, self.path, list(self.headers.items()), data))
+        if fault is None and front._loses_answer(self.command, self.path, self.headers):
+            self._carry_out_unanswered(body, chunked, kind)
+            return
+        self._carry_out(body, chunked, kind, fault)
+
+    def _carry_out_unanswered(self, body: Iterator[bytes] | None, chunked: bool, kind: str) -> None:
+        """Carry the request out, drop upstream's answer and answer 503 instead: a lost answer."""
+        answer, self.wfile = self.wfile, io.BytesIO()
+        try:
+            self._carry_out(body, chunked, kind, None)
+        finally:
+            self.wfile = answer
+        if self.connection.fileno() != -1:  # not closed while carrying out
+            self._answer_error(503, "Service Unavailable", "injected by the test front: the answer was lost")
+
+    def _carry_out(self, body: Iterator[bytes] | None, chunked: bool, kind: str, fault: Fault | None) -> None:
+        front = self.server.front
         if fault is not None and fault.kind not in ("truncate", "corrupt"):
             for _ in body or ():  # take the whole request, so the client waits for an answer
                 pass
