@@ -137,6 +137,12 @@ class RetryConfig:
     Delays grow exponentially from ``initial_delay`` by ``multiplier`` up to ``max_delay``, each
     drawn with full jitter; a ``Retry-After`` answer is honoured. Retrying stops after
     ``max_attempts`` attempts or once ``deadline`` seconds have passed since the first attempt.
+
+    A write is retried only where GCS makes a repeat harmless (its retry strategy): an upload, compose
+    or rewrite with an ``ifGenerationMatch`` precondition, a delete of one generation, an XML multipart
+    upload's requests. The library gives its own writes such a precondition; a write without one is
+    sent once, since a late repeat could replace or delete a newer object, unless
+    ``retry_unconditional_writes`` asks for it to be retried as well.
     """
 
     max_attempts: int = 8
@@ -144,6 +150,7 @@ class RetryConfig:
     initial_delay: float = 0.1
     max_delay: float = 30.0
     multiplier: float = 2.0
+    retry_unconditional_writes: bool = False
 
     def __post_init__(self) -> None:
         require_integer("max_attempts", self.max_attempts, 1)

@@ -501,7 +501,8 @@ class GCSStorageWriter(FileSystemWriter):
         metadata.storage_meta = self.storage_meta()
         url = self._metadata_url()
         bucket, name = parse_url(url, allow_prefix=False)
-        self.fs.objects.create(bucket, name, pickle.dumps(metadata), if_generation_match=None if self.overwrite else 0)
+        replaced = self.fs.objects.live_generation(bucket, name) if self.overwrite else 0  # so it is retried
+        self.fs.objects.create(bucket, name, pickle.dumps(metadata), if_generation_match=replaced)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:

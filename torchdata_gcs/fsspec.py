@@ -66,6 +66,7 @@ from ._ops.objects import (
     create_object,
     delete_object,
     list_page,
+    live_generation,
     object_resource,
     rewrite_object,
 )
@@ -340,7 +341,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         only_if_new = _only_if_new(mode)
         data = bytes(value)
         if len(data) <= self.write.part_size:
-            await create_object(self._job(), bucket, name, data, if_generation_match=0 if only_if_new else None)
+            job = self._job()
+            replaced = 0 if only_if_new else await live_generation(job, bucket, name)
+            await create_object(job, bucket, name, data, if_generation_match=replaced)
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new)
 

@@ -248,7 +248,7 @@ class Composer:
                 return loaded
             logger.warning("kept composite gs://%s/%s does not match its sources: rebuilding it", bucket, name)
         try:
-            composite = await self._compose(bucket, name, members, job)
+            composite = await self._compose(bucket, name, members, job, kept)
         except (NotFoundError, PreconditionFailedError) as exc:  # a source changed since it was listed
             logger.info(
                 "composing %d objects into gs://%s/%s failed (%s): loading them directly",
@@ -274,15 +274,20 @@ class Composer:
         identity = json.dumps([(name, info.generation, info.size, info.crc32c) for _, name, info in members])
         return self.reuse_prefix + hashlib.sha256(identity.encode()).hexdigest()
 
-    async def _compose(self, bucket: str, name: str, members: list[Member], job: RequestContext) -> ObjectInfo:
-        """Ask GCS to concatenate the members (each pinned to its generation) into ``name``."""
+    async def _compose(
+        self, bucket: str, name: str, members: list[Member], job: RequestContext, kept: ObjectInfo | None
+    ) -> ObjectInfo:
+        """Ask GCS to concatenate the members (each pinned to its generation) into ``name``, in place of
+        the ``kept`` composite if any, else only if ``name`` does not exist (so the compose is retried)."""
         new_name = self.reuse_prefix is None
         if new_name:
             self._unsettled.add((bucket, name))
         sources = [(source, info.generation) for _, source, info in members]
         job.stats.composes += 1
+        replaced = 0 if kept is None else kept.generation
+        compose = compose_object(job, bucket, name, sources, if_generation_match=replaced, unique_name=new_name)
         # Shielded: a compose already sent may still land, so it runs to its end and close() waits for it.
-        return await asyncio.shield(self._track(compose_object(job, bucket, name, sources, only_if_new=new_name)))
+        return await asyncio.shield(self._track(compose))
 
     async def _download(
         self,

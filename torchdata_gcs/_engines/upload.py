@@ -236,10 +236,7 @@ class StreamingWriter(PublishingWriter):
         try:
             if not self._started:
                 self.generation = self._client.create(
-                    self._bucket,
-                    self._name,
-                    bytes(self._buffer[: self._filled]),
-                    if_generation_match=0 if self._only_if_new else None,
+                    self._bucket, self._name, bytes(self._buffer[: self._filled]), if_generation_match=self._replaced()
                 )
             else:
                 self._send_part(self._buffer[: self._filled], self._part_crc)
@@ -313,6 +310,11 @@ class StreamingWriter(PublishingWriter):
                 url=self.url,
             )
         return generation
+
+    def _replaced(self) -> int:
+        """The generation publishing replaces, its precondition: 0 (none) with ``only_if_new``, else
+        the live one's, asked now; a writer that replaces it meanwhile makes the publish fail."""
+        return 0 if self._only_if_new else self._client.live_generation(self._bucket, self._name)
 
     def _published_version(self, generation: int | None) -> tuple[int, str | None]:
         """Generation and crc32c of the version the parts were assembled into, asked of GCS (of
@@ -482,21 +484,29 @@ class CompositeWriter(StreamingWriter):
 
     def _assemble(self) -> tuple[int | None, str | None]:
         sources: list[tuple[str, int | None]] = [self._parts[number] for number in sorted(self._parts)]
+        replaced = self._replaced()
         try:
-            info = self._run(self._compose_all(sources))
+            info = self._run(self._compose_all(sources, replaced))
         except TransientError:  # every answer of the last compose may have been lost: the URL decides
             return None, None
         except PreconditionFailedError:  # the object exists: this upload's own, if an earlier answer was lost
             live = self._client.head(self._bucket, self._name, "size,generation,crc32c")
             if live is None or int(live["size"]) != self._size or live.get("crc32c") != crc32c_base64(self._crc):
-                raise
+                if self._only_if_new:
+                    raise
+                raise PreconditionFailedError(
+                    f"{self.url} was replaced by another writer while this one published; nothing was published",
+                    url=self.url,
+                    status=412,
+                ) from None
             return int(live["generation"]), live["crc32c"]
         finally:
             self._run(self._delete_temporaries())
         return info.generation, info.crc32c
 
-    async def _compose_all(self, sources: list[tuple[str, int | None]]) -> Any:
-        """Compose ``sources`` into the destination, through as many levels of intermediates as needed."""
+    async def _compose_all(self, sources: list[tuple[str, int | None]], replaced: int) -> Any:
+        """Compose ``sources`` into the destination (at generation ``replaced``, 0: none), through as many
+        levels of intermediates as needed."""
         level = 0
         while len(sources) > MAX_SOURCES:
             level += 1
@@ -504,11 +514,14 @@ class CompositeWriter(StreamingWriter):
             names = [f"{self._prefix}level-{level}-{n:05d}" for n in range(len(groups))]
             self._temporaries.update(names)
             composed = await asyncio.gather(
-                *(compose_object(self._job, self._bucket, n, g, only_if_new=False) for n, g in zip(names, groups))
+                *(
+                    compose_object(self._job, self._bucket, n, g, if_generation_match=0, unique_name=True)
+                    for n, g in zip(names, groups)
+                )
             )
             sources = [(name, info.generation) for name, info in zip(names, composed)]
             self._intermediates.update(sources)
-        return await compose_object(self._job, self._bucket, self._name, sources, only_if_new=self._only_if_new)
+        return await compose_object(self._job, self._bucket, self._name, sources, if_generation_match=replaced)
 
     async def _delete_temporaries(self) -> None:
         """Delete every temporary object, each by its generation where known (so object versioning
@@ -581,8 +594,9 @@ async def _put_part(
 async def _create_part(
     job: RequestContext, bucket: str, name: str, number: int, data: memoryview, crc32c: int
 ) -> tuple[int, tuple[str, int]]:
-    """Upload one part as the object ``name`` (GCS checks its crc32c); ``(number, (name, generation))``."""
-    return number, (name, await create_object(job, bucket, name, data, crc32c=crc32c))
+    """Upload one part as the object ``name``, a name of its own, so only if it does not exist (GCS checks its
+    crc32c; a retry finds the part of an earlier attempt whose answer was lost); ``(number, (name, generation))``."""
+    return number, (name, await create_object(job, bucket, name, data, if_generation_match=0, crc32c=crc32c))
 
 
 _multipart_served: dict[str, bool] = {}  # endpoint -> whether it serves XML API multipart uploads

@@ -78,7 +78,7 @@ class Client:
         if_generation_match: int | None = None,
         content_type: str = "application/octet-stream",
     ) -> int:
-        """Write ``data`` as ``name`` in one request; the new generation."""
+        """Write ``data`` as ``name`` in one request (retried only with ``if_generation_match``); the new generation."""
         return self.run(
             objects.create_object,
             bucket,
@@ -88,11 +88,15 @@ class Client:
             content_type=content_type,
         )
 
+    def live_generation(self, bucket: str, name: str) -> int:
+        """The live object's generation, 0 if there is none (what replacing it is made conditional on)."""
+        return self.run(objects.live_generation, bucket, name)
+
     def compose(
-        self, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
+        self, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, if_generation_match: int | None
     ) -> ObjectInfo:
-        """Concatenate ``sources`` into ``name`` in one compose call."""
-        return self.run(objects.compose_object, bucket, name, sources, only_if_new=only_if_new)
+        """Concatenate ``sources`` into ``name`` in one compose call, if ``name`` is at ``if_generation_match``."""
+        return self.run(objects.compose_object, bucket, name, sources, if_generation_match=if_generation_match)
 
     def delete(
         self, bucket: str, name: str, *, generation: int | None = None, if_generation_match: int | None = None

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket, missing_bucket
-from ..errors import NotFoundError, PreconditionFailedError
+from ..errors import GCSError, NotFoundError, PreconditionFailedError
 from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc32c, verify_bytes
 from .urls import format_url
 
@@ -25,11 +25,14 @@ __all__ = [
     "delete_object",
     "delete_request",
     "list_page",
+    "live_generation",
     "multipart_body",
     "object_resource",
     "read_object",
     "rewrite_object",
 ]
+
+T = TypeVar("T")
 
 MAX_PAGE_SIZE = 1000
 """GCS never returns more items in one list page."""
@@ -124,6 +127,39 @@ def multipart_body(
     return body, {"Content-Type": f"multipart/related; boundary={boundary}"}
 
 
+async def live_generation(job: RequestContext, bucket: str, name: str) -> int:
+    """The generation of the live object ``name``, 0 if there is none: as ``ifGenerationMatch``, it makes
+    replacing the object a write GCS applies at most once, so one that may be retried."""
+    live = await object_resource(job, bucket, name, "generation", required=("generation",))
+    return 0 if live is None else int(live["generation"])
+
+
+async def _write(
+    job: RequestContext,
+    url: str,
+    send_once: Callable[[], Awaitable[T]],
+    *,
+    repeatable: bool,
+    earlier_won: Callable[[GCSError], Awaitable[T]] | None = None,
+) -> T:
+    """Send a write, retried if ``repeatable`` (see ``with_retry``). A retry answered 412 or 404 may
+    mean that an earlier attempt was carried out and only its answer was lost: ``earlier_won`` then
+    says what that attempt did (or raises the error it is given)."""
+    attempts = 0
+
+    async def attempt() -> T:
+        nonlocal attempts
+        attempts += 1
+        try:
+            return await send_once()
+        except (PreconditionFailedError, NotFoundError) as exc:
+            if attempts == 1 or earlier_won is None or is_missing_bucket(exc):
+                raise
+            return await earlier_won(exc)
+
+    return await with_retry(job, url, attempt, repeatable=repeatable)
+
+
 async def create_object(
     job: RequestContext,
     bucket: str,
@@ -138,9 +174,10 @@ async def create_object(
     the new generation; the body is sent in pieces, ``data`` never copied.
 
     The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way. With
-    ``if_generation_match`` (0: only if the object does not exist) a mismatch raises
-    ``PreconditionFailedError``, except when a retry meets the write of its own earlier attempt
-    whose answer was lost: an object of exactly these bytes is then taken as ours.
+    ``if_generation_match`` (0: only if the object does not exist; see :func:`live_generation`) the upload
+    is retried and a mismatch raises ``PreconditionFailedError``, except when a retry meets the write of
+    its own earlier attempt whose answer was lost: an object of exactly these bytes is then taken as ours.
+    Without it, the upload is sent once.
     """
     url = format_url(bucket, name)
     body, headers = multipart_body(name, data, content_type, crc32c)
@@ -149,37 +186,41 @@ async def create_object(
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     path = job.session.upload_path(bucket)
-    attempts = 0
 
-    async def attempt() -> int:
-        nonlocal attempts
-        attempts += 1
-        try:
-            async with job.session.send("POST", url, path, params, headers, data=body) as response:
-                return int((await job.session.json_answer(response, url, ("generation",)))["generation"])
-        except PreconditionFailedError:
-            if attempts == 1:
-                raise
-            live = await object_resource(job, bucket, name, "generation,size,crc32c")
-            if (
-                live is None
-                or int(live["size"]) != len(data)
-                or live.get("crc32c") != crc32c_base64(data if crc32c is None else crc32c)
-            ):
-                raise
-            return int(live["generation"])
+    async def send_once() -> int:
+        async with job.session.send("POST", url, path, params, headers, data=body) as response:
+            return int((await job.session.json_answer(response, url, ("generation",)))["generation"])
+
+    async def earlier_won(error: GCSError) -> int:
+        live = await object_resource(job, bucket, name, "generation,size,crc32c")
+        if (
+            not isinstance(error, PreconditionFailedError)
+            or live is None
+            or int(live["size"]) != len(data)
+            or live.get("crc32c") != crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
+        ):
+            raise error
+        return int(live["generation"])
 
     try:
-        return await with_retry(job, url, attempt)
+        return await _write(job, url, send_once, repeatable=if_generation_match is not None, earlier_won=earlier_won)
     except NotFoundError:  # an upload creates the object: only its bucket can be missing
         raise missing_bucket(bucket, url) from None
 
 
 async def compose_object(
-    job: RequestContext, bucket: str, name: str, sources: Sequence[tuple[str, int | None]], *, only_if_new: bool
+    job: RequestContext,
+    bucket: str,
+    name: str,
+    sources: Sequence[tuple[str, int | None]],
+    *,
+    if_generation_match: int | None,
+    unique_name: bool = False,
 ) -> ObjectInfo:
     """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
-    compose call; ``only_if_new`` never replaces an existing object."""
+    compose call, only if ``name`` is at ``if_generation_match`` (0: does not exist); retried only with
+    it. A ``unique_name`` is written by this compose alone: a retry answered 412 finds the composite
+    of an earlier attempt whose answer was lost, and returns it."""
     url = format_url(bucket, name)
     body = {
         "sourceObjects": [
@@ -195,15 +236,22 @@ async def compose_object(
         "destination": {"contentType": "application/octet-stream"},
     }
     params: dict[str, Any] = {"fields": "size,generation,crc32c"}
-    if only_if_new:
-        params["ifGenerationMatch"] = 0
+    if if_generation_match is not None:
+        params["ifGenerationMatch"] = if_generation_match
     path = job.session.object_path(bucket, name) + "/compose"
 
-    async def attempt() -> ObjectInfo:
+    async def send_once() -> ObjectInfo:
         async with job.session.send("POST", url, path, params, json=body) as answer:
             return ObjectInfo.from_json(await job.session.json_answer(answer, url, REQUIRED_FIELDS))
 
-    return await with_retry(job, url, attempt)
+    async def earlier_won(error: GCSError) -> ObjectInfo:
+        live = await object_resource(job, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS)
+        if not isinstance(error, PreconditionFailedError) or live is None:
+            raise error
+        return ObjectInfo.from_json(live)
+
+    repeatable = if_generation_match is not None
+    return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won if unique_name else None)
 
 
 async def rewrite_object(
@@ -211,41 +259,66 @@ async def rewrite_object(
 ) -> ObjectInfo:
     """Copy the object ``source`` (bucket, name) to ``destination`` inside GCS, by as many rewrite calls
     as GCS asks for (large objects across locations or storage classes take several; each returns a
-    token to continue with); ``only_if_new`` never replaces an existing object."""
+    token to continue with); ``only_if_new`` never replaces an existing object.
+
+    Each call is conditional on the destination's generation as found first, so it is retried; a retry
+    answered 412 by a destination that holds the source's bytes is the lost answer of an earlier
+    attempt; a destination replaced meanwhile by another writer raises ``PreconditionFailedError``.
+    """
     url = format_url(*destination)
     path = f"{job.session.object_path(*source)}/rewriteTo/b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
-    params: dict[str, Any] = {"fields": "done,rewriteToken,resource(size,generation,crc32c)"}
-    if only_if_new:
-        params["ifGenerationMatch"] = 0
+    copied = await object_resource(job, *source, "size,crc32c", required=("size",), missing_ok=False)
+    assert copied is not None
+    params: dict[str, Any] = {
+        "fields": "done,rewriteToken,resource(size,generation,crc32c)",
+        "ifGenerationMatch": 0 if only_if_new else await live_generation(job, *destination),
+    }
 
-    async def attempt() -> dict[str, Any]:
+    async def send_once() -> dict[str, Any]:
         async with job.session.send("POST", url, path, params, json={}) as answer:
             return await job.session.json_answer(answer, url, ("done",))  # type: ignore[no-any-return]
 
+    async def earlier_won(error: GCSError) -> dict[str, Any]:
+        live = await object_resource(job, *destination, "size,generation,crc32c", required=REQUIRED_FIELDS)
+        if (
+            not isinstance(error, PreconditionFailedError)
+            or live is None
+            or (live["size"], live.get("crc32c")) != (copied["size"], copied.get("crc32c"))
+        ):
+            raise error
+        return {"done": True, "resource": live}
+
     while True:
-        answer = await with_retry(job, url, attempt)
+        answer = await _write(job, url, send_once, repeatable=True, earlier_won=earlier_won)
         if answer["done"]:
             return ObjectInfo.from_json(answer["resource"])
         params["rewriteToken"] = answer["rewriteToken"]
 
 
 async def delete_request(
-    job: RequestContext, url: str, path: str, params: dict[str, Any], *, xml_api: bool = False
+    job: RequestContext, url: str, path: str, params: dict[str, Any], *, repeatable: bool, xml_api: bool = False
 ) -> bool:
-    """Send a DELETE to ``path`` (``url`` names it in errors); ``False`` if it was already gone
-    (``NotFoundError`` if its bucket is)."""
+    """Send a DELETE to ``path`` (``url`` names it in errors), retried if ``repeatable``; ``False`` if it
+    was already gone (``NotFoundError`` if its bucket is). A retry answered 404 or 412 finds the
+    target gone or replaced after an earlier attempt whose answer was lost: deleted, as asked."""
 
-    async def attempt() -> None:
+    async def send_once() -> bool:
         async with job.session.send("DELETE", url, path, params, xml_api=xml_api):
-            pass
+            return True
+
+    async def earlier_won(_: GCSError) -> bool:
+        return True
 
     try:
-        await with_retry(job, url, attempt)
+        return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won)
     except NotFoundError as exc:
         if is_missing_bucket(exc):
             raise
         return False
-    return True
+
+
+DELETE_TRIES = 3
+"""Deletes of the live version, each found anew, before an object replaced again and again is given up."""
 
 
 async def delete_object(
@@ -259,18 +332,38 @@ async def delete_object(
     """Delete the live object (only if it is ``if_generation_match``), or the version ``generation`` for
     good, live or not; ``False`` if it was already gone.
 
+    Given neither, the live version is found first and deleted by ``ifGenerationMatch``, so that a retry
+    never deletes a newer object written meanwhile; one replaced between the two is found again.
     In a bucket with object versioning, deleting the live object keeps it as a noncurrent version,
     billed until a lifecycle rule removes it; deleting by ``generation`` leaves nothing behind.
     """
+    if if_generation_match is None and generation is None:
+        return await _delete_live(job, bucket, name)
     params: dict[str, Any] = {}
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     if generation is not None:
         params["generation"] = generation
-    return await delete_request(job, format_url(bucket, name), job.session.object_path(bucket, name), params)
+    path = job.session.object_path(bucket, name)
+    return await delete_request(job, format_url(bucket, name), path, params, repeatable=True)
+
+
+async def _delete_live(job: RequestContext, bucket: str, name: str) -> bool:
+    """Delete whatever version is live, by its generation; one replaced meanwhile is found again."""
+    tries = 1
+    while True:
+        live = await live_generation(job, bucket, name)
+        if not live:
+            return False
+        try:
+            return await delete_object(job, bucket, name, if_generation_match=live)
+        except PreconditionFailedError:
+            if tries == DELETE_TRIES:
+                raise
+            tries += 1
 
 
 async def delete_folder(job: RequestContext, bucket: str, folder: str) -> bool:
     """Delete an empty folder of a bucket with a hierarchical namespace; ``False`` if there was none."""
     path = f"{job.session.bucket_path(bucket)}/folders/{quote(folder, safe='')}"
-    return await delete_request(job, format_url(bucket, folder), path, {})
+    return await delete_request(job, format_url(bucket, folder), path, {}, repeatable=False)

@@ -82,8 +82,9 @@ def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iter
 
 
 async def abort_upload(job: RequestContext, bucket: str, upload: Upload) -> bool:
-    """Abort one multipart upload (its parts are dropped); ``False`` if it was already gone."""
+    """Abort one multipart upload (its parts are dropped); ``False`` if it was already gone. Retried: the
+    upload ID is used once, so a repeated abort finds it gone."""
     path = job.session.xml_path(bucket, upload.name)
     return await delete_request(
-        job, format_url(bucket, upload.name), path, {"uploadId": upload.upload_id}, xml_api=True
+        job, format_url(bucket, upload.name), path, {"uploadId": upload.upload_id}, repeatable=True, xml_api=True
     )

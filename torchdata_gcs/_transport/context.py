@@ -149,8 +149,11 @@ class RequestContext:
             await self.slots.acquire()
 
 
-async def with_retry(job: RequestContext, url: str, attempt_once: Callable[[], Awaitable[T]]) -> T:
-    """Run one request (``attempt_once``) under the loader's and the process's limits, retried."""
+async def with_retry(
+    job: RequestContext, url: str, attempt_once: Callable[[], Awaitable[T]], *, repeatable: bool = True
+) -> T:
+    """Run one request (``attempt_once``) under the loader's and the process's limits, retried; a write
+    that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`)."""
     stats = job.stats
     started = time.monotonic()
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
@@ -166,7 +169,7 @@ async def with_retry(job: RequestContext, url: str, attempt_once: Callable[[], A
                 stats.throttled += 1
                 job.session.throttle.throttled()
             if attempts is None:
-                attempts = Attempts(job.retry, url, on_retry=stats.count_retry, started=started)
+                attempts = Attempts(job.retry, url, stats.count_retry, started, repeatable)
             await asyncio.sleep(attempts.delay_after(exc))
 
 

@@ -63,6 +63,8 @@ class Attempts:
     A ``retry_after`` attribute on the error (from GCS's ``Retry-After``) stretches the wait.
     ``on_retry``, if given, is told of every failure that will be retried. The deadline counts from
     ``started`` (a ``time.monotonic()`` reading taken when the first attempt began), else from now.
+    A write that is not ``repeatable`` (no precondition makes a repeat harmless) is not tried again
+    unless ``retry.retry_unconditional_writes`` says so, but where it never reached the endpoint.
     """
 
     def __init__(
@@ -71,8 +73,10 @@ class Attempts:
         url: str,
         on_retry: Callable[[BaseException], None] | None = None,
         started: float | None = None,
+        repeatable: bool = True,
     ) -> None:
         self.retry, self.url, self.on_retry = retry, url, on_retry
+        self.repeatable = repeatable or retry.retry_unconditional_writes
         self.start = time.monotonic() if started is None else started
         self.attempt = 1
 
@@ -86,6 +90,15 @@ class Attempts:
         if not is_retryable(exc):
             raise exc
         retry = self.retry
+        refused = isinstance(exc, IntegrityError) and exc.status == 400  # damaged on the way: nothing written
+        if not self.repeatable and not isinstance(exc, Unanswered) and not refused:
+            raise TransientError(
+                f"{exc if isinstance(exc, GCSError) else f'{self.url}: {type(exc).__name__}: {exc}'}; not sent again: "
+                "a write without a precondition, repeated, could replace or delete a newer object "
+                "(RetryConfig(retry_unconditional_writes=True) repeats it)",
+                url=self.url,
+                status=getattr(exc, "status", None),
+            ) from exc
         if isinstance(exc, Unanswered):
             delay = UNANSWERED_DELAYS[min(self.attempt, len(UNANSWERED_DELAYS)) - 1]
             if self.attempt > len(UNANSWERED_DELAYS) or self._spent(delay):

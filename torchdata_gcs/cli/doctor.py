@@ -378,7 +378,7 @@ class _Run:
         expected = b"".join(data for _, data in sources)
         self.written.setdefault(name, None)
         try:
-            info = self.objects.compose(self.bucket, name, pinned, only_if_new=True)
+            info = self.objects.compose(self.bucket, name, pinned, if_generation_match=0)
         except Exception as exc:  # noqa: BLE001
             self.failed("compose", exc)
             return

@@ -147,8 +147,9 @@ def is_write(method: str, target: str) -> bool:
 def repeatable(method: str, target: str, headers: Any = None) -> bool:
     """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the
     generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``,
-    or an XML multipart request bound to its upload ID (a part PUT overwrites the same part number, a
-    completion or an abort finds the upload gone).
+    or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
+    and the others are bound to their upload ID (a part PUT overwrites the same part number, a repeated
+    completion or abort finds the upload gone).
 
     Example:
         >>> repeatable("POST", "/upload/storage/v1/b/b/o?uploadType=multipart&name=x&ifGenerationMatch=0")
@@ -161,7 +162,7 @@ def repeatable(method: str, target: str, headers: Any = None) -> bool:
         return True
     if headers is not None and headers.get("x-goog-if-generation-match") is not None:
         return True
-    return not target.startswith(_JSON_PREFIXES) and "uploadId" in params
+    return not target.startswith(_JSON_PREFIXES) and bool(params.keys() & {"uploadId", "uploads"})
 
 
 @dataclass(frozen=True)
