@@ -7,8 +7,8 @@ Use :class:`Emulator` directly as a context manager, or load the fixtures in a `
 which provides ``gcs_emulator`` (one emulator per test session) and ``gcs_bucket`` (a new, empty
 bucket per test). Put a :class:`GCSFront` before the emulator to hold it to GCS's rules (XML
 multipart upload, preconditions, composite objects, only the headers GCS promises), to add latency,
-bandwidth caps and injected faults (throttling, outages, resets, cut or damaged bodies, stalls), and
-to count and record requests.
+bandwidth caps and injected faults (throttling, outages, resets, cut or damaged bodies, stalls, lost
+answers to writes carried out), and to count and record requests.
 """
 
 from ._emulator import Emulator, EmulatorError
