@@ -13,7 +13,7 @@ import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import torchdata_gcs  # noqa: F401 - registers the DataPipes
-from torchdata_gcs import RetryConfig, TransientError, WriteConfig, checkpoint
+from torchdata_gcs import PreconditionFailedError, RetryConfig, TransientError, WriteConfig, checkpoint
 from torchdata_gcs._engines.upload import CompositeWriter
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
@@ -121,3 +121,27 @@ def test_fsspec_writes_survive_lost_answers(gcs_emulator: Emulator, lossy: GCSFr
     fs.rm("gs://lossy-fs/dir", recursive=True)
     assert gcs_emulator.names("lossy-fs") == ["new"]
     assert lossy.unconditional_resends == []
+
+
+def test_a_delete_finds_an_object_replaced_meanwhile_again(gcs_emulator: Emulator) -> None:
+    gcs_emulator.seed("replaced-delete", {"a": b"one"})
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_412", match="delete", times=1)]) as front:
+        fs = GCSFileSystem(client=front.client_config, retry=FAST_RETRY, skip_instance_cache=True)
+        fs.rm("gs://replaced-delete/a")  # 412 to the first: the live generation is asked again
+        assert (front.counts["delete"], front.counts["metadata"]) == (2, 2)
+    assert gcs_emulator.names("replaced-delete") == []
+
+
+def test_a_publish_over_an_object_replaced_meanwhile_fails_and_keeps_it(gcs_emulator: Emulator) -> None:
+    gcs_emulator.seed("replaced-publish", {"o": b"theirs"})
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_412", match="compose", times=1)]) as front:
+        writer = CompositeWriter(
+            "gs://replaced-publish/o", client=front.client_config, retry=FAST_RETRY, part_size=256 * KiB
+        )
+        with (
+            pytest.raises(PreconditionFailedError, match="replaced by another writer while this one published"),
+            writer,
+        ):
+            writer.write(b"ours" * 100_000)
+    assert gcs_emulator.read("replaced-publish", "o") == b"theirs"
+    assert temporaries(gcs_emulator, "replaced-publish") == []
