@@ -61,16 +61,19 @@ def test_a_write_without_precondition_is_sent_once_and_says_so(gcs_emulator: Emu
     assert gcs_emulator.names("sent-once") == ["b"]
 
 
-def test_the_composite_writer_survives_lost_answers(gcs_emulator: Emulator, lossy: GCSFront) -> None:
-    gcs_emulator.create_bucket("lossy-composite")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_flight", [1, 8])  # 1: what the URL holds is asked without the part's own slot
+def test_the_composite_writer_survives_lost_answers(gcs_emulator: Emulator, lossy: GCSFront, in_flight: int) -> None:
+    bucket = f"lossy-composite-{in_flight}"
+    gcs_emulator.create_bucket(bucket)
     data = random.Random(1).randbytes(34 * 256 * KiB + 5)  # 35 parts: an intermediate level
-    url = "gs://lossy-composite/big.bin"
+    settings = {"client": lossy.client_config, "retry": FAST_RETRY, "part_size": 256 * KiB}
     for _ in range(2):  # a new object, then over it
-        with CompositeWriter(url, client=lossy.client_config, retry=FAST_RETRY, part_size=256 * KiB) as writer:
+        with CompositeWriter(f"gs://{bucket}/big.bin", max_parts_in_flight=in_flight, **settings) as writer:
             writer.write(data)
-        assert gcs_emulator.read("lossy-composite", "big.bin") == data
+        assert gcs_emulator.read(bucket, "big.bin") == data
     assert lossy.unconditional_resends == []
-    assert temporaries(gcs_emulator, "lossy-composite") == []
+    assert temporaries(gcs_emulator, bucket) == []
 
 
 @pytest.mark.parametrize("strategy", ["multipart", "compose"])

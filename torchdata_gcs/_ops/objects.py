@@ -134,6 +134,15 @@ async def live_generation(job: RequestContext, bucket: str, name: str) -> int:
     return 0 if live is None else int(live["generation"])
 
 
+class _EarlierAttemptMayHaveWon(Exception):
+    """A retry of a write answered 412 or 404 (``error``): ends the retries, so that what the URL holds
+    is asked without holding a concurrency slot (the question needs one of its own)."""
+
+    def __init__(self, error: GCSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 async def _write(
     job: RequestContext,
     url: str,
@@ -155,9 +164,13 @@ async def _write(
         except (PreconditionFailedError, NotFoundError) as exc:
             if attempts == 1 or earlier_won is None or is_missing_bucket(exc):
                 raise
-            return await earlier_won(exc)
+            raise _EarlierAttemptMayHaveWon(exc) from None
 
-    return await with_retry(job, url, attempt, repeatable=repeatable)
+    try:
+        return await with_retry(job, url, attempt, repeatable=repeatable)
+    except _EarlierAttemptMayHaveWon as outcome:
+        assert earlier_won is not None
+        return await earlier_won(outcome.error)
 
 
 async def create_object(
