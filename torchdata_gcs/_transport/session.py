@@ -15,6 +15,7 @@ import importlib.metadata
 import io
 import logging
 import os
+import platform
 import re
 import ssl
 import threading
@@ -47,12 +48,16 @@ from .loop import io_loop
 from .retry import Unanswered
 from .throttle import Throttle
 
-__all__ = ["USER_AGENT", "Body", "Session", "session_for"]
+__all__ = ["API_CLIENT", "USER_AGENT", "Body", "Session", "session_for"]
 
 logger = logging.getLogger(__name__)
 
 USER_AGENT = f"torchdata-gcs/{importlib.metadata.version('torchdata-gcs')}"
 """How every request names its client (GCS's request logs show it)."""
+
+API_CLIENT = f"gl-python/{platform.python_version()} {USER_AGENT}"
+"""The ``x-goog-api-client`` header, as Google's own clients send it: the language and its version, then
+the library and its version (Google counts requests by client library from it)."""
 
 
 class Session:
@@ -191,7 +196,7 @@ class Session:
                 timeout=self._timeout,
                 auto_decompress=False,
                 # Media reads ask for gzip instead: see read_media.
-                headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
+                headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT, "x-goog-api-client": API_CLIENT},
             )
         params, headers = self.billed(params, headers, xml_api=xml_api)
         body: Any = None
