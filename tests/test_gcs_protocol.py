@@ -249,6 +249,8 @@ def test_requester_pays_names_the_project_as_each_api_documents(gcs_emulator: Em
     xml = [r for r in recorded if not is_json(r)]
     json_api = [r for r in recorded if is_json(r)]
     assert len(xml) == 1 + 2 + 1 + 1 and json_api  # initiate, 2 parts, complete, list uploads; a read
+    # the query of initiation and listing as the XML API documents it: a bare `uploads`, not `uploads=`
+    assert xml[0].target == f"/{BUCKET}/rp.bin?uploads" and xml[-1].target == f"/{BUCKET}?uploads", xml
     for request in xml:
         assert request.header("x-goog-user-project") == ["billed-project"], request.target
         assert "userProject" not in dict(parse_qsl(urlsplit(request.target).query)), request.target

@@ -60,6 +60,12 @@ API_CLIENT = f"gl-python/{platform.python_version()} {USER_AGENT}"
 the library and its version (Google counts requests by client library from it)."""
 
 
+def query_string(params: dict[str, Any]) -> str:
+    """``params`` as a query string; a key whose value is ``None`` goes bare, as the XML API documents
+    ``?uploads`` (not ``?uploads=``)."""
+    return "&".join(quote(key, safe="") if value is None else urlencode({key: value}) for key, value in params.items())
+
+
 class Session:
     """One process's connections, credentials and 429 throttle for one ``ClientConfig``; lives on the
     I/O loop. Its :class:`Throttle` is shared by every loader and writer of the process that uses
@@ -210,7 +216,7 @@ class Session:
             body = _streamed(pieces)
         request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers
         # The path is percent-encoded already: yarl need not parse and encode it again.
-        target = yarl.URL(f"{path}?{urlencode(params)}" if params else path, encoded=True)
+        target = yarl.URL(f"{path}?{query_string(params)}" if params else path, encoded=True)
         try:
             async with self._session.request(
                 method,
