@@ -167,7 +167,7 @@ def test_every_request_names_the_library(gcs_emulator: Emulator, gcs_bucket: str
         agents = [request.header("User-Agent") for request in front.recorded]
         clients = [request.header("x-goog-api-client") for request in front.recorded]
     library = f"torchdata-gcs/{version('torchdata-gcs')}"
-    assert len(agents) == 2 and agents == [[library]] * 2
+    assert len(agents) == 2 and agents == [[f"{library} (gzip)"]] * 2
     assert clients == [[f"gl-python/{platform.python_version()} {library}"]] * 2
 
 

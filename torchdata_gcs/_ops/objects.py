@@ -39,7 +39,8 @@ async def _get_json(
     job: RequestContext, url: str, path: str, params: dict[str, Any], required: Sequence[str] = ()
 ) -> Any:
     async def attempt() -> Any:
-        async with job.session.send("GET", url, path, params) as response:
+        # listing pages shrink several times compressed; json_answer decompresses
+        async with job.session.send("GET", url, path, params, headers={"Accept-Encoding": "gzip"}) as response:
             return await job.session.json_answer(response, url, required)
 
     return await with_retry(job, url, attempt)

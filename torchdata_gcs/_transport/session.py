@@ -40,6 +40,7 @@ from .http import (
     credentials_for,
     error_detail,
     error_for_status,
+    gunzipped,
     json_answer,
     resolve_endpoint,
     retry_after_seconds,
@@ -54,6 +55,10 @@ logger = logging.getLogger(__name__)
 
 USER_AGENT = f"torchdata-gcs/{importlib.metadata.version('torchdata-gcs')}"
 """How every request names its client (GCS's request logs show it)."""
+
+GZIP_USER_AGENT = f"{USER_AGENT} (gzip)"
+"""The ``User-Agent`` sent: Google's APIs compress an answer only for a client whose agent names gzip and
+that sends ``Accept-Encoding: gzip``, as JSON metadata reads do (see :meth:`Session.json_answer`)."""
 
 API_CLIENT = f"gl-python/{platform.python_version()} {USER_AGENT}"
 """The ``x-goog-api-client`` header, as Google's own clients send it: the language and its version, then
@@ -201,8 +206,8 @@ class Session:
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=self._trusted or True),
                 timeout=self._timeout,
                 auto_decompress=False,
-                # Media reads ask for gzip instead: see read_media.
-                headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT, "x-goog-api-client": API_CLIENT},
+                # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
+                headers={"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT},
             )
         params, headers = self.billed(params, headers, xml_api=xml_api)
         body: Any = None
@@ -280,8 +285,11 @@ class Session:
 
     @staticmethod
     async def json_answer(response: aiohttp.ClientResponse, url: str, required: Sequence[str] = ()) -> Any:
-        """The answer's JSON document (see :func:`http.json_answer`)."""
-        return json_answer(await response.read(), url, response.status, response.headers.get("Content-Type"), required)
+        """The answer's JSON document (see :func:`http.json_answer`), gzip-compressed or not."""
+        body = await response.read()
+        if response.headers.get("Content-Encoding", "").strip().lower() == "gzip":
+            body = gunzipped(body, url, response.status)
+        return json_answer(body, url, response.status, response.headers.get("Content-Type"), required)
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -9,6 +9,7 @@ behaviours, so clients can be tested and measured against them over real sockets
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import io
 import json
@@ -136,6 +137,15 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
     if method in ("GET", "HEAD") and (path.startswith(("/storage/v1/b/", "/download/")) or (xml and path != "/")):
         return "metadata"
     return "other"
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header allows gzip (``gzip``, with a non-zero ``q`` if one is given)."""
+    for coding in accept_encoding.split(","):
+        name, _, weight = coding.strip().partition(";")
+        if name.strip().lower() == "gzip":
+            return weight.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 @dataclass(frozen=True)
@@ -893,6 +903,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if generation is not None:
                     rules.add_composite(bucket, name, int(generation), rules.components_of(bucket, sources))
             data = rules.rewrite_resources(data)
+            if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
+                data = gzip.compress(data)
+                headers.append(("Content-Encoding", "gzip"))
             source, length = io.BytesIO(data), len(data)
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(length))]
         headers = rules.answer_headers(headers, bucket=bucket, name=name)
