@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
-from ._gcs_rules import GCSRules
+from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
@@ -221,6 +221,11 @@ class GCSFront(LocalService):
     and a ``componentCount``; ``x-goog-hash`` values come on separate lines, ``md5`` first. With
     ``only_promised_headers`` the answers carry only the headers GCS promises (no ``x-goog-*``
     metadata headers, no ``Content-Length``: bodies go chunked) but those named in ``also_send``.
+    With ``object_only`` the front acts as an identity holding object roles only (Storage Object
+    Viewer, User or Admin, as training jobs usually run): every JSON API call on a bucket's own
+    resource (get, update, delete, IAM policy; listing and creating buckets) is refused with GCS's 403
+    naming the ``storage.buckets.*`` permission it lacks, while calls on objects, folders and the
+    storage layout pass.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -262,6 +267,7 @@ class GCSFront(LocalService):
         only_promised_headers: bool = False,
         also_send: Sequence[str] = (),
         record: bool = False,
+        object_only: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -291,6 +297,7 @@ class GCSFront(LocalService):
             lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size
         )
         self._record_requests = record
+        self.object_only = object_only
         self._recorded: list[RecordedRequest] = []
         self.set_faults(faults)
 
@@ -623,6 +630,15 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._close_now()
             return
+        needed = bucket_permission(self.command, self.path.partition("?")[0]) if front.object_only else None
+        if needed is not None:
+            for _ in body or ():
+                pass
+            if front._pause(front.latency):
+                self._answer_error(*denied(*needed), error_reason="forbidden")
+            else:
+                self._close_now()
+            return
         truncate = fault is not None and fault.kind == "truncate"
         corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
         if fault is not None and fault.kind == "corrupt" and body is not None:
@@ -755,9 +771,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.close()
         self.connection.close()
 
-    def _answer_error(self, status: int, reason: str, message: str, extra: Sequence[tuple[str, str]] = ()) -> None:
-        """Answer ``status`` with a JSON error body shaped like GCS's."""
-        error = {"domain": "global", "reason": reason, "message": message}
+    def _answer_error(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        extra: Sequence[tuple[str, str]] = (),
+        *,
+        error_reason: str | None = None,
+    ) -> None:
+        """Answer ``status`` with a JSON error body shaped like GCS's (``error_reason``: its ``errors[].reason``,
+        if not ``reason``)."""
+        error = {"domain": "global", "reason": error_reason or reason, "message": message}
         body = json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
         headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body))), *extra]
         if self.close_connection:
