@@ -30,6 +30,7 @@ __all__ = [
     "object_resource",
     "read_object",
     "rewrite_object",
+    "storage_layout",
 ]
 
 MAX_PAGE_SIZE = 1000
@@ -75,6 +76,12 @@ async def bucket_resource(job: RequestContext, bucket: str, fields: str) -> dict
     """The bucket's JSON resource trimmed to ``fields`` (needs ``storage.buckets.get``, which object roles lack:
     only for what may go without, such as ``doctor``'s report of settings)."""
     return await _get_json(job, format_url(bucket), job.session.bucket_path(bucket), {"fields": fields})
+
+
+async def storage_layout(job: RequestContext, bucket: str) -> dict[str, Any]:
+    """The bucket's location and whether it has a hierarchical namespace (``getStorageLayout``), for callers
+    that may list objects but not get the bucket: it needs ``storage.objects.list`` only."""
+    return await _get_json(job, format_url(bucket), f"{job.session.bucket_path(bucket)}/storageLayout", {})
 
 
 async def object_resource(

@@ -75,6 +75,7 @@ _HOP_BY_HOP = frozenset(
 )
 _LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
 _COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
+_STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
@@ -663,6 +664,9 @@ class _Handler(BaseHTTPRequestHandler):
             for _ in body or ():
                 pass
             return
+        if self.command == "GET" and _STORAGE_LAYOUT.fullmatch(path):
+            self._answer_storage_layout(unquote(path.split("/")[4]))
+            return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
@@ -703,11 +707,24 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         if page is None:
             return False
-        body = json.dumps(page).encode()
         if front._pause(front.latency):
-            headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
-            self.wfile.write(_head(200, "OK", headers) + body)
+            self._answer_json(page)
         return True
+
+    def _answer_json(self, document: dict[str, Any]) -> None:
+        body = json.dumps(document).encode()
+        headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
+        self.wfile.write(_head(200, "OK", headers) + body)
+
+    def _answer_storage_layout(self, bucket: str) -> None:
+        """GCS's ``getStorageLayout``, which the emulator lacks: the bucket's location as upstream reports it,
+        and no hierarchical namespace (the emulator has none)."""
+        if self._answer_not_found("metadata", bucket, None):
+            return
+        resource = json.loads(self.server.front._ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
+        layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": False}}
+        layout.update({key: resource[key] for key in ("location", "locationType") if key in resource})
+        self._answer_json(layout)
 
     def _compose_refusal(self, sources: list[dict[str, Any]]) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
