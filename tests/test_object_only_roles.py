@@ -56,6 +56,9 @@ def test_the_front_refuses_bucket_calls_with_gcs_words_and_lets_object_calls_pas
     assert answer(f"{base}/{gcs_bucket}/o?maxResults=1")[0] == 200
     assert answer(f"{base}/{gcs_bucket}/o/a.txt")[0] == 200
     assert answer(f"{base}/{MISSING}/o?maxResults=1")[0] == 404  # a missing bucket is still told apart
+    status, layout = answer(f"{base}/{gcs_bucket}/storageLayout")  # storage.objects.list suffices
+    assert status == 200 and layout["hierarchicalNamespace"] == {"enabled": False} and layout["location"]
+    assert answer(f"{base}/{MISSING}/storageLayout")[0] == 404
     assert gcs_emulator.names(gcs_bucket) == ["a.txt"]  # the refused DELETE reached nothing
 
 

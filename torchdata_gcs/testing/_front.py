@@ -226,7 +226,8 @@ class GCSFront(LocalService):
     Viewer, User or Admin, as training jobs usually run): every JSON API call on a bucket's own
     resource (get, update, delete, IAM policy; listing and creating buckets) is refused with GCS's 403
     naming the ``storage.buckets.*`` permission it lacks, while calls on objects, folders and the
-    storage layout pass.
+    storage layout pass. The storage layout (``getStorageLayout``), which the emulator lacks, is
+    answered by the front: upstream's location, no hierarchical namespace.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
