@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
-from ._gcs_rules import GCSRules
+from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
@@ -76,6 +76,7 @@ _HOP_BY_HOP = frozenset(
 )
 _LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
 _COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
+_STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
@@ -231,6 +232,12 @@ class GCSFront(LocalService):
     and a ``componentCount``; ``x-goog-hash`` values come on separate lines, ``md5`` first. With
     ``only_promised_headers`` the answers carry only the headers GCS promises (no ``x-goog-*``
     metadata headers, no ``Content-Length``: bodies go chunked) but those named in ``also_send``.
+    With ``object_only`` the front acts as an identity holding object roles only (Storage Object
+    Viewer, User or Admin, as training jobs usually run): every JSON API call on a bucket's own
+    resource (get, update, delete, IAM policy; listing and creating buckets) is refused with GCS's 403
+    naming the ``storage.buckets.*`` permission it lacks, while calls on objects, folders and the
+    storage layout pass. The storage layout (``getStorageLayout``), which the emulator lacks, is
+    answered by the front: upstream's location, no hierarchical namespace.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -272,6 +279,7 @@ class GCSFront(LocalService):
         only_promised_headers: bool = False,
         also_send: Sequence[str] = (),
         record: bool = False,
+        object_only: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -301,6 +309,7 @@ class GCSFront(LocalService):
             lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size
         )
         self._record_requests = record
+        self.object_only = object_only
         self._recorded: list[RecordedRequest] = []
         self.set_faults(faults)
 
@@ -633,6 +642,15 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._close_now()
             return
+        needed = bucket_permission(self.command, self.path.partition("?")[0]) if front.object_only else None
+        if needed is not None:
+            for _ in body or ():
+                pass
+            if front._pause(front.latency):
+                self._answer_error(*denied(*needed), error_reason="forbidden")
+            else:
+                self._close_now()
+            return
         truncate = fault is not None and fault.kind == "truncate"
         corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
         if fault is not None and fault.kind == "corrupt" and body is not None:
@@ -656,6 +674,9 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "compose" and self._answer_not_found(kind, _object_of(path)[0], None):  # its bucket, first
             for _ in body or ():
                 pass
+            return
+        if self.command == "GET" and _STORAGE_LAYOUT.fullmatch(path):
+            self._answer_storage_layout(unquote(path.split("/")[4]))
             return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
@@ -697,11 +718,24 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         if page is None:
             return False
-        body = json.dumps(page).encode()
         if front._pause(front.latency):
-            headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
-            self.wfile.write(_head(200, "OK", headers) + body)
+            self._answer_json(page)
         return True
+
+    def _answer_json(self, document: dict[str, Any]) -> None:
+        body = json.dumps(document).encode()
+        headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
+        self.wfile.write(_head(200, "OK", headers) + body)
+
+    def _answer_storage_layout(self, bucket: str) -> None:
+        """GCS's ``getStorageLayout``, which the emulator lacks: the bucket's location as upstream reports it,
+        and no hierarchical namespace (the emulator has none)."""
+        if self._answer_not_found("metadata", bucket, None):
+            return
+        resource = json.loads(self.server.front._ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
+        layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": False}}
+        layout.update({key: resource[key] for key in ("location", "locationType") if key in resource})
+        self._answer_json(layout)
 
     def _compose_refusal(self, sources: list[dict[str, Any]]) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
@@ -765,9 +799,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.close()
         self.connection.close()
 
-    def _answer_error(self, status: int, reason: str, message: str, extra: Sequence[tuple[str, str]] = ()) -> None:
-        """Answer ``status`` with a JSON error body shaped like GCS's."""
-        error = {"domain": "global", "reason": reason, "message": message}
+    def _answer_error(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        extra: Sequence[tuple[str, str]] = (),
+        *,
+        error_reason: str | None = None,
+    ) -> None:
+        """Answer ``status`` with a JSON error body shaped like GCS's (``error_reason``: its ``errors[].reason``,
+        if not ``reason``)."""
+        error = {"domain": "global", "reason": error_reason or reason, "message": message}
         body = json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
         headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body))), *extra]
         if self.close_connection:
