@@ -228,7 +228,8 @@ class GCSFront(LocalService):
     alive. GCS's rules that the emulator does not keep are kept here (see ``_gcs_rules``): a
     compose source that is missing or not at its given ``generation`` is answered 404, a failed
     ``ifGenerationMatch``/``ifGenerationNotMatch`` on a compose (source or destination), a rewrite's
-    destination, a delete or a media upload 412, and nothing is written; composite and multipart-uploaded objects have no MD5
+    destination, a delete or a media upload 412, a compose of sources in more than one storage class
+    400, and nothing is written; composite and multipart-uploaded objects have no MD5
     and a ``componentCount``; ``x-goog-hash`` values come on separate lines, ``md5`` first. With
     ``only_promised_headers`` the answers carry only the headers GCS promises (no ``x-goog-*``
     metadata headers, no ``Content-Length``: bodies go chunked) but those named in ``also_send``.
@@ -458,8 +459,17 @@ class GCSFront(LocalService):
 
     def _live_generation(self, bucket: str, name: str) -> int | None:
         """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation")
-        return int(json.loads(answer)["generation"]) if status == 200 else None
+        live = self._live_version(bucket, name)
+        return None if live is None else live[0]
+
+    def _live_version(self, bucket: str, name: str) -> tuple[int, str | None] | None:
+        """The generation and storage class of ``bucket/name`` upstream, or ``None`` if it does not exist."""
+        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation,storageClass"
+        status, answer = self._ask(path)
+        if status != 200:
+            return None
+        resource = json.loads(answer)
+        return int(resource["generation"]), resource.get("storageClass")
 
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
@@ -742,7 +752,8 @@ class _Handler(BaseHTTPRequestHandler):
 
         More than 32 sources (GCS's limit per call) get 400; a source that does not exist, or whose
         ``generation`` is not the live one (buckets without versioning keep no other), 404; a failed
-        ``objectPreconditions.ifGenerationMatch``, 412.
+        ``objectPreconditions.ifGenerationMatch``, 412; sources of more than one storage class, 400
+        (the emulator composes them, and makes the composite Standard).
         """
         bucket = unquote(self.path.split("/")[4])
         if len(sources) > MAX_COMPOSE_SOURCES:
@@ -751,15 +762,20 @@ class _Handler(BaseHTTPRequestHandler):
                 "Bad Request",
                 f"The number of source components provided ({len(sources)}) exceeds the maximum (32)",
             )
+        classes = set()
         for source in sources:
             name = str(source.get("name", ""))
-            live = self.server.front._live_generation(bucket, name)
+            version = self.server.front._live_version(bucket, name)
+            live, storage_class = version if version is not None else (None, None)
             pinned = source.get("generation")
             if live is None or (pinned is not None and int(pinned) != live):
                 return 404, "Not Found", f"No such object: {bucket}/{name}" + (f"#{pinned}" if pinned else "")
             wanted = (source.get("objectPreconditions") or {}).get("ifGenerationMatch")
             if wanted is not None and int(wanted) != live:
                 return 412, "Precondition Failed", "At least one of the pre-conditions you specified did not hold."
+            classes.add(storage_class)
+        if len(classes) > 1:
+            return 400, "Bad Request", "All of the source objects must have the same storage class."
         return None
 
     def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
