@@ -41,10 +41,21 @@ if TYPE_CHECKING:
 __all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "RecordedRequest", "request_kind"]
 
 FaultKind = Literal[
-    "http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt", "html_200"
+    "http_400",
+    "http_403",
+    "http_404",
+    "http_412",
+    "http_429",
+    "http_503",
+    "reset",
+    "truncate",
+    "stall",
+    "corrupt",
+    "html_200",
 ]
 MAX_COMPOSE_SOURCES = 32
 FAULT_KINDS: tuple[str, ...] = (
+    "http_400",
     "http_403",
     "http_404",
     "http_412",
@@ -58,6 +69,7 @@ FAULT_KINDS: tuple[str, ...] = (
 )
 _HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
 _HTTP_FAULTS = {
+    "http_400": (400, "Bad Request", "injected by the test front: Invalid argument."),
     "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
     "http_404": (404, "Not Found", "injected by the test front: No such object"),
     "http_412": (
@@ -168,7 +180,7 @@ class Fault:
     """A failure to inject into matching requests.
 
     Args:
-        kind: ``"http_403"`` (permission denied), ``"http_429"`` or ``"http_503"`` answers that
+        kind: ``"http_400"`` (a request GCS deems invalid), ``"http_403"`` (permission denied), ``"http_429"`` or ``"http_503"`` answers that
             status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the connection (the client gets ECONNRESET)
             instead of answering; ``"truncate"`` forwards the request and sends the real status and
             headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
