@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
@@ -54,19 +54,7 @@ FaultKind = Literal[
     "html_200",
 ]
 MAX_COMPOSE_SOURCES = 32
-FAULT_KINDS: tuple[str, ...] = (
-    "http_400",
-    "http_403",
-    "http_404",
-    "http_412",
-    "http_429",
-    "http_503",
-    "reset",
-    "truncate",
-    "stall",
-    "corrupt",
-    "html_200",
-)
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 _HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
 _HTTP_FAULTS = {
     "http_400": (400, "Bad Request", "injected by the test front: Invalid argument."),
