@@ -505,8 +505,8 @@ def test_compose_sources_are_checked_as_gcs_checks_them(
 def test_compose_of_sources_in_different_storage_classes_is_refused(
     gcs_emulator: Emulator, gcs_bucket: str, front: GCSFront
 ) -> None:
-    """GCS composes only sources of one storage class (its answer: 400); the emulator composes any,
-    and keeps the class an object was uploaded with."""
+    """GCS composes only sources of one storage class (its answer: 400), into a composite of that class;
+    the emulator composes any, into a Standard one, and keeps the class an object was uploaded with."""
     gcs_emulator.seed(gcs_bucket, {"hot": b"hot "})
     gcs_emulator.seed(gcs_bucket, {"cold": b"cold ", "colder": b"colder"}, storage_class="NEARLINE")
     with requests.Session() as http:
@@ -523,7 +523,12 @@ def test_compose_of_sources_in_different_storage_classes_is_refused(
         mixed = compose(front.endpoint, "mixed", "hot", "cold")
         assert mixed.status_code == 400
         assert mixed.json()["error"]["message"] == "All of the source objects must have the same storage class."
-        assert compose(front.endpoint, "both-cold", "cold", "colder").ok
+        both_cold = compose(front.endpoint, "both-cold", "cold", "colder")
+        assert both_cold.ok and both_cold.json()["storageClass"] == "NEARLINE"  # a composite has its sources' class
+        assert (
+            http.get(object_url(front.endpoint, gcs_bucket, "both-cold"), timeout=10).json()["storageClass"]
+            == "NEARLINE"
+        )
         assert gcs_emulator.read(gcs_bucket, "both-cold") == b"cold colder"
         assert "mixed" not in gcs_emulator.names(gcs_bucket)  # a refused compose writes nothing
         assert compose(gcs_emulator.endpoint, "mixed", "hot", "cold").ok  # why the front checks

@@ -610,6 +610,8 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _Server
 
+    compose_class: str | None = None  # the storage class of the sources of the compose being forwarded
+
     def setup(self) -> None:
         super().setup()
         self.server.front._track(self.connection, True)
@@ -763,6 +765,7 @@ class _Handler(BaseHTTPRequestHandler):
                 f"The number of source components provided ({len(sources)}) exceeds the maximum (32)",
             )
         classes = set()
+        self.compose_class = None
         for source in sources:
             name = str(source.get("name", ""))
             version = self.server.front._live_version(bucket, name)
@@ -776,6 +779,7 @@ class _Handler(BaseHTTPRequestHandler):
             classes.add(storage_class)
         if len(classes) > 1:
             return 400, "Bad Request", "All of the source objects must have the same storage class."
+        self.compose_class = classes.pop() if classes else None
         return None
 
     def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
@@ -960,7 +964,8 @@ class _Handler(BaseHTTPRequestHandler):
             if kind == "compose" and bucket is not None and name is not None:
                 generation = json.loads(data).get("generation")
                 if generation is not None:
-                    rules.add_composite(bucket, name, int(generation), rules.components_of(bucket, sources))
+                    components = rules.components_of(bucket, sources)
+                    rules.add_composite(bucket, name, int(generation), components, self.compose_class)
             data = rules.rewrite_resources(data)
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
                 data = gzip.compress(data)

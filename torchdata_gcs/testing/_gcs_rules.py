@@ -130,6 +130,7 @@ class GCSRules:
         self.only_promised_headers = only_promised_headers
         self._also_sent = frozenset(name.lower() for name in also_send)
         self._composites: dict[tuple[str, str], tuple[int, int]] = {}  # -> (generation, component count)
+        self._classes: dict[tuple[str, str, int], str] = {}  # composite version -> its sources' storage class
         self._lock = threading.Lock()
         self.writes = threading.Lock()
         """Held by the front while it checks a write's precondition and carries the write out."""
@@ -193,9 +194,15 @@ class GCSRules:
 
     # -- composite objects -------------------------------------------------------------------------
 
-    def add_composite(self, bucket: str, name: str, generation: int, components: int) -> None:
+    def add_composite(
+        self, bucket: str, name: str, generation: int, components: int, storage_class: str | None = None
+    ) -> None:
+        """Record a composite the front saw being made; a compose's has its sources' ``storage_class``
+        (GCS's rule; the emulator makes every composite Standard)."""
         with self._lock:
             self._composites[(bucket, name)] = (generation, components)
+            if storage_class is not None:
+                self._classes[(bucket, name, generation)] = storage_class
 
     def component_count(self, bucket: str, name: str, generation: int | None = None) -> int | None:
         """How many components the version ``generation`` (default: the one last recorded) is made of,
@@ -212,7 +219,7 @@ class GCSRules:
 
     def rewrite_resources(self, body: bytes) -> bytes:
         """A JSON API answer with composite objects described as GCS describes them: no ``md5Hash``,
-        a ``componentCount``."""
+        a ``componentCount``, their sources' ``storageClass``."""
         try:
             document = json.loads(body)
         except ValueError:
@@ -228,6 +235,11 @@ class GCSRules:
             if count is not None:
                 resource.pop("md5Hash", None)
                 resource["componentCount"] = count
+                storage_class = self._classes.get(
+                    (resource["bucket"], resource.get("name", ""), int(resource["generation"]))
+                )
+                if storage_class is not None and "storageClass" in resource:
+                    resource["storageClass"] = storage_class
                 changed = True
         return json.dumps(document).encode() if changed else body
 
