@@ -619,3 +619,19 @@ def test_a_compose_refused_for_another_reason_falls_back_for_its_group_only(gcs_
     assert len([w for w in caught if issubclass(w.category, ComposeFallbackWarning)]) == 1
     assert delivered == list(expected.items())
     assert temporary(gcs_emulator, "compose-refused") == []
+
+
+def test_a_listing_read_from_its_shared_manifest_keeps_the_storage_classes(gcs_emulator: Emulator) -> None:
+    """The replica that reads a shared listing's manifest composes exactly what the lister would."""
+    expected, _ = seed_class_runs(gcs_emulator, "compose-classes-manifest")
+    with GCSFront(gcs_emulator.endpoint) as front:
+        for _ in range(2):  # the first lists and publishes the manifest, the second reads it
+            pipe = (
+                IterableWrapper(["gs://compose-classes-manifest/d/"])
+                .list_files_by_gcs(
+                    client=front.client_config, with_metadata=True, manifest="gs://compose-classes-manifest/m/"
+                )
+                .compose_shards_by_gcs(client=front.client_config)
+            )
+            assert read_all(pipe) == list(expected.items())
+            assert pipe.stats.composes == 3
