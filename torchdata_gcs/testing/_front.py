@@ -225,8 +225,8 @@ class GCSFront(LocalService):
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
-    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. A completion takes
-    ``completion_delay`` seconds, as GCS's may take minutes: with ``completion_answer="late"`` the object
+    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. A completion of an
+    unfinished upload takes ``completion_delay`` seconds, as GCS's may take minutes: with ``completion_answer="late"`` the object
     appears and the answer is sent only then; with ``"lost"`` the object is created at once, and the
     connection is closed that long after without an answer. With ``record``,
     :attr:`recorded` keeps every request as the client sent it. On top, per request:
@@ -694,7 +694,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
         request out but cuts the answer's body in half (an answer lost on the way)."""
         front = self.server.front
-        completing = self.command == "POST" and "uploadId=" in self.path
+        completing = self.command == "POST" and front._multipart.unfinished(self.path) is not None
         delay, answer = (front.completion_delay, front.completion_answer) if completing else (0.0, "late")
         if answer == "late" and not front._pause(delay):  # the completion takes its time, then happens
             self._close_now()
