@@ -232,3 +232,16 @@ def test_a_completion_that_outlasts_completion_timeout_fails_in_time(gcs_emulato
         ):
             out.write(os.urandom(6 * MiB))
         assert time.monotonic() - started < 3.5  # the completion's deadline, not the front's delay
+
+
+def test_a_lost_completion_over_the_same_bytes_leaves_no_upload_open(gcs_emulator: Emulator) -> None:
+    """The URL holds the bytes written already and the completion never reached GCS: the save is done
+    (the URL holds what was written) and its upload is aborted, not left billed."""
+    gcs_emulator.create_bucket(BUCKET)
+    data = os.urandom(6 * MiB)
+    gcs_emulator.upload(BUCKET, "same.bin", data)
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("reset", match=r"POST .*uploadId=")], record=True) as front:
+        with writer(front, "same.bin", retry=FAST_RETRY) as out:
+            out.write(data)
+        assert completion_posts(front) == 1 and front.open_uploads == []
+    assert gcs_emulator.read(BUCKET, "same.bin") == data

@@ -451,7 +451,7 @@ class MultipartWriter(StreamingWriter):
                     resource, ours = await self._stored_version()
                     if resource is not None and ours:
                         if not completed:  # it may have held these bytes before: leave no upload billed
-                            await self._abort_upload()
+                            await self._abort_quietly()
                         return int(resource["generation"]), resource.get("crc32c")
                 if completed:
                     raise TransientError(
@@ -486,6 +486,14 @@ class MultipartWriter(StreamingWriter):
             await _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
         except NotFoundError:
             pass
+
+    async def _abort_quietly(self) -> None:
+        """Abort the upload if it is still open, once its object is published: a refusal (no
+        ``storage.multipartUploads.abort``) or a failure is logged, never raised."""
+        try:
+            await self._abort_upload()
+        except GCSError as exc:
+            logger.warning("could not abort the multipart upload of %s after it was published: %r", self.url, exc)
 
     async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
         for future in pending:  # the abort drops whatever parts still arrive
