@@ -392,7 +392,7 @@ class MultipartWriter(StreamingWriter):
 
     def _start(self) -> None:
         headers = {"Content-Type": "application/octet-stream"}
-        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": ""}, headers=headers))
+        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": None}, headers=headers))
         try:
             self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
         except ElementTree.ParseError:

@@ -9,6 +9,7 @@ behaviours, so clients can be tested and measured against them over real sockets
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import io
 import json
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
-from ._gcs_rules import GCSRules
+from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
@@ -76,6 +77,7 @@ _HOP_BY_HOP = frozenset(
 )
 _LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
 _COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
+_STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
@@ -137,6 +139,15 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
     if method in ("GET", "HEAD") and (path.startswith(("/storage/v1/b/", "/download/")) or (xml and path != "/")):
         return "metadata"
     return "other"
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header allows gzip (``gzip``, with a non-zero ``q`` if one is given)."""
+    for coding in accept_encoding.split(","):
+        name, _, weight = coding.strip().partition(";")
+        if name.strip().lower() == "gzip":
+            return weight.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 @dataclass(frozen=True)
@@ -222,14 +233,20 @@ class GCSFront(LocalService):
     and a ``componentCount``; ``x-goog-hash`` values come on separate lines, ``md5`` first. With
     ``only_promised_headers`` the answers carry only the headers GCS promises (no ``x-goog-*``
     metadata headers, no ``Content-Length``: bodies go chunked) but those named in ``also_send``.
+    With ``object_only`` the front acts as an identity holding object roles only (Storage Object
+    Viewer, User or Admin, as training jobs usually run): every JSON API call on a bucket's own
+    resource (get, update, delete, IAM policy; listing and creating buckets) is refused with GCS's 403
+    naming the ``storage.buckets.*`` permission it lacks, while calls on objects, folders and the
+    storage layout pass. The storage layout (``getStorageLayout``), which the emulator lacks, is
+    answered by the front: upstream's location, no hierarchical namespace.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
     emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. A completion of an
-    unfinished upload takes ``completion_delay`` seconds, as GCS's may take minutes: with ``completion_answer="late"`` the object
-    appears and the answer is sent only then; with ``"lost"`` the object is created at once, and the
-    connection is closed that long after without an answer. With ``record``,
-    :attr:`recorded` keeps every request as the client sent it. On top, per request:
+    unfinished upload takes ``completion_delay`` seconds, as GCS's may take minutes: with
+    ``completion_answer="late"`` the object appears and the answer is sent only then; with ``"lost"``
+    the object is created at once, and the connection is closed that long after without an answer.
+    With ``record``, :attr:`recorded` keeps every request as the client sent it. On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
     - request and response bodies travel at most ``bandwidth`` bytes/s each way per connection
@@ -268,6 +285,7 @@ class GCSFront(LocalService):
         record: bool = False,
         completion_delay: float = 0.0,
         completion_answer: CompletionAnswer = "late",
+        object_only: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -299,6 +317,7 @@ class GCSFront(LocalService):
             lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size
         )
         self._record_requests = record
+        self.object_only = object_only
         self._recorded: list[RecordedRequest] = []
         self.set_faults(faults)
 
@@ -654,6 +673,15 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._close_now()
             return
+        needed = bucket_permission(self.command, self.path.partition("?")[0]) if front.object_only else None
+        if needed is not None:
+            for _ in body or ():
+                pass
+            if front._pause(front.latency):
+                self._answer_error(*denied(*needed), error_reason="forbidden")
+            else:
+                self._close_now()
+            return
         truncate = fault is not None and fault.kind == "truncate"
         corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
         if fault is not None and fault.kind == "corrupt" and body is not None:
@@ -677,6 +705,9 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "compose" and self._answer_not_found(kind, _object_of(path)[0], None):  # its bucket, first
             for _ in body or ():
                 pass
+            return
+        if self.command == "GET" and _STORAGE_LAYOUT.fullmatch(path):
+            self._answer_storage_layout(unquote(path.split("/")[4]))
             return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
@@ -727,11 +758,24 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         if page is None:
             return False
-        body = json.dumps(page).encode()
         if front._pause(front.latency):
-            headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
-            self.wfile.write(_head(200, "OK", headers) + body)
+            self._answer_json(page)
         return True
+
+    def _answer_json(self, document: dict[str, Any]) -> None:
+        body = json.dumps(document).encode()
+        headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
+        self.wfile.write(_head(200, "OK", headers) + body)
+
+    def _answer_storage_layout(self, bucket: str) -> None:
+        """GCS's ``getStorageLayout``, which the emulator lacks: the bucket's location as upstream reports it,
+        and no hierarchical namespace (the emulator has none)."""
+        if self._answer_not_found("metadata", bucket, None):
+            return
+        resource = json.loads(self.server.front._ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
+        layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": False}}
+        layout.update({key: resource[key] for key in ("location", "locationType") if key in resource})
+        self._answer_json(layout)
 
     def _compose_refusal(self, sources: list[dict[str, Any]]) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
@@ -795,9 +839,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.close()
         self.connection.close()
 
-    def _answer_error(self, status: int, reason: str, message: str, extra: Sequence[tuple[str, str]] = ()) -> None:
-        """Answer ``status`` with a JSON error body shaped like GCS's."""
-        error = {"domain": "global", "reason": reason, "message": message}
+    def _answer_error(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        extra: Sequence[tuple[str, str]] = (),
+        *,
+        error_reason: str | None = None,
+    ) -> None:
+        """Answer ``status`` with a JSON error body shaped like GCS's (``error_reason``: its ``errors[].reason``,
+        if not ``reason``)."""
+        error = {"domain": "global", "reason": error_reason or reason, "message": message}
         body = json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
         headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body))), *extra]
         if self.close_connection:
@@ -933,6 +986,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if generation is not None:
                     rules.add_composite(bucket, name, int(generation), rules.components_of(bucket, sources))
             data = rules.rewrite_resources(data)
+            if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
+                data = gzip.compress(data)
+                headers.append(("Content-Encoding", "gzip"))
             source, length = io.BytesIO(data), len(data)
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(length))]
         headers = rules.answer_headers(headers, bucket=bucket, name=name)

@@ -17,7 +17,16 @@ from typing import Any
 from urllib.parse import unquote
 from xml.sax.saxutils import escape
 
-__all__ = ["NO_SUCH_BUCKET", "PROMISED_ON_PARTS", "GCSRules", "Refusal", "split_hash_lines"]
+__all__ = [
+    "NO_SUCH_BUCKET",
+    "OBJECT_ONLY_PRINCIPAL",
+    "PROMISED_ON_PARTS",
+    "GCSRules",
+    "Refusal",
+    "bucket_permission",
+    "denied",
+    "split_hash_lines",
+]
 
 Refusal = tuple[int, str, str]
 """Status, reason and message of an answer that refuses a request."""
@@ -27,6 +36,11 @@ BucketExists = Callable[[str], bool]
 
 NO_SUCH_BUCKET = "The specified bucket does not exist."
 """GCS's words for a missing bucket, in every API."""
+
+OBJECT_ONLY_PRINCIPAL = "object-only@torchdata-gcs-test.iam.gserviceaccount.com"
+"""Who the front says is refused when it acts as an identity with object roles only."""
+
+_BUCKET_VERBS = {"GET": "get", "HEAD": "get", "DELETE": "delete", "PUT": "update", "PATCH": "update"}
 
 PROMISED_ON_PARTS = frozenset({"etag", "x-goog-hash"})
 """What an XML API part upload answer always carries: the ETag that completion names, and the
@@ -55,6 +69,37 @@ def split_hash_lines(headers: Headers, *, drop_md5: bool = False) -> Headers:
     values.sort(key=lambda value: not value.startswith("md5="))
     others = [(name, value) for name, value in headers if name.lower() != "x-goog-hash"]
     return others + [("x-goog-hash", value) for value in values]
+
+
+def bucket_permission(method: str, path: str) -> tuple[str, str] | None:
+    """The ``storage.buckets.*`` permission a JSON API call needs, and on what (``"project"`` for listing
+    and creating buckets, else ``"bucket"``); ``None`` for calls on objects, folders and the storage
+    layout, which object roles grant (Storage Object Viewer, Creator, User and Admin hold no
+    ``storage.buckets.*`` permission), and for the bucket's ACLs and notifications, not modelled.
+
+    Example:
+        >>> bucket_permission("GET", "/storage/v1/b/bkt"), bucket_permission("GET", "/storage/v1/b/bkt/o")
+        (('storage.buckets.get', 'bucket'), None)
+        >>> bucket_permission("PUT", "/storage/v1/b/bkt/iam"), bucket_permission("POST", "/storage/v1/b")
+        (('storage.buckets.setIamPolicy', 'bucket'), ('storage.buckets.create', 'project'))
+    """
+    parts = path.rstrip("/").split("/")
+    if parts[1:4] != ["storage", "v1", "b"]:
+        return None
+    if len(parts) == 4:
+        return ("storage.buckets.list" if method == "GET" else "storage.buckets.create"), "project"
+    if len(parts) == 5:
+        return f"storage.buckets.{_BUCKET_VERBS.get(method, 'get')}", "bucket"
+    if parts[5:] == ["iam"]:
+        return ("storage.buckets.getIamPolicy" if method == "GET" else "storage.buckets.setIamPolicy"), "bucket"
+    return None
+
+
+def denied(permission: str, resource: str) -> Refusal:
+    """GCS's 403 for :data:`OBJECT_ONLY_PRINCIPAL` lacking ``permission`` on a ``"bucket"`` or ``"project"``."""
+    what = "the Google Cloud Storage bucket" if resource == "bucket" else "the Google Cloud project"
+    words = f"Permission '{permission}' denied on resource (or it may not exist)."
+    return 403, "Forbidden", f"{OBJECT_ONLY_PRINCIPAL} does not have {permission} access to {what}. {words}"
 
 
 def _holds(wanted: str, live: int | None) -> bool:
