@@ -502,7 +502,9 @@ def test_a_save_whose_completion_answers_are_all_lost_reports_what_was_published
         retry=FAST_RETRY,
         write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy),
     )
-    assert generation == live_generation(gcs_emulator, f"lost-{strategy}.pt") and front.faults_injected["truncate"] >= 3
+    assert generation == live_generation(gcs_emulator, f"lost-{strategy}.pt")
+    cuts = front.faults_injected["truncate"]  # a completion is not sent again once its object is found
+    assert cuts == 1 if strategy == "multipart" else cuts >= 3
     assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])
 
     front.set_faults([Fault("http_503", match=completion)])  # never carried out

@@ -197,10 +197,12 @@ class Session:
         json: Any = None,
         data: Body | None = None,
         xml_api: bool = False,
+        answer_timeout: float | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
         ``data`` body if given (bytes, or pieces sent one after the other, never joined); a non-2xx
-        answer raises its typed error naming ``url``."""
+        answer raises its typed error naming ``url``. With ``answer_timeout``, the whole exchange may
+        take that many seconds, and the read timeout does not apply."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=self._trusted or True),
@@ -230,6 +232,11 @@ class Session:
                 proxy=self._proxy,
                 json=json,
                 data=body,
+                timeout=self._timeout
+                if answer_timeout is None
+                else aiohttp.ClientTimeout(
+                    total=answer_timeout, sock_connect=self.config.connect_timeout, sock_read=answer_timeout
+                ),
             ) as response:
                 _answered.add(self.endpoint)
                 if response.status >= 400:

@@ -53,6 +53,7 @@ FaultKind = Literal[
     "corrupt",
     "html_200",
 ]
+CompletionAnswer = Literal["late", "lost"]
 MAX_COMPOSE_SOURCES = 32
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 _HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
@@ -242,8 +243,11 @@ class GCSFront(LocalService):
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
-    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. With ``record``,
-    :attr:`recorded` keeps every request as the client sent it. On top, per request:
+    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. A completion of an
+    unfinished upload takes ``completion_delay`` seconds, as GCS's may take minutes: with
+    ``completion_answer="late"`` the object appears and the answer is sent only then; with ``"lost"``
+    the object is created at once, and the connection is closed that long after without an answer.
+    With ``record``, :attr:`recorded` keeps every request as the client sent it. On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
     - request and response bodies travel at most ``bandwidth`` bytes/s each way per connection
@@ -280,6 +284,8 @@ class GCSFront(LocalService):
         only_promised_headers: bool = False,
         also_send: Sequence[str] = (),
         record: bool = False,
+        completion_delay: float = 0.0,
+        completion_answer: CompletionAnswer = "late",
         object_only: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
@@ -289,6 +295,8 @@ class GCSFront(LocalService):
         self._upstream_address = (parts.hostname, parts.port or 80)
         self.latency = latency
         self.bandwidth = bandwidth
+        self.completion_delay = completion_delay
+        self.completion_answer = completion_answer
         self.endpoint = ""
         self._lock = threading.Lock()
         self._random = random.Random(seed)
@@ -338,6 +346,29 @@ class GCSFront(LocalService):
         if bytes_per_second is not None and not bytes_per_second > 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s or None, got {bytes_per_second}")
         self._bandwidth = bytes_per_second
+
+    @property
+    def completion_delay(self) -> float:
+        """Seconds a multipart upload's completion takes before it is answered (or its answer lost)."""
+        return self._completion_delay
+
+    @completion_delay.setter
+    def completion_delay(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"completion_delay must be >= 0 seconds, got {seconds}")
+        self._completion_delay = float(seconds)
+
+    @property
+    def completion_answer(self) -> CompletionAnswer:
+        """``"late"``: a completion's object appears when its answer is sent, ``completion_delay`` on;
+        ``"lost"``: the object is created at once and the answer never sent."""
+        return self._completion_answer
+
+    @completion_answer.setter
+    def completion_answer(self, mode: CompletionAnswer) -> None:
+        if mode not in ("late", "lost"):
+            raise ValueError(f"completion_answer must be 'late' or 'lost', got {mode!r}")
+        self._completion_answer = mode
 
     @property
     def faults(self) -> tuple[Fault, ...]:
@@ -706,7 +737,16 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
         request out but cuts the answer's body in half (an answer lost on the way)."""
         front = self.server.front
+        completing = self.command == "POST" and front._multipart.unfinished(self.path) is not None
+        delay, answer = (front.completion_delay, front.completion_answer) if completing else (0.0, "late")
+        if answer == "late" and not front._pause(delay):  # the completion takes its time, then happens
+            self._close_now()
+            return
         status, reason, headers, payload = front._multipart.answer(self.command, self.path, self.headers, body)
+        if answer == "lost":  # done at once, and the answer never comes
+            front._pause(delay)
+            self._close_now()
+            return
         if front._pause(front.latency):
             headers = [*headers, ("Content-Length", str(len(payload)))]
             self.wfile.write(_head(status, reason, headers) + (payload[: len(payload) // 2] if truncate else payload))
