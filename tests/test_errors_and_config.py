@@ -150,6 +150,7 @@ def test_retry_after_reaches_transient_errors() -> None:
         lambda: TransferConfig(max_buffered_bytes=0),
         lambda: ClientConfig(connect_timeout=0),
         lambda: ClientConfig(read_timeout=-1),
+        lambda: ClientConfig(completion_timeout=0),
         lambda: TransferConfig(max_in_flight=2.5),
         lambda: TransferConfig(max_in_flight=True),
         lambda: TransferConfig(part_size=float(1 << 20)),

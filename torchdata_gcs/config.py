@@ -74,6 +74,10 @@ class ClientConfig:
         connect_timeout: seconds to wait for a connection.
         read_timeout: seconds to wait for the next bytes of a response; a request that hangs
             longer fails with a ``TransientError`` and is retried.
+        completion_timeout: seconds the completion of a multipart upload may take, which GCS says can
+            be several minutes: its request waits that long for its answer (``read_timeout`` does not
+            apply), and an answer lost sooner is followed by a look at the object, then by the request
+            again, until that long has passed since it was first sent.
     """
 
     endpoint: str | None = None
@@ -82,6 +86,7 @@ class ClientConfig:
     user_project: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    completion_timeout: float = 600.0
     credentials: google.auth.credentials.Credentials | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +114,7 @@ class ClientConfig:
         )
         _require(self.connect_timeout > 0, f"connect_timeout must be > 0, got {self.connect_timeout}")
         _require(self.read_timeout > 0, f"read_timeout must be > 0, got {self.read_timeout}")
+        _require(self.completion_timeout > 0, f"completion_timeout must be > 0, got {self.completion_timeout}")
 
     @classmethod
     def from_storage_client(cls, client: Any, **settings: Any) -> ClientConfig:

@@ -62,7 +62,7 @@ from ._ops.checksums import check_crc32c, crc32c_base64
 from ._ops.client import Client
 from ._ops.objects import (
     MAX_PAGE_SIZE,
-    bucket_resource,
+    check_bucket,
     create_object,
     delete_object,
     list_page,
@@ -74,7 +74,7 @@ from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_o
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import InvalidURIError, NotFoundError
+from .errors import AccessDeniedError, InvalidURIError, NotFoundError
 
 __all__ = ["GCSFile", "GCSFileSystem", "StagedWriter", "register"]
 
@@ -200,7 +200,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         bucket, name = self.split_path(path)
         job = self._job()
         if not name:
-            await bucket_resource(job, bucket, "name")  # NotFoundError, a FileNotFoundError, if missing
+            await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
         resource = await object_resource(job, bucket, name, FILE_FIELDS)
         if resource is not None:
@@ -402,8 +402,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"nothing to remove under {path}", url=str(path))
 
     async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        """Nothing to make (GCS has no directories); the bucket must exist (buckets are not created here)."""
-        await self._info(self.split_path(path)[0])
+        """Nothing to make (GCS has no directories); a bucket that does not exist raises ``FileNotFoundError``
+        (buckets are not created here). An identity that may write objects but not list them (Storage Object
+        Creator) cannot tell whether the bucket exists: it passes, and its first write will say."""
+        try:
+            await self._info(self.split_path(path)[0])
+        except AccessDeniedError:
+            pass
 
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
         await self._mkdir(path)

@@ -8,7 +8,7 @@ no nodes. Each node's state says how far its consumer got, not how far it read a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import IO, Any, cast
 
 try:
@@ -18,7 +18,7 @@ except ImportError as exc:  # torchdata 0.9 or none
         "torchdata_gcs.nodes needs torchdata >= 0.10, which has torchdata.nodes: pip install 'torchdata>=0.10'"
     ) from exc
 
-from ._engines.compose import MAX_SOURCES, check_reuse_prefix, compose_in_order
+from ._engines.compose import COMPOSED_CLASSES, MAX_SOURCES, check_reuse_prefix, check_storage_classes, compose_in_order
 from ._engines.download import Loaded, as_stream, load_in_order
 from ._engines.inputs import list_inputs
 from ._engines.parallel_listing import ListingStats
@@ -192,6 +192,7 @@ class ComposeShards(_Reading):
         max_sources: int = MAX_SOURCES,
         max_composite_bytes: int = 32 * 1024 * 1024,
         reuse_prefix: str | None = None,
+        storage_classes: Collection[str] = COMPOSED_CLASSES,
         skip_missing: bool = False,
         client: ClientConfig | None = None,
         transfer: TransferConfig | None = None,
@@ -203,6 +204,7 @@ class ComposeShards(_Reading):
         self.max_sources, self.max_composite_bytes = max_sources, max_composite_bytes
         check_reuse_prefix(reuse_prefix)
         self.reuse_prefix, self.skip_missing = reuse_prefix, skip_missing
+        self.storage_classes = check_storage_classes(storage_classes)
 
     def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
         return compose_in_order(
@@ -215,4 +217,5 @@ class ComposeShards(_Reading):
             max_bytes=self.max_composite_bytes,
             reuse_prefix=self.reuse_prefix,
             skip_missing=self.skip_missing,
+            storage_classes=self.storage_classes,
         )

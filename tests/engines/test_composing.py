@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from torchdata_gcs import (
     InvalidURIError,
     MissingObjectWarning,
     NotFoundError,
+    ObjectInfo,
     RetryConfig,
     TransferConfig,
 )
@@ -507,6 +509,9 @@ def test_bad_settings() -> None:
         GCSShardComposerIterDataPipe([], reuse_prefix=TEMPORARY_PREFIX + "x/")
     with pytest.raises(InvalidURIError):
         GCSShardComposerIterDataPipe(["gs://bucket/"])
+    for storage_classes in ("STANDARD", ["standard"], [None]):
+        with pytest.raises(ValueError, match="storage_classes"):
+            GCSShardComposerIterDataPipe([], storage_classes=storage_classes)  # type: ignore[arg-type]
 
 
 def test_small_budget_keeps_composites_whole(gcs_emulator: Emulator) -> None:
@@ -521,3 +526,112 @@ def test_small_budget_keeps_composites_whole(gcs_emulator: Emulator) -> None:
 def test_crc32c_of_concatenation_needs_no_bytes(pieces: list[bytes]) -> None:
     combined = crc32c_of_concatenation((google_crc32c.value(piece), len(piece)) for piece in pieces)
     assert combined == google_crc32c.value(b"".join(pieces))
+
+
+CLASS_RUNS = ("STANDARD", "NEARLINE", "COLDLINE")
+
+
+def seed_class_runs(emulator: Emulator, bucket: str) -> tuple[dict[str, bytes], dict[str, str]]:
+    """64 objects in runs of 8 of Standard, Nearline and Coldline in turn, as lifecycle rules or
+    Autoclass leave a bucket; returns url -> bytes and url -> storage class."""
+    expected: dict[str, bytes] = {}
+    classes: dict[str, str] = {}
+    for run in range(8):
+        storage_class = CLASS_RUNS[run % 3]
+        objects = {
+            f"d/{i:04d}.bin": f"object {i} in {storage_class};".encode() * (i % 5) for i in range(run * 8, run * 8 + 8)
+        }
+        emulator.seed(bucket, objects, storage_class=storage_class)
+        for name, data in objects.items():
+            expected[f"gs://{bucket}/{name}"] = data
+            classes[f"gs://{bucket}/{name}"] = storage_class
+    return dict(sorted(expected.items())), classes
+
+
+def composed_sources(front: GCSFront, bucket: str) -> list[list[str]]:
+    """The source URLs of each compose the front received, in the order it received them."""
+    return [
+        [f"gs://{bucket}/{source['name']}" for source in json.loads(request.body)["sourceObjects"]]
+        for request in front.recorded
+        if request.method == "POST" and request.target.split("?")[0].endswith("/compose")
+    ]
+
+
+@pytest.mark.parametrize("plain_urls", [False, True])
+def test_only_groups_of_standard_objects_are_composed(gcs_emulator: Emulator, plain_urls: bool) -> None:
+    """GCS refuses a compose whose sources differ in storage class (400), and a composite of cold
+    sources is cold itself (deleting it pays early-deletion charges): only Standard runs are composed,
+    the rest is read directly, and every object arrives once with its bytes."""
+    bucket = f"compose-classes-{int(plain_urls)}"
+    expected, classes = seed_class_runs(gcs_emulator, bucket)
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        source = IterableWrapper(list(expected)) if plain_urls else listed(bucket, front.client_config)
+        pipe = source.compose_shards_by_gcs(client=front.client_config, retry=FAST_RETRY)
+        delivered = read_all(pipe)
+        composed = composed_sources(front, bucket)
+    assert delivered == list(expected.items())
+    assert len(composed) == front.counts["compose"] == pipe.stats.composes == 3  # the three Standard runs
+    assert sorted(url for group in composed for url in group) == [u for u, c in classes.items() if c == "STANDARD"]
+    assert temporary(gcs_emulator, bucket) == []
+
+
+def test_other_storage_classes_are_composed_by_class_when_asked(gcs_emulator: Emulator) -> None:
+    expected, classes = seed_class_runs(gcs_emulator, "compose-classes-asked")
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        pipe = listed("compose-classes-asked", front.client_config).compose_shards_by_gcs(
+            client=front.client_config, storage_classes=CLASS_RUNS
+        )
+        delivered = read_all(pipe)
+        composed = composed_sources(front, "compose-classes-asked")
+    assert delivered == list(expected.items())
+    assert len(composed) == 8 and all(len({classes[url] for url in group}) == 1 for group in composed)
+
+
+def test_objects_of_unknown_class_are_read_directly_with_one_warning(gcs_emulator: Emulator) -> None:
+    """An ObjectInfo without a storage class (built by hand, or by an older version) may name a cold
+    object: it is read directly, never composed."""
+    expected = seed(gcs_emulator, "compose-classes-unknown", 40)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        listed_items = list(listed("compose-classes-unknown", front.client_config))
+        items = [(url, ObjectInfo(info.size, info.generation, info.crc32c)) for url, info in listed_items]
+        pipe = GCSShardComposerIterDataPipe(items, client=front.client_config)
+        with pytest.warns(ComposeFallbackWarning, match="storage class") as caught:
+            delivered = read_all(pipe)
+        assert front.counts["compose"] == 0
+    assert len([w for w in caught if issubclass(w.category, ComposeFallbackWarning)]) == 1
+    assert delivered == list(expected.items())
+
+
+def test_a_compose_refused_for_another_reason_falls_back_for_its_group_only(gcs_emulator: Emulator) -> None:
+    """Any refusal of a compose (here 400, twice) means direct reads of that group, one warning for
+    all of them, and the other groups composed as usual."""
+    expected = seed(gcs_emulator, "compose-refused", 128)
+    faults = [Fault("http_400", match="compose", times=2)]
+    with GCSFront(gcs_emulator.endpoint, faults=faults) as front:
+        pipe = listed("compose-refused", front.client_config).compose_shards_by_gcs(
+            client=front.client_config, retry=FAST_RETRY
+        )
+        with pytest.warns(ComposeFallbackWarning, match="400") as caught:
+            delivered = read_all(pipe)
+        assert front.faults_injected["http_400"] == 2
+        assert front.counts["compose"] == 4
+        assert front.counts["get"] == 2 + 2 * 32  # two composites, two groups object by object
+    assert len([w for w in caught if issubclass(w.category, ComposeFallbackWarning)]) == 1
+    assert delivered == list(expected.items())
+    assert temporary(gcs_emulator, "compose-refused") == []
+
+
+def test_a_listing_read_from_its_shared_manifest_keeps_the_storage_classes(gcs_emulator: Emulator) -> None:
+    """The replica that reads a shared listing's manifest composes exactly what the lister would."""
+    expected, _ = seed_class_runs(gcs_emulator, "compose-classes-manifest")
+    with GCSFront(gcs_emulator.endpoint) as front:
+        for _ in range(2):  # the first lists and publishes the manifest, the second reads it
+            pipe = (
+                IterableWrapper(["gs://compose-classes-manifest/d/"])
+                .list_files_by_gcs(
+                    client=front.client_config, with_metadata=True, manifest="gs://compose-classes-manifest/m/"
+                )
+                .compose_shards_by_gcs(client=front.client_config)
+            )
+            assert read_all(pipe) == list(expected.items())
+            assert pipe.stats.composes == 3

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from torchdata_gcs import PreconditionFailedError, RetryConfig, UploadError, WriteConfig
+from torchdata_gcs import ClientConfig, PreconditionFailedError, RetryConfig, UploadError, WriteConfig
 from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter, new_writer
+from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import io_loop
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -153,3 +154,94 @@ def test_a_lost_completion_answer_is_recognised_by_the_published_bytes(gcs_emula
         assert front.faults_injected["truncate"] == 1 and front.open_uploads == []
     assert gcs_emulator.read(BUCKET, "lost-answer.bin") == data
     assert out.generation is not None
+
+
+def completion_posts(front: GCSFront) -> int:
+    return sum(r.method == "POST" and "uploadId=" in r.target for r in front.recorded)
+
+
+def test_a_completion_slower_than_the_read_timeout_is_awaited_in_one_request(gcs_emulator: Emulator) -> None:
+    """GCS may take minutes to complete an upload: the completion waits for its answer past ``read_timeout``."""
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, completion_delay=1.5, record=True) as front:
+        client = ClientConfig(endpoint=front.endpoint, anonymous=True, read_timeout=0.5)
+        data = os.urandom(6 * MiB)
+        with MultipartWriter(f"gs://{BUCKET}/slow.bin", client=client, part_size=MIN_PART_SIZE) as out:
+            out.write(data)
+        assert completion_posts(front) == 1 and front.open_uploads == []
+    assert gcs_emulator.read(BUCKET, "slow.bin") == data
+
+
+def test_a_lost_completion_answer_is_verified_before_the_completion_is_sent_again(gcs_emulator: Emulator) -> None:
+    """The object is made at once, and the answer is lost: the object found holds the bytes written, so the
+    completion is not sent again."""
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, completion_delay=1.0, completion_answer="lost", record=True) as front:
+        client = ClientConfig(endpoint=front.endpoint, anonymous=True, read_timeout=0.5)
+        data = os.urandom(6 * MiB)
+        with MultipartWriter(
+            f"gs://{BUCKET}/lost.bin", client=client, part_size=MIN_PART_SIZE, retry=FAST_RETRY
+        ) as out:
+            out.write(data)
+        assert completion_posts(front) == 1 and front.open_uploads == []
+    assert gcs_emulator.read(BUCKET, "lost.bin") == data
+    live = Client(gcs_emulator.client_config, FAST_RETRY).head(BUCKET, "lost.bin", "generation")
+    assert live is not None and out.generation == int(live["generation"])
+
+
+def test_no_such_upload_after_a_lost_answer_is_taken_as_done_once_the_object_is_verified(
+    gcs_emulator: Emulator,
+) -> None:
+    """The first completion happens and its answer is cut; the object is not seen at the first look, so the
+    completion goes again and is answered NoSuchUpload: an earlier attempt completed it, as the object shows."""
+    gcs_emulator.create_bucket(BUCKET)
+    faults = [
+        Fault("truncate", match=r"POST .*uploadId=", times=1),
+        Fault("http_404", match=r"GET /storage/v1/b/[^/]+/o/done\.bin", times=1),
+    ]
+    with GCSFront(gcs_emulator.endpoint, faults=faults, record=True) as front:
+        data = os.urandom(6 * MiB)
+        with writer(front, "done.bin", retry=FAST_RETRY) as out:
+            out.write(data)
+        assert completion_posts(front) == 2 and front.faults_injected == {"truncate": 1, "http_404": 1}
+    assert gcs_emulator.read(BUCKET, "done.bin") == data
+
+
+def test_no_such_upload_after_a_lost_answer_without_the_object_is_an_upload_error(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    faults = [
+        Fault("truncate", match=r"POST .*uploadId=", times=1),
+        Fault("http_404", match=r"GET /storage/v1/b/[^/]+/o/unseen\.bin"),  # never seen
+    ]
+    with (
+        GCSFront(gcs_emulator.endpoint, faults=faults) as front,
+        pytest.raises(UploadError, match="outcome is unknown.*holds no object"),
+        writer(front, "unseen.bin", retry=FAST_RETRY) as out,
+    ):
+        out.write(os.urandom(6 * MiB))
+
+
+def test_a_completion_that_outlasts_completion_timeout_fails_in_time(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, completion_delay=4.0) as front:
+        client = ClientConfig(endpoint=front.endpoint, anonymous=True, read_timeout=0.5, completion_timeout=1.0)
+        started = time.monotonic()
+        with (
+            pytest.raises(UploadError, match="outcome is unknown"),
+            MultipartWriter(f"gs://{BUCKET}/late.bin", client=client, part_size=MIN_PART_SIZE, retry=FAST_RETRY) as out,
+        ):
+            out.write(os.urandom(6 * MiB))
+        assert time.monotonic() - started < 3.5  # the completion's deadline, not the front's delay
+
+
+def test_a_lost_completion_over_the_same_bytes_leaves_no_upload_open(gcs_emulator: Emulator) -> None:
+    """The URL holds the bytes written already and the completion never reached GCS: the save is done
+    (the URL holds what was written) and its upload is aborted, not left billed."""
+    gcs_emulator.create_bucket(BUCKET)
+    data = os.urandom(6 * MiB)
+    gcs_emulator.upload(BUCKET, "same.bin", data)
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("reset", match=r"POST .*uploadId=")], record=True) as front:
+        with writer(front, "same.bin", retry=FAST_RETRY) as out:
+            out.write(data)
+        assert completion_posts(front) == 1 and front.open_uploads == []
+    assert gcs_emulator.read(BUCKET, "same.bin") == data

@@ -1,7 +1,8 @@
 """Tools that reach GCS through fsspec, each the way the README's fsspec section says: Lightning's
 ModelCheckpoint and torch.distributed.checkpoint with a gs:// checkpoint id (GCSFileSystem registered),
 pandas' text formats through fsspec's gs:// handler, and pandas' parquet calls and pyarrow's own
-given storage_options or a filesystem. Requests are counted at a GCS front to show whose client made them."""
+given storage_options or a filesystem. Requests are counted at a GCS front to show whose client made them.
+Lightning and DCP run as an identity with object roles only, as training jobs do."""
 
 from __future__ import annotations
 
@@ -31,8 +32,19 @@ pytestmark = [
 ]
 
 
+@pytest.fixture
+def object_only(registered: None, gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[GCSFront]:  # noqa: F811
+    """``gs://`` with no settings goes to a front that acts as a service account with object roles only
+    (no ``storage.buckets.get``), as training jobs usually run."""
+    with GCSFront(gcs_emulator.endpoint, object_only=True) as front:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", front.endpoint)
+        GCSFileSystem.clear_instance_cache()
+        yield front
+    GCSFileSystem.clear_instance_cache()
+
+
 def test_lightning_model_checkpoint_to_a_gs_dirpath(
-    registered: None,  # noqa: F811 - the fixture imported above
+    object_only: GCSFront,
     gcs_emulator: Emulator,
     gcs_bucket: str,
     tmp_path: Path,
@@ -64,7 +76,7 @@ def test_lightning_model_checkpoint_to_a_gs_dirpath(
 
 
 def test_distributed_checkpoint_with_a_gs_checkpoint_id(
-    registered: None,  # noqa: F811 - the fixture imported above
+    object_only: GCSFront,
     gcs_emulator: Emulator,
     gcs_bucket: str,
 ) -> None:

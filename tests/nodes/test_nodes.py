@@ -85,6 +85,8 @@ def test_compose_shards_refuses_a_reuse_prefix_it_cannot_keep_composites_under(c
     for prefix in ("cache", ".torchdata-gcs-tmp/cache/"):
         with pytest.raises(InvalidURIError, match="reuse_prefix"):
             ComposeShards(IterableWrapper([]), reuse_prefix=prefix, client=client)
+    with pytest.raises(ValueError, match="storage_classes"):
+        ComposeShards(IterableWrapper([]), storage_classes="STANDARD", client=client)
 
 
 def readme_block(containing: str) -> str:

@@ -502,6 +502,38 @@ def test_compose_sources_are_checked_as_gcs_checks_them(
     assert bare.status_code >= 500  # why the front checks: the emulator answers a missing source with 500
 
 
+def test_compose_of_sources_in_different_storage_classes_is_refused(
+    gcs_emulator: Emulator, gcs_bucket: str, front: GCSFront
+) -> None:
+    """GCS composes only sources of one storage class (its answer: 400), into a composite of that class;
+    the emulator composes any, into a Standard one, and keeps the class an object was uploaded with."""
+    gcs_emulator.seed(gcs_bucket, {"hot": b"hot "})
+    gcs_emulator.seed(gcs_bucket, {"cold": b"cold ", "colder": b"colder"}, storage_class="NEARLINE")
+    with requests.Session() as http:
+        classes = {
+            n: http.get(object_url(front.endpoint, gcs_bucket, n), timeout=10).json()["storageClass"]
+            for n in ("hot", "cold")
+        }
+        assert classes == {"hot": "STANDARD", "cold": "NEARLINE"}
+
+        def compose(endpoint: str, destination: str, *sources: str) -> requests.Response:
+            body = {"sourceObjects": [{"name": name} for name in sources]}
+            return http.post(object_url(endpoint, gcs_bucket, destination) + "/compose", json=body, timeout=10)
+
+        mixed = compose(front.endpoint, "mixed", "hot", "cold")
+        assert mixed.status_code == 400
+        assert mixed.json()["error"]["message"] == "All of the source objects must have the same storage class."
+        both_cold = compose(front.endpoint, "both-cold", "cold", "colder")
+        assert both_cold.ok and both_cold.json()["storageClass"] == "NEARLINE"  # a composite has its sources' class
+        assert (
+            http.get(object_url(front.endpoint, gcs_bucket, "both-cold"), timeout=10).json()["storageClass"]
+            == "NEARLINE"
+        )
+        assert gcs_emulator.read(gcs_bucket, "both-cold") == b"cold colder"
+        assert "mixed" not in gcs_emulator.names(gcs_bucket)  # a refused compose writes nothing
+        assert compose(gcs_emulator.endpoint, "mixed", "hot", "cold").ok  # why the front checks
+
+
 def test_404s_carry_gcs_own_bodies(gcs_emulator: Emulator, gcs_bucket: str, front: GCSFront) -> None:
     """GCS names a missing bucket apart from a missing object, in the JSON API's error document, in a
     media read's text and in the XML API's error codes; the emulator answers "Not Found" to all."""

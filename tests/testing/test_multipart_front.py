@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 from xml.etree import ElementTree
 
@@ -158,3 +160,37 @@ def test_front_lists_multipart_uploads_as_gcs_pages_them(gcs_emulator: Emulator,
     assert [upload.findtext("{*}Key") for upload in prefixed.findall("{*}Upload")] == ["c/d.pt"]
     missing = requests.get(f"{gcs_front.endpoint}/cli-no-such-bucket", params={"uploads": ""}, timeout=30)
     assert missing.status_code == 404 and b"<Code>NoSuchBucket</Code>" in missing.content
+
+
+def test_a_slow_completion_makes_the_object_when_it_answers_or_at_once_when_its_answer_is_lost(
+    front: GCSFront, gcs_emulator: Emulator
+) -> None:
+    """GCS may take minutes to complete an upload: ``completion_delay`` models it, in two ways."""
+    front.completion_delay = 1.0
+    upload_id = initiate(front, "late.bin")
+    etag = put_part(front, "late.bin", upload_id, 1, b"late").headers["ETag"]
+    seen: list[list[str]] = []
+    # the object is looked for while the completion runs: it appears only with the answer
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(complete, front, "late.bin", upload_id, [(1, etag)])
+        time.sleep(0.5)
+        seen.append(gcs_emulator.names(BUCKET))
+        assert answer.result().status_code == 200
+    assert "late.bin" not in seen[0] and gcs_emulator.read(BUCKET, "late.bin") == b"late"
+
+    front.completion_answer = "lost"
+    upload_id = initiate(front, "lost.bin")
+    etag = put_part(front, "lost.bin", upload_id, 1, b"lost").headers["ETag"]
+    started = time.monotonic()
+    with pytest.raises(requests.ConnectionError):
+        complete(front, "lost.bin", upload_id, [(1, etag)])
+    assert time.monotonic() - started >= 1.0  # held, then closed without an answer
+    assert gcs_emulator.read(BUCKET, "lost.bin") == b"lost" and front.open_uploads == []
+    assert error_code(complete(front, "lost.bin", upload_id, [(1, etag)])) == "NoSuchUpload"
+
+
+def test_completion_settings_are_checked(front: GCSFront) -> None:
+    with pytest.raises(ValueError, match="completion_delay"):
+        front.completion_delay = -1
+    with pytest.raises(ValueError, match="completion_answer"):
+        front.completion_answer = "never"  # type: ignore[assignment]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import pickle
+import platform
 from importlib.metadata import version
 from pathlib import Path
 
@@ -164,7 +165,10 @@ def test_every_request_names_the_library(gcs_emulator: Emulator, gcs_bucket: str
             )
         ] == [b"1"]
         agents = [request.header("User-Agent") for request in front.recorded]
-    assert len(agents) == 2 and agents == [[f"torchdata-gcs/{version('torchdata-gcs')}"]] * 2
+        clients = [request.header("x-goog-api-client") for request in front.recorded]
+    library = f"torchdata-gcs/{version('torchdata-gcs')}"
+    assert len(agents) == 2 and agents == [[f"{library} (gzip)"]] * 2
+    assert clients == [[f"gl-python/{platform.python_version()} {library}"]] * 2
 
 
 def test_a_key_file_for_an_anonymous_endpoint_is_refused(

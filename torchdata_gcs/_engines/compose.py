@@ -1,11 +1,14 @@
 """Compose runs of small objects server-side, download each composite once, split it back.
 
-One :class:`Composer` serves one iteration. Consecutive objects of one bucket are grouped (at most
-``MAX_SOURCES`` and ``max_bytes`` each); GCS concatenates a group in one compose call whose sources
-are pinned to their listed generations; the composite is read through the loader's data path
-(concurrency, retries, byte budget) and cut back by the listed sizes, each piece checked against
-its listed crc32c. A group whose sources changed, or whose composite is wrong, is loaded object by
-object instead, so a changed object raises (or is skipped) exactly as ``load_files_by_gcs`` would.
+One :class:`Composer` serves one iteration. Consecutive objects of one bucket and one storage class
+are grouped (at most ``MAX_SOURCES`` and ``max_bytes`` each), as GCS composes only sources of one
+class, and only classes the caller allows (Standard by default: a composite has its sources' class,
+and deleting a cold one pays its minimum storage duration); objects of other or unknown classes are
+loaded directly. GCS concatenates a group in one compose call whose sources are pinned to their
+listed generations; the composite is read through the loader's data path (concurrency, retries,
+byte budget) and cut back by the listed sizes, each piece checked against its listed crc32c. A group
+whose compose is refused, or whose composite is wrong, is loaded object by object instead, so a
+changed object raises (or is skipped) exactly as ``load_files_by_gcs`` would.
 
 Temporary composites live under ``TEMPORARY_PREFIX/<time>-<host>-<pid>-<random>/`` and are deleted
 once downloaded; :meth:`Composer.close` waits for composes still running and deletes whatever is
@@ -47,6 +50,7 @@ from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
+    GCSError,
     IntegrityError,
     InvalidURIError,
     NotFoundError,
@@ -58,9 +62,11 @@ from .listing import describe, list_objects
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "COMPOSED_CLASSES",
     "MAX_SOURCES",
     "Composer",
     "check_reuse_prefix",
+    "check_storage_classes",
     "compose_in_order",
     "delete_temporary",
     "leftovers",
@@ -71,6 +77,10 @@ __all__ = [
 
 MAX_SOURCES = 32
 """GCS composes at most this many source objects in one call."""
+
+COMPOSED_CLASSES = ("STANDARD",)
+"""Storage classes whose objects are composed by default: a composite has its sources' class, and a
+Nearline, Coldline or Archive one deleted after reading pays 30, 90 or 365 days of storage."""
 
 _DESCRIBE_BATCH = 256  # plain URLs whose metadata is fetched at once
 _CLOSE_TIMEOUT = 60.0
@@ -84,6 +94,15 @@ def check_reuse_prefix(prefix: str | None) -> None:
     validate_object_name(prefix, allow_empty=False)
     if not prefix.endswith("/") or prefix.startswith(TEMPORARY_PREFIX):
         raise InvalidURIError(f"reuse_prefix must end with '/' and lie outside {TEMPORARY_PREFIX!r}, got {prefix!r}")
+
+
+def check_storage_classes(storage_classes: Iterable[str]) -> tuple[str, ...]:
+    """``storage_classes`` as a tuple; ``ValueError`` unless it is a collection of class names such
+    as ``"STANDARD"`` (a bare string is one name, not a collection of letters)."""
+    names = (storage_classes,) if isinstance(storage_classes, str) else tuple(storage_classes)
+    if isinstance(storage_classes, str) or not all(isinstance(n, str) and n.isupper() for n in names):
+        raise ValueError(f"storage_classes must be a collection of names such as 'STANDARD', got {storage_classes!r}")
+    return names
 
 
 def new_job_id() -> str:
@@ -105,9 +124,11 @@ class Composer:
         max_sources: int,
         max_bytes: int,
         reuse_prefix: str | None,
+        storage_classes: Iterable[str] = COMPOSED_CLASSES,
     ) -> None:
         self.job = job
         self.max_sources = max_sources
+        self.storage_classes = frozenset(storage_classes)
         self.max_bytes = min(max_bytes, job.budget.limit // 2)  # a composite is always held whole
         self.reuse_prefix = reuse_prefix
         self.job_id = new_job_id()
@@ -119,6 +140,8 @@ class Composer:
         self._unsettled: set[tuple[str, str]] = set()  # composites that may exist and are not ours to keep
         self._running: set[asyncio.Future[Any]] = set()  # composes and deletes in flight
         self._found = 0  # groups whose kept composite existed (reuse mode)
+        self._warned_unknown_class = False
+        self._warned_refusal = False
         self._watches: list[reaper.Watch | None] = []  # this job's prefixes in the reaper's hands
         self._closed = False
         _live.add(self)
@@ -130,9 +153,10 @@ class Composer:
     # -- planning (consumer thread; preparation in a worker thread) --------------------------------------------------------------
 
     def units(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[Unit]:
-        """Group consecutive items into compose units; the rest become single-object loads."""
+        """Group consecutive items of one bucket and storage class into compose units; the rest become
+        single-object loads."""
         group: list[Member] = []
-        group_bucket = ""
+        group_key = ("", "")
         group_bytes = 0
 
         def flush() -> Iterator[Unit]:
@@ -150,13 +174,14 @@ class Composer:
                 yield functools.partial(_missing, url, info)
                 continue
             bucket, name = parse_url(url, allow_prefix=False)
-            if info.size > self.max_bytes or not self._may_compose(bucket):
+            if info.size > self.max_bytes or not self._may_compose(url, info) or not self._may_compose_in(bucket):
                 yield from flush()
                 yield functools.partial(load_one, url, info)
                 continue
-            if bucket != group_bucket or len(group) == self.max_sources or group_bytes + info.size > self.max_bytes:
+            key = (bucket, info.storage_class or "")
+            if key != group_key or len(group) == self.max_sources or group_bytes + info.size > self.max_bytes:
                 yield from flush()
-            group_bucket = bucket
+            group_key = key
             group.append((url, name, info))
             group_bytes += info.size
         yield from flush()
@@ -217,7 +242,21 @@ class Composer:
                 self._cached_before.add(bucket)
         return True, None
 
-    def _may_compose(self, bucket: str) -> bool:
+    def _may_compose(self, url: str, info: ObjectInfo) -> bool:
+        """Whether the object may be a compose source: its storage class is one composed. An unknown
+        class (an ``ObjectInfo`` made without it) may be a cold one: loaded directly, with one warning."""
+        if info.storage_class is None and not self._warned_unknown_class:
+            self._warned_unknown_class = True
+            warnings.warn(
+                f"compose_shards_by_gcs loads {url} and every other object of unknown storage class one by one: "
+                "a composite of cold objects is cold too, and deleting it pays early-deletion charges (give "
+                "ObjectInfo a storage_class, or feed list_files_by_gcs(with_metadata=True) or plain URLs)",
+                ComposeFallbackWarning,
+                stacklevel=4,
+            )
+        return info.storage_class in self.storage_classes
+
+    def _may_compose_in(self, bucket: str) -> bool:
         """Whether composites may be used in ``bucket``: waits for its preparation if it is still
         running; a refusal means direct loads and one warning."""
         usable = self._usable.get(bucket)
@@ -264,8 +303,23 @@ class Composer:
             )
             self._usable[bucket] = False
             return await _load_each(members, job, seq)
+        except GCSError as exc:  # refused for another reason (400, retries run out): this group only
+            self._report_refusal(len(members), exc)
+            return await _load_each(members, job, seq)
         loaded = await self._download(bucket, name, composite, expected, members, job, seq)
         return loaded if loaded is not None else await _load_each(members, job, seq)
+
+    def _report_refusal(self, count: int, error: GCSError) -> None:
+        """Say that a compose was refused and its objects are loaded directly: the first time in this
+        iteration as a warning, later ones in the log."""
+        message = f"a compose of {count} objects was refused, loading them directly: {error}"
+        if self._warned_refusal:
+            logger.info("%s", message)
+            return
+        self._warned_refusal = True
+        warnings.warn(
+            f"{message} (later refusals in this iteration are logged only)", ComposeFallbackWarning, stacklevel=1
+        )
 
     def _composite_name(self, members: list[Member]) -> str:
         if self.reuse_prefix is None:
@@ -436,10 +490,14 @@ def compose_in_order(
     max_bytes: int,
     reuse_prefix: str | None,
     skip_missing: bool,
+    storage_classes: Iterable[str] = COMPOSED_CLASSES,
 ) -> Iterator[tuple[str, Loaded]]:
-    """Yield ``(url, bytes or stream)`` for each item in input order, small runs loaded as composites."""
+    """Yield ``(url, bytes or stream)`` for each item in input order, small runs of ``storage_classes``
+    loaded as composites."""
     job = new_context(config, transfer, retry, stats)
-    composer = Composer(job, max_sources=max_sources, max_bytes=max_bytes, reuse_prefix=reuse_prefix)
+    composer = Composer(
+        job, max_sources=max_sources, max_bytes=max_bytes, reuse_prefix=reuse_prefix, storage_classes=storage_classes
+    )
     try:
         yield from deliver_in_order(composer.units(items), job, 2 * transfer.max_in_flight, skip_missing=skip_missing)
     finally:

@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["KeySpace", "ListingStats", "list_prefix_parallel", "split_point"]
 
-ITEM_FIELDS = "name,size,generation,crc32c"
-"""The object fields a listing asks for (``fields=`` trims everything else from the answers)."""
+ITEM_FIELDS = "name,size,generation,crc32c,storageClass"
+"""The object fields a listing asks for (``fields=`` trims everything else from the answers); the
+storage class tells which objects may be composed together."""
 
 CHARACTER_CLASSES = tuple(
     frozenset(chars) for chars in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")

@@ -35,7 +35,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LEASE", "Entry", "SharedListing"]
 
-FORMAT = 1
+FORMAT = 2
+"""Version of the manifest's lines (part of its name: a manifest of another version is never read).
+2: each object's storage class after its size, generation and crc32c."""
 LEASE = 30.0
 """Seconds a lock may go without being rewritten before other replicas take it over."""
 
@@ -82,8 +84,8 @@ class SharedListing:
             raise GCSError(f"manifest {self.url} does not describe this listing or is incomplete", url=self.url)
         entries: list[Entry] = []
         for line in lines[1:]:
-            index, url, size, generation, crc32c = json.loads(line)
-            entries.append((index, url, ObjectInfo(size, generation, crc32c)))
+            index, url, size, generation, crc32c, storage_class = json.loads(line)
+            entries.append((index, url, ObjectInfo(size, generation, crc32c, storage_class)))
         logger.debug("read %d listed objects from %s", len(entries), self.url)
         return entries
 

@@ -25,10 +25,12 @@ import asyncio
 import io
 import logging
 import mmap
+import time
 from collections import deque
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, ClassVar, Literal, TypeVar
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
@@ -37,11 +39,12 @@ import google_crc32c
 
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
-from .._ops.objects import compose_object, create_object
+from .._ops.objects import compose_object, create_object, object_resource
 from .._ops.uploads import UPLOAD_MARKERS, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.loop import io_loop, wait_unless_on_io_loop
+from .._transport.retry import Attempts, is_retryable
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from ..errors import (
     GCSError,
@@ -316,15 +319,23 @@ class StreamingWriter(PublishingWriter):
         the live one's, asked now; a writer that replaces it meanwhile makes the publish fail."""
         return 0 if self._only_if_new else self._client.live_generation(self._bucket, self._name)
 
-    def _published_version(self, generation: int | None) -> tuple[int, str | None]:
-        """Generation and crc32c of the version the parts were assembled into, asked of GCS (of
-        ``generation`` if known, else the live version, which must then hold exactly the bytes
-        written: otherwise it is not known to be this upload's, and it is left alone)."""
-        resource = self._client.head(self._bucket, self._name, "size,generation,crc32c", generation=generation)
+    async def _stored_version(self, generation: int | None = None) -> tuple[dict[str, Any] | None, bool]:
+        """The resource (``size,generation,crc32c``) of the version the parts were assembled into, asked of
+        GCS (of ``generation`` if known, else the live version), or ``None``; and whether it is this
+        upload's: a live version counts only if it holds exactly the bytes written."""
+        resource = await object_resource(
+            self._job, self._bucket, self._name, "size,generation,crc32c", generation=generation
+        )
         ours = resource is not None and (
             generation is not None
             or (int(resource["size"]) == self._size and resource.get("crc32c") == crc32c_base64(self._crc))
         )
+        return resource, ours
+
+    def _published_version(self, generation: int | None) -> tuple[int, str | None]:
+        """Generation and crc32c of the version the parts were assembled into (see :meth:`_stored_version`);
+        a version not known to be this upload's raises ``UploadError``, and it is left alone."""
+        resource, ours = self._run(self._stored_version(generation))
         if resource is None or not ours:
             now = "no object" if resource is None else f"generation {resource['generation']}, other bytes"
             raise UploadError(
@@ -383,7 +394,7 @@ class MultipartWriter(StreamingWriter):
 
     def _start(self) -> None:
         headers = {"Content-Type": "application/octet-stream"}
-        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": ""}, headers=headers))
+        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": None}, headers=headers))
         try:
             self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
         except ElementTree.ParseError:
@@ -415,36 +426,81 @@ class MultipartWriter(StreamingWriter):
             for number, etag in sorted(self._parts.items())
         )
         document = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
-        params = {"uploadId": self._upload_id}
         try:
-            headers, _ = self._run(
-                _send(
-                    self._job,
-                    self.url,
-                    self._xml_path,
-                    "POST",
-                    params,
-                    document,
-                    headers={"Content-Type": "application/xml"},
-                )
-            )
+            return self._run(self._complete(document))
         except (NotFoundError, TransientError):
-            # GCS's NoSuchUpload to a retried completion whose first answer was lost on the way, or
-            # every answer lost: the upload may have completed; what the URL holds now decides (see
-            # _published_version).
+            # NoSuchUpload to the first completion (the upload was aborted meanwhile), or every answer lost
+            # until the deadline: what the URL holds now decides (see _published_version).
             return None, None
         finally:
             self._run(self._unmark())
-        generation = headers.get("x-goog-generation")
-        return (int(generation) if generation else None), reported_crc32c(headers)
 
-    async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
-        for future in pending:  # the abort drops whatever parts still arrive
-            future.cancel()
+    async def _complete(self, document: bytes) -> tuple[int | None, str | None]:
+        """Send the completion, which GCS may take minutes to carry out, under its own deadline
+        (``ClientConfig.completion_timeout``): each request waits for its answer until then. Once an
+        answer is lost (a timeout, a reset, a cut body, a 5xx), the object is looked for before the
+        completion goes again, so a completion carried out is never sent twice; NoSuchUpload after a
+        lost answer means an earlier attempt completed the upload, and from then on only the object is
+        looked for. Generation and crc32c as the answer, or the object found, reports them."""
+        timeout = self._client.config.completion_timeout
+        once = replace(self._job, retry=replace(self._retry, max_attempts=1))  # the retries are decided here
+        attempts = Attempts(replace(self._retry, deadline=timeout), self.url, on_retry=self._job.stats.count_retry)
+        deadline = attempts.start + timeout
+        lost = completed = False
+        while True:
+            try:
+                if lost:
+                    resource, ours = await self._stored_version()
+                    if resource is not None and ours:
+                        if not completed:  # it may have held these bytes before: leave no upload billed
+                            await self._abort_quietly()
+                        return int(resource["generation"]), resource.get("crc32c")
+                if completed:
+                    raise TransientError(
+                        f"{self.url}: an earlier request completed the upload, and its object is not seen yet",
+                        url=self.url,
+                    )
+                try:
+                    headers, _ = await _send(
+                        once,
+                        self.url,
+                        self._xml_path,
+                        "POST",
+                        {"uploadId": self._upload_id},
+                        document,
+                        headers={"Content-Type": "application/xml"},
+                        answer_timeout=max(deadline - time.monotonic(), 0.1),
+                    )
+                except NotFoundError:
+                    if not lost:
+                        raise
+                    completed = True  # NoSuchUpload: an earlier request, whose answer was lost, completed it
+                    continue
+                generation = headers.get("x-goog-generation")
+                return (int(generation) if generation else None), reported_crc32c(headers)
+            except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
+                lost = lost or is_retryable(exc)
+                await asyncio.sleep(attempts.delay_after(exc))
+
+    async def _abort_upload(self) -> None:
+        """Abort the upload (a no-op for one already completed or aborted)."""
         try:
             await _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
         except NotFoundError:
             pass
+
+    async def _abort_quietly(self) -> None:
+        """Abort the upload if it is still open, once its object is published: a refusal (no
+        ``storage.multipartUploads.abort``) or a failure is logged, never raised."""
+        try:
+            await self._abort_upload()
+        except GCSError as exc:
+            logger.warning("could not abort the multipart upload of %s after it was published: %r", self.url, exc)
+
+    async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:
+        for future in pending:  # the abort drops whatever parts still arrive
+            future.cancel()
+        await self._abort_upload()
         await self._unmark()
 
 
@@ -490,8 +546,8 @@ class CompositeWriter(StreamingWriter):
         except TransientError:  # every answer of the last compose may have been lost: the URL decides
             return None, None
         except PreconditionFailedError:  # the object exists: this upload's own, if an earlier answer was lost
-            live = self._client.head(self._bucket, self._name, "size,generation,crc32c")
-            if live is None or int(live["size"]) != self._size or live.get("crc32c") != crc32c_base64(self._crc):
+            live, ours = self._run(self._stored_version())
+            if live is None or not ours:
                 if self._only_if_new:
                     raise
                 raise PreconditionFailedError(
@@ -560,11 +616,15 @@ async def _send(
     data: bytes | None = None,
     *,
     headers: dict[str, str] | None = None,
+    answer_timeout: float | None = None,
 ) -> tuple[Mapping[str, str], bytes]:
-    """One XML API request, retried; its headers (case-insensitive, repeated lines kept) and body."""
+    """One XML API request, retried; its headers (case-insensitive, repeated lines kept) and body.
+    ``answer_timeout``: see ``Session.send``."""
 
     async def attempt() -> tuple[Mapping[str, str], bytes]:
-        async with job.session.send(method, url, path, params, headers, data=data, xml_api=True) as response:
+        async with job.session.send(
+            method, url, path, params, headers, data=data, xml_api=True, answer_timeout=answer_timeout
+        ) as response:
             return response.headers.copy(), await response.read()
 
     return await with_retry(job, url, attempt)

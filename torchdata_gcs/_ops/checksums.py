@@ -33,16 +33,21 @@ class ObjectInfo(NamedTuple):
         size: length in bytes.
         generation: the object version; reads pinned to it fail if the object was overwritten.
         crc32c: base64 of the big-endian CRC32C of the stored bytes, as GCS reports it.
+        storage_class: ``"STANDARD"``, ``"NEARLINE"``, ``"COLDLINE"`` or ``"ARCHIVE"``; ``None`` if
+            not known (the object was described without it).
     """
 
     size: int
     generation: int
     crc32c: str | None = None
+    storage_class: str | None = None
 
     @classmethod
     def from_json(cls, resource: dict[str, Any]) -> ObjectInfo:
         """Build from a JSON API object resource (``size`` and ``generation`` arrive as strings)."""
-        return cls(int(resource["size"]), int(resource["generation"]), resource.get("crc32c"))
+        return cls(
+            int(resource["size"]), int(resource["generation"]), resource.get("crc32c"), resource.get("storageClass")
+        )
 
 
 REQUIRED_FIELDS = ("size", "generation")

@@ -12,13 +12,14 @@ from urllib.parse import quote
 
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket, missing_bucket
-from ..errors import GCSError, NotFoundError, PreconditionFailedError
+from ..errors import AccessDeniedError, GCSError, NotFoundError, PreconditionFailedError
 from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc32c, verify_bytes
 from .urls import format_url
 
 __all__ = [
     "MAX_PAGE_SIZE",
     "bucket_resource",
+    "check_bucket",
     "compose_object",
     "create_object",
     "delete_folder",
@@ -30,6 +31,7 @@ __all__ = [
     "object_resource",
     "read_object",
     "rewrite_object",
+    "storage_layout",
 ]
 
 T = TypeVar("T")
@@ -42,7 +44,8 @@ async def _get_json(
     job: RequestContext, url: str, path: str, params: dict[str, Any], required: Sequence[str] = ()
 ) -> Any:
     async def attempt() -> Any:
-        async with job.session.send("GET", url, path, params) as response:
+        # listing pages shrink several times compressed; json_answer decompresses
+        async with job.session.send("GET", url, path, params, headers={"Accept-Encoding": "gzip"}) as response:
             return await job.session.json_answer(response, url, required)
 
     return await with_retry(job, url, attempt)
@@ -57,9 +60,32 @@ async def list_page(job: RequestContext, bucket: str, params: dict[str, Any], *,
         raise missing_bucket(bucket, url) from None
 
 
+async def check_bucket(job: RequestContext, bucket: str) -> None:
+    """Make sure the bucket exists, with object permissions only: a listing of at most one object
+    (``storage.objects.list``, which Storage Object Viewer, User and Admin hold) answers 404 for a missing
+    bucket, where getting the bucket needs ``storage.buckets.get``, which no object role holds.
+
+    Raises ``NotFoundError`` if it does not exist, ``AccessDeniedError`` if listing is refused (then
+    nothing tells whether it does)."""
+    url = format_url(bucket)
+    try:
+        await list_page(job, bucket, {"maxResults": 1, "fields": "kind"}, url=url)
+    except AccessDeniedError as exc:
+        raise AccessDeniedError(
+            f"cannot tell whether {url} exists: that needs storage.objects.list ({exc})", url=url, status=exc.status
+        ) from None
+
+
 async def bucket_resource(job: RequestContext, bucket: str, fields: str) -> dict[str, Any]:
-    """The bucket's JSON resource trimmed to ``fields``."""
+    """The bucket's JSON resource trimmed to ``fields`` (needs ``storage.buckets.get``, which object roles lack:
+    only for what may go without, such as ``doctor``'s report of settings)."""
     return await _get_json(job, format_url(bucket), job.session.bucket_path(bucket), {"fields": fields})
+
+
+async def storage_layout(job: RequestContext, bucket: str) -> dict[str, Any]:
+    """The bucket's location and whether it has a hierarchical namespace (``getStorageLayout``), for callers
+    that may list objects but not get the bucket: it needs ``storage.objects.list`` only."""
+    return await _get_json(job, format_url(bucket), f"{job.session.bucket_path(bucket)}/storageLayout", {})
 
 
 async def object_resource(

@@ -44,7 +44,7 @@ class Upload:
     initiated: str  # RFC 3339
 
 
-async def _uploads_page(job: RequestContext, bucket: str, params: dict[str, str], url: str) -> bytes:
+async def _uploads_page(job: RequestContext, bucket: str, params: dict[str, str | None], url: str) -> bytes:
     async with job.session.send("GET", url, job.session.xml_path(bucket), params, xml_api=True) as response:
         return await response.read()
 
@@ -53,7 +53,7 @@ def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iter
     """The bucket's unfinished multipart uploads of objects named ``prefix...``, page by page (``GET
     /BUCKET?uploads`` on the XML API)."""
     url = format_url(bucket, prefix)
-    first = {"uploads": "", "prefix": prefix} if prefix else {"uploads": ""}
+    first = {"uploads": None, "prefix": prefix} if prefix else {"uploads": None}
     params = first
 
     async def page(job: RequestContext) -> bytes:

@@ -5,9 +5,11 @@ and which answers are worth another attempt."""
 from __future__ import annotations
 
 import email.utils
+import gzip
 import json
 import os
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 from xml.etree import ElementTree
@@ -152,6 +154,18 @@ def error_detail(text: str) -> str:
             if code:
                 return f"{code}: {message or ''}".strip()[:300]
     return text.strip()[:300]
+
+
+def gunzipped(body: bytes, url: str, status: int) -> bytes:
+    """A gzip-encoded answer's bytes; a damaged or cut one raises ``TransientError``, so it is retried."""
+    try:
+        return gzip.decompress(body)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TransientError(
+            f"{url}: the gzip-encoded answer (status {status}, {len(body)} bytes) does not decompress ({exc})",
+            url=url,
+            status=status,
+        ) from None
 
 
 def json_answer(body: bytes, url: str, status: int, content_type: str | None, required: Sequence[str] = ()) -> Any:

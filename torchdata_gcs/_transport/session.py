@@ -15,6 +15,7 @@ import importlib.metadata
 import io
 import logging
 import os
+import platform
 import re
 import ssl
 import threading
@@ -39,6 +40,7 @@ from .http import (
     credentials_for,
     error_detail,
     error_for_status,
+    gunzipped,
     json_answer,
     resolve_endpoint,
     retry_after_seconds,
@@ -47,12 +49,26 @@ from .loop import io_loop
 from .retry import Unanswered
 from .throttle import Throttle
 
-__all__ = ["USER_AGENT", "Body", "Session", "session_for"]
+__all__ = ["API_CLIENT", "USER_AGENT", "Body", "Session", "session_for"]
 
 logger = logging.getLogger(__name__)
 
 USER_AGENT = f"torchdata-gcs/{importlib.metadata.version('torchdata-gcs')}"
 """How every request names its client (GCS's request logs show it)."""
+
+GZIP_USER_AGENT = f"{USER_AGENT} (gzip)"
+"""The ``User-Agent`` sent: Google's APIs compress an answer only for a client whose agent names gzip and
+that sends ``Accept-Encoding: gzip``, as JSON metadata reads do (see :meth:`Session.json_answer`)."""
+
+API_CLIENT = f"gl-python/{platform.python_version()} {USER_AGENT}"
+"""The ``x-goog-api-client`` header, as Google's own clients send it: the language and its version, then
+the library and its version (Google counts requests by client library from it)."""
+
+
+def query_string(params: dict[str, Any]) -> str:
+    """``params`` as a query string; a key whose value is ``None`` goes bare, as the XML API documents
+    ``?uploads`` (not ``?uploads=``)."""
+    return "&".join(quote(key, safe="") if value is None else urlencode({key: value}) for key, value in params.items())
 
 
 class Session:
@@ -181,17 +197,19 @@ class Session:
         json: Any = None,
         data: Body | None = None,
         xml_api: bool = False,
+        answer_timeout: float | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
         ``data`` body if given (bytes, or pieces sent one after the other, never joined); a non-2xx
-        answer raises its typed error naming ``url``."""
+        answer raises its typed error naming ``url``. With ``answer_timeout``, the whole exchange may
+        take that many seconds, and the read timeout does not apply."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=self._trusted or True),
                 timeout=self._timeout,
                 auto_decompress=False,
-                # Media reads ask for gzip instead: see read_media.
-                headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
+                # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
+                headers={"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT},
             )
         params, headers = self.billed(params, headers, xml_api=xml_api)
         body: Any = None
@@ -205,7 +223,7 @@ class Session:
             body = _streamed(pieces)
         request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers
         # The path is percent-encoded already: yarl need not parse and encode it again.
-        target = yarl.URL(f"{path}?{urlencode(params)}" if params else path, encoded=True)
+        target = yarl.URL(f"{path}?{query_string(params)}" if params else path, encoded=True)
         try:
             async with self._session.request(
                 method,
@@ -214,6 +232,11 @@ class Session:
                 proxy=self._proxy,
                 json=json,
                 data=body,
+                timeout=self._timeout
+                if answer_timeout is None
+                else aiohttp.ClientTimeout(
+                    total=answer_timeout, sock_connect=self.config.connect_timeout, sock_read=answer_timeout
+                ),
             ) as response:
                 _answered.add(self.endpoint)
                 if response.status >= 400:
@@ -269,8 +292,11 @@ class Session:
 
     @staticmethod
     async def json_answer(response: aiohttp.ClientResponse, url: str, required: Sequence[str] = ()) -> Any:
-        """The answer's JSON document (see :func:`http.json_answer`)."""
-        return json_answer(await response.read(), url, response.status, response.headers.get("Content-Type"), required)
+        """The answer's JSON document (see :func:`http.json_answer`), gzip-compressed or not."""
+        body = await response.read()
+        if response.headers.get("Content-Encoding", "").strip().lower() == "gzip":
+            body = gunzipped(body, url, response.status)
+        return json_answer(body, url, response.status, response.headers.get("Content-Type"), required)
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

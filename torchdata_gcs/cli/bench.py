@@ -155,7 +155,8 @@ def bench(args: argparse.Namespace) -> int:
     doubled = load(sample, 2 * in_flight) if 2 * in_flight <= MAX_IN_FLIGHT else None
     composer = GCSShardComposerIterDataPipe(sample, client=client, transfer=TransferConfig(max_in_flight=in_flight))
     composed, caught = _bench_loading(composer, f"compose_shards_by_gcs m={in_flight}", len(sample), args.seconds)
-    refused = any(issubclass(warning.category, ComposeFallbackWarning) for warning in caught)
+    # Not permitted: no compose was sent, and a fallback was warned of (a refused compose was sent first).
+    refused = not composer.stats.composes and any(issubclass(w.category, ComposeFallbackWarning) for w in caught)
     composed.note = "compose not permitted: loaded directly" if refused else f"{composer.stats.composes:,} composes"
 
     print(_HEADER)

@@ -22,7 +22,7 @@ from .._engines.listing import list_objects
 from .._engines.upload import MIN_PART_SIZE, MultipartWriter
 from .._ops.checksums import crc32c_base64
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE, delete_folder
+from .._ops.objects import MAX_PAGE_SIZE, delete_folder, storage_layout
 from .._ops.uploads import abort_upload, unfinished_uploads
 from .._ops.urls import format_url, parse_url
 from .._transport.session import Session
@@ -268,7 +268,7 @@ class _Run:
         try:
             resource = self.objects.bucket(self.bucket, _BUCKET_FIELDS)
         except AccessDeniedError:
-            return [Fact(name, _UNKNOWN) for name in _FACT_NAMES]
+            return self.layout_facts()
         except (NotFoundError, TransientError, EndpointError):
             raise
         except GCSError as exc:  # such as a requester-pays bucket asked without a user project
@@ -276,6 +276,17 @@ class _Run:
         self.hierarchical = bool((resource.get("hierarchicalNamespace") or {}).get("enabled"))
         self.retained = bool(resource.get("retentionPolicy"))
         return bucket_settings(resource, self.client.user_project)
+
+    def layout_facts(self) -> list[Fact]:
+        """Without storage.buckets.get, the location and namespace from the storage layout (storage.objects.list
+        suffices: object roles hold it); the other settings unknown."""
+        try:
+            layout = self.objects.run(storage_layout, self.bucket)
+        except GCSError:
+            return [Fact(name, _UNKNOWN) for name in _FACT_NAMES]
+        self.hierarchical = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
+        known = {fact.name: fact for fact in bucket_settings(layout, self.client.user_project)}
+        return [known[name] if name in _LAYOUT_FACTS else Fact(name, _UNKNOWN) for name in _FACT_NAMES]
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -620,6 +631,10 @@ _FACT_NAMES = (
     "object versioning",
     "hierarchical namespace",
 )
+
+
+_LAYOUT_FACTS = ("location", "hierarchical namespace")
+"""What a bucket's storage layout tells."""
 
 
 def bucket_settings(resource: dict[str, Any], user_project: str | None) -> list[Fact]:

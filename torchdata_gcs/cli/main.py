@@ -368,7 +368,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Check gs://BUCKET/PREFIX with your own credentials: print the endpoint, the identity used and the "
             "bucket's settings (requester pays, soft delete, retention policy, object versioning, hierarchical "
-            "namespace, location; these need storage.buckets.get, else 'unknown'), each with what it means for "
+            "namespace, location; these need storage.buckets.get, else 'unknown' but for location and namespace, "
+            "which the storage layout tells), each with what it means for "
             "composites, checkpoints and clean; then list, write (ifGenerationMatch=0), check that a second such "
             "write is refused with 412, read, compose, run an XML API multipart upload, list unfinished uploads, "
             "delete, and measure latency and throughput. Each check is OK, REFUSED (403), MISSING (the endpoint "

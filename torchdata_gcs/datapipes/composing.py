@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
-from .._engines.compose import MAX_SOURCES, check_reuse_prefix, compose_in_order
+from .._engines.compose import (
+    COMPOSED_CLASSES,
+    MAX_SOURCES,
+    check_reuse_prefix,
+    check_storage_classes,
+    compose_in_order,
+)
 from .._engines.download import Loaded
 from .._ops.checksums import ObjectInfo
 from ..config import ClientConfig, RetryConfig, TransferConfig
@@ -25,6 +31,13 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
     all, are concatenated by one GCS compose call, downloaded in one request and cut back into
     the original objects: about three requests (compose, read, delete) per ``max_sources`` objects
     instead of one per object. Objects larger than ``max_composite_bytes`` are read directly.
+
+    A group holds objects of one storage class, one of ``storage_classes`` (GCS composes only
+    sources of one class, and a composite takes their class: a cold one deleted after reading pays
+    early-deletion charges); objects of other classes, or of a class not known (an ``ObjectInfo``
+    without one: one ``ComposeFallbackWarning``), are read directly. A compose that GCS refuses,
+    for whatever reason, means direct reads of that group only; the first refusal other than a
+    changed object's is a ``ComposeFallbackWarning``, later ones are logged.
 
     Nothing wrong is ever yielded: every compose source is pinned to its listed generation, and
     every piece is checked against its listed size and crc32c; a group whose objects changed since
@@ -55,13 +68,16 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
             ``transfer.max_buffered_bytes`` is used); larger objects are read directly.
         reuse_prefix: object-name prefix (such as ``"cache/composites/"``) under which composites
             are kept across iterations; ``None`` deletes them once read.
+        storage_classes: the storage classes whose objects are composed, such as
+            ``("STANDARD", "NEARLINE")``; the default composes Standard objects only.
         skip_missing, client, transfer, retry: as for ``load_files_by_gcs``.
 
     Returns:
         ``(url, StreamWrapper)`` pairs, as ``load_files_by_gcs`` yields them.
 
     Raises:
-        As ``load_files_by_gcs``; ``NotFoundError`` also for an object changed since it was listed.
+        As ``load_files_by_gcs``; ``NotFoundError`` also for an object changed since it was listed;
+        ``ValueError`` for bad settings.
 
     Example:
         >>> from torchdata_gcs import testing
@@ -82,6 +98,7 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         max_sources: int = MAX_SOURCES,
         max_composite_bytes: int = 32 * 1024 * 1024,
         reuse_prefix: str | None = None,
+        storage_classes: Collection[str] = COMPOSED_CLASSES,
         skip_missing: bool = False,
         client: ClientConfig | None = None,
         transfer: TransferConfig | None = None,
@@ -96,6 +113,7 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         self.max_sources = max_sources
         self.max_composite_bytes = max_composite_bytes
         self.reuse_prefix = reuse_prefix
+        self.storage_classes = check_storage_classes(storage_classes)
 
     def _load(self, items: Iterator[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
         return compose_in_order(
@@ -108,4 +126,5 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
             max_bytes=self.max_composite_bytes,
             reuse_prefix=self.reuse_prefix,
             skip_missing=self.skip_missing,
+            storage_classes=self.storage_classes,
         )

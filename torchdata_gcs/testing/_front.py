@@ -9,6 +9,7 @@ behaviours, so clients can be tested and measured against them over real sockets
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import io
 import json
@@ -25,11 +26,11 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
-from ._gcs_rules import GCSRules
+from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
@@ -40,10 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "RecordedRequest", "request_kind"]
 
 FaultKind = Literal[
-    "http_403", "http_404", "http_412", "http_429", "http_503", "reset", "truncate", "stall", "corrupt", "html_200"
-]
-MAX_COMPOSE_SOURCES = 32
-FAULT_KINDS: tuple[str, ...] = (
+    "http_400",
     "http_403",
     "http_404",
     "http_412",
@@ -54,9 +52,13 @@ FAULT_KINDS: tuple[str, ...] = (
     "stall",
     "corrupt",
     "html_200",
-)
+]
+CompletionAnswer = Literal["late", "lost"]
+MAX_COMPOSE_SOURCES = 32
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 _HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
 _HTTP_FAULTS = {
+    "http_400": (400, "Bad Request", "injected by the test front: Invalid argument."),
     "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
     "http_404": (404, "Not Found", "injected by the test front: No such object"),
     "http_412": (
@@ -75,6 +77,7 @@ _HOP_BY_HOP = frozenset(
 )
 _LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
 _COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
+_STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
@@ -165,6 +168,15 @@ def repeatable(method: str, target: str, headers: Any = None) -> bool:
     return not target.startswith(_JSON_PREFIXES) and bool(params.keys() & {"uploadId", "uploads"})
 
 
+def _accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header allows gzip (``gzip``, with a non-zero ``q`` if one is given)."""
+    for coding in accept_encoding.split(","):
+        name, _, weight = coding.strip().partition(";")
+        if name.strip().lower() == "gzip":
+            return weight.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
+
+
 @dataclass(frozen=True)
 class RecordedRequest:
     """A request as the front received it: method, ``/path?query``, headers in order, and body."""
@@ -184,7 +196,7 @@ class Fault:
     """A failure to inject into matching requests.
 
     Args:
-        kind: ``"http_403"`` (permission denied), ``"http_429"`` or ``"http_503"`` answers that
+        kind: ``"http_400"`` (a request GCS deems invalid), ``"http_403"`` (permission denied), ``"http_429"`` or ``"http_503"`` answers that
             status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the connection (the client gets ECONNRESET)
             instead of answering; ``"truncate"`` forwards the request and sends the real status and
             headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
@@ -244,18 +256,28 @@ class GCSFront(LocalService):
     alive. GCS's rules that the emulator does not keep are kept here (see ``_gcs_rules``): a
     compose source that is missing or not at its given ``generation`` is answered 404, a failed
     ``ifGenerationMatch``/``ifGenerationNotMatch`` on a compose (source or destination), a rewrite's
-    destination, a delete or a media upload 412, and nothing is written; composite and multipart-uploaded objects have no MD5
+    destination, a delete or a media upload 412, a compose of sources in more than one storage class
+    400, and nothing is written; composite and multipart-uploaded objects have no MD5
     and a ``componentCount``; ``x-goog-hash`` values come on separate lines, ``md5`` first. With
     ``only_promised_headers`` the answers carry only the headers GCS promises (no ``x-goog-*``
     metadata headers, no ``Content-Length``: bodies go chunked) but those named in ``also_send``.
+    With ``object_only`` the front acts as an identity holding object roles only (Storage Object
+    Viewer, User or Admin, as training jobs usually run): every JSON API call on a bucket's own
+    resource (get, update, delete, IAM policy; listing and creating buckets) is refused with GCS's 403
+    naming the ``storage.buckets.*`` permission it lacks, while calls on objects, folders and the
+    storage layout pass. The storage layout (``getStorageLayout``), which the emulator lacks, is
+    answered by the front: upstream's location, no hierarchical namespace.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
-    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. With ``record``,
-    :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``, the first
-    attempt of every write (upload, compose, rewrite, delete, patch) is carried out and then answered
-    503, as an answer lost on the way would be, and :attr:`unconditional_resends` lists each write sent
-    again without what makes it safe to repeat (see :func:`repeatable`). On top, per request:
+    emulator whole on completion; :attr:`open_uploads` lists the unfinished ones. A completion of an
+    unfinished upload takes ``completion_delay`` seconds, as GCS's may take minutes: with
+    ``completion_answer="late"`` the object appears and the answer is sent only then; with ``"lost"``
+    the object is created at once, and the connection is closed that long after without an answer.
+    With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
+    the first attempt of every write (upload, compose, rewrite, delete, patch) is carried out and then
+    answered 503, as an answer lost on the way would be, and :attr:`unconditional_resends` lists each
+    write sent again without what makes it safe to repeat (see :func:`repeatable`). On top, per request:
 
     - ``latency`` seconds pass before the request is answered (or forwarded);
     - request and response bodies travel at most ``bandwidth`` bytes/s each way per connection
@@ -292,6 +314,9 @@ class GCSFront(LocalService):
         only_promised_headers: bool = False,
         also_send: Sequence[str] = (),
         record: bool = False,
+        completion_delay: float = 0.0,
+        completion_answer: CompletionAnswer = "late",
+        object_only: bool = False,
         lose_write_answers: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
@@ -301,6 +326,8 @@ class GCSFront(LocalService):
         self._upstream_address = (parts.hostname, parts.port or 80)
         self.latency = latency
         self.bandwidth = bandwidth
+        self.completion_delay = completion_delay
+        self.completion_answer = completion_answer
         self.endpoint = ""
         self._lock = threading.Lock()
         self._random = random.Random(seed)
@@ -322,6 +349,7 @@ class GCSFront(LocalService):
             lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size
         )
         self._record_requests = record
+        self.object_only = object_only
         self._recorded: list[RecordedRequest] = []
         self._lose_write_answers = lose_write_answers
         self._writes_seen: set[str] = set()
@@ -352,6 +380,29 @@ class GCSFront(LocalService):
         if bytes_per_second is not None and not bytes_per_second > 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s or None, got {bytes_per_second}")
         self._bandwidth = bytes_per_second
+
+    @property
+    def completion_delay(self) -> float:
+        """Seconds a multipart upload's completion takes before it is answered (or its answer lost)."""
+        return self._completion_delay
+
+    @completion_delay.setter
+    def completion_delay(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"completion_delay must be >= 0 seconds, got {seconds}")
+        self._completion_delay = float(seconds)
+
+    @property
+    def completion_answer(self) -> CompletionAnswer:
+        """``"late"``: a completion's object appears when its answer is sent, ``completion_delay`` on;
+        ``"lost"``: the object is created at once and the answer never sent."""
+        return self._completion_answer
+
+    @completion_answer.setter
+    def completion_answer(self, mode: CompletionAnswer) -> None:
+        if mode not in ("late", "lost"):
+            raise ValueError(f"completion_answer must be 'late' or 'lost', got {mode!r}")
+        self._completion_answer = mode
 
     @property
     def faults(self) -> tuple[Fault, ...]:
@@ -494,8 +545,17 @@ class GCSFront(LocalService):
 
     def _live_generation(self, bucket: str, name: str) -> int | None:
         """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation")
-        return int(json.loads(answer)["generation"]) if status == 200 else None
+        live = self._live_version(bucket, name)
+        return None if live is None else live[0]
+
+    def _live_version(self, bucket: str, name: str) -> tuple[int, str | None] | None:
+        """The generation and storage class of ``bucket/name`` upstream, or ``None`` if it does not exist."""
+        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation,storageClass"
+        status, answer = self._ask(path)
+        if status != 200:
+            return None
+        resource = json.loads(answer)
+        return int(resource["generation"]), resource.get("storageClass")
 
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
@@ -636,6 +696,8 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _Server
 
+    compose_class: str | None = None  # the storage class of the sources of the compose being forwarded
+
     def setup(self) -> None:
         super().setup()
         self.server.front._track(self.connection, True)
@@ -695,6 +757,15 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._close_now()
             return
+        needed = bucket_permission(self.command, self.path.partition("?")[0]) if front.object_only else None
+        if needed is not None:
+            for _ in body or ():
+                pass
+            if front._pause(front.latency):
+                self._answer_error(*denied(*needed), error_reason="forbidden")
+            else:
+                self._close_now()
+            return
         truncate = fault is not None and fault.kind == "truncate"
         corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
         if fault is not None and fault.kind == "corrupt" and body is not None:
@@ -719,6 +790,9 @@ class _Handler(BaseHTTPRequestHandler):
             for _ in body or ():
                 pass
             return
+        if self.command == "GET" and _STORAGE_LAYOUT.fullmatch(path):
+            self._answer_storage_layout(unquote(path.split("/")[4]))
+            return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
@@ -735,7 +809,16 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
         request out but cuts the answer's body in half (an answer lost on the way)."""
         front = self.server.front
+        completing = self.command == "POST" and front._multipart.unfinished(self.path) is not None
+        delay, answer = (front.completion_delay, front.completion_answer) if completing else (0.0, "late")
+        if answer == "late" and not front._pause(delay):  # the completion takes its time, then happens
+            self._close_now()
+            return
         status, reason, headers, payload = front._multipart.answer(self.command, self.path, self.headers, body)
+        if answer == "lost":  # done at once, and the answer never comes
+            front._pause(delay)
+            self._close_now()
+            return
         if front._pause(front.latency):
             headers = [*headers, ("Content-Length", str(len(payload)))]
             self.wfile.write(_head(status, reason, headers) + (payload[: len(payload) // 2] if truncate else payload))
@@ -759,18 +842,32 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         if page is None:
             return False
-        body = json.dumps(page).encode()
         if front._pause(front.latency):
-            headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
-            self.wfile.write(_head(200, "OK", headers) + body)
+            self._answer_json(page)
         return True
+
+    def _answer_json(self, document: dict[str, Any]) -> None:
+        body = json.dumps(document).encode()
+        headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
+        self.wfile.write(_head(200, "OK", headers) + body)
+
+    def _answer_storage_layout(self, bucket: str) -> None:
+        """GCS's ``getStorageLayout``, which the emulator lacks: the bucket's location as upstream reports it,
+        and no hierarchical namespace (the emulator has none)."""
+        if self._answer_not_found("metadata", bucket, None):
+            return
+        resource = json.loads(self.server.front._ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
+        layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": False}}
+        layout.update({key: resource[key] for key in ("location", "locationType") if key in resource})
+        self._answer_json(layout)
 
     def _compose_refusal(self, sources: list[dict[str, Any]]) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
 
         More than 32 sources (GCS's limit per call) get 400; a source that does not exist, or whose
         ``generation`` is not the live one (buckets without versioning keep no other), 404; a failed
-        ``objectPreconditions.ifGenerationMatch``, 412.
+        ``objectPreconditions.ifGenerationMatch``, 412; sources of more than one storage class, 400
+        (the emulator composes them, and makes the composite Standard).
         """
         bucket = unquote(self.path.split("/")[4])
         if len(sources) > MAX_COMPOSE_SOURCES:
@@ -779,15 +876,22 @@ class _Handler(BaseHTTPRequestHandler):
                 "Bad Request",
                 f"The number of source components provided ({len(sources)}) exceeds the maximum (32)",
             )
+        classes = set()
+        self.compose_class = None
         for source in sources:
             name = str(source.get("name", ""))
-            live = self.server.front._live_generation(bucket, name)
+            version = self.server.front._live_version(bucket, name)
+            live, storage_class = version if version is not None else (None, None)
             pinned = source.get("generation")
             if live is None or (pinned is not None and int(pinned) != live):
                 return 404, "Not Found", f"No such object: {bucket}/{name}" + (f"#{pinned}" if pinned else "")
             wanted = (source.get("objectPreconditions") or {}).get("ifGenerationMatch")
             if wanted is not None and int(wanted) != live:
                 return 412, "Precondition Failed", "At least one of the pre-conditions you specified did not hold."
+            classes.add(storage_class)
+        if len(classes) > 1:
+            return 400, "Bad Request", "All of the source objects must have the same storage class."
+        self.compose_class = classes.pop() if classes else None
         return None
 
     def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
@@ -827,9 +931,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.close()
         self.connection.close()
 
-    def _answer_error(self, status: int, reason: str, message: str, extra: Sequence[tuple[str, str]] = ()) -> None:
-        """Answer ``status`` with a JSON error body shaped like GCS's."""
-        error = {"domain": "global", "reason": reason, "message": message}
+    def _answer_error(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        extra: Sequence[tuple[str, str]] = (),
+        *,
+        error_reason: str | None = None,
+    ) -> None:
+        """Answer ``status`` with a JSON error body shaped like GCS's (``error_reason``: its ``errors[].reason``,
+        if not ``reason``)."""
+        error = {"domain": "global", "reason": error_reason or reason, "message": message}
         body = json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
         headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body))), *extra]
         if self.close_connection:
@@ -963,8 +1076,12 @@ class _Handler(BaseHTTPRequestHandler):
             if kind == "compose" and bucket is not None and name is not None:
                 generation = json.loads(data).get("generation")
                 if generation is not None:
-                    rules.add_composite(bucket, name, int(generation), rules.components_of(bucket, sources))
+                    components = rules.components_of(bucket, sources)
+                    rules.add_composite(bucket, name, int(generation), components, self.compose_class)
             data = rules.rewrite_resources(data)
+            if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
+                data = gzip.compress(data)
+                headers.append(("Content-Encoding", "gzip"))
             source, length = io.BytesIO(data), len(data)
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(length))]
         headers = rules.answer_headers(headers, bucket=bucket, name=name)

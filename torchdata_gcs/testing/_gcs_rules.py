@@ -17,7 +17,16 @@ from typing import Any
 from urllib.parse import unquote
 from xml.sax.saxutils import escape
 
-__all__ = ["NO_SUCH_BUCKET", "PROMISED_ON_PARTS", "GCSRules", "Refusal", "split_hash_lines"]
+__all__ = [
+    "NO_SUCH_BUCKET",
+    "OBJECT_ONLY_PRINCIPAL",
+    "PROMISED_ON_PARTS",
+    "GCSRules",
+    "Refusal",
+    "bucket_permission",
+    "denied",
+    "split_hash_lines",
+]
 
 Refusal = tuple[int, str, str]
 """Status, reason and message of an answer that refuses a request."""
@@ -27,6 +36,11 @@ BucketExists = Callable[[str], bool]
 
 NO_SUCH_BUCKET = "The specified bucket does not exist."
 """GCS's words for a missing bucket, in every API."""
+
+OBJECT_ONLY_PRINCIPAL = "object-only@torchdata-gcs-test.iam.gserviceaccount.com"
+"""Who the front says is refused when it acts as an identity with object roles only."""
+
+_BUCKET_VERBS = {"GET": "get", "HEAD": "get", "DELETE": "delete", "PUT": "update", "PATCH": "update"}
 
 PROMISED_ON_PARTS = frozenset({"etag", "x-goog-hash"})
 """What an XML API part upload answer always carries: the ETag that completion names, and the
@@ -57,6 +71,37 @@ def split_hash_lines(headers: Headers, *, drop_md5: bool = False) -> Headers:
     return others + [("x-goog-hash", value) for value in values]
 
 
+def bucket_permission(method: str, path: str) -> tuple[str, str] | None:
+    """The ``storage.buckets.*`` permission a JSON API call needs, and on what (``"project"`` for listing
+    and creating buckets, else ``"bucket"``); ``None`` for calls on objects, folders and the storage
+    layout, which object roles grant (Storage Object Viewer, Creator, User and Admin hold no
+    ``storage.buckets.*`` permission), and for the bucket's ACLs and notifications, not modelled.
+
+    Example:
+        >>> bucket_permission("GET", "/storage/v1/b/bkt"), bucket_permission("GET", "/storage/v1/b/bkt/o")
+        (('storage.buckets.get', 'bucket'), None)
+        >>> bucket_permission("PUT", "/storage/v1/b/bkt/iam"), bucket_permission("POST", "/storage/v1/b")
+        (('storage.buckets.setIamPolicy', 'bucket'), ('storage.buckets.create', 'project'))
+    """
+    parts = path.rstrip("/").split("/")
+    if parts[1:4] != ["storage", "v1", "b"]:
+        return None
+    if len(parts) == 4:
+        return ("storage.buckets.list" if method == "GET" else "storage.buckets.create"), "project"
+    if len(parts) == 5:
+        return f"storage.buckets.{_BUCKET_VERBS.get(method, 'get')}", "bucket"
+    if parts[5:] == ["iam"]:
+        return ("storage.buckets.getIamPolicy" if method == "GET" else "storage.buckets.setIamPolicy"), "bucket"
+    return None
+
+
+def denied(permission: str, resource: str) -> Refusal:
+    """GCS's 403 for :data:`OBJECT_ONLY_PRINCIPAL` lacking ``permission`` on a ``"bucket"`` or ``"project"``."""
+    what = "the Google Cloud Storage bucket" if resource == "bucket" else "the Google Cloud project"
+    words = f"Permission '{permission}' denied on resource (or it may not exist)."
+    return 403, "Forbidden", f"{OBJECT_ONLY_PRINCIPAL} does not have {permission} access to {what}. {words}"
+
+
 def _holds(wanted: str, live: int | None) -> bool:
     """Whether a generation precondition value (0: no live version) holds for ``live``."""
     return live is None if int(wanted) == 0 else live == int(wanted)
@@ -85,6 +130,7 @@ class GCSRules:
         self.only_promised_headers = only_promised_headers
         self._also_sent = frozenset(name.lower() for name in also_send)
         self._composites: dict[tuple[str, str], tuple[int, int]] = {}  # -> (generation, component count)
+        self._classes: dict[tuple[str, str, int], str] = {}  # composite version -> its sources' storage class
         self._lock = threading.Lock()
         self.writes = threading.Lock()
         """Held by the front while it checks a write's precondition and carries the write out."""
@@ -148,9 +194,15 @@ class GCSRules:
 
     # -- composite objects -------------------------------------------------------------------------
 
-    def add_composite(self, bucket: str, name: str, generation: int, components: int) -> None:
+    def add_composite(
+        self, bucket: str, name: str, generation: int, components: int, storage_class: str | None = None
+    ) -> None:
+        """Record a composite the front saw being made; a compose's has its sources' ``storage_class``
+        (GCS's rule; the emulator makes every composite Standard)."""
         with self._lock:
             self._composites[(bucket, name)] = (generation, components)
+            if storage_class is not None:
+                self._classes[(bucket, name, generation)] = storage_class
 
     def component_count(self, bucket: str, name: str, generation: int | None = None) -> int | None:
         """How many components the version ``generation`` (default: the one last recorded) is made of,
@@ -167,7 +219,7 @@ class GCSRules:
 
     def rewrite_resources(self, body: bytes) -> bytes:
         """A JSON API answer with composite objects described as GCS describes them: no ``md5Hash``,
-        a ``componentCount``."""
+        a ``componentCount``, their sources' ``storageClass``."""
         try:
             document = json.loads(body)
         except ValueError:
@@ -183,6 +235,11 @@ class GCSRules:
             if count is not None:
                 resource.pop("md5Hash", None)
                 resource["componentCount"] = count
+                storage_class = self._classes.get(
+                    (resource["bucket"], resource.get("name", ""), int(resource["generation"]))
+                )
+                if storage_class is not None and "storageClass" in resource:
+                    resource["storageClass"] = storage_class
                 changed = True
         return json.dumps(document).encode() if changed else body
 

@@ -157,9 +157,8 @@ class MultipartUploads:
             return self._list_uploads(bucket, params)
         if "uploadId" not in params:
             return self._initiate(bucket, name, headers)
-        with self._lock:
-            upload = self._uploads.get(params["uploadId"])
-        if upload is None or (upload.bucket, upload.name) != (bucket, name):
+        upload = self.unfinished(target)
+        if upload is None:
             for _ in chunks:  # take the whole request before answering
                 pass
             return _error(404, "Not Found", "NoSuchUpload", "The requested upload was not found.")
@@ -171,6 +170,16 @@ class MultipartUploads:
             self._forget(params["uploadId"])
             return 204, "No Content", [], b""
         return self._complete(params["uploadId"], upload, b"".join(chunks))
+
+    def unfinished(self, target: str) -> _Upload | None:
+        """The unfinished upload that ``target`` (``/bucket/object?uploadId=ID...``) names, if any."""
+        path, _, query = target.partition("?")
+        bucket, _, name = path[1:].partition("/")
+        with self._lock:
+            upload = self._uploads.get(dict(parse_qsl(query, keep_blank_values=True)).get("uploadId", ""))
+        return (
+            upload if upload is not None and (upload.bucket, upload.name) == (unquote(bucket), unquote(name)) else None
+        )
 
     def _initiate(self, bucket: str, name: str, headers: Message) -> Answer:
         missing = self._missing_bucket(bucket)
