@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
+from ._folders import Content, Folders
 from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
@@ -266,7 +267,8 @@ class GCSFront(LocalService):
     resource (get, update, delete, IAM policy; listing and creating buckets) is refused with GCS's 403
     naming the ``storage.buckets.*`` permission it lacks, while calls on objects, folders and the
     storage layout pass. The storage layout (``getStorageLayout``), which the emulator lacks, is
-    answered by the front: upstream's location, no hierarchical namespace.
+    answered by the front: upstream's location, and a hierarchical namespace for the buckets named in
+    ``hierarchical``, whose folders the front keeps as GCS does (see ``_folders``).
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -318,6 +320,7 @@ class GCSFront(LocalService):
         completion_answer: CompletionAnswer = "late",
         object_only: bool = False,
         lose_write_answers: bool = False,
+        hierarchical: Sequence[str] = (),
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -354,6 +357,7 @@ class GCSFront(LocalService):
         self._lose_write_answers = lose_write_answers
         self._writes_seen: set[str] = set()
         self._unconditional_resends: list[str] = []
+        self.folders = Folders(hierarchical, self._ask)
         self.set_faults(faults)
 
     def __repr__(self) -> str:
@@ -793,6 +797,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "GET" and _STORAGE_LAYOUT.fullmatch(path):
             self._answer_storage_layout(unquote(path.split("/")[4]))
             return
+        folders_answer = front.folders.answer(self.command, path, params, lambda: b"".join(body or ()))
+        if folders_answer is not None:
+            self._answer_folders(*folders_answer)
+            return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
@@ -853,13 +861,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer_storage_layout(self, bucket: str) -> None:
         """GCS's ``getStorageLayout``, which the emulator lacks: the bucket's location as upstream reports it,
-        and no hierarchical namespace (the emulator has none)."""
+        and whether the front gives it a hierarchical namespace."""
         if self._answer_not_found("metadata", bucket, None):
             return
         resource = json.loads(self.server.front._ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
-        layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": False}}
+        enabled = bucket in self.server.front.folders.hierarchical
+        layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": enabled}}
         layout.update({key: resource[key] for key in ("location", "locationType") if key in resource})
         self._answer_json(layout)
+
+    def _answer_folders(self, status: int, reason: str, content: Content) -> None:
+        """Send the front's own answer about folders: an error message, no body (204), or a JSON document."""
+        if isinstance(content, str):
+            self._answer_error(status, reason, content)
+        elif content is None:
+            self.wfile.write(_head(status, reason, []))
+        else:
+            body = self.server.front.rules.rewrite_resources(json.dumps(content).encode())
+            headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
+            self.wfile.write(_head(status, reason, headers) + body)
 
     def _compose_refusal(self, sources: list[dict[str, Any]]) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
