@@ -30,8 +30,9 @@ What it does on GCS:
   none of them if it ends by an exception;
 - ``cp`` is a server-side rewrite; nothing passes through this process.
 
-GCS has no directories: a directory is a prefix with objects under it, ``mkdir`` changes nothing,
-and an empty directory does not exist.
+A flat bucket has no directories: a directory is a prefix with objects under it, ``mkdir`` changes
+nothing, and an empty directory does not exist. A bucket with a hierarchical namespace has folders,
+which outlive their objects: ``ls`` lists them and ``info`` finds them, empty ones too.
 """
 
 from __future__ import annotations
@@ -205,10 +206,32 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         resource = await object_resource(job, bucket, name, FILE_FIELDS)
         if resource is not None:
             return self._file(bucket, resource)
-        page = await list_page(job, bucket, {"prefix": f"{name}/", "maxResults": 1, "fields": "items(name)"}, url=path)
-        if page.get("items"):
+        if await self._is_directory(job, bucket, name):
             return self._directory(f"{bucket}/{name}")
         raise NotFoundError(f"{format_url(bucket, name)}: no such object or directory", url=format_url(bucket, name))
+
+    @staticmethod
+    async def _is_directory(job: RequestContext, bucket: str, name: str) -> bool:
+        """Whether ``name/`` holds objects, or is a folder of a bucket with a hierarchical namespace (empty
+        ones too), with ``storage.objects.list`` alone: a listing of ``name``'s level from ``name/`` to
+        ``name0`` (``0`` follows ``/``) holds at most that one prefix."""
+        parent = name.rpartition("/")[0]
+        params: dict[str, Any] = {
+            "prefix": f"{parent}/" if parent else "",
+            "delimiter": "/",
+            "includeFoldersAsPrefixes": "true",
+            "startOffset": f"{name}/",
+            "endOffset": f"{name}0",
+            "maxResults": 1,
+            "fields": "prefixes,nextPageToken",
+        }
+        while True:  # GCS may answer a page with nothing in it but a token
+            page = await list_page(job, bucket, params, url=format_url(bucket, f"{name}/"))
+            if page.get("prefixes"):
+                return True
+            if not page.get("nextPageToken"):
+                return False
+            params["pageToken"] = page["nextPageToken"]
 
     @_on_io_loop
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
@@ -217,6 +240,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         params: dict[str, Any] = {
             "prefix": prefix,
             "delimiter": "/",
+            "includeFoldersAsPrefixes": "true",  # folders of a hierarchical namespace, empty ones too
             "maxResults": MAX_PAGE_SIZE,
             "fields": f"items({FILE_FIELDS}),prefixes,nextPageToken",
         }
