@@ -6,7 +6,7 @@ when empty). A listing with ``delimiter=/`` and ``includeFoldersAsPrefixes=true`
 level down among its ``prefixes``, empty ones too; without that parameter only folders holding
 objects appear, as in any bucket. ``includeFoldersAsPrefixes`` with another delimiter, or none, is
 refused, as GCS documents it as requiring ``delimiter=/``. The folders resource (get, insert, delete)
-answers only for such buckets.
+answers only for such buckets, and their bucket resource says ``hierarchicalNamespace.enabled``.
 """
 
 from __future__ import annotations
@@ -84,6 +84,19 @@ class Folders:
         if method == "DELETE":
             return self._delete(bucket, folder)
         return None
+
+    def describe_bucket(self, path: str, body: bytes) -> bytes:
+        """A bucket resource (``GET /storage/v1/b/B``) that says whether the bucket has a hierarchical namespace,
+        as GCS's does when asked for ``hierarchicalNamespace`` (the emulator's never does)."""
+        route, _, query = path.partition("?")
+        parts = route.rstrip("/").split("/")
+        if parts[1:4] != ["storage", "v1", "b"] or len(parts) != 5 or unquote(parts[4]) not in self.hierarchical:
+            return body
+        if "fields=" in query and "hierarchicalNamespace" not in unquote(query):
+            return body
+        document = json.loads(body)
+        document["hierarchicalNamespace"] = {"enabled": True}
+        return json.dumps(document).encode()
 
     def _keep_parents_of(self, bucket: str, name: str) -> None:
         status, _ = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=name")

@@ -1098,7 +1098,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if generation is not None:
                     components = rules.components_of(bucket, sources)
                     rules.add_composite(bucket, name, int(generation), components, self.compose_class)
-            data = rules.rewrite_resources(data)
+            data = front.folders.describe_bucket(self.path, rules.rewrite_resources(data))
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
                 data = gzip.compress(data)
                 headers.append(("Content-Encoding", "gzip"))
