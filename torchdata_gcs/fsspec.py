@@ -40,11 +40,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import logging
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -65,12 +66,15 @@ from ._ops.objects import (
     MAX_PAGE_SIZE,
     check_bucket,
     create_object,
+    delete_folder,
     delete_object,
     list_page,
     live_generation,
     object_resource,
     rewrite_object,
+    storage_layout,
 )
+from ._ops.patterns import has_magic
 from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.loop import io_loop, on_io_loop, run
@@ -80,6 +84,8 @@ from .errors import AccessDeniedError, InvalidURIError, NotFoundError
 __all__ = ["GCSFile", "GCSFileSystem", "StagedWriter", "register"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 FILE_FIELDS = "name,size,generation,crc32c,updated"
 """What an ``info`` of a file holds, beyond its ``type``."""
@@ -150,6 +156,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 "GCSFileSystem stores files as written: pass compression= to fsspec.open instead of WriteConfig"
             )
         self.stats = LoadStats()
+        self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -225,13 +232,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "maxResults": 1,
             "fields": "prefixes,nextPageToken",
         }
-        while True:  # GCS may answer a page with nothing in it but a token
-            page = await list_page(job, bucket, params, url=format_url(bucket, f"{name}/"))
-            if page.get("prefixes"):
-                return True
-            if not page.get("nextPageToken"):
-                return False
-            params["pageToken"] = page["nextPageToken"]
+        # GCS may answer a page with nothing in it but a token; the range holds one prefix at most
+        return any([page.get("prefixes") async for page in _pages(job, bucket, params)])
 
     @_on_io_loop
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
@@ -247,17 +249,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         job = self._job()
         entries: list[dict[str, Any]] = []
         placeholder = False  # a zero-byte "name/" object: a folder made in the console, empty or not
-        while True:
-            page = await list_page(job, bucket, params, url=format_url(bucket, prefix))
+        async for page in _pages(job, bucket, params):
             entries += (self._directory(f"{bucket}/{p}") for p in page.get("prefixes", []) if p != TEMPORARY_PREFIX)
             for item in page.get("items", []):
                 if item["name"] == prefix:
                     placeholder = True
                 else:
                     entries.append(self._file(bucket, item))
-            if not page.get("nextPageToken"):
-                break
-            params["pageToken"] = page["nextPageToken"]
         if not entries and name and not placeholder:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
@@ -412,7 +410,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
     ) -> None:
         """Delete every object ``path`` expands to, concurrently; directories go with their objects (a
-        directory without ``recursive=True`` raises ``IsADirectoryError``). Buckets are never deleted."""
+        directory without ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and
+        no ``maxdepth`` the folders of a hierarchical namespace go too. Buckets are never deleted."""
         paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
         job = self._job()
         objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
@@ -422,8 +421,54 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if await self._isdir(missed[0]):
                 raise IsADirectoryError(f"{missed[0]} is a directory: remove it with recursive=True")
             raise NotFoundError(f"gs://{missed[0]}: no such object", url=f"gs://{missed[0]}")
-        if recursive and not any(deleted):
-            raise NotFoundError(f"nothing to remove under {path}", url=str(path))
+        if recursive:
+            tops = [] if maxdepth is not None else [path] if isinstance(path, str) else path  # deeper ones stay
+            folders = await asyncio.gather(
+                *(self._remove_folders(job, *self.split_path(top)) for top in tops if not has_magic(top))
+            )
+            if not any(deleted) and not any(folders):
+                raise NotFoundError(f"nothing to remove under {path}", url=str(path))
+
+    async def _remove_folders(self, job: RequestContext, bucket: str, name: str) -> int:
+        """Delete the folder ``name/`` of a bucket with a hierarchical namespace and every folder under it,
+        deepest first, once their objects are gone (GCS deletes only empty folders, and keeps them otherwise);
+        returns how many went. A flat bucket pays one listing: only if something is left under ``name/`` is
+        the bucket's storage layout asked (once per bucket). Without ``storage.folders.delete`` the folders
+        stay, with a warning: the objects are gone, which is what removing them asked."""
+        if not name or not await self._is_directory(job, bucket, name):
+            return 0
+        if bucket not in self._hierarchical:
+            layout = await storage_layout(job, bucket)
+            self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
+        if not self._hierarchical[bucket]:
+            return 0
+        level, folders = [f"{name}/"], [f"{name}/"]
+        while level:
+            below = await asyncio.gather(*(self._subfolders(job, bucket, folder) for folder in level))
+            level = [folder for found in below for folder in found]
+            folders += level
+        removed = 0
+        try:
+            for depth in sorted({folder.count("/") for folder in folders}, reverse=True):
+                at_depth = [folder for folder in folders if folder.count("/") == depth]
+                removed += sum(await asyncio.gather(*(delete_folder(job, bucket, folder) for folder in at_depth)))
+        except AccessDeniedError as exc:
+            logger.warning(
+                "the objects under %s are removed, its empty folders stay: %s", format_url(bucket, name), exc
+            )
+        return removed
+
+    @staticmethod
+    async def _subfolders(job: RequestContext, bucket: str, folder: str) -> list[str]:
+        """The folders (and prefixes of objects) one level under ``folder``."""
+        params = {
+            "prefix": folder,
+            "delimiter": "/",
+            "includeFoldersAsPrefixes": "true",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": "prefixes,nextPageToken",
+        }
+        return [prefix async for page in _pages(job, bucket, params) for prefix in page.get("prefixes", [])]
 
     async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         """Nothing to make (GCS has no directories); a bucket that does not exist raises ``FileNotFoundError``
@@ -498,6 +543,17 @@ class StagedWriter(io.RawIOBase):
 
     def discard(self) -> None:
         self._writer.abort()
+
+
+async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The pages of the listing ``params`` asks for, following ``nextPageToken`` (``params`` is updated)."""
+    url = format_url(bucket, params.get("prefix") or params.get("startOffset", ""))
+    while True:
+        page = await list_page(job, bucket, params, url=url)
+        yield page
+        if not page.get("nextPageToken"):
+            return
+        params["pageToken"] = page["nextPageToken"]
 
 
 def _resolve(offset: int | None, size: int) -> int:

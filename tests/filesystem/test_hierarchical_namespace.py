@@ -15,7 +15,7 @@ from urllib.parse import quote, urlencode
 import pytest
 
 from torchdata_gcs.fsspec import GCSFileSystem
-from torchdata_gcs.testing import Emulator, GCSFront
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -162,3 +162,59 @@ def test_a_flat_bucket_has_no_folders_resource(gcs_front: GCSFront, gcs_bucket: 
     assert status == 400 and "hierarchical namespace" in answer["error"]["message"]
     layout = call(gcs_front, "GET", f"/storage/v1/b/{gcs_bucket}/storageLayout")[1]
     assert layout["hierarchicalNamespace"] == {"enabled": False}
+
+
+def folder_exists(front: GCSFront, bucket: str, folder: str) -> bool:
+    return call(front, "GET", f"/storage/v1/b/{bucket}/folders/{quote(folder, safe='')}")[0] == 200
+
+
+def test_removing_a_directory_removes_its_folders(gcs_emulator: Emulator, hns_front: GCSFront, gcs_bucket: str) -> None:
+    make_empty_folder(hns_front, gcs_emulator, gcs_bucket)
+    gcs_emulator.seed(gcs_bucket, {"logs/deep/er/c.txt": b"c", "keep/d.txt": b"d"})
+    fs = filesystem(hns_front)
+    fs.rm(f"gs://{gcs_bucket}/logs", recursive=True)
+    assert not fs.exists(f"gs://{gcs_bucket}/logs")
+    assert fs.ls(f"gs://{gcs_bucket}", detail=False) == [f"{gcs_bucket}/keep"]
+    for folder in ("logs/", "logs/empty/", "logs/left/", "logs/deep/", "logs/deep/er/"):
+        assert not folder_exists(hns_front, gcs_bucket, folder), folder
+    assert folder_exists(hns_front, gcs_bucket, "keep/")
+
+
+def test_removing_an_empty_folder_removes_it(gcs_emulator: Emulator, hns_front: GCSFront, gcs_bucket: str) -> None:
+    make_empty_folder(hns_front, gcs_emulator, gcs_bucket)
+    fs = filesystem(hns_front)
+    fs.rm(f"gs://{gcs_bucket}/logs/empty", recursive=True)  # nothing but a folder: removed, no FileNotFoundError
+    assert not fs.exists(f"gs://{gcs_bucket}/logs/empty") and fs.exists(f"gs://{gcs_bucket}/logs/left")
+
+
+def test_folders_that_may_not_be_deleted_stay_with_a_warning(
+    gcs_emulator: Emulator, gcs_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    refused = Fault("http_403", match=r"^DELETE /storage/v1/b/[^/]+/folders/")
+    with GCSFront(gcs_emulator.endpoint, hierarchical=[gcs_bucket], faults=[refused]) as front:
+        gcs_emulator.seed(gcs_bucket, {"run/a.txt": b"a"})
+        fs = filesystem(front)
+        fs.rm(f"gs://{gcs_bucket}/run", recursive=True)
+        assert gcs_emulator.names(gcs_bucket) == [] and fs.ls(f"gs://{gcs_bucket}/run") == []
+    assert "the objects under gs://" in caplog.text and "its empty folders stay" in caplog.text
+
+
+def test_removing_from_a_flat_bucket_costs_one_listing_more(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"run/a.txt": b"a", "run/sub/b.txt": b"b"})
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        filesystem(front).rm(f"gs://{gcs_bucket}/run", recursive=True)
+        targets = [r.target for r in front.recorded]
+    assert gcs_emulator.names(gcs_bucket) == []
+    assert not [t for t in targets if "/folders" in t or "storageLayout" in t]
+    checks = [t for t in targets if "includeFoldersAsPrefixes" in t]
+    assert len(checks) == 1, "one listing more: is anything left in run/?"
+
+
+def test_removing_to_a_depth_leaves_the_folders_of_what_stays(
+    gcs_emulator: Emulator, hns_front: GCSFront, gcs_bucket: str
+) -> None:
+    gcs_emulator.seed(gcs_bucket, {"logs/a.txt": b"a", "logs/deep/er/c.txt": b"c"})
+    fs = filesystem(hns_front)
+    fs.rm(f"gs://{gcs_bucket}/logs", recursive=True, maxdepth=1)  # no folder is deleted: none would be empty
+    assert gcs_emulator.names(gcs_bucket) == ["logs/deep/er/c.txt"]
+    assert folder_exists(hns_front, gcs_bucket, "logs/deep/er/")
