@@ -4,8 +4,10 @@ In such a bucket GCS keeps a folder for every parent path of every object writte
 created (``folders.insert``); a folder outlives its objects until deleted (``folders.delete``, only
 when empty). A listing with ``delimiter=/`` and ``includeFoldersAsPrefixes=true`` names the folders one
 level down among its ``prefixes``, empty ones too; without that parameter only folders holding
-objects appear, as in any bucket. ``includeFoldersAsPrefixes`` with another delimiter, or none, is
-refused, as GCS documents it as requiring ``delimiter=/``. The folders resource (get, insert, delete)
+objects appear, as in any bucket. ``includeFoldersAsPrefixes=true`` with another delimiter, or none, is
+refused, as GCS documents it as requiring ``delimiter=/``. Such listings are answered by the front from
+upstream's objects: ``prefix``, ``startOffset``, ``endOffset``, ``maxResults``, ``pageToken`` and
+``fields`` apply, other parameters (``versions``, ``matchGlob``, ...) do not. The folders resource (get, insert, delete)
 answers only for such buckets, and their bucket resource says ``hierarchicalNamespace.enabled``.
 """
 
@@ -127,9 +129,11 @@ class Folders:
         return folders
 
     def _listing(self, bucket: str, params: dict[str, str]) -> Answer | None:
+        if params["includeFoldersAsPrefixes"] != "true":
+            return None
         if params.get("delimiter") != "/":
             return 400, "Bad Request", "includeFoldersAsPrefixes is only supported when delimiter is '/'."
-        if bucket not in self.hierarchical or params["includeFoldersAsPrefixes"] != "true":
+        if bucket not in self.hierarchical:
             return None  # no folders to add (managed folders are not modelled)
         prefix = params.get("prefix", "")
         items: dict[str, dict[str, Any]] = {}
