@@ -1,15 +1,6 @@
-"""Folders of buckets with a hierarchical namespace, which the emulator lacks, kept by the GCS front.
-
-In such a bucket GCS keeps a folder for every parent path of every object written and for every folder
-created (``folders.insert``); a folder outlives its objects until deleted (``folders.delete``, only
-when empty). A listing with ``delimiter=/`` and ``includeFoldersAsPrefixes=true`` names the folders one
-level down among its ``prefixes``, empty ones too; without that parameter only folders holding
-objects appear, as in any bucket. ``includeFoldersAsPrefixes=true`` with another delimiter, or none, is
-refused, as GCS documents it as requiring ``delimiter=/``. Such listings are answered by the front from
-upstream's objects: ``prefix``, ``startOffset``, ``endOffset``, ``maxResults``, ``pageToken`` and
-``fields`` apply, other parameters (``versions``, ``matchGlob``, ...) do not. The folders resource (get, insert, delete)
-answers only for such buckets, and their bucket resource says ``hierarchicalNamespace.enabled``.
-"""
+"""Folders of buckets with a hierarchical namespace, kept by the GCS front as GCS keeps them: the emulator
+has none, so without them no test could see an empty folder, a folder outliving its objects, or a listing
+that names folders (``includeFoldersAsPrefixes``)."""
 
 from __future__ import annotations
 
@@ -51,7 +42,20 @@ def _decode_token(token: str) -> str:
 
 
 class Folders:
-    """The folders of the ``hierarchical`` buckets; ``ask`` GETs a path from upstream (status, body)."""
+    """The folders of the ``hierarchical`` buckets; ``ask`` GETs a path from upstream (status, body).
+
+    A folder exists for every parent path of every object, and for every folder created
+    (``folders.insert``); it outlives its objects until deleted (``folders.delete``, only when empty).
+    A listing with ``delimiter=/`` and ``includeFoldersAsPrefixes=true`` names the folders one level
+    down among its ``prefixes``, empty ones too; without the parameter only folders holding objects
+    appear, as in any bucket. ``includeFoldersAsPrefixes=true`` with another delimiter, or none, is
+    refused, as GCS documents it as requiring ``delimiter=/``. Those listings are answered here from
+    upstream's objects: ``prefix``, ``startOffset``, ``endOffset``, ``maxResults``, ``pageToken`` and
+    ``fields`` apply, other parameters (``versions``, ``matchGlob``, ...) do not. The folders of objects
+    deleted otherwise than by a JSON API ``DELETE`` through the front (the XML API, compose's
+    ``deleteSourceObjects``, the emulator directly) are not kept. The folders resource (get, insert,
+    delete) answers for these buckets only, and their bucket resource says ``hierarchicalNamespace``.
+    """
 
     def __init__(self, hierarchical: Iterable[str], ask: Callable[[str], tuple[int, bytes]]) -> None:
         self.hierarchical = frozenset(hierarchical)
