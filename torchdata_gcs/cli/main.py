@@ -22,11 +22,12 @@ from typing import TypeVar, cast
 from .._engines.compose import leftovers, rfc3339_seconds, temporary_versions
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.temporaries import list_soft_deleted
 from .._ops.uploads import UPLOAD_MARKERS, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
 from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ..errors import GCSError, InvalidURIError, NoMultipartListing
+from ..errors import AccessDeniedError, GCSError, InvalidURIError, NoMultipartListing
 from ..testing import Emulator, EmulatorError
 from .bench import MAX_IN_FLIGHT, human_size, listed_with_stats
 from .bench import bench as run_bench
@@ -186,7 +187,30 @@ def _clean(args: argparse.Namespace) -> int:
     for name, _ in deleted:
         print(f"{verb} {printable(format_url(bucket, name))}")
     print(f"{verb} {len(deleted)} temporary object(s) older than {age} in gs://{bucket}/{TEMPORARY_PREFIX}")
+    _report_soft_deleted(client, bucket)
     return 0
+
+
+def _report_soft_deleted(client: Client, bucket: str) -> None:
+    """Say how many deleted temporary objects the bucket's soft delete policy keeps, billed, and until when.
+    Listing them is a report only: a refusal or failure is said, never raised."""
+    where = f"gs://{bucket}/{TEMPORARY_PREFIX}"
+    try:
+        kept = list(list_soft_deleted(client, bucket, TEMPORARY_PREFIX))
+    except GCSError as exc:
+        refused = " (storage.objects.list refused)" if isinstance(exc, AccessDeniedError) else ""
+        print(printable(f"soft-deleted temporary objects not listed{refused}: {str(exc).splitlines()[0]}"))
+        return
+    if not kept:
+        print(f"no soft-deleted temporary objects under {where}")
+        return
+    size = human_size(sum(int(item.get("size", 0)) for item in kept))
+    ends = [item["hardDeleteTime"] for item in kept if item.get("hardDeleteTime")]
+    last = f", the last at {max(ends, key=rfc3339_seconds)}" if ends else ""
+    print(
+        f"{len(kept)} soft-deleted temporary object(s), {size}, under {where} stay billed until they expire{last}: "
+        "no request removes them sooner (turning soft delete off spares only objects deleted after it)"
+    )
 
 
 # -- doctor ----------------------------------------------------------------------------------------
