@@ -187,3 +187,14 @@ def test_clean_still_cleans_when_the_soft_deleted_listing_is_refused(
     assert "deleted 2 temporary object(s)" in out and gcs_emulator.names(gcs_bucket) == []
     line = next(line for line in out.splitlines() if "soft-deleted" in line)
     assert line.startswith("soft-deleted temporary objects not listed (storage.objects.list refused): "), line
+
+
+def test_clean_against_an_endpoint_that_ignores_soft_deleted_does_not_count_live_objects(
+    gcs_emulator: Emulator, gcs_bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fake-gcs-server answers ``softDeleted=true`` with the live objects: they carry no ``softDeleteTime``."""
+    gcs_emulator.seed(gcs_bucket, {f"{TEMPORARY_PREFIX}job/1": b"live"})
+    assert main(["--endpoint", gcs_emulator.endpoint, "clean", f"gs://{gcs_bucket}", "--older-than", "1d"]) == 0
+    out = capsys.readouterr().out
+    assert "soft-deleted temporary objects not listed: the endpoint answered softDeleted=true with live objects" in out
+    assert "1 soft-deleted" not in out

@@ -204,6 +204,12 @@ def _report_soft_deleted(client: Client, bucket: str) -> None:
     if not kept:
         print(f"no soft-deleted temporary objects under {where}")
         return
+    if not all(item.get("softDeleteTime") for item in kept):  # GCS sets it on every soft-deleted object
+        print(
+            "soft-deleted temporary objects not listed: the endpoint answered softDeleted=true with live objects "
+            "(an emulator without soft delete?)"
+        )
+        return
     size = human_size(sum(int(item.get("size", 0)) for item in kept))
     ends = [item["hardDeleteTime"] for item in kept if item.get("hardDeleteTime")]
     last = f", the last at {max(ends, key=rfc3339_seconds)}" if ends else ""
