@@ -372,7 +372,9 @@ def _parser() -> argparse.ArgumentParser:
             "bucket's unfinished XML API multipart uploads that torchdata-gcs started (MultipartWriter marks each) "
             "initiated longer ago than that, whose parts are billed until then (--all-uploads: every upload). Running jobs clean up after themselves; a killed one may leave "
             "some. A running job whose composite is deleted loads those objects directly instead; one whose "
-            "upload is aborted fails, so keep --older-than above your longest upload."
+            "upload is aborted fails, so keep --older-than above your longest upload. Then list the soft-deleted "
+            f"objects under {TEMPORARY_PREFIX} (softDeleted=true) and say how many, their size and when the last "
+            "expires: soft delete keeps deleted objects billed until then, and no request removes them sooner."
         ),
     )
     clean.add_argument("bucket", type=_bucket, help="the bucket, as gs://BUCKET")
@@ -398,9 +400,11 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Check gs://BUCKET/PREFIX with your own credentials: print the endpoint, the identity used and the "
             "bucket's settings (requester pays, soft delete, retention policy, object versioning, hierarchical "
-            "namespace, location; these need storage.buckets.get, else 'unknown' but for location and namespace, "
-            "which the storage layout tells), each with what it means for "
-            "composites, checkpoints and clean; then list, write (ifGenerationMatch=0), check that a second such "
+            "namespace, location, default storage class, Autoclass, default event-based hold, lifecycle rules; these "
+            "need storage.buckets.get, else 'unknown' but for location and namespace, which the storage layout "
+            "tells), each with what it means for "
+            "composites, checkpoints and clean, and the lifecycle file that adds the rules removing what killed jobs "
+            "leave (AbortIncompleteMultipartUpload, Delete under the temporary prefix) if the bucket lacks them; then list, write (ifGenerationMatch=0), check that a second such "
             "write is refused with 412, read, compose, run an XML API multipart upload, list unfinished uploads, "
             "delete, and measure latency and throughput. Each check is OK, REFUSED (403), MISSING (the endpoint "
             "lacks it) or FAILED, with what that means for which feature. Everything is written under "
