@@ -109,7 +109,7 @@ def test_doctor_without_storage_buckets_get_says_the_costs_could_not_be_read(
 
 def test_the_rules_to_add_keep_the_bucket_s_own_rules() -> None:
     """``--lifecycle-file`` replaces the whole configuration: the printed one holds the bucket's rules too."""
-    from torchdata_gcs.cli.lifecycle import missing_rules
+    from torchdata_gcs.cli.lifecycle_rules import missing_rules
 
     assert missing_rules({"rule": [ABORT, DELETE_TEMPORARIES]}) == []
     narrow = {"action": {"type": "Delete"}, "condition": {"age": 2, "matchesPrefix": ["logs/"]}}

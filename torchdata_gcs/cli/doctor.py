@@ -39,7 +39,7 @@ from ..errors import (
     UploadError,
 )
 from .bench import human_size
-from .lifecycle import describe_rule, lifecycle_file, missing_rules
+from .lifecycle_rules import describe_rule, lifecycle_file, missing_rules
 
 __all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "bucket_settings", "doctor"]
 
