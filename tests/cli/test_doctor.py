@@ -100,7 +100,7 @@ def test_bucket_settings_without_storage_buckets_get_are_unknown_not_a_failure(
         code, out, _ = doctor(front.endpoint, f"gs://{gcs_bucket}", capsys)
     assert code == 0, out
     assert "  soft delete             unknown (no storage.buckets.get)" in out
-    assert out.count("unknown (no storage.buckets.get)") == 4
+    assert out.count("unknown (no storage.buckets.get)") == 8
     # the storage layout, which storage.objects.list suffices for, tells the rest
     assert "  location                US-CENTRAL1" in out and "  hierarchical namespace  off" in out
     assert not_ok(out) == {} and gcs_emulator.names(gcs_bucket) == []
@@ -380,4 +380,8 @@ def test_bucket_settings_say_what_they_mean_for_temporary_objects_and_checkpoint
         "retention policy": "none",
         "object versioning": "off",
         "hierarchical namespace": "off",
+        "default storage class": "not reported",
+        "autoclass": "off",
+        "event-based hold": "off",
+        "lifecycle": "none",
     }

@@ -17,7 +17,7 @@ from .client import Client
 from .objects import MAX_PAGE_SIZE, delete_object
 from .urls import format_url, printable
 
-__all__ = ["DeletePrefix", "list_versions"]
+__all__ = ["DeletePrefix", "list_soft_deleted", "list_versions"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +29,25 @@ flight (a compose, an upload) can still complete on the server and create an obj
 def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
     """Every version under ``prefix``, live and noncurrent (object versioning keeps a deleted or replaced
     object as noncurrent), as resources with ``name``, ``generation`` and ``timeCreated``; page by page."""
+    return _listed(client, bucket, prefix, {"versions": "true"}, "name,generation,timeCreated")
+
+
+def list_soft_deleted(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
+    """Every soft-deleted object under ``prefix`` (deleted, kept and billed until its ``hardDeleteTime`` by the
+    bucket's soft delete policy), with ``name``, ``size``, ``softDeleteTime`` and ``hardDeleteTime``; page by
+    page. GCS lists them only when asked (``softDeleted=true``, which excludes ``versions=true``)."""
+    return _listed(client, bucket, prefix, {"softDeleted": "true"}, "name,size,softDeleteTime,hardDeleteTime")
+
+
+def _listed(
+    client: Client, bucket: str, prefix: str, selector: dict[str, str], fields: str
+) -> Iterator[dict[str, Any]]:
     url = f"gs://{bucket}/{prefix}"
     params: dict[str, Any] = {
         "prefix": prefix,
-        "versions": "true",
+        **selector,
         "maxResults": MAX_PAGE_SIZE,
-        "fields": "items(name,generation,timeCreated),nextPageToken",
+        "fields": f"items({fields}),nextPageToken",
     }
     while True:
         page = client.list_page(bucket, params, url=url)

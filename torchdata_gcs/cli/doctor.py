@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import secrets
 import statistics
@@ -38,6 +39,7 @@ from ..errors import (
     UploadError,
 )
 from .bench import human_size
+from .lifecycle_rules import describe_rule, lifecycle_file, missing_rules
 
 __all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "bucket_settings", "doctor"]
 
@@ -57,7 +59,8 @@ LATENCY_REQUESTS = 5
 _UPLOADS_LOOKED_AT = 1000  # one page of the bucket's unfinished uploads
 _BUCKET_FIELDS = (
     "location,locationType,billing/requesterPays,softDeletePolicy/retentionDurationSeconds,"
-    "retentionPolicy,versioning/enabled,hierarchicalNamespace/enabled"
+    "retentionPolicy,versioning/enabled,hierarchicalNamespace/enabled,storageClass,autoclass,defaultEventBasedHold,"
+    "lifecycle"
 )
 _UNKNOWN = "unknown (no storage.buckets.get)"
 
@@ -137,6 +140,13 @@ _RETAINED = (
     'strategy="compose" leave billed temporary objects, checkpoints cannot be overwritten; use load_files_by_gcs '
     "and multipart checkpoints here"
 )
+_HELD = (
+    "the bucket's default event-based hold keeps every new object until its hold is released: compose_shards_by_gcs's "
+    'composites and strategy="compose" parts pile up, billed, and checkpoints cannot be overwritten; turn the default '
+    "hold off, or use load_files_by_gcs and multipart checkpoints here"
+)
+_MINIMUM_DAYS = {"NEARLINE": 30, "COLDLINE": 90, "ARCHIVE": 365}
+"""Minimum storage duration of each cold class: an object deleted or replaced sooner is billed the rest."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,7 @@ class Report:
     deleted: int = 0
     left_behind: list[str] = field(default_factory=list)
     interrupted: bool = False
+    lifecycle: dict[str, Any] | None = None  # the lifecycle configuration to set, when rules for leftovers are missing
 
     @property
     def findings(self) -> list[str]:
@@ -240,6 +251,9 @@ class _Run:
         self.upload_may_be_open = False
         self.hierarchical: bool | None = None  # known from the bucket's settings
         self.retained = False  # the bucket has a retention policy
+        self.held = False  # the bucket holds every new object (default event-based hold)
+        self.resource: dict[str, Any] | None = None  # the bucket's settings, if they could be read
+        self.unread = "reading them needs storage.buckets.get"  # why not, if they could not
 
     # -- header ----------------------------------------------------------------------------------
 
@@ -259,6 +273,7 @@ class _Run:
         values = max(len(fact.value) for fact in report.facts) + 2
         for fact in report.facts:
             say(f"  {fact.name:<{width}}{fact.value:<{values}}{fact.meaning}".rstrip())
+        self.advise_lifecycle()
         say("")
         say(f"{'check':<{_CHECK_WIDTH}}{'result':<{_RESULT_WIDTH}}detail")
 
@@ -272,10 +287,34 @@ class _Run:
         except (NotFoundError, TransientError, EndpointError):
             raise
         except GCSError as exc:  # such as a requester-pays bucket asked without a user project
+            self.unread = f"the bucket's settings could not be read ({_one_line(exc)})"
             return [Fact(name, f"unknown ({_one_line(exc)})") for name in _FACT_NAMES]
+        self.resource = resource
         self.hierarchical = bool((resource.get("hierarchicalNamespace") or {}).get("enabled"))
         self.retained = bool(resource.get("retentionPolicy"))
+        self.held = bool(resource.get("defaultEventBasedHold"))
         return bucket_settings(resource, self.client.user_project)
+
+    def advise_lifecycle(self) -> None:
+        """Print the lifecycle configuration that adds the rules for torchdata-gcs's leftovers the bucket lacks."""
+        if self.resource is None:
+            self.say(f"lifecycle rules not checked: {self.unread}")
+            return
+        current = self.resource.get("lifecycle")
+        missing = missing_rules(current)
+        if not missing:
+            return
+        self.report.lifecycle = lifecycle_file(current, missing)
+        self.say("")
+        self.say(
+            "lifecycle rules to add, so that GCS itself removes what killed jobs leave (billed until removed): "
+            + "; ".join(describe_rule(rule) for rule in missing)
+        )
+        self.say(
+            "save this as lifecycle.json (the bucket's own rules are in it: the file replaces them) and run "
+            f"`gcloud storage buckets update gs://{self.bucket} --lifecycle-file=lifecycle.json`:"
+        )
+        self.say(json.dumps(self.report.lifecycle, indent=2))
 
     def layout_facts(self) -> list[Fact]:
         """Without storage.buckets.get, the location and namespace from the storage layout (storage.objects.list
@@ -515,8 +554,8 @@ class _Run:
         try:
             gone = self.objects.delete(self.bucket, name, generation=generation)
         except Exception as exc:  # noqa: BLE001
-            if self.retained and _result_of(exc) == REFUSED:
-                self.add("delete", REFUSED, _one_line(exc), _RETAINED)
+            if (self.retained or self.held) and _result_of(exc) == REFUSED:
+                self.add("delete", REFUSED, _one_line(exc), _HELD if self.held else _RETAINED)
             else:
                 self.failed("delete", exc)
             return
@@ -630,6 +669,10 @@ _FACT_NAMES = (
     "retention policy",
     "object versioning",
     "hierarchical namespace",
+    "default storage class",
+    "autoclass",
+    "event-based hold",
+    "lifecycle",
 )
 
 
@@ -716,6 +759,61 @@ def bucket_settings(resource: dict[str, Any], user_project: str | None) -> list[
         )
     else:
         facts.append(Fact("hierarchical namespace", "off", "no folders to clean up"))
+    return facts + _cost_facts(resource)
+
+
+def _cost_facts(resource: dict[str, Any]) -> list[Fact]:
+    """What the bucket's storage class, Autoclass, default hold and lifecycle rules cost the library's objects."""
+    autoclass = resource.get("autoclass") or {}
+    storage_class = resource.get("storageClass")
+    days = _MINIMUM_DAYS.get(str(storage_class).upper())
+    if storage_class is None:
+        facts = [Fact("default storage class", "not reported")]
+    elif autoclass.get("enabled"):
+        facts = [Fact("default storage class", str(storage_class), "Autoclass picks each object's class (below)")]
+    elif days:
+        meaning = (
+            f"objects written without a class (checkpoints, say) take it: each is billed {days} days at least, so "
+            "one overwritten or deleted sooner pays the rest as an early-deletion charge, and reads pay retrieval "
+            "fees; torchdata-gcs writes its own temporary objects as Standard"
+        )
+        facts = [Fact("default storage class", str(storage_class), meaning)]
+    else:
+        facts = [
+            Fact(
+                "default storage class",
+                str(storage_class),
+                "no minimum storage duration: overwrites and deletes cost nothing extra",
+            )
+        ]
+    if autoclass.get("enabled"):
+        terminal = autoclass.get("terminalStorageClass", "NEARLINE")
+        meaning = (
+            f"objects not read for 30 days move to colder classes, down to {terminal}, without early-deletion or "
+            "retrieval charges; compose_shards_by_gcs composes objects of one class only (Standard by default) and "
+            "loads colder ones directly"
+        )
+        facts.append(Fact("autoclass", f"on, down to {terminal}", meaning))
+    else:
+        facts.append(Fact("autoclass", "off", "objects keep the class they were written with"))
+    if resource.get("defaultEventBasedHold"):
+        meaning = (
+            "every new object, torchdata-gcs's temporary objects included, is held, undeletable until its hold is "
+            'released: compose_shards_by_gcs\'s composites and strategy="compose" parts pile up, billed; turn the '
+            "default hold off, or use load_files_by_gcs and multipart checkpoints (each leaves one small marker)"
+        )
+        facts.append(Fact("event-based hold", "on", meaning))
+    else:
+        facts.append(Fact("event-based hold", "off", "new objects can be deleted at once"))
+    lifecycle = resource.get("lifecycle")
+    rules = (lifecycle or {}).get("rule") or []
+    listed = "".join(f"{describe_rule(rule)}; " for rule in rules)
+    if missing_rules(lifecycle):
+        meaning = f"{listed}missing: the rules that remove torchdata-gcs's leftovers (below)"
+    else:
+        meaning = f"{listed}covers torchdata-gcs's temporary objects and unfinished multipart uploads"
+    count = f"{len(rules)} rule{'s' if len(rules) != 1 else ''}" if rules else "none"
+    facts.append(Fact("lifecycle", count, meaning))
     return facts
 
 

@@ -22,11 +22,12 @@ from typing import TypeVar, cast
 from .._engines.compose import leftovers, rfc3339_seconds, temporary_versions
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.temporaries import list_soft_deleted
 from .._ops.uploads import UPLOAD_MARKERS, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
 from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ..errors import GCSError, InvalidURIError, NoMultipartListing
+from ..errors import AccessDeniedError, GCSError, InvalidURIError, NoMultipartListing
 from ..testing import Emulator, EmulatorError
 from .bench import MAX_IN_FLIGHT, human_size, listed_with_stats
 from .bench import bench as run_bench
@@ -186,7 +187,36 @@ def _clean(args: argparse.Namespace) -> int:
     for name, _ in deleted:
         print(f"{verb} {printable(format_url(bucket, name))}")
     print(f"{verb} {len(deleted)} temporary object(s) older than {age} in gs://{bucket}/{TEMPORARY_PREFIX}")
+    _report_soft_deleted(client, bucket)
     return 0
+
+
+def _report_soft_deleted(client: Client, bucket: str) -> None:
+    """Say how many deleted temporary objects the bucket's soft delete policy keeps, billed, and until when.
+    Listing them is a report only: a refusal or failure is said, never raised."""
+    where = f"gs://{bucket}/{TEMPORARY_PREFIX}"
+    try:
+        kept = list(list_soft_deleted(client, bucket, TEMPORARY_PREFIX))
+    except GCSError as exc:
+        refused = " (storage.objects.list refused)" if isinstance(exc, AccessDeniedError) else ""
+        print(printable(f"soft-deleted temporary objects not listed{refused}: {str(exc).splitlines()[0]}"))
+        return
+    if not kept:
+        print(f"no soft-deleted temporary objects under {where}")
+        return
+    if not all(item.get("softDeleteTime") for item in kept):  # GCS sets it on every soft-deleted object
+        print(
+            "soft-deleted temporary objects not listed: the endpoint answered softDeleted=true with live objects "
+            "(an emulator without soft delete?)"
+        )
+        return
+    size = human_size(sum(int(item.get("size", 0)) for item in kept))
+    ends = [item["hardDeleteTime"] for item in kept if item.get("hardDeleteTime")]
+    last = f", the last at {max(ends, key=rfc3339_seconds)}" if ends else ""
+    print(
+        f"{len(kept)} soft-deleted temporary object(s), {size}, under {where} stay billed until they expire{last}: "
+        "no request removes them sooner (turning soft delete off spares only objects deleted after it)"
+    )
 
 
 # -- doctor ----------------------------------------------------------------------------------------
@@ -342,7 +372,9 @@ def _parser() -> argparse.ArgumentParser:
             "bucket's unfinished XML API multipart uploads that torchdata-gcs started (MultipartWriter marks each) "
             "initiated longer ago than that, whose parts are billed until then (--all-uploads: every upload). Running jobs clean up after themselves; a killed one may leave "
             "some. A running job whose composite is deleted loads those objects directly instead; one whose "
-            "upload is aborted fails, so keep --older-than above your longest upload."
+            "upload is aborted fails, so keep --older-than above your longest upload. Then list the soft-deleted "
+            f"objects under {TEMPORARY_PREFIX} (softDeleted=true) and say how many, their size and when the last "
+            "expires: soft delete keeps deleted objects billed until then, and no request removes them sooner."
         ),
     )
     clean.add_argument("bucket", type=_bucket, help="the bucket, as gs://BUCKET")
@@ -368,9 +400,11 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Check gs://BUCKET/PREFIX with your own credentials: print the endpoint, the identity used and the "
             "bucket's settings (requester pays, soft delete, retention policy, object versioning, hierarchical "
-            "namespace, location; these need storage.buckets.get, else 'unknown' but for location and namespace, "
-            "which the storage layout tells), each with what it means for "
-            "composites, checkpoints and clean; then list, write (ifGenerationMatch=0), check that a second such "
+            "namespace, location, default storage class, Autoclass, default event-based hold, lifecycle rules; these "
+            "need storage.buckets.get, else 'unknown' but for location and namespace, which the storage layout "
+            "tells), each with what it means for composites, checkpoints and clean, and the lifecycle file that "
+            "adds the rules removing what killed jobs leave (AbortIncompleteMultipartUpload, Delete under the "
+            "temporary prefix) if the bucket lacks them; then list, write (ifGenerationMatch=0), check that a second such "
             "write is refused with 412, read, compose, run an XML API multipart upload, list unfinished uploads, "
             "delete, and measure latency and throughput. Each check is OK, REFUSED (403), MISSING (the endpoint "
             "lacks it) or FAILED, with what that means for which feature. Everything is written under "

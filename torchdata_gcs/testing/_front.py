@@ -35,6 +35,7 @@ from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
+from ._soft_delete import BucketOverlay
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -268,7 +269,11 @@ class GCSFront(LocalService):
     naming the ``storage.buckets.*`` permission it lacks, while calls on objects, folders and the
     storage layout pass. The storage layout (``getStorageLayout``), which the emulator lacks, is
     answered by the front: upstream's location, and a hierarchical namespace for the buckets named in
-    ``hierarchical``, whose folders the front keeps as GCS does (see ``_folders``).
+    ``hierarchical``, whose folders the front keeps as GCS does (see ``_folders``). Bucket settings the emulator
+    lacks (default storage class, Autoclass, default event-based hold, lifecycle, soft delete policy) are
+    set per bucket on :attr:`bucket_overlay` (see ``_soft_delete``): ``buckets.get`` reports them, deletes
+    in a bucket with soft delete keep the object for ``softDeleted=true`` listings, and objects created
+    under a default event-based hold are held (their delete refused with 403).
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -357,6 +362,7 @@ class GCSFront(LocalService):
         self._lose_write_answers = lose_write_answers
         self._writes_seen: set[str] = set()
         self._unconditional_resends: list[str] = []
+        self.bucket_overlay = BucketOverlay(self._ask)
         self.folders = Folders(hierarchical, self._ask)
         self.set_faults(faults)
 
@@ -736,6 +742,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = iter([data]) if body is not None else None
             with front._lock:
                 front._recorded.append(RecordedRequest(self.command, self.path, list(self.headers.items()), data))
+        if fault is None and kind == "list" and (listing := front.bucket_overlay.listing(self.path)) is not None:
+            if front._pause(front.latency):
+                self._answer_error(*listing) if isinstance(listing, tuple) else self._answer_json(listing)
+            return
         if fault is None and front._loses_answer(self.command, self.path, self.headers):
             self._carry_out_unanswered(body, chunked, kind)
             return
@@ -804,12 +814,17 @@ class _Handler(BaseHTTPRequestHandler):
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
+            deleting = kind == "delete" and refusal is None
+            deletion = front.bucket_overlay.deletion(*_object_of(path), params) if deleting else None
+            refusal = refusal or (deletion.refusal if deletion is not None else None)
             if refusal is not None:
                 for _ in body or ():
                     pass
                 self._answer_error(*refusal)
                 return
             self._forward(body, chunked, truncate=truncate, corrupt=corrupt_answer, kind=kind, sources=sources)
+            if deletion is not None:
+                deletion.settle()
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
 
@@ -1098,7 +1113,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if generation is not None:
                     components = rules.components_of(bucket, sources)
                     rules.add_composite(bucket, name, int(generation), components, self.compose_class)
-            data = front.folders.describe_bucket(self.path, rules.rewrite_resources(data))
+            data = front.bucket_overlay.answer(self.path, rules.rewrite_resources(data))
+            data = front.folders.describe_bucket(self.path, data)
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
                 data = gzip.compress(data)
                 headers.append(("Content-Encoding", "gzip"))
