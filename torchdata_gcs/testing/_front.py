@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
+from ._batch import BATCH_PATH, answer_batch, batch_calls
 from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
@@ -69,7 +70,17 @@ _HTTP_FAULTS = {
     "http_429": (429, "Too Many Requests", "injected by the test front: Too Many Requests"),
     "http_503": (503, "Service Unavailable", "injected by the test front: Service Unavailable"),
 }
-REQUEST_KINDS: tuple[str, ...] = ("list", "get", "range_get", "compose", "upload", "delete", "metadata", "other")
+REQUEST_KINDS: tuple[str, ...] = (
+    "list",
+    "get",
+    "range_get",
+    "compose",
+    "upload",
+    "delete",
+    "metadata",
+    "batch",
+    "other",
+)
 
 CHUNK = 256 * 1024  # bytes read and forwarded at a time, both ways
 _HOP_BY_HOP = frozenset(
@@ -121,6 +132,8 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
     xml = not path.startswith(_JSON_PREFIXES)
     if method == "DELETE":
         return "delete"
+    if method == "POST" and path == BATCH_PATH:  # its calls are counted one by one as they are carried out
+        return "batch"
     if method in ("POST", "PUT") and (
         path.startswith("/upload/")
         or params.keys() & {"uploads", "uploadId", "partNumber"}
@@ -144,7 +157,7 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
 def is_write(method: str, target: str) -> bool:
     """Whether a request changes what the bucket holds (an upload, compose, rewrite, delete or patch;
     XML multipart requests included)."""
-    return method in ("POST", "PUT", "DELETE", "PATCH") and not target.startswith("/storage/v1/b?")
+    return method in ("POST", "PUT", "DELETE", "PATCH") and not target.startswith(("/storage/v1/b?", BATCH_PATH))
 
 
 def repeatable(method: str, target: str, headers: Any = None) -> bool:
@@ -765,6 +778,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._answer_error(*denied(*needed), error_reason="forbidden")
             else:
                 self._close_now()
+            return
+        if kind == "batch":
+            try:
+                calls = batch_calls(self.headers.get("Content-Type", ""), b"".join(body or ()))
+            except ValueError as exc:
+                self._answer_error(400, "Bad Request", str(exc))
+                return
+            self.wfile.write(answer_batch(self.server.server_address[:2], self.headers.items(), calls))
             return
         truncate = fault is not None and fault.kind == "truncate"
         corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
