@@ -164,3 +164,15 @@ def test_the_parser_reads_gcs_documented_answer_format() -> None:
     assert isinstance(parsed[0], BatchAnswer)
     with pytest.raises(ValueError, match="boundary"):
         parse_batch_answer("application/json", body)
+
+
+def test_an_endpoint_that_does_not_carry_batched_calls_out_gets_them_one_by_one(
+    gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    """fake-gcs-server answers each batched call with a query string 400 "unable to process request", in
+    plain text where GCS always sends its JSON error: those calls go again alone, nothing is lost."""
+    gcs_emulator.seed(gcs_bucket, {f"e/{i}": b"x" for i in range(3)})
+    client = Client(gcs_emulator.client_config, FAST_RETRY)
+    versions = [(f"e/{i}", client.live_generation(gcs_bucket, f"e/{i}")) for i in range(3)]
+    assert client.run(delete_objects, gcs_bucket, [*versions, ("e/none", 5)], live=False) == [True, True, True, False]
+    assert gcs_emulator.names(gcs_bucket) == []

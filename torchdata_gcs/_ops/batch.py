@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import email.message
+import json
+import logging
 import re
 import uuid
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ from .._transport.http import error_detail, error_for_status, is_missing_bucket,
 from .._transport.retry import Attempts, is_retryable
 from .._transport.session import query_string
 from ..errors import GCSError, TransientError
+from .objects import delete_object
 from .urls import format_url
 
 __all__ = [
@@ -29,6 +32,8 @@ __all__ = [
     "mixed_parts",
     "parse_batch_answer",
 ]
+
+logger = logging.getLogger(__name__)
 
 MAX_BATCH_CALLS = 100
 """GCS's limit of calls in one batch request ("You should not include more than 100 calls")."""
@@ -138,7 +143,7 @@ async def delete_objects(
         rounds = await asyncio.gather(
             *(_send(job, bucket, versions, group, sent, live=live) for group in groups), return_exceptions=True
         )
-        pending, failure = [], None
+        pending, alone, failure = [], [], None
         for group, answers in zip(groups, rounds):
             if isinstance(answers, GCSError):  # the batch request failed for good, retries spent: so did its calls
                 for index in group:
@@ -147,9 +152,20 @@ async def delete_objects(
             if isinstance(answers, BaseException):
                 raise answers
             for index, outcome in zip(group, answers):
-                if isinstance(outcome, GCSError) and is_retryable(outcome):
+                if outcome is None:
+                    alone.append(index)
+                elif isinstance(outcome, GCSError) and is_retryable(outcome):
                     pending.append(index)
                     failure = failure or outcome
+                outcomes[index] = outcome
+        if alone:
+            logger.info(
+                "%s did not carry out %d batched deletes: sending them one by one", job.session.endpoint, len(alone)
+            )
+            singles = await asyncio.gather(
+                *(_delete_alone(job, bucket, *versions[index], live=live) for index in alone)
+            )
+            for index, outcome in zip(alone, singles):
                 outcomes[index] = outcome
         if failure is not None:
             try:
@@ -167,7 +183,7 @@ async def _send(
     sent: list[int],
     *,
     live: bool,
-) -> list[bool | GCSError]:
+) -> list[bool | GCSError | None]:
     """One batch request for the deletes ``group`` (indexes into ``versions``), retried as a whole while
     it fails as a whole; the outcome of each call."""
     session = job.session
@@ -211,11 +227,34 @@ def _in_request_order(answers: list[BatchAnswer], token: str) -> list[BatchAnswe
     return answers
 
 
-def _outcome(bucket: str, name: str, answer: BatchAnswer, resent: bool) -> bool | GCSError:
-    """What one inner answer means for the delete of ``name``; a ``resent`` call answered 404 or 412 found
-    the work of an earlier attempt whose answer was lost."""
+async def _delete_alone(job: RequestContext, bucket: str, name: str, generation: int, *, live: bool) -> bool | GCSError:
+    """The delete of one version by a request of its own, as :func:`delete_objects` reports it."""
+    pinned = {"if_generation_match": generation} if live else {"generation": generation}
+    try:
+        return await delete_object(job, bucket, name, **pinned)
+    except GCSError as exc:
+        return exc
+
+
+def _carried_out(answer: BatchAnswer) -> bool:
+    """Whether the endpoint carried the call out: GCS answers every error of the JSON API with its JSON error
+    document, and a 400 without one is an endpoint that does not serve batched calls as GCS does
+    (fake-gcs-server answers "unable to process request" to any call with a query string)."""
+    if answer.status != 400:
+        return True
+    try:
+        return isinstance(json.loads(answer.body)["error"], dict)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _outcome(bucket: str, name: str, answer: BatchAnswer, resent: bool) -> bool | GCSError | None:
+    """What one inner answer means for the delete of ``name`` (``None``: not carried out, to send alone); a
+    ``resent`` call answered 404 or 412 found the work of an earlier attempt whose answer was lost."""
     if 200 <= answer.status < 300:
         return True
+    if not _carried_out(answer):
+        return None
     url = format_url(bucket, name)
     detail = error_detail(answer.body.decode("utf-8", errors="replace"))
     error = error_for_status(
