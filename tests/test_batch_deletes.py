@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from torchdata_gcs import PreconditionFailedError, RetryConfig
+from torchdata_gcs import AccessDeniedError, PreconditionFailedError, RetryConfig, TransientError
 from torchdata_gcs._ops.batch import BatchAnswer, delete_objects, parse_batch_answer
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
@@ -39,14 +39,16 @@ def test_a_recursive_rm_of_250_objects_sends_3_batches(
 
 def test_inner_503s_are_retried_alone_until_every_object_is_deleted(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     gcs_emulator.seed(gcs_bucket, {f"d/{i:02d}": b"x" for i in range(30)})
-    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_503", match="delete", times=7)]) as front:
+    faults = [Fault("http_503", match="delete", times=7), Fault("http_429", match="delete", times=2)]
+    with GCSFront(gcs_emulator.endpoint, faults=faults) as front:
         fs = filesystem(front)
         fs.rm(f"gs://{gcs_bucket}/d", recursive=True)
         assert gcs_emulator.names(gcs_bucket) == []
-        assert front.faults_injected["http_503"] == 7
-        assert front.counts["delete"] == 37, "only the calls answered 503 are sent again"
+        assert (front.faults_injected["http_503"], front.faults_injected["http_429"]) == (7, 2)
+        assert front.counts["delete"] == 39, "only the calls answered 503 or 429 are sent again"
         assert front.counts["batch"] >= 2
         assert fs.stats.retries >= 1
+        assert fs.stats.throttled == 2, "an inner 429 slows the process down as a throttled request does"
 
 
 def test_a_batch_refused_as_a_whole_is_sent_again(gcs_emulator: Emulator, gcs_bucket: str) -> None:
@@ -176,3 +178,30 @@ def test_an_endpoint_that_does_not_carry_batched_calls_out_gets_them_one_by_one(
     versions = [(f"e/{i}", client.live_generation(gcs_bucket, f"e/{i}")) for i in range(3)]
     assert client.run(delete_objects, gcs_bucket, [*versions, ("e/none", 5)], live=False) == [True, True, True, False]
     assert gcs_emulator.names(gcs_bucket) == []
+
+
+def test_calls_that_keep_failing_end_with_their_error_and_a_refusal_is_typed(
+    gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    gcs_emulator.seed(gcs_bucket, {"f/a": b"a", "f/b": b"b"})
+    faults = [Fault("http_503", match=r"DELETE .*f%2Fa"), Fault("http_403", match=r"DELETE .*f%2Fb", times=1)]
+    with GCSFront(gcs_emulator.endpoint, faults=faults) as front:
+        client = Client(front.client_config, RetryConfig(initial_delay=0.01, max_delay=0.05, max_attempts=3))
+        versions = [(name, client.live_generation(gcs_bucket, name)) for name in ("f/a", "f/b")]
+        outcomes = client.run(delete_objects, gcs_bucket, versions, live=False)
+        assert isinstance(outcomes[0], TransientError) and outcomes[0].status == 503
+        assert isinstance(outcomes[1], AccessDeniedError) and "gs://" in str(outcomes[1])
+        assert (front.counts["batch"], front.counts["delete"]) == (3, 4), "the 503 three times, the 403 once"
+    assert gcs_emulator.names(gcs_bucket) == ["f/a", "f/b"]
+
+
+def test_clean_says_in_one_line_what_gcs_refused(
+    gcs_emulator: Emulator, gcs_bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"{TEMPORARY_PREFIX}20200101T000000Z-host-1-abcdef/000000001"
+    gcs_emulator.seed(gcs_bucket, {name: b"t", f"{name}2": b"u"})
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="delete", times=1)]) as front:
+        assert main(["--endpoint", front.endpoint, "clean", f"gs://{gcs_bucket}", "--older-than", "0s"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"torchdata-gcs clean: GCS answered 403 (gs://{gcs_bucket}/{TEMPORARY_PREFIX}")
+    assert err.count("\n") == 1 and "the caller does not have permission" in err

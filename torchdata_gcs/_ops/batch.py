@@ -157,6 +157,9 @@ async def delete_objects(
                 elif isinstance(outcome, GCSError) and is_retryable(outcome):
                     pending.append(index)
                     failure = failure or outcome
+                    if outcome.status == 429:  # as with_retry counts a throttled request
+                        job.stats.throttled += 1
+                        job.session.throttle.throttled()
                 outcomes[index] = outcome
         if alone:
             logger.info(
