@@ -134,8 +134,9 @@ def test_the_front_serves_batches_as_gcs_documents_them(gcs_emulator: Emulator, 
 
 
 def test_the_parser_reads_gcs_documented_answer_format() -> None:
-    """An answer as GCS's batch page shows one: the boundary unquoted with ``=`` in it, CRLF lines, each
-    part's Content-ID ``response-`` and the request's, an inner status line and headers, bodies or none."""
+    """An answer as GCS's batch page shows one: the boundary unquoted with ``=`` in it, CRLF lines (or LF
+    alone, as GCS has been seen to answer), each part's Content-ID ``response-`` and the request's, an
+    inner status line and headers, bodies or none."""
     boundary = "batch_pK7JBAk73-E=_AA5eFwv4m2Q="
     body = (
         f"--{boundary}\r\n"
@@ -163,6 +164,7 @@ def test_the_parser_reads_gcs_documented_answer_format() -> None:
     ]
     assert parsed[0].body == b"" and parsed[1].body.startswith(b'{"error"')
     assert parse_batch_answer(f'multipart/mixed; boundary="{boundary}"', body) == parsed
+    assert parse_batch_answer(f"multipart/mixed; boundary={boundary}", body.replace(b"\r\n", b"\n")) == parsed
     assert isinstance(parsed[0], BatchAnswer)
     with pytest.raises(ValueError, match="boundary"):
         parse_batch_answer("application/json", body)
