@@ -58,8 +58,10 @@ def batch_calls(content_type: str, data: bytes) -> list[InnerCall]:
 
 
 def _response_id(content_id: str) -> str:
-    inner = content_id[1:-1] if content_id.startswith("<") and content_id.endswith(">") else content_id
-    return f"<response-{inner}>"
+    """The answer's ``Content-ID``: the call's, with ``response-`` before it (inside its angle brackets, if any)."""
+    if content_id.startswith("<") and content_id.endswith(">"):
+        return f"<response-{content_id[1:-1]}>"
+    return f"response-{content_id}"
 
 
 def _carry_out(
