@@ -59,6 +59,17 @@ def test_a_batch_refused_as_a_whole_is_sent_again(gcs_emulator: Emulator, gcs_bu
     assert gcs_emulator.names(gcs_bucket) == []
 
 
+def test_a_batch_whose_answer_was_cut_is_sent_again_and_its_calls_count_as_done(
+    gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    gcs_emulator.seed(gcs_bucket, {f"t/{i}": b"x" for i in range(5)})
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("truncate", match="batch", times=1)]) as front:
+        filesystem(front).rm(f"gs://{gcs_bucket}/t", recursive=True)  # the resent calls find their objects gone
+        assert (front.counts["batch"], front.counts["delete"]) == (2, 10)
+        assert front.faults_injected["truncate"] == 1
+    assert gcs_emulator.names(gcs_bucket) == []
+
+
 def test_an_inner_412_is_reported_and_the_newer_object_kept(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     gcs_emulator.seed(gcs_bucket, {"a": b"1", "b": b"2", "c": b"3"})
     with GCSFront(gcs_emulator.endpoint) as front:
