@@ -218,3 +218,13 @@ def test_clean_says_in_one_line_what_gcs_refused(
     err = capsys.readouterr().err
     assert err.startswith(f"torchdata-gcs clean: GCS answered 403 (gs://{gcs_bucket}/{TEMPORARY_PREFIX}")
     assert err.count("\n") == 1 and "the caller does not have permission" in err
+
+
+def test_an_endpoint_without_the_batch_endpoint_gets_the_deletes_one_by_one(
+    gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    gcs_emulator.seed(gcs_bucket, {f"n/{i}": b"x" for i in range(3)})
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_404", match="batch")]) as front:
+        filesystem(front).rm(f"gs://{gcs_bucket}/n", recursive=True)
+        assert (front.counts["batch"], front.counts["delete"]) == (1, 3)
+    assert gcs_emulator.names(gcs_bucket) == []

@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 MAX_BATCH_CALLS = 100
 """GCS's limit of calls in one batch request ("You should not include more than 100 calls")."""
 
+_NO_BATCH_ENDPOINT = frozenset({404, 405, 501})
+"""How an endpoint without a batch endpoint answers one (GCS has it): its deletes are then sent one by one."""
+
 _BLANK_LINE = re.compile(rb"\r?\n\r?\n")
 _STATUS_LINE = re.compile(r"HTTP/\d(?:\.\d)? (\d{3})")
 
@@ -132,7 +135,8 @@ async def delete_objects(
     fsspec ``rm`` does; ``live=False`` deletes that version for good, live or noncurrent, as ``clean``
     does. Either way GCS applies each delete at most once, so the calls answered 408, 429 or 5xx are
     sent again, alone, in later batches (backoff and deadline of ``job.retry``), and a resent call
-    answered 404 or 412 finds the object deleted by an earlier attempt whose answer was lost.
+    answered 404 or 412 finds the object deleted by an earlier attempt whose answer was lost. An endpoint
+    that has no batch endpoint, or does not carry batched calls out, gets the deletes one by one.
     """
     outcomes: list[bool | GCSError | None] = [None] * len(versions)
     sent = [0] * len(versions)
@@ -145,6 +149,9 @@ async def delete_objects(
         )
         pending, alone, failure = [], [], None
         for group, answers in zip(groups, rounds):
+            if isinstance(answers, GCSError) and answers.status in _NO_BATCH_ENDPOINT:
+                alone += group
+                continue
             if isinstance(answers, GCSError):  # the batch request failed for good, retries spent: so did its calls
                 for index in group:
                     outcomes[index] = answers
@@ -190,7 +197,6 @@ async def _send(
     """One batch request for the deletes ``group`` (indexes into ``versions``), retried as a whole while
     it fails as a whole; the outcome of each call."""
     session = job.session
-    batch_url = format_url(bucket)
     calls = []
     for index in group:
         name, generation = versions[index]
@@ -199,7 +205,7 @@ async def _send(
         calls.append(f"DELETE {urlsplit(session.object_path(bucket, name)).path}?{query_string(params)}")
     token = uuid.uuid4().hex
     body, content_type = batch_body(calls, token)
-    batch_path = f"{session.endpoint}/batch/storage/v1"
+    batch_path = batch_url = f"{session.endpoint}/batch/storage/v1"  # errors name the endpoint, not a bucket
 
     async def attempt() -> list[BatchAnswer]:
         for index in group:
