@@ -785,7 +785,7 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 self._answer_error(400, "Bad Request", str(exc))
                 return
-            answer = answer_batch(self.server.server_address[:2], self.headers.items(), calls)
+            answer = answer_batch((self.server.server_name, self.server.server_port), self.headers.items(), calls)
             if fault is not None and fault.kind == "truncate":  # carried out, its answer cut on the way
                 self.wfile.write(answer[: len(answer) // 2])
                 self._close_now()
