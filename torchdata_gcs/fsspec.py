@@ -19,7 +19,7 @@ spawned or forkserver, and subprocesses alike), through the entry point this pac
 What it does on GCS:
 
 - ``find``/``glob``/recursive ``rm``, ``copy`` and ``get`` list a prefix with the parallel lister, not
-  directory by directory;
+  directory by directory; ``rm`` of several objects deletes them in batch requests of up to 100;
 - ``open(..., "rb")`` is a seekable file of one object version that reads only the ranges asked for,
   a block ahead (concurrent ranged GETs for large reads), so a tar index or a parquet footer costs a
   few small requests;

@@ -287,7 +287,9 @@ class GCSFront(LocalService):
     unfinished upload takes ``completion_delay`` seconds, as GCS's may take minutes: with
     ``completion_answer="late"`` the object appears and the answer is sent only then; with ``"lost"``
     the object is created at once, and the connection is closed that long after without an answer.
-    With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
+    JSON batch requests (``POST /batch/storage/v1``), which the emulator serves wrongly, are served by
+    the front too (see ``_batch``): each call is sent to the front itself, so it is counted, checked and
+    faulted as a single request, and more than 100 calls are refused with 400. With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
     the first attempt of every write (upload, compose, rewrite, delete, patch) is carried out and then
     answered 503, as an answer lost on the way would be, and :attr:`unconditional_resends` lists each
     write sent again without what makes it safe to repeat (see :func:`repeatable`). On top, per request:
