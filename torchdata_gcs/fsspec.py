@@ -19,7 +19,7 @@ spawned or forkserver, and subprocesses alike), through the entry point this pac
 What it does on GCS:
 
 - ``find``/``glob``/recursive ``rm``, ``copy`` and ``get`` list a prefix with the parallel lister, not
-  directory by directory;
+  directory by directory; ``rm`` of several objects deletes them in batch requests of up to 100;
 - ``open(..., "rb")`` is a seekable file of one object version that reads only the ranges asked for,
   a block ahead (concurrent ranged GETs for large reads), so a tar index or a parquet footer costs a
   few small requests;
@@ -38,6 +38,7 @@ which outlive their objects: ``ls`` lists them and ``info`` finds them, empty on
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import io
 import logging
@@ -60,6 +61,7 @@ from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, new_writer
+from ._ops.batch import delete_objects
 from ._ops.checksums import check_crc32c, crc32c_base64
 from ._ops.client import Client
 from ._ops.objects import (
@@ -79,7 +81,7 @@ from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_o
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import AccessDeniedError, InvalidURIError, NotFoundError
+from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
 
 __all__ = ["GCSFile", "GCSFileSystem", "StagedWriter", "register"]
 
@@ -94,6 +96,9 @@ LISTING_CONCURRENCY = 8
 """List requests at once for ``find`` (and the ``rm``, ``copy`` and ``get`` built on it)."""
 
 WRITE_MODES = ("overwrite", "create")
+
+_LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("listed", default=None)
+"""Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
 
 
 def _on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -286,6 +291,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if maxdepth is not None:
             deepest = f"{bucket}/{name}".rstrip("/").count("/") + maxdepth
             found = {entry_name: entry for entry_name, entry in found.items() if entry_name.count("/") <= deepest}
+        listed = _LISTED.get()
+        if listed is not None:  # an rm deletes what it found only while it is the generation listed
+            listed.update((n, entry["generation"]) for n, entry in found.items() if entry["type"] == "file")
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
 
@@ -409,13 +417,22 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _rm(
         self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
     ) -> None:
-        """Delete every object ``path`` expands to, concurrently; directories go with their objects (a
-        directory without ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and
-        no ``maxdepth`` the folders of a hierarchical namespace go too. Buckets are never deleted."""
-        paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        """Delete every object ``path`` expands to; directories go with their objects (a directory without
+        ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and no ``maxdepth`` the
+        folders of a hierarchical namespace go too. Buckets are never deleted.
+
+        One object goes by a plain delete; more go in batch requests of up to 100 deletes, each only if the
+        object is still the generation its listing found (else its live generation is asked first), and an
+        object replaced since is deleted alone, as a single ``rm`` deletes it."""
+        listed: dict[str, int] = {}
+        watching = _LISTED.set(listed)
+        try:
+            paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        finally:
+            _LISTED.reset(watching)
         job = self._job()
         objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
-        deleted = await asyncio.gather(*(delete_object(job, bucket, name) for _, bucket, name in objects))
+        deleted = await self._delete_objects(job, objects, listed)
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
         if missed and not recursive:
             if await self._isdir(missed[0]):
@@ -469,6 +486,27 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "fields": "prefixes,nextPageToken",
         }
         return [prefix async for page in _pages(job, bucket, params) for prefix in page.get("prefixes", [])]
+
+    async def _delete_objects(
+        self, job: RequestContext, objects: list[tuple[str, str, str]], listed: dict[str, int]
+    ) -> list[bool]:
+        """Delete ``objects`` (path, bucket, name), those of ``listed`` paths by that generation; whether each
+        was there to delete."""
+        if len(objects) == 1:
+            return [await delete_object(job, *objects[0][1:])]
+        unknown = [(bucket, name) for p, bucket, name in objects if p not in listed]
+        found = await asyncio.gather(*(live_generation(job, bucket, name) for bucket, name in unknown))
+        generations = {**dict(zip(unknown, found)), **{(b, n): listed[p] for p, b, n in objects if p in listed}}
+        deleted = dict.fromkeys(generations, False)
+        for bucket in {bucket for _, bucket, _ in objects}:
+            versions = [(n, g) for (b, n), g in generations.items() if b == bucket and g]
+            for (name, _), outcome in zip(versions, await delete_objects(job, bucket, versions, live=True)):
+                if isinstance(outcome, PreconditionFailedError):  # replaced since it was listed
+                    outcome = await delete_object(job, bucket, name)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                deleted[bucket, name] = outcome
+        return [deleted[bucket, name] for _, bucket, name in objects]
 
     async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         """Nothing to make (GCS has no directories); a bucket that does not exist raises ``FileNotFoundError``

@@ -3,18 +3,18 @@ objects are listed (by ``torchdata-gcs clean`` too) and removed by the reaper on
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from .._transport.context import RequestContext
 from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, RetryConfig
+from ..errors import GCSError
+from .batch import delete_objects
 from .client import Client
-from .objects import MAX_PAGE_SIZE, delete_object
+from .objects import MAX_PAGE_SIZE
 from .urls import format_url, printable
 
 __all__ = ["DeletePrefix", "list_soft_deleted", "list_versions"]
@@ -57,13 +57,6 @@ def _listed(
         params["pageToken"] = page["nextPageToken"]
 
 
-async def _delete_each(job: RequestContext, bucket: str, versions: list[tuple[str, int]]) -> list[Any]:
-    return await asyncio.gather(
-        *(delete_object(job, bucket, name, generation=generation) for name, generation in versions),
-        return_exceptions=True,
-    )
-
-
 class DeletePrefix:
     """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good, through the endpoint
     this process would use now (the emulator variable is part of that, as for its sessions)."""
@@ -98,8 +91,8 @@ class DeletePrefix:
             time.sleep(1.0)
 
     def _delete(self, client: Client, versions: list[tuple[str, int]]) -> None:
-        for (name, _), outcome in zip(versions, client.run(_delete_each, self.bucket, versions)):
-            if isinstance(outcome, BaseException):
+        for (name, _), outcome in zip(versions, client.run(delete_objects, self.bucket, versions, live=False)):
+            if isinstance(outcome, GCSError):
                 logger.warning(
                     "could not delete %s (%s): a lifecycle rule or `torchdata-gcs clean` removes it",
                     printable(format_url(self.bucket, name)),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 from .._engines.compose import leftovers, rfc3339_seconds, temporary_versions
+from .._ops.batch import delete_objects
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.temporaries import list_soft_deleted
@@ -151,6 +152,15 @@ def _done(action: Callable[[T], bool], items: list[T], dry_run: bool) -> list[T]
         return [item for item, done in zip(items, pool.map(action, items)) if done]
 
 
+def _delete_versions(client: Client, bucket: str, versions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Delete ``versions`` (name, generation) for good, in batch requests of up to 100; those that were there."""
+    outcomes = client.run(delete_objects, bucket, versions, live=False)
+    failure = next((outcome for outcome in outcomes if isinstance(outcome, GCSError)), None)
+    if failure is not None:
+        raise failure
+    return [version for version, outcome in zip(versions, outcomes) if outcome is True]
+
+
 def _clean(args: argparse.Namespace) -> int:
     client = Client(client_config(args), RetryConfig())
     bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
@@ -182,7 +192,7 @@ def _clean(args: argparse.Namespace) -> int:
                 "start (--all-uploads aborts them too)"
             )
 
-    deleted = _done(lambda item: client.delete(bucket, item[0], generation=item[1]), found, args.dry_run)
+    deleted = found if args.dry_run else _delete_versions(client, bucket, found)
     verb = "would delete" if args.dry_run else "deleted"
     for name, _ in deleted:
         print(f"{verb} {printable(format_url(bucket, name))}")

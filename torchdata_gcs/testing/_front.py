@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.objects import MAX_PAGE_SIZE
+from ._batch import BATCH_PATH, answer_batch, batch_calls
 from ._folders import Content, Folders
 from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
@@ -71,7 +72,17 @@ _HTTP_FAULTS = {
     "http_429": (429, "Too Many Requests", "injected by the test front: Too Many Requests"),
     "http_503": (503, "Service Unavailable", "injected by the test front: Service Unavailable"),
 }
-REQUEST_KINDS: tuple[str, ...] = ("list", "get", "range_get", "compose", "upload", "delete", "metadata", "other")
+REQUEST_KINDS: tuple[str, ...] = (
+    "list",
+    "get",
+    "range_get",
+    "compose",
+    "upload",
+    "delete",
+    "metadata",
+    "batch",
+    "other",
+)
 
 CHUNK = 256 * 1024  # bytes read and forwarded at a time, both ways
 _HOP_BY_HOP = frozenset(
@@ -123,6 +134,8 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
     xml = not path.startswith(_JSON_PREFIXES)
     if method == "DELETE":
         return "delete"
+    if method == "POST" and path == BATCH_PATH:  # its calls are counted one by one as they are carried out
+        return "batch"
     if method in ("POST", "PUT") and (
         path.startswith("/upload/")
         or params.keys() & {"uploads", "uploadId", "partNumber"}
@@ -146,7 +159,7 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
 def is_write(method: str, target: str) -> bool:
     """Whether a request changes what the bucket holds (an upload, compose, rewrite, delete or patch;
     XML multipart requests included)."""
-    return method in ("POST", "PUT", "DELETE", "PATCH") and not target.startswith("/storage/v1/b?")
+    return method in ("POST", "PUT", "DELETE", "PATCH") and not target.startswith(("/storage/v1/b?", BATCH_PATH))
 
 
 def repeatable(method: str, target: str, headers: Any = None) -> bool:
@@ -281,7 +294,9 @@ class GCSFront(LocalService):
     unfinished upload takes ``completion_delay`` seconds, as GCS's may take minutes: with
     ``completion_answer="late"`` the object appears and the answer is sent only then; with ``"lost"``
     the object is created at once, and the connection is closed that long after without an answer.
-    With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
+    JSON batch requests (``POST /batch/storage/v1``), which the emulator serves wrongly, are served by
+    the front too (see ``_batch``): each call is sent to the front itself, so it is counted, checked and
+    faulted as a single request, and more than 100 calls are refused with 400. With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
     the first attempt of every write (upload, compose, rewrite, delete, patch) is carried out and then
     answered 503, as an answer lost on the way would be, and :attr:`unconditional_resends` lists each
     write sent again without what makes it safe to repeat (see :func:`repeatable`). On top, per request:
@@ -779,6 +794,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self._answer_error(*denied(*needed), error_reason="forbidden")
             else:
                 self._close_now()
+            return
+        if kind == "batch":
+            try:
+                calls = batch_calls(self.headers.get("Content-Type", ""), b"".join(body or ()))
+            except ValueError as exc:
+                self._answer_error(400, "Bad Request", str(exc))
+                return
+            answer = answer_batch((self.server.server_name, self.server.server_port), self.headers.items(), calls)
+            if fault is not None and fault.kind == "truncate":  # carried out, its answer cut on the way
+                self.wfile.write(answer[: len(answer) // 2])
+                self._close_now()
+                return
+            self.wfile.write(answer)
             return
         truncate = fault is not None and fault.kind == "truncate"
         corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
