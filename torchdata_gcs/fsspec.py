@@ -76,7 +76,7 @@ from ._ops.objects import (
     rewrite_object,
     storage_layout,
 )
-from ._ops.patterns import has_magic
+from ._ops.patterns import has_magic, tree_glob
 from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.loop import io_loop, on_io_loop, run
@@ -268,17 +268,29 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         entries.sort(key=lambda entry: entry["name"])
         return entries if detail else [entry["name"] for entry in entries]
 
+    async def _glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
+        """fsspec's glob, with GCS asked for the names it may select only (``matchGlob``, see ``_find``)."""
+        narrowed = tree_glob(self.split_path(path)[1])
+        return await super()._glob(path, maxdepth=maxdepth, **kwargs, **({"match_glob": narrowed} if narrowed else {}))
+
     async def _find(
-        self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any
+        self,
+        path: str,
+        maxdepth: int | None = None,
+        withdirs: bool = False,
+        detail: bool = False,
+        match_glob: str | None = None,
+        **kwargs: Any,
     ) -> Any:
         """Everything under ``path`` (and ``path`` itself if it is an object) from one parallel flat listing,
-        at most ``maxdepth`` levels below ``path`` if given (as gcsfs does: a missing bucket raises)."""
+        at most ``maxdepth`` levels below ``path`` if given (as gcsfs does: a missing bucket raises).
+        ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing (the caller still filters)."""
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
         bucket, name = self.split_path(path)
         client = Client(self.client, self.retry)
         batches = await asyncio.to_thread(
-            lambda: list(list_objects(client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY))
+            lambda: list(list_objects(client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY, match_glob=match_glob))
         )
         found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, item) for _, item in batch)}
         if withdirs:

@@ -83,16 +83,16 @@ def test_a_deadline_exceeded_raises_a_typed_error(gcs_emulator: Emulator, datase
 
 def test_permission_denied_fails_at_once_naming_the_object(gcs_emulator: Emulator, dataset: dict[str, bytes]) -> None:
     urls = sorted(dataset)[:5]
-    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="get")]) as front:
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_403", match="range_get")]) as front:
         pipe = GCSFileLoaderIterDataPipe(urls, client=front.client_config, retry=PATIENT)
         with pytest.raises(AccessDeniedError, match=urls[0]):
             list(pipe)
-        assert pipe.stats.retries == 0 and front.counts["get"] <= len(urls)
+        assert pipe.stats.retries == 0 and front.counts["range_get"] <= len(urls)
 
 
 def test_429s_shrink_the_process_wide_limit(gcs_emulator: Emulator, dataset: dict[str, bytes]) -> None:
     urls = sorted(dataset)[:300]
-    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_429", rate=0.3, match="get")], seed=3) as front:
+    with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_429", rate=0.3, match="range_get")], seed=3) as front:
         pipe = GCSFileLoaderIterDataPipe(
             urls, client=front.client_config, retry=PATIENT, transfer=TransferConfig(max_in_flight=32)
         )

@@ -365,7 +365,7 @@ def test_streams_large_bodies_both_ways_without_buffering_them(
     [
         [Fault("http_503", rate=0.1), Fault("reset", rate=0.1)],
         [
-            Fault("truncate", rate=0.1, match="get"),
+            Fault("truncate", rate=0.1, match="range_get"),
             Fault("http_429", rate=0.1, retry_after=0),
             Fault("stall", rate=0.02, stall_seconds=1),
         ],
@@ -386,7 +386,7 @@ def test_the_loader_delivers_every_object_through_faults(
             for url, stream in GCSFileLoaderIterDataPipe(urls, client=client, retry=RETRY, transfer=transfer)
         ]
         assert loaded == [(f"gs://{gcs_bucket}/{name}", objects[name]) for name in sorted(objects)]
-        assert front.counts["get"] > len(objects)  # some were retried
+        assert front.counts["range_get"] > len(objects)  # some were retried
         assert all(front.faults_injected[fault.kind] > 0 for fault in faults if fault.rate >= 0.1)
 
 

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import io
 import logging
+import re
 import sys
 import time
 import warnings
@@ -88,6 +89,33 @@ def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
             url=url,
             status=response.status,
         )
+
+
+_CONTENT_RANGE = re.compile(r"bytes 0-(\d+)/(\d+)")
+
+
+def _size_in_content_range(url: str, response: Any, part_size: int) -> int:
+    """The object's size, as a 206 answer to ``Range: bytes=0-{part_size - 1}`` names it in its
+    ``Content-Range`` (``bytes 0-LAST/SIZE``); ``GCSError`` if it names no size or another range.
+
+    >>> from types import SimpleNamespace
+    >>> _size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-99/1000"}), 100)
+    1000
+    >>> _size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-9/10"}), 100)
+    10
+    >>> _size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-9/*"}), 100)
+    Traceback (most recent call last):
+    torchdata_gcs.errors.GCSError: gs://b/o: asked for bytes 0-99, got status 206 with Content-Range bytes 0-9/*
+    """
+    answered = response.headers.get("Content-Range", "")
+    match = _CONTENT_RANGE.fullmatch(answered.strip())
+    if match is None or int(match.group(1)) != min(int(match.group(2)), part_size) - 1:
+        raise GCSError(
+            f"{url}: asked for bytes 0-{part_size - 1}, got status 206 with Content-Range {answered or 'missing'}",
+            url=url,
+            status=206,
+        )
+    return int(match.group(2))
 
 
 async def _stream_range(
@@ -307,38 +335,67 @@ class _ObjectRead:
         verify_bytes(self.url, chunks, self.info.size if self.info is not None else None, self.checksums)
 
     async def first_answer(self) -> tuple[list[bytes], int]:
-        """The whole object, or its first part (in chunks); and the object's size."""
+        """The whole object, or its first part (in chunks); and the object's size.
+
+        An object of unknown size (nothing listed) is asked for its first part only (``Range``): a 206
+        names the object's size in ``Content-Range`` and ends where the part ends, so its connection is
+        kept for the next request; a 416 says that there is no byte 0 (GCS's answer for an empty object);
+        a 200 (something on the way ignored ``Range``) carries the whole object.
+        """
         job = self.job
-        async with job.session.read_media(self.url, self.path, self.params) as response:
-            # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing.
-            headers = response.headers
-            self.checksums["GCS"] = reported_crc32c(headers)
-            if "x-goog-generation" in headers:
-                self.params.setdefault("generation", headers["x-goog-generation"])
-            length = headers.get("Content-Length")
-            if length is None:  # size unknown until the end: read the answer whole
-                chunks = await _read_at_most(response, sys.maxsize)
-                received = sum(map(len, chunks))
-                job.stats.bytes += received
-                if not self.reserved:
-                    self.reserved = received
-                    await job.reserve_while_sending(received, self.seq)
-                await self.check_whole(chunks)
-                return chunks, received
-            total = int(length)
-            if not self.reserved:
-                self.reserved = self.share(total)
-                await job.reserve_while_sending(self.reserved, self.seq)
-            # The whole object, or if larger than a part its first part (the rest is then read as
-            # ranges of the same generation and this connection dropped). Chunks are kept as they
-            # came: joining them would hold the object twice.
-            chunks = await _read_at_most(response, min(total, job.part_size))
+        first_part = {"Range": f"bytes=0-{job.part_size - 1}"} if self.info is None else None
+        try:
+            async with job.session.read_media(self.url, self.path, self.params, first_part) as response:
+                return await self.take_first_answer(response, ranged=first_part is not None)
+        except GCSError as exc:
+            if first_part is None or exc.status != 416:
+                raise
+            return [b""], 0
+
+    async def take_first_answer(self, response: Any, *, ranged: bool) -> tuple[list[bytes], int]:
+        """Read :meth:`first_answer`'s response (to a request for the first part if ``ranged``)."""
+        job = self.job
+        # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing. The
+        # hash of a ranged answer is the whole object's ("Hashes and ETags: best practices").
+        headers = response.headers
+        self.checksums["GCS"] = reported_crc32c(headers)
+        if "x-goog-generation" in headers:
+            self.params.setdefault("generation", headers["x-goog-generation"])
+        if response.status == 206:
+            total = _size_in_content_range(self.url, response, job.part_size)
+        elif "Content-Length" in headers:
+            total = int(headers["Content-Length"])
+        else:  # size unknown until the end: read the answer whole
+            chunks = await _read_at_most(response, sys.maxsize)
             received = sum(map(len, chunks))
             job.stats.bytes += received
-            if total <= job.part_size:
-                await self.check_whole(chunks)  # bad bytes: retried
-                return chunks, received
-            return chunks, total
+            if not self.reserved:
+                self.reserved = received
+                await job.reserve_while_sending(received, self.seq)
+            await self.check_whole(chunks)
+            return chunks, received
+        if not self.reserved:
+            self.reserved = self.share(total)
+            await job.reserve_while_sending(self.reserved, self.seq)
+        # The whole object, or if larger than a part its first part (the rest is then read as ranges of
+        # the same generation). A 206 is read to its end (one byte more is asked to see the end), which
+        # keeps its connection. A 200 to a Range came from something that ignores Range (ranges would
+        # get the whole object again): it is read whole unless larger than the byte budget. Any other
+        # 200 is dropped after its first part. Chunks are kept as they came: joining them would hold
+        # the object twice.
+        whole = response.status == 200 and ranged and total <= job.budget.limit
+        expected = total if whole else min(total, job.part_size)
+        chunks = await _read_at_most(response, expected + 1 if response.status == 206 else expected)
+        received = sum(map(len, chunks))
+        job.stats.bytes += received
+        if received != expected:
+            raise IntegrityError(
+                f"{self.url}: the first answer held {received} bytes, expected {expected}", url=self.url
+            )
+        if received == total:
+            await self.check_whole(chunks)  # bad bytes: retried
+            return chunks, received
+        return chunks, total
 
 
 Outcome = tuple[str, "Loaded | NotFoundError"]

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
-from .._ops.patterns import NameFilter, has_magic
+from .._ops.patterns import NameFilter, has_magic, server_glob
 from .._ops.urls import brief, format_url, parse_url
 from ..errors import MissingObjectWarning, NotFoundError
 from .listing import list_objects
@@ -34,9 +34,12 @@ class _Matches:
         self.allow_empty, self.skip_missing, self.stats = allow_empty, skip_missing, stats
         self.checked: set[int] = set()
 
-    def done(self, index: int, kept: int, listed: int | None = None, example: str | None = None) -> None:
+    def done(
+        self, index: int, kept: int, listed: int | None = None, example: str | None = None, narrowed: str | None = None
+    ) -> None:
         """Input ``index`` was listed whole: ``kept`` objects passed its glob and masks, of ``listed``
-        (``None``: not known, as when read from a manifest); ``example`` is the first name listed."""
+        (``None``: not known, as when read from a manifest); ``example`` is the first name listed;
+        ``narrowed``: the ``matchGlob`` GCS was asked to select names with."""
         self.checked.add(index)
         if kept:
             return
@@ -49,7 +52,7 @@ class _Matches:
                 warnings.warn(f"skipping {url}: no such object", MissingObjectWarning, stacklevel=2)
             return
         if not self.allow_empty:
-            raise NotFoundError(self._explain(url, name, names_an_object, listed, example), url=url)
+            raise NotFoundError(self._explain(url, name, names_an_object, listed, example, narrowed), url=url)
 
     def finish(self, kept: Counter[int]) -> None:
         """Check the inputs not checked as they were listed, from the objects each kept."""
@@ -57,9 +60,14 @@ class _Matches:
             if index not in self.checked:
                 self.done(index, kept[index])
 
-    def _explain(self, url: str, name: str, names_an_object: bool, listed: int | None, example: str | None) -> str:
+    def _explain(
+        self, url: str, name: str, names_an_object: bool, listed: int | None, example: str | None, narrowed: str | None
+    ) -> str:
         masks = f" with masks {self.masks!r}" if self.masks else ""
         hint = " (allow_empty=True accepts an input that matches nothing)"
+        if narrowed is not None and listed == 0:
+            first = f" (the first name there: {brief(example)})"
+            return f"no object matches {url}{masks}: GCS lists none that its glob {narrowed!r} selects{first}{hint}"
         if listed:
             return f"no object matches {url}{masks}: {listed:,} listed, none kept (the first: {brief(example)}){hint}"
         if listed is None:
@@ -69,6 +77,14 @@ class _Matches:
         root = NameFilter.of(name).root
         where = format_url(parse_url(url)[0], root)
         return f"no object matches {url}{masks}: there is no object under {where}{hint}"
+
+
+def _first_name(client: Client, bucket: str, prefix: str) -> str | None:
+    """The URL of the first object under ``prefix``, or ``None`` if there is none."""
+    page = client.list_page(
+        bucket, {"prefix": prefix, "maxResults": 1, "fields": "items(name)"}, url=format_url(bucket, prefix)
+    )
+    return format_url(bucket, page["items"][0]["name"]) if page.get("items") else None
 
 
 def list_inputs(
@@ -105,10 +121,11 @@ def list_inputs(
                 continue
             bucket, name = parse_url(source_url)
             keep = NameFilter.of(name, masks)
+            narrowed = server_glob(keep, name, masks)  # fewer names sent; ``keep`` still decides
             resume_name = parse_url(start[1])[1] if start is not None and index == start[0] else None
             listed, kept, example = 0, 0, None
             for batch in list_objects(
-                client, bucket, keep.root if keep.glob else name, page_size, concurrency, stats, resume_name
+                client, bucket, keep.root if keep.glob else name, page_size, concurrency, stats, resume_name, narrowed
             ):
                 entries: list[Entry] = [
                     (index, url, ObjectInfo.from_json(resource) if keep_info else None)
@@ -120,7 +137,10 @@ def list_inputs(
                 listed, kept = listed + len(batch), kept + len(entries)
                 yield entries
             if resume_name is None:  # a resumed input may rightly have nothing left
-                matches.done(index, kept, listed, example)
+                if narrowed is not None and not listed and not allow_empty:  # one name, to show what is there
+                    example = _first_name(client, bucket, keep.root)
+                    narrowed = narrowed if example is not None else None
+                matches.done(index, kept, listed, example, narrowed)
 
     if manifest is None:
         yield from list_from(after)

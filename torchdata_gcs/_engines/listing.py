@@ -26,6 +26,7 @@ def list_objects(
     concurrency: int = 1,
     stats: ListingStats | None = None,
     after: str | None = None,
+    match_glob: str | None = None,
 ) -> Iterator[list[tuple[str, dict[str, Any]]]]:
     """Expand ``gs://bucket/name`` into batches of ``(url, resource)`` pairs in GCS's name order.
 
@@ -37,7 +38,9 @@ def list_objects(
     folder placeholders are skipped, and so are temporary objects under ``TEMPORARY_PREFIX`` unless
     that is what is listed. A missing bucket raises ``NotFoundError``. Up to
     ``concurrency`` list requests run at once; ``stats`` counts them. With ``after``, only names
-    greater than it are listed (how an interrupted listing resumes).
+    greater than it are listed (how an interrupted listing resumes). With ``match_glob`` GCS lists
+    only the names under the prefix that this glob selects (``matchGlob``; the object of the exact
+    name is asked for whatever the glob).
     """
     stats = stats if stats is not None else ListingStats()
     base = f"gs://{bucket}/"
@@ -48,7 +51,7 @@ def list_objects(
         if exact is not None:
             yield [(base + name, exact)]
     hidden = "" if prefix.startswith(TEMPORARY_PREFIX) else TEMPORARY_PREFIX  # another job's composites
-    for page in list_prefix_parallel(client, bucket, prefix, page_size, concurrency, stats, after):
+    for page in list_prefix_parallel(client, bucket, prefix, page_size, concurrency, stats, after, match_glob):
         yield [
             (base + item["name"], item)
             for item in page

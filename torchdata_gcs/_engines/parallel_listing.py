@@ -155,8 +155,11 @@ class _Range:
 class _Listing:
     """The shared state of one parallel listing, guarded by one condition variable."""
 
-    def __init__(self, client: Client, bucket: str, prefix: str, page_size: int, after: str | None) -> None:
+    def __init__(
+        self, client: Client, bucket: str, prefix: str, page_size: int, after: str | None, match_glob: str | None
+    ) -> None:
         self.client = client
+        self.match_glob = match_glob
         self.bucket = bucket
         self.prefix = prefix
         self.page_size = page_size
@@ -249,6 +252,8 @@ class _Listing:
                     }
                     if owned.end is not None:
                         owned.query["endOffset"] = owned.end
+                    if self.match_glob is not None:
+                        owned.query["matchGlob"] = self.match_glob
                     params = owned.query
                 else:
                     params = {**owned.query, "pageToken": owned.token}
@@ -324,13 +329,15 @@ def list_prefix_parallel(
     concurrency: int,
     stats: ListingStats | None = None,
     after: str | None = None,
+    match_glob: str | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
-    """The object resources under ``prefix`` (after ``after``, if given), in name order, in batches.
+    """The object resources under ``prefix`` (after ``after``, if given), in name order, in batches;
+    with ``match_glob``, only those GCS finds that glob selects (GCS's ``matchGlob``).
 
     ``concurrency`` threads list; each batch is what became ready in order since the last one.
     ``stats``, when given, is updated as the listing goes (requests, splits, objects).
     """
-    listing = _Listing(client, bucket, prefix, page_size, after)
+    listing = _Listing(client, bucket, prefix, page_size, after, match_glob)
     if stats is not None:
         listing.stats = stats
     workers = [

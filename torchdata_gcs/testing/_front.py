@@ -34,6 +34,7 @@ from ._batch import BATCH_PATH, answer_batch, batch_calls
 from ._folders import Content, Folders
 from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
+from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
 from ._soft_delete import BucketOverlay
@@ -296,7 +297,14 @@ class GCSFront(LocalService):
     the object is created at once, and the connection is closed that long after without an answer.
     JSON batch requests (``POST /batch/storage/v1``), which the emulator serves wrongly, are served by
     the front too (see ``_batch``): each call is sent to the front itself, so it is counted, checked and
-    faulted as a single request, and more than 100 calls are refused with 400. With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
+    faulted as a single request, and more than 100 calls are refused with 400.
+    A ranged media GET of an empty object (no byte to start at) is answered as GCS does: 416 with
+    ``Content-Range: bytes */SIZE``; with ``ignore_range`` every ``Range`` header is dropped on the way, as by
+    a server or proxy that answers 200 with the whole object. :attr:`abandoned_answers` counts answers
+    whose client closed the connection before their body's end (each one a connection lost to its pool).
+    A list request with ``matchGlob`` gets only the objects the glob selects, as GCS reads it (see
+    ``_match_glob``), up to ``maxResults`` of them a page; an invalid glob, 400.
+    With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
     the first attempt of every write (upload, compose, rewrite, delete, patch) is carried out and then
     answered 503, as an answer lost on the way would be, and :attr:`unconditional_resends` lists each
     write sent again without what makes it safe to repeat (see :func:`repeatable`). On top, per request:
@@ -318,7 +326,7 @@ class GCSFront(LocalService):
         ...     pipe = GCSFileLoaderIterDataPipe(
         ...         ["gs://bucket/a.txt"], client=front.client_config, retry=RetryConfig(initial_delay=0.01)
         ...     )
-        ...     [stream.read() for _, stream in pipe], front.counts["get"], front.faults_injected["http_503"]
+        ...     [stream.read() for _, stream in pipe], front.counts["range_get"], front.faults_injected["http_503"]
         ([b'hello'], 2, 1)
     """
 
@@ -341,6 +349,7 @@ class GCSFront(LocalService):
         object_only: bool = False,
         lose_write_answers: bool = False,
         hierarchical: Sequence[str] = (),
+        ignore_range: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -379,6 +388,8 @@ class GCSFront(LocalService):
         self._unconditional_resends: list[str] = []
         self.bucket_overlay = BucketOverlay(self._ask)
         self.folders = Folders(hierarchical, self._ask)
+        self.ignore_range = ignore_range
+        self._abandoned = 0
         self.set_faults(faults)
 
     def __repr__(self) -> str:
@@ -465,6 +476,12 @@ class GCSFront(LocalService):
         late repeat could overwrite or delete a newer object); kept with ``lose_write_answers``."""
         with self._lock:
             return list(self._unconditional_resends)
+
+    @property
+    def abandoned_answers(self) -> int:
+        """Answers whose client closed the connection before the front had sent all of their body."""
+        with self._lock:
+            return self._abandoned
 
     @property
     def faults_injected(self) -> Counter[str]:
@@ -581,6 +598,11 @@ class GCSFront(LocalService):
             return None
         resource = json.loads(answer)
         return int(resource["generation"]), resource.get("storageClass")
+
+    def _stored_size(self, bucket: str, name: str) -> str:
+        """The size of ``bucket/name`` upstream (``*`` if it is gone)."""
+        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=size")
+        return str(json.loads(answer).get("size", "*")) if status == 200 else "*"
 
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
@@ -839,6 +861,8 @@ class _Handler(BaseHTTPRequestHandler):
         if folders_answer is not None:
             self._answer_folders(*folders_answer)
             return
+        if kind == "list" and "matchGlob" in params and self._answer_match_glob(path, params):
+            return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
@@ -896,6 +920,20 @@ class _Handler(BaseHTTPRequestHandler):
         if front._pause(front.latency):
             self._answer_json(page)
         return True
+
+    def _answer_match_glob(self, path: str, params: dict[str, str]) -> bool:
+        """Answer a JSON API list request with ``matchGlob`` as GCS does (the emulator ignores it); 400 if
+        the glob is invalid. False when the front leaves it upstream (see ``glob_page``)."""
+        rules = self.server.front.rules
+        try:
+            page = glob_page(params, path, self.server.front._ask)
+        except ValueError as exc:
+            message = f"Invalid matchGlob {params['matchGlob']!r}: {exc}"
+            self._answer_error(400, "Bad Request", message, error_reason="invalid")
+            return True
+        if page is not None:
+            self._answer_json(json.loads(rules.rewrite_resources(json.dumps(page).encode())))
+        return page is not None
 
     def _answer_json(self, document: dict[str, Any]) -> None:
         body = json.dumps(document).encode()
@@ -1070,6 +1108,10 @@ class _Handler(BaseHTTPRequestHandler):
         complete = False
         try:
             complete = self._relay(response, truncate, corrupt, kind, sources)
+        except (BrokenPipeError, ConnectionResetError):  # the client closed the connection mid-answer
+            with self.server.front._lock:
+                self.server.front._abandoned += 1
+            raise
         finally:
             if complete:
                 self.server.front._pool.put(connection)
@@ -1083,6 +1125,8 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send the request upstream, streaming its body (a bodiless one skips stale pooled connections)."""
         dropped = _HOP_BY_HOP | {token.strip().lower() for token in self.headers.get("Connection", "").split(",")}
+        if self.server.front.ignore_range:
+            dropped |= {"range"}
         if chunked:
             dropped |= {"content-length"}
         headers = [(name, value) for name, value in self.headers.items() if name.lower() not in dropped]
@@ -1125,6 +1169,16 @@ class _Handler(BaseHTTPRequestHandler):
         bucket, name = _object_of(self.path)
         if response.status == 404 and self._answer_not_found(kind, bucket, name):
             response.read()
+            return True
+        if response.status == 416 and bucket is not None and name is not None:  # GCS names the object's size
+            response.read()
+            size = front._stored_size(bucket, name)
+            self._answer_error(
+                416,
+                "Requested range not satisfiable",
+                "Request range not satisfiable",
+                [("Content-Range", f"bytes */{size}")],
+            )
             return True
         headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
         status, reason = response.status, response.reason
