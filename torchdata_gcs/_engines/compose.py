@@ -40,7 +40,7 @@ from typing import Any
 
 from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE, compose_object, delete_object
+from .._ops.objects import MAX_PAGE_SIZE, TEMPORARY_CLASS, compose_object, delete_object
 from .._ops.temporaries import DeletePrefix, list_versions
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper
@@ -230,7 +230,8 @@ class Composer:
         probe = f"{prefix}probe"
         try:
             self._unsettled.add((bucket, probe))
-            client.delete(bucket, probe, generation=client.create(bucket, probe, b"", if_generation_match=0))
+            generation = client.create(bucket, probe, b"", if_generation_match=0, storage_class=TEMPORARY_CLASS)
+            client.delete(bucket, probe, generation=generation)
             self._unsettled.discard((bucket, probe))
         except AccessDeniedError as exc:
             self._unsettled.discard((bucket, probe))

@@ -28,6 +28,7 @@ from typing import final
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.objects import TEMPORARY_CLASS
 from .._ops.urls import format_url, parse_url
 from ..errors import GCSError, InvalidURIError, PreconditionFailedError
 
@@ -93,7 +94,9 @@ class SharedListing:
         """Create the lock; ``None`` if another replica holds it."""
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}".encode()
         try:
-            generation = self.client.create(self.bucket, self.lock_name, owner, if_generation_match=0)
+            generation = self.client.create(
+                self.bucket, self.lock_name, owner, if_generation_match=0, storage_class=TEMPORARY_CLASS
+            )
         except PreconditionFailedError:
             # A retried create may have met its own first attempt: the lock is ours if it holds our name.
             if self.client.read(self.bucket, self.lock_name) != owner:
@@ -209,7 +212,11 @@ class _Lock:
                     return
                 try:
                     self.generation = shared.client.create(
-                        shared.bucket, shared.lock_name, self.owner, if_generation_match=self.generation
+                        shared.bucket,
+                        shared.lock_name,
+                        self.owner,
+                        if_generation_match=self.generation,
+                        storage_class=TEMPORARY_CLASS,
                     )
                 except GCSError as exc:  # taken over; this listing still completes and publishes
                     logger.warning("could not renew the listing lock %s: %s", shared.lock_name, exc)

@@ -39,7 +39,7 @@ import google_crc32c
 
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
-from .._ops.objects import compose_object, create_object, object_resource
+from .._ops.objects import TEMPORARY_CLASS, compose_object, create_object, list_page, object_resource
 from .._ops.uploads import UPLOAD_MARKERS, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
@@ -406,7 +406,12 @@ class MultipartWriter(StreamingWriter):
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
             generation = self._client.create(
-                self._bucket, name, self.url.encode(), if_generation_match=0, content_type="text/plain"
+                self._bucket,
+                name,
+                self.url.encode(),
+                if_generation_match=0,
+                content_type="text/plain",
+                storage_class=TEMPORARY_CLASS,
             )
             self._marker = (name, generation)
         except GCSError as exc:
@@ -510,10 +515,13 @@ class CompositeWriter(StreamingWriter):
     Parts are named ``.torchdata-gcs-tmp/<time>-<host>-<pid>-<random>/part-<n>`` in the destination
     bucket (GCS composes only within a bucket), so ``torchdata-gcs clean`` finds any that a killed
     process leaves. At close, parts are composed 32 at a time (GCS's limit per call) into
-    intermediates until one compose writes the object, each source pinned to its generation; then
-    every temporary object is deleted. Parts may be as small as 256 KiB. It needs only the JSON API,
-    so it runs on the emulator; on GCS, composes are billed as Class A operations (one per part
-    uploaded and one per 31 or so parts composed).
+    intermediates until one compose writes the object, each source pinned to its generation. Temporary
+    objects are written as Standard whatever the bucket's default class (so the object, a composite,
+    is Standard too: GCS gives a composite its sources' class), and each compose deletes its sources
+    (``deleteSourceObjects``), so none is kept by soft delete or versioning or billed a minimum storage
+    duration; one listing then finds any left (where GCS refused that, all are deleted one by one).
+    Parts may be as small as 256 KiB. It needs only the JSON API, so it runs on the emulator; on GCS,
+    composes are billed as Class A operations (one per part uploaded and one per 31 or so parts composed).
 
     Example:
         >>> from torchdata_gcs.testing import Emulator
@@ -532,6 +540,8 @@ class CompositeWriter(StreamingWriter):
         self._prefix = f"{TEMPORARY_PREFIX}{new_job_id()}/"
         self._temporaries: set[str] = set()  # every temporary name written or being written
         self._intermediates: dict[str, int | None] = {}  # composed intermediate name -> its generation
+        self._delete_sources = True  # composes delete their sources, until GCS refuses that once
+        self._sources_maybe_gone = False  # a compose that deletes its sources was sent
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
@@ -545,10 +555,11 @@ class CompositeWriter(StreamingWriter):
             info = self._run(self._compose_all(sources, replaced))
         except TransientError:  # every answer of the last compose may have been lost: the URL decides
             return None, None
-        except PreconditionFailedError:  # the object exists: this upload's own, if an earlier answer was lost
+        except (PreconditionFailedError, NotFoundError) as exc:
+            # the object exists, or the sources are gone: this upload's own doing, if an earlier answer was lost
             live, ours = self._run(self._stored_version())
             if live is None or not ours:
-                if self._only_if_new:
+                if self._only_if_new or isinstance(exc, NotFoundError):
                     raise
                 raise PreconditionFailedError(
                     f"{self.url} was replaced by another writer while this one published; nothing was published",
@@ -570,19 +581,67 @@ class CompositeWriter(StreamingWriter):
             names = [f"{self._prefix}level-{level}-{n:05d}" for n in range(len(groups))]
             self._temporaries.update(names)
             composed = await asyncio.gather(
-                *(
-                    compose_object(self._job, self._bucket, n, g, if_generation_match=0, unique_name=True)
-                    for n, g in zip(names, groups)
-                )
+                *(self._compose(n, g, if_generation_match=0, unique_name=True) for n, g in zip(names, groups))
             )
             sources = [(name, info.generation) for name, info in zip(names, composed)]
             self._intermediates.update(sources)
-        return await compose_object(self._job, self._bucket, self._name, sources, if_generation_match=replaced)
+        return await self._compose(self._name, sources, if_generation_match=replaced)
+
+    async def _compose(
+        self, name: str, sources: list[tuple[str, int | None]], *, if_generation_match: int, unique_name: bool = False
+    ) -> Any:
+        """Compose ``sources`` (temporaries of this writer) into ``name``, having GCS delete them as it composes:
+        they then leave no soft-deleted or noncurrent copy and no early-deletion charge. Where GCS refuses that
+        (sources under a hold or retention policy, an identity without ``storage.objects.delete``), this and
+        every later compose of the writer go without, and the temporaries are deleted afterwards."""
+        if self._delete_sources:
+            self._sources_maybe_gone = True
+            try:
+                return await compose_object(
+                    self._job,
+                    self._bucket,
+                    name,
+                    sources,
+                    if_generation_match=if_generation_match,
+                    unique_name=unique_name,
+                    delete_sources=True,
+                )
+            except GCSError as exc:
+                if exc.status not in (400, 403):
+                    raise
+                if self._delete_sources:
+                    self._delete_sources = False
+                    logger.info("%s: composing without deleting the parts, which GCS refused: %s", self.url, exc)
+        return await compose_object(
+            self._job, self._bucket, name, sources, if_generation_match=if_generation_match, unique_name=unique_name
+        )
+
+    async def _leftovers(self) -> dict[str, int] | None:
+        """The temporaries still there (name -> generation), from a listing of the writer's prefix; ``None``
+        if it could not be listed."""
+        url = format_url(self._bucket, self._prefix)
+        params: dict[str, Any] = {"prefix": self._prefix, "fields": "items(name,generation),nextPageToken"}
+        found: dict[str, int] = {}
+        try:
+            while True:
+                page = await list_page(self._job, self._bucket, params, url=url)
+                found.update((item["name"], int(item["generation"])) for item in page.get("items", []))
+                if not page.get("nextPageToken"):
+                    return found
+                params["pageToken"] = page["nextPageToken"]
+        except GCSError as exc:
+            logger.debug("listing %s failed: %r", url, exc)
+            return None
 
     async def _delete_temporaries(self) -> None:
-        """Delete every temporary object, each by its generation where known (so object versioning
-        keeps no noncurrent copy of it)."""
+        """Delete every temporary object left, each by its generation where known (so object versioning
+        keeps no noncurrent copy of it). After a compose that deletes its sources, one listing of the
+        writer's prefix says which are left (none, where GCS carried the deletion out), not a DELETE each."""
         generations = {**dict(self._parts.values()), **self._intermediates}
+        left = await self._leftovers() if self._sources_maybe_gone else None
+        if left is not None:
+            self._temporaries.intersection_update(left)
+            generations.update(left)
         names = sorted(self._temporaries)
         deleted = await asyncio.gather(
             *(delete_temporary(self._job, self._bucket, n, generations.get(n)) for n in names)
@@ -656,7 +715,10 @@ async def _create_part(
 ) -> tuple[int, tuple[str, int]]:
     """Upload one part as the object ``name``, a name of its own, so only if it does not exist (GCS checks its
     crc32c; a retry finds the part of an earlier attempt whose answer was lost); ``(number, (name, generation))``."""
-    return number, (name, await create_object(job, bucket, name, data, if_generation_match=0, crc32c=crc32c))
+    generation = await create_object(
+        job, bucket, name, data, if_generation_match=0, crc32c=crc32c, storage_class=TEMPORARY_CLASS
+    )
+    return number, (name, generation)
 
 
 _multipart_served: dict[str, bool] = {}  # endpoint -> whether it serves XML API multipart uploads

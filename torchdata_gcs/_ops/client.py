@@ -77,8 +77,10 @@ class Client:
         *,
         if_generation_match: int | None = None,
         content_type: str = "application/octet-stream",
+        storage_class: str | None = None,
     ) -> int:
-        """Write ``data`` as ``name`` in one request (retried only with ``if_generation_match``); the new generation."""
+        """Write ``data`` as ``name`` in one request (retried only with ``if_generation_match``), in
+        ``storage_class`` if given, else the bucket's default; the new generation."""
         return self.run(
             objects.create_object,
             bucket,
@@ -86,6 +88,7 @@ class Client:
             data,
             if_generation_match=if_generation_match,
             content_type=content_type,
+            storage_class=storage_class,
         )
 
     def live_generation(self, bucket: str, name: str) -> int:

@@ -18,6 +18,7 @@ from .urls import format_url
 
 __all__ = [
     "MAX_PAGE_SIZE",
+    "TEMPORARY_CLASS",
     "bucket_resource",
     "check_bucket",
     "compose_object",
@@ -38,6 +39,9 @@ T = TypeVar("T")
 
 MAX_PAGE_SIZE = 1000
 """GCS never returns more items in one list page."""
+TEMPORARY_CLASS = "STANDARD"
+"""The storage class of the library's temporary objects, whatever the bucket's default: the other classes
+bill a minimum storage duration (30 to 365 days) to an object deleted minutes after it was written."""
 
 
 async def _get_json(
@@ -137,13 +141,18 @@ def multipart_body(
     data: bytes | bytearray | memoryview,
     content_type: str = "application/octet-stream",
     crc32c: int | None = None,
+    storage_class: str | None = None,
 ) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
     """The body (as pieces, ``data`` itself among them, never copied) and headers of a JSON API multipart
     upload of ``data`` as ``name``, its crc32c in the metadata so that GCS refuses bytes damaged on the
-    way (computed from bytes; a bytearray or memoryview must come with it)."""
+    way (computed from bytes; a bytearray or memoryview must come with it), in ``storage_class`` if given
+    (else the bucket's default)."""
     boundary = uuid.uuid4().hex
     checksum = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
-    metadata = json.dumps({"name": name, "crc32c": checksum, "contentType": content_type})
+    resource = {"name": name, "crc32c": checksum, "contentType": content_type}
+    if storage_class is not None:
+        resource["storageClass"] = storage_class
+    metadata = json.dumps(resource)
     body = [
         f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n"
         f"--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(),
@@ -208,9 +217,11 @@ async def create_object(
     if_generation_match: int | None = None,
     content_type: str = "application/octet-stream",
     crc32c: int | None = None,
+    storage_class: str | None = None,
 ) -> int:
     """Write ``data`` (bytes, or a bytearray or memoryview with its ``crc32c``) in one multipart upload and return
-    the new generation; the body is sent in pieces, ``data`` never copied.
+    the new generation; the body is sent in pieces, ``data`` never copied. The object takes ``storage_class``
+    if given, else the bucket's default.
 
     The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way. With
     ``if_generation_match`` (0: only if the object does not exist; see :func:`live_generation`) the upload
@@ -219,7 +230,7 @@ async def create_object(
     Without it, the upload is sent once.
     """
     url = format_url(bucket, name)
-    body, headers = multipart_body(name, data, content_type, crc32c)
+    body, headers = multipart_body(name, data, content_type, crc32c, storage_class)
     # The name in the query as well as in the metadata (GCS takes either): request lines then say what they write.
     params: dict[str, Any] = {"uploadType": "multipart", "name": name, "fields": "generation"}
     if if_generation_match is not None:
@@ -255,13 +266,18 @@ async def compose_object(
     *,
     if_generation_match: int | None,
     unique_name: bool = False,
+    delete_sources: bool = False,
 ) -> ObjectInfo:
     """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
     compose call, only if ``name`` is at ``if_generation_match`` (0: does not exist); retried only with
     it. A ``unique_name`` is written by this compose alone: a retry answered 412 finds the composite
-    of an earlier attempt whose answer was lost, and returns it."""
+    of an earlier attempt whose answer was lost, and returns it.
+
+    ``delete_sources`` has GCS delete the sources for good as part of the compose (``deleteSourceObjects``:
+    no soft-deleted or noncurrent copy, no early-deletion charge, no DELETE of ours); a retry after a lost
+    answer then finds them gone (404), which, for a ``unique_name``, is answered by the composite as for 412."""
     url = format_url(bucket, name)
-    body = {
+    body: dict[str, Any] = {
         "sourceObjects": [
             {"name": source}
             if generation is None
@@ -274,6 +290,8 @@ async def compose_object(
         ],
         "destination": {"contentType": "application/octet-stream"},
     }
+    if delete_sources:
+        body["deleteSourceObjects"] = True
     params: dict[str, Any] = {"fields": "size,generation,crc32c"}
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
@@ -285,7 +303,8 @@ async def compose_object(
 
     async def earlier_won(error: GCSError) -> ObjectInfo:
         live = await object_resource(job, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS)
-        if not isinstance(error, PreconditionFailedError) or live is None:
+        sources_taken = delete_sources and isinstance(error, NotFoundError)
+        if not (isinstance(error, PreconditionFailedError) or sources_taken) or live is None:
             raise error
         return ObjectInfo.from_json(live)
 

@@ -23,7 +23,7 @@ from .._engines.listing import list_objects
 from .._engines.upload import MIN_PART_SIZE, MultipartWriter
 from .._ops.checksums import crc32c_base64
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE, delete_folder, storage_layout
+from .._ops.objects import MAX_PAGE_SIZE, TEMPORARY_CLASS, delete_folder, storage_layout
 from .._ops.uploads import abort_upload, unfinished_uploads
 from .._ops.urls import format_url, parse_url
 from .._transport.session import Session
@@ -354,7 +354,7 @@ class _Run:
     def create(self, name: str, data: bytes) -> int:
         """Create scratch object ``name`` only if it does not exist (``ifGenerationMatch=0``); its generation."""
         self.written.setdefault(name, None)  # before sending: a write whose answer is lost still gets deleted
-        generation = self.objects.create(self.bucket, name, data, if_generation_match=0)
+        generation = self.objects.create(self.bucket, name, data, if_generation_match=0, storage_class=TEMPORARY_CLASS)
         self.written[name], self.contents[name] = generation, data
         return generation
 
@@ -387,7 +387,9 @@ class _Run:
             self.add("precondition", SKIPPED, "needs the object of the write check")
             return
         try:
-            generation = self.objects.create(self.bucket, written, b"replaced\n", if_generation_match=0)
+            generation = self.objects.create(
+                self.bucket, written, b"replaced\n", if_generation_match=0, storage_class=TEMPORARY_CLASS
+            )
         except PreconditionFailedError:
             self.add("precondition", OK, "a second create of the same name with ifGenerationMatch=0 was refused (412)")
             return
@@ -715,9 +717,9 @@ def bucket_settings(resource: dict[str, Any], user_project: str | None) -> list[
             Fact(
                 "soft delete",
                 days,
-                f'every deleted temporary object (compose_shards_by_gcs\'s composites, strategy="compose" parts, '
-                f"listing locks, what clean deletes) and every overwritten checkpoint stays billed {days} "
-                "after deletion",
+                f"every deleted temporary object (compose_shards_by_gcs's composites, listing locks, what clean "
+                f"deletes) and every overwritten checkpoint stays billed {days} after deletion; "
+                'strategy="compose" parts are not: each compose deletes its sources for good',
             )
         )
     else:

@@ -286,8 +286,11 @@ class GCSFront(LocalService):
     ``hierarchical``, whose folders the front keeps as GCS does (see ``_folders``). Bucket settings the emulator
     lacks (default storage class, Autoclass, default event-based hold, lifecycle, soft delete policy) are
     set per bucket on :attr:`bucket_overlay` (see ``_soft_delete``): ``buckets.get`` reports them, deletes
-    in a bucket with soft delete keep the object for ``softDeleted=true`` listings, and objects created
-    under a default event-based hold are held (their delete refused with 403).
+    in a bucket with soft delete keep the object for ``softDeleted=true`` listings, objects created
+    under a default event-based hold are held (their delete refused with 403), and a JSON multipart upload
+    whose metadata names no storage class takes the bucket's. A compose with ``deleteSourceObjects``
+    (which the emulator ignores) deletes its sources for good once done, or is refused with 403 if one
+    of them is held.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -607,11 +610,12 @@ class GCSFront(LocalService):
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
 
-    def _ask(self, path: str) -> tuple[int, bytes]:
-        """The status and body of a GET of ``path`` upstream, for the front's own checks."""
+    def _ask(self, path: str, method: str = "GET") -> tuple[int, bytes]:
+        """The status and body of a request (a GET by default) of ``path`` upstream, for the front's own
+        checks and acts."""
         connection, _ = self._pool.get()
         try:
-            connection.request("GET", path)
+            connection.request(method, path)
             response = connection.getresponse()
             answer = response.read()
         except (OSError, http.client.HTTPException):
@@ -714,13 +718,16 @@ def _object_of(target: str) -> tuple[str | None, str | None]:
     return bucket, unquote(name.removesuffix("/compose") if target.split("?")[0].endswith("/compose") else name)
 
 
-def _compose_sources(data: bytes) -> list[dict[str, Any]]:
-    """The ``sourceObjects`` of a compose request body (none if it is malformed: the emulator answers it)."""
+def _compose_request(data: bytes) -> tuple[list[dict[str, Any]], bool]:
+    """The ``sourceObjects`` of a compose request body (none if it is malformed: the emulator answers it),
+    and whether it asks for them to be deleted (``deleteSourceObjects``)."""
     try:
-        sources = json.loads(data).get("sourceObjects", [])
+        request = json.loads(data)
+        sources = request.get("sourceObjects", [])
     except (ValueError, AttributeError):
-        return []
-    return [source for source in sources if isinstance(source, dict)] if isinstance(sources, list) else []
+        return [], False
+    deleting = request.get("deleteSourceObjects") is True
+    return ([source for source in sources if isinstance(source, dict)] if isinstance(sources, list) else []), deleting
 
 
 def _flip_one_byte(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -744,6 +751,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     compose_class: str | None = None  # the storage class of the sources of the compose being forwarded
+    sources_to_delete: Sequence[tuple[str, int]] = ()  # its sources, with their generations, if it deletes them
 
     def setup(self) -> None:
         super().setup()
@@ -838,9 +846,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer_multipart(body, truncate=truncate)
             return
         sources: list[dict[str, Any]] = []
+        deletes_sources = False
         if kind == "compose" and self.command == "POST":
             data = b"".join(body or ())
-            body, sources = iter([data]), _compose_sources(data)
+            body = iter([data])
+            sources, deletes_sources = _compose_request(data)
+        content_length = None
+        if kind == "upload" and body is not None:
+            body, longer = front.bucket_overlay.upload_body(self.path, self.headers.get("Content-Type", ""), body)
+            content_length = int(self.headers.get("Content-Length") or 0) + longer if longer else None
         if not front._pause(front.latency):
             self._close_now()
             return
@@ -864,7 +878,7 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "list" and "matchGlob" in params and self._answer_match_glob(path, params):
             return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
-            refusal = self._compose_refusal(sources) if kind == "compose" else None
+            refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
             deleting = kind == "delete" and refusal is None
             deletion = front.bucket_overlay.deletion(*_object_of(path), params) if deleting else None
@@ -874,7 +888,15 @@ class _Handler(BaseHTTPRequestHandler):
                     pass
                 self._answer_error(*refusal)
                 return
-            self._forward(body, chunked, truncate=truncate, corrupt=corrupt_answer, kind=kind, sources=sources)
+            self._forward(
+                body,
+                chunked,
+                truncate=truncate,
+                corrupt=corrupt_answer,
+                kind=kind,
+                sources=sources,
+                content_length=content_length,
+            )
             if deletion is not None:
                 deletion.settle()
 
@@ -962,13 +984,15 @@ class _Handler(BaseHTTPRequestHandler):
             headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
             self.wfile.write(_head(status, reason, headers) + body)
 
-    def _compose_refusal(self, sources: list[dict[str, Any]]) -> tuple[int, str, str] | None:
+    def _compose_refusal(self, sources: list[dict[str, Any]], deleting: bool = False) -> tuple[int, str, str] | None:
         """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
 
         More than 32 sources (GCS's limit per call) get 400; a source that does not exist, or whose
         ``generation`` is not the live one (buckets without versioning keep no other), 404; a failed
         ``objectPreconditions.ifGenerationMatch``, 412; sources of more than one storage class, 400
-        (the emulator composes them, and makes the composite Standard).
+        (the emulator composes them, and makes the composite Standard). A compose that would delete
+        its sources (``deleteSourceObjects``, which the emulator ignores) is refused with the 403 of a
+        held object's delete if one of them is held; otherwise the front deletes them once it is done.
         """
         bucket = unquote(self.path.split("/")[4])
         if len(sources) > MAX_COMPOSE_SOURCES:
@@ -977,11 +1001,13 @@ class _Handler(BaseHTTPRequestHandler):
                 "Bad Request",
                 f"The number of source components provided ({len(sources)}) exceeds the maximum (32)",
             )
+        front = self.server.front
         classes = set()
-        self.compose_class = None
+        versions: list[tuple[str, int]] = []
+        self.compose_class, self.sources_to_delete = None, ()
         for source in sources:
             name = str(source.get("name", ""))
-            version = self.server.front._live_version(bucket, name)
+            version = front._live_version(bucket, name)
             live, storage_class = version if version is not None else (None, None)
             pinned = source.get("generation")
             if live is None or (pinned is not None and int(pinned) != live):
@@ -990,9 +1016,13 @@ class _Handler(BaseHTTPRequestHandler):
             if wanted is not None and int(wanted) != live:
                 return 412, "Precondition Failed", "At least one of the pre-conditions you specified did not hold."
             classes.add(storage_class)
+            versions.append((name, live))
+            if deleting and front.bucket_overlay.held(bucket, live):
+                return front.bucket_overlay.hold_refusal(bucket, name)
         if len(classes) > 1:
             return 400, "Bad Request", "All of the source objects must have the same storage class."
         self.compose_class = classes.pop() if classes else None
+        self.sources_to_delete = versions if deleting else ()
         return None
 
     def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
@@ -1096,9 +1126,10 @@ class _Handler(BaseHTTPRequestHandler):
         corrupt: bool = False,
         kind: str = "other",
         sources: Sequence[dict[str, Any]] = (),
+        content_length: int | None = None,
     ) -> None:
         try:
-            connection, response = self._exchange(body, chunked)
+            connection, response = self._exchange(body, chunked, content_length)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self.close_connection = True
             self._answer_error(
@@ -1121,17 +1152,20 @@ class _Handler(BaseHTTPRequestHandler):
                 connection.close()
 
     def _exchange(
-        self, body: Iterator[bytes] | None, chunked: bool
+        self, body: Iterator[bytes] | None, chunked: bool, content_length: int | None = None
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Send the request upstream, streaming its body (a bodiless one skips stale pooled connections)."""
+        """Send the request upstream, streaming its body (a bodiless one skips stale pooled connections);
+        ``content_length``: that of a body the front rewrote."""
         dropped = _HOP_BY_HOP | {token.strip().lower() for token in self.headers.get("Connection", "").split(",")}
         if self.server.front.ignore_range:
             dropped |= {"range"}
-        if chunked:
+        if chunked or content_length is not None:
             dropped |= {"content-length"}
         headers = [(name, value) for name, value in self.headers.items() if name.lower() not in dropped]
         if chunked:
             headers.append(("Transfer-Encoding", "chunked"))
+        elif content_length is not None:
+            headers.append(("Content-Length", str(content_length)))
         while True:
             connection, reused = self.server.front._pool.get()
             try:
@@ -1195,6 +1229,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if generation is not None:
                     components = rules.components_of(bucket, sources)
                     rules.add_composite(bucket, name, int(generation), components, self.compose_class)
+                    for source, source_generation in self.sources_to_delete:  # for good: no soft-deleted copy
+                        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(source, safe='')}"
+                        front._ask(f"{path}?generation={source_generation}", "DELETE")
             data = front.bucket_overlay.answer(self.path, rules.rewrite_resources(data))
             data = front.folders.describe_bucket(self.path, data)
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked

@@ -10,19 +10,23 @@ into ``buckets.get`` answers, and makes them act as GCS documents:
   ``softDeleted=true`` listing shows it, and no request removes it sooner (disabling soft delete keeps
   what is already soft deleted);
 - with ``defaultEventBasedHold``, every object created from then on is held (``eventBasedHold: true``):
-  its delete is refused with GCS's 403.
+  its delete is refused with GCS's 403;
+- with ``storageClass``, an object created by a JSON API multipart upload whose metadata names no class
+  takes the bucket's (the emulator would make it Standard).
 
 Not modelled: releasing a hold, overwrites of held objects, restores, soft delete of objects replaced
-by an upload or of noncurrent versions, a bucket's default storage class applied to new objects.
+by an upload or of noncurrent versions, the default class of objects created otherwise (media and
+resumable uploads, XML API writes).
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
@@ -155,6 +159,15 @@ class BucketOverlay:
             start = self._held_from.get(bucket)
         return start is not None and generation >= start
 
+    @staticmethod
+    def hold_refusal(bucket: str, name: str) -> Refusal:
+        """GCS's 403 for deleting a held object."""
+        message = (
+            f"Object '{bucket}/{name}' is under active Event-Based hold and cannot be deleted, overwritten or "
+            "archived until hold is removed."
+        )
+        return 403, "Forbidden", message
+
     # -- the front's hooks ------------------------------------------------------------------------
 
     def answer(self, path: str, body: bytes) -> bytes:
@@ -194,11 +207,7 @@ class BucketOverlay:
             return None
         generation, size = version
         if self.held(bucket, generation):
-            message = (
-                f"Object '{bucket}/{name}' is under active Event-Based hold and cannot be deleted, overwritten or "
-                "archived until hold is removed."
-            )
-            return Deletion(refusal=(403, "Forbidden", message))
+            return Deletion(refusal=self.hold_refusal(bucket, name))
         if not self.soft_delete(bucket, name, generation, size):
             return None
 
@@ -207,6 +216,32 @@ class BucketOverlay:
                 self.forget(bucket, name, generation)
 
         return Deletion(settle=settle)
+
+    def upload_body(self, path: str, content_type: str, body: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
+        """A JSON API multipart upload's body (``path`` is ``/upload/storage/v1/b/B/o?query``) with B's default
+        storage class in the object's metadata where it names none, as GCS gives a new object, and how many
+        bytes longer it got. Other requests, and bodies not of that form, go unchanged (upstream answers them)."""
+        route, _, query = path.partition("?")
+        parts = route.split("/")
+        if len(parts) < 7 or parts[1:5] != ["upload", "storage", "v1", "b"]:
+            return body, 0
+        default = self.settings(unquote(parts[5])).get("storageClass")
+        if not default or dict(parse_qsl(query)).get("uploadType") != "multipart":
+            return body, 0
+        first = next(body, b"")
+        kept = itertools.chain([first], body)
+        boundary = content_type.partition("boundary=")[2].split(";")[0].strip().strip('"').encode()
+        start = first.find(b"\r\n\r\n") + 4  # the metadata part's JSON, the first piece holds it whole
+        end = first.find(b"\r\n--" + boundary, start) if boundary and start >= 4 else -1
+        try:
+            resource = json.loads(first[start:end]) if end > 0 else None
+        except ValueError:
+            resource = None
+        if not isinstance(resource, dict) or "storageClass" in resource:
+            return kept, 0
+        metadata = json.dumps({**resource, "storageClass": default}).encode()
+        rewritten = first[:start] + metadata + first[end:]
+        return itertools.chain([rewritten], body), len(rewritten) - len(first)
 
     def listing(self, path: str) -> dict[str, Any] | Refusal | None:
         """GCS's answer to a ``softDeleted=true`` object listing (``path`` is ``/storage/v1/b/B/o?query``), which
