@@ -39,7 +39,7 @@ import google_crc32c
 
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
-from .._ops.objects import compose_object, create_object, object_resource
+from .._ops.objects import check_published, compose_object, create_object, object_resource
 from .._ops.uploads import UPLOAD_MARKERS, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
@@ -304,14 +304,7 @@ class StreamingWriter(PublishingWriter):
         generation, reported = self._assemble()
         if generation is None or reported is None:
             generation, reported = self._published_version(generation)
-        expected = crc32c_base64(self._crc)
-        if reported != expected:
-            self._client.delete(self._bucket, self._name, if_generation_match=generation)
-            raise IntegrityError(
-                f"{self.url}: the published object's crc32c is {reported}, the bytes written have {expected}; "
-                "it was deleted",
-                url=self.url,
-            )
+        self._run(check_published(self._job, self._bucket, self._name, generation, reported, crc32c_base64(self._crc)))
         return generation
 
     def _replaced(self) -> int:
