@@ -40,8 +40,10 @@ import google_crc32c
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
 from .._ops.objects import check_published, compose_object, create_object, object_resource
-from .._ops.uploads import UPLOAD_MARKERS, unfinished_uploads, upload_marker
+from .._ops.temporaries import DeletePrefix
+from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
+from .._transport import reaper
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.loop import io_loop, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
@@ -175,6 +177,7 @@ class StreamingWriter(PublishingWriter):
         self._pending: deque[Future[tuple[int, Any]]] = deque()
         self._parts: dict[int, Any] = {}  # part number -> what assembling it needs
         self._state = "open"  # then "published" or "aborted"
+        self._watched: reaper.Watch | None = None  # what the reaper undoes if the process ends mid-upload
         self.generation: int | None = None
         """The published object's generation, once closed cleanly."""
 
@@ -385,7 +388,12 @@ class MultipartWriter(StreamingWriter):
         self._upload_id: str | None = None
         self._marker: tuple[str, int] | None = None  # (name, generation) of the upload's marker object
 
+    @property
+    def _upload(self) -> Upload:
+        return Upload(self._name, self._upload_id or "", "")
+
     def _start(self) -> None:
+        reaper.start_soon()  # while the upload starts
         headers = {"Content-Type": "application/octet-stream"}
         _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": None}, headers=headers))
         try:
@@ -396,6 +404,8 @@ class MultipartWriter(StreamingWriter):
             raise UploadError(
                 f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url
             )
+        # A process ended by a signal runs no code of its own: its reaper aborts the upload instead.
+        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client.config, self._retry))
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
             generation = self._client.create(
@@ -475,12 +485,14 @@ class MultipartWriter(StreamingWriter):
                 lost = lost or is_retryable(exc)
                 await asyncio.sleep(attempts.delay_after(exc))
 
+    def _publish(self) -> int:
+        generation = super()._publish()
+        reaper.release(self._watched)  # completed: nothing to abort
+        return generation
+
     async def _abort_upload(self) -> None:
         """Abort the upload (a no-op for one already completed or aborted)."""
-        try:
-            await _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
-        except NotFoundError:
-            pass
+        await abort_upload(self._job, self._bucket, self._upload)
 
     async def _abort_quietly(self) -> None:
         """Abort the upload if it is still open, once its object is published: a refusal (no
@@ -495,6 +507,7 @@ class MultipartWriter(StreamingWriter):
             future.cancel()
         await self._abort_upload()
         await self._unmark()
+        reaper.release(self._watched)  # a failed abort stays in the reaper's hands, tried again at exit
 
 
 class CompositeWriter(StreamingWriter):
@@ -525,6 +538,10 @@ class CompositeWriter(StreamingWriter):
         self._prefix = f"{TEMPORARY_PREFIX}{new_job_id()}/"
         self._temporaries: set[str] = set()  # every temporary name written or being written
         self._intermediates: dict[str, int | None] = {}  # composed intermediate name -> its generation
+
+    def _start(self) -> None:
+        # A process ended by a signal runs no code of its own: its reaper deletes the parts instead.
+        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client.config, self._retry))
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
@@ -582,7 +599,9 @@ class CompositeWriter(StreamingWriter):
         )
         self._temporaries.difference_update(n for n, gone in zip(names, deleted) if gone)
         left = [format_url(self._bucket, n) for n in sorted(self._temporaries)]
-        if left:
+        if not left:
+            reaper.release(self._watched)  # what is left stays in the reaper's hands, tried again at exit
+        else:
             logger.warning(
                 "%d temporary parts of %s were not deleted (torchdata-gcs clean removes them): %s",
                 len(left),

@@ -17,7 +17,7 @@ from .client import Client
 from .objects import MAX_PAGE_SIZE
 from .urls import format_url, printable
 
-__all__ = ["DeletePrefix", "list_soft_deleted", "list_versions"]
+__all__ = ["DeletePrefix", "list_soft_deleted", "list_versions", "reaper_client"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,16 @@ def _listed(
         params["pageToken"] = page["nextPageToken"]
 
 
+def reaper_client(config: ClientConfig, retry: RetryConfig, emulator: str | None) -> Client:
+    """A client, in the reaper, for the endpoint the ended process used: ``emulator`` is the emulator
+    variable it had, part of that endpoint as for its sessions (the reaper's environment serves no one else)."""
+    if emulator is None:
+        os.environ.pop(EMULATOR_ENV, None)
+    else:
+        os.environ[EMULATOR_ENV] = emulator
+    return Client(config, retry)
+
+
 class DeletePrefix:
     """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good, through the endpoint
     this process would use now (the emulator variable is part of that, as for its sessions)."""
@@ -72,11 +82,7 @@ class DeletePrefix:
         return f"deleting {printable(format_url(self.bucket, self.prefix))}"
 
     def run(self) -> None:
-        if self.emulator is None:  # the reaper's own environment: it serves no one else
-            os.environ.pop(EMULATOR_ENV, None)
-        else:
-            os.environ[EMULATOR_ENV] = self.emulator
-        client = Client(self.config, self.retry)
+        client = reaper_client(self.config, self.retry, self.emulator)
         tried: set[tuple[str, int]] = set()  # a version that could not be deleted is not tried again
         quiet_since = time.monotonic()
         while time.monotonic() - quiet_since < SETTLE_SECONDS:
