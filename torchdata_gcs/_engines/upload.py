@@ -173,6 +173,7 @@ class StreamingWriter(PublishingWriter):
         self._crc = 0
         self._size = 0
         self._started = False
+        self._prepared = False  # every part sent: only publishing is left
         self._sent = 0  # parts handed to the I/O loop
         self._pending: deque[Future[tuple[int, Any]]] = deque()
         self._parts: dict[int, Any] = {}  # part number -> what assembling it needs
@@ -198,8 +199,8 @@ class StreamingWriter(PublishingWriter):
         return self._size
 
     def write(self, data: Any) -> int:  # type: ignore[override]
-        if self._state != "open":
-            raise ValueError(f"write to a {self._state} writer ({self.url})")
+        if self._state != "open" or self._prepared:
+            raise ValueError(f"write to a {'prepared' if self._state == 'open' else self._state} writer ({self.url})")
         view = memoryview(data).cast("B")
         try:
             for start in range(0, len(view), WRITE_SLICE):
@@ -240,14 +241,12 @@ class StreamingWriter(PublishingWriter):
         if self._state != "open":
             return
         try:
+            self.prepare()
             if not self._started:
                 self.generation = self._client.create(
                     self._bucket, self._name, bytes(self._buffer[: self._filled]), if_generation_match=self._replaced()
                 )
             else:
-                self._send_part(self._buffer[: self._filled], self._part_crc)
-                while self._pending:
-                    self._collect(self._pending.popleft())
                 self.generation = self._publish()
         except BaseException:
             self.abort()
@@ -255,6 +254,23 @@ class StreamingWriter(PublishingWriter):
         self._state = "published"
         self._buffer, self._filled = _new_part(0), 0
         super().close()
+
+    def prepare(self) -> None:
+        """Take no more writes and upload every part, so that only publishing is left (a payload under one
+        part has nothing to prepare: one request publishes it). A transaction prepares all its files before
+        it publishes any, so that a failure up to then publishes nothing. On failure, abort and raise."""
+        if self._state != "open" or self._prepared:
+            return
+        self._prepared = True
+        if not self._started:
+            return
+        try:
+            self._send_part(self._buffer[: self._filled], self._part_crc)
+            while self._pending:
+                self._collect(self._pending.popleft())
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
         """Give the upload up: nothing is published and the parts sent are discarded."""
