@@ -93,3 +93,19 @@ def test_a_delete_answered_with_an_html_page_is_not_done(
     gcs_front.set_faults([Fault("html_200", match="delete", times=1)])  # once: the retry deletes it
     assert checkpoint.remove(f"gs://{gcs_bucket}/a.pt", client=gcs_front.client_config, retry=FAST_RETRY)
     assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.faults_injected["html_200"] == 2 * 4 + 1
+
+
+def test_batched_deletes_answered_with_an_html_page_are_not_done(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str
+) -> None:
+    """Inside a batch each call's own answer counts: a 200 with a page is not GCS's, so the call goes alone."""
+    for name in ("a", "b"):
+        gcs_emulator.upload(gcs_bucket, name, name.encode())
+    fs = GCSFileSystem(client=gcs_front.client_config, retry=FAST_RETRY, skip_instance_cache=True)
+    gcs_front.set_faults([Fault("html_200", match="delete")])
+    with pytest.raises(TransientError, match="not counted as deleted"):
+        fs.rm([f"gs://{gcs_bucket}/a", f"gs://{gcs_bucket}/b"])
+    assert gcs_front.counts["batch"] == 1 and gcs_emulator.names(gcs_bucket) == ["a", "b"]
+    gcs_front.set_faults([Fault("html_200", match="delete", times=2)])  # the batched calls: each goes again alone
+    fs.rm([f"gs://{gcs_bucket}/a", f"gs://{gcs_bucket}/b"])
+    assert gcs_emulator.names(gcs_bucket) == []

@@ -33,6 +33,7 @@ __all__ = [
     "delete_folder",
     "delete_object",
     "delete_request",
+    "is_delete_answer",
     "list_page",
     "live_generation",
     "multipart_body",
@@ -392,7 +393,14 @@ async def delete_request(
 
     async def send_once() -> bool:
         async with job.session.send("DELETE", url, path, params, xml_api=xml_api) as response:
-            _check_deleted(url, response.status, response.headers.get("Content-Type"), await response.read())
+            content_type, body = response.headers.get("Content-Type"), await response.read()
+            if not is_delete_answer(content_type, body):  # never counted as done: sent again, or failed
+                raise TransientError(
+                    f"{url}: the delete was answered {response.status} with {len(body)} bytes of "
+                    f"{content_type or 'no content type'}, not GCS's answer (204, no body): not counted as deleted",
+                    url=url,
+                    status=response.status,
+                )
             return True
 
     async def earlier_won(_: GCSError) -> bool:
@@ -406,25 +414,19 @@ async def delete_request(
         return False
 
 
-def _check_deleted(url: str, status: int, content_type: str | None, body: bytes) -> None:
-    """Make sure a 2xx answer to a DELETE is the API's: GCS answers 204 with no body (JSON and XML APIs
-    alike; fake-gcs-server, 200 with a JSON ``null``). A body of another kind (a proxy's or a captive
-    portal's HTML page) does not say the object is gone: ``TransientError``, so the delete goes again
-    (if it may) or fails, and is never counted as done."""
+def is_delete_answer(content_type: str | None, body: bytes) -> bool:
+    """Whether a 2xx answer to a DELETE is the API's: GCS answers 204 with no body (JSON and XML APIs alike;
+    fake-gcs-server, 200 with a JSON ``null``). A body of another kind (a proxy's or a captive portal's HTML
+    page) does not say the object is gone."""
     if not body.strip():
-        return
-    if "json" in (content_type or "").lower():
-        try:
-            json.loads(body)
-            return
-        except ValueError:
-            pass
-    raise TransientError(
-        f"{url}: the delete was answered {status} with {len(body)} bytes of {content_type or 'no content type'}, "
-        "not GCS's answer (204, no body): not counted as deleted",
-        url=url,
-        status=status,
-    )
+        return True
+    if "json" not in (content_type or "").lower():
+        return False
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
 
 
 DELETE_TRIES = 3
