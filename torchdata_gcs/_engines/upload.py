@@ -11,7 +11,8 @@ multipart uploads are not wanted). Both share :class:`StreamingWriter`'s behavio
   limit from 5 MiB parts;
 - the object is published only by a clean :meth:`StreamingWriter.close`; an exception inside
   ``with``, a writer dropped without closing, or a part that fails after retries discards the parts,
-  and nothing is published;
+  and nothing is published; a process ended by a signal leaves that to its reaper, handed the undo
+  (abort the upload, delete the parts) at the first part;
 - a payload that fits one part goes out in a single request;
 - every part travels with its crc32c, so GCS refuses a part damaged on the way and it is sent again;
 - the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
