@@ -9,19 +9,17 @@ unless told to abort every upload.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import quote
 from xml.etree import ElementTree
 
 from .._transport.context import RequestContext, with_retry
-from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError, NoMultipartListing
 from .client import Client
 from .objects import delete_object, delete_request
-from .temporaries import reaper_client
+from .temporaries import ReaperTask
 from .urls import TEMPORARY_PREFIX, format_url, printable
 
 __all__ = ["UPLOAD_MARKERS", "AbortUpload", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
@@ -94,21 +92,19 @@ async def abort_upload(job: RequestContext, bucket: str, upload: Upload) -> bool
     )
 
 
-class AbortUpload:
+class AbortUpload(ReaperTask):
     """A reaper's task: abort the multipart upload ``upload`` of ``bucket`` (GCS bills its parts until then)
-    and delete its marker, through the endpoint this process would use now."""
+    and delete its marker."""
 
     def __init__(self, bucket: str, upload: Upload, config: ClientConfig, retry: RetryConfig) -> None:
+        super().__init__(config, retry)
         self.bucket = bucket
         self.upload = upload
-        self.config = config
-        self.retry = retry
-        self.emulator = os.environ.get(EMULATOR_ENV)
 
     def __str__(self) -> str:
         return f"aborting the multipart upload of {printable(format_url(self.bucket, self.upload.name))}"
 
     def run(self) -> None:
-        client = reaper_client(self.config, self.retry, self.emulator)
+        client = self.client()
         client.run(abort_upload, self.bucket, self.upload)
         client.run(delete_object, self.bucket, upload_marker(self.upload.upload_id))
