@@ -86,7 +86,7 @@ from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
 
-__all__ = ["GCSFile", "GCSFileSystem", "StagedWriter", "register"]
+__all__ = ["GCSFile", "GCSFileSystem", "PublishingTransaction", "StagedWriter", "register"]
 
 T = TypeVar("T")
 
