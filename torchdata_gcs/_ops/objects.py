@@ -283,8 +283,8 @@ async def check_published(
     job: RequestContext, bucket: str, name: str, generation: int, reported: str | None, expected: str
 ) -> None:
     """Make sure the version ``generation`` just published holds the bytes written: GCS checks the crc32c
-    sent with them, but a server or proxy on the way that does not, or bytes damaged before that check,
-    would otherwise pass unnoticed. A crc32c ``reported`` for it other than ``expected`` deletes that
+    sent with them, but a server or proxy on the way that does not would otherwise store damaged bytes
+    unnoticed. A crc32c ``reported`` for it other than ``expected`` deletes that
     version (``ifGenerationMatch``, never a newer one) and raises ``IntegrityError``: the object it replaced,
     if any, is gone all the same."""
     if reported == expected:
