@@ -26,8 +26,9 @@ What it does on GCS:
 - ``open(..., "wb")``, ``put`` and large ``pipe`` stream out in parts and publish on a clean close only
   (a ``with`` block left by an exception publishes nothing); ``"xb"``, ``pipe_file(mode="create")``
   and ``put_file(mode="create")`` never replace an existing object;
-- within ``with fs.transaction:``, written files are published together when it ends cleanly, and
-  none of them if it ends by an exception;
+- within ``with fs.transaction:``, written files are published when it ends cleanly (every part
+  uploaded first, then one publishing request per file: GCS has no multi-object commit), and none of
+  them if it ends by an exception;
 - ``cp`` is a server-side rewrite; nothing passes through this process.
 
 A flat bucket has no directories: a directory is a prefix with objects under it, ``mkdir`` changes
@@ -46,6 +47,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -54,13 +56,14 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile
+from fsspec.transaction import Transaction
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
 from ._engines.streams import PartStream
-from ._engines.upload import PublishingWriter, new_writer
+from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
 from ._ops.batch import delete_objects
 from ._ops.checksums import check_crc32c, crc32c_base64
 from ._ops.client import Client
@@ -83,7 +86,7 @@ from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
 
-__all__ = ["GCSFile", "GCSFileSystem", "StagedWriter", "register"]
+__all__ = ["GCSFile", "GCSFileSystem", "PublishingTransaction", "StagedWriter", "register"]
 
 T = TypeVar("T")
 
@@ -109,6 +112,35 @@ def _on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[
         return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
 
     return wrapper
+
+
+class PublishingTransaction(Transaction):  # type: ignore[misc]
+    """fsspec's transaction, each file's parts uploaded before any file is published: a failure until then
+    (an exception inside ``with``, a part that fails) publishes nothing. Then each file is published by one
+    request of its own, in the order opened: GCS cannot publish several objects at once, so a file whose
+    publishing fails leaves those before it published, and it and those after it are not (a warning names
+    both lists); the error is raised as it came."""
+
+    def complete(self, commit: bool = True) -> None:
+        files, self.files = list(self.files), deque()
+        published: list[str] = []
+        try:
+            if commit:
+                for staged in files:
+                    staged.prepare()
+                for staged in files:
+                    staged.commit()
+                    published.append(staged.url)
+        except BaseException:
+            if published:
+                left = [staged.url for staged in files[len(published) :]]
+                logger.warning("a transaction published %s, then failed; not published: %s", published, left)
+            raise
+        finally:
+            for staged in files:
+                staged.discard()  # a no-op for those published
+            self.fs._intrans = False  # a failed transaction must not defer the filesystem's later writes
+            self.fs._transaction = None
 
 
 class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
@@ -140,6 +172,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     protocol = ("gs", "gcs")
     root_marker = ""
+    transaction_type = PublishingTransaction
 
     def __init__(
         self,
@@ -382,7 +415,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         bucket, name, url = self._object(path)
         only_if_new = _only_if_new(mode)
         data = bytes(value)
-        if len(data) <= self.write.part_size:
+        if len(data) <= self.write.part_size and not self._intrans:
             job = self._job()
             replaced = 0 if only_if_new else await live_generation(job, bucket, name)
             await create_object(job, bucket, name, data, if_generation_match=replaced)
@@ -408,9 +441,18 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         await asyncio.to_thread(self._write_chunks, url, chunks(), only_if_new)
 
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
-        with new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new) as writer:
+        """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
+        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new)
+        try:
             for chunk in chunks:
                 writer.write(chunk)
+        except BaseException:
+            writer.abort()
+            raise
+        if self._intrans:
+            self.transaction.files.append(StagedWriter(writer))
+        else:
+            writer.close()
 
     @_on_io_loop
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
@@ -573,9 +615,10 @@ class StagedWriter(io.RawIOBase):
     object is published by ``commit()`` when the transaction ends cleanly, and ``discard()`` (the
     transaction failed) publishes nothing; closing it only stops writes."""
 
-    def __init__(self, writer: PublishingWriter) -> None:
+    def __init__(self, writer: StreamingWriter) -> None:
         super().__init__()
         self._writer = writer
+        self.url = writer.url
 
     def writable(self) -> bool:
         return True
@@ -587,6 +630,10 @@ class StagedWriter(io.RawIOBase):
         if self.closed:
             raise ValueError("write to a closed file")
         return self._writer.write(data)  # type: ignore[no-any-return]
+
+    def prepare(self) -> None:
+        """Upload every part written, leaving only the publishing (see ``StreamingWriter.prepare``)."""
+        self._writer.prepare()
 
     def commit(self) -> None:
         self._writer.close()

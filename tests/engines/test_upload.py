@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -245,3 +249,45 @@ def test_a_lost_completion_over_the_same_bytes_leaves_no_upload_open(gcs_emulato
             out.write(data)
         assert completion_posts(front) == 1 and front.open_uploads == []
     assert gcs_emulator.read(BUCKET, "same.bin") == data
+
+
+SIGNALLED_SAVE = textwrap.dedent(
+    """
+    import signal, sys, time
+    from torchdata_gcs import ClientConfig
+    from torchdata_gcs._engines import upload
+    client = ClientConfig(endpoint=sys.argv[1], anonymous=True)
+    writer = getattr(upload, sys.argv[3])(f"gs://{sys.argv[2]}/ckpt.pt", client=client, part_size=upload.MIN_PART_SIZE)
+    writer.write(b"x" * (upload.MIN_PART_SIZE + 1))  # the first part goes out
+    print("default" if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else "handled", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("strategy", ["MultipartWriter", "CompositeWriter"])
+def test_sigterm_during_a_save_leaves_no_open_upload_and_no_part(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str, strategy: str
+) -> None:
+    """SIGTERM ends the saving process at once (the library sets no handler); its reaper aborts the
+    multipart upload, which GCS would bill until aborted, and deletes its marker, or deletes the parts
+    uploaded as temporary objects."""
+    command = [sys.executable, "-c", SIGNALLED_SAVE, gcs_front.endpoint, gcs_bucket, strategy]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stdout is not None
+            if child.stdout.readline() != "default\n":  # a handler set, or the child failed: say how
+                child.kill()
+                pytest.fail(child.communicate()[1])
+            started = time.monotonic()
+            while not gcs_emulator.names(gcs_bucket):  # the marker, or the first part
+                assert time.monotonic() - started < 30, "nothing was ever written: the test would prove nothing"
+                time.sleep(0.05)
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(timeout=10) == -signal.SIGTERM
+        finally:
+            child.kill()
+    started = time.monotonic()
+    while gcs_front.open_uploads or gcs_emulator.names(gcs_bucket):
+        assert time.monotonic() - started < 30, (gcs_front.open_uploads, gcs_emulator.names(gcs_bucket))
+        time.sleep(0.1)

@@ -16,7 +16,15 @@ import pytest
 from fsspec.registry import _registry
 from torch.utils.data import DataLoader, Dataset
 
-from torchdata_gcs import InvalidURIError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
+from torchdata_gcs import (
+    GCSError,
+    InvalidURIError,
+    NotFoundError,
+    RetryConfig,
+    TransferConfig,
+    UploadError,
+    WriteConfig,
+)
 from torchdata_gcs.fsspec import GCSFile, GCSFileSystem, register
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 from torchdata_gcs_fsspec_handler import VARIABLE
@@ -24,6 +32,7 @@ from torchdata_gcs_fsspec_handler import VARIABLE
 pytestmark = pytest.mark.timeout(120)
 
 MiB = 1024 * 1024
+FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
 
 
 def random_bytes(size: int, seed: int = 0) -> bytes:
@@ -120,6 +129,56 @@ def test_a_transaction_publishes_its_files_together_or_not_at_all(
                 f.write(data)
         assert fs.find(f"{gcs_bucket}/t") == []
     assert gcs_emulator.names(gcs_bucket) == ["t/a.bin", "t/b.bin"] and gcs_emulator.read(gcs_bucket, "t/b.bin") == data
+
+
+def test_a_transaction_uploads_every_part_before_it_publishes_any_file(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str
+) -> None:
+    """The last part of the second file fails for good: the first file, whose parts were all out, is not
+    published either."""
+    fs = filesystem(gcs_front, write=WriteConfig(part_size=5 * MiB), retry=FAST_RETRY)
+    gcs_front.set_faults([Fault("http_503", match=r"^PUT .*b\.bin\?partNumber=2")])
+    with pytest.raises(UploadError, match="a part failed"), fs.transaction:
+        for name in ("a.bin", "b.bin"):
+            with fs.open(f"{gcs_bucket}/t/{name}", "wb") as f:
+                f.write(random_bytes(7 * MiB))  # a part of 5 MiB goes out now, the last one at commit
+    assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
+    assert not fs._intrans
+
+
+def test_pipe_and_put_within_a_transaction_publish_when_it_commits(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str, tmp_path: Path
+) -> None:
+    local = tmp_path / "model.pt"
+    local.write_bytes(random_bytes(6 * MiB))
+    fs = filesystem(gcs_front, write=WriteConfig(part_size=5 * MiB))
+    with pytest.raises(RuntimeError, match="diverged"), fs.transaction:
+        fs.pipe(f"{gcs_bucket}/small.txt", b"small")
+        fs.put_file(str(local), f"{gcs_bucket}/model.pt")
+        raise RuntimeError("diverged")
+    assert gcs_emulator.names(gcs_bucket) == [] and gcs_front.open_uploads == []
+    with fs.transaction:
+        fs.pipe(f"{gcs_bucket}/small.txt", b"small")
+        fs.put_file(str(local), f"{gcs_bucket}/model.pt")
+        assert {"small.txt", "model.pt"}.isdisjoint(gcs_emulator.names(gcs_bucket))  # parts out, nothing published
+    assert gcs_emulator.read(gcs_bucket, "small.txt") == b"small"
+    assert gcs_emulator.read(gcs_bucket, "model.pt") == local.read_bytes()
+
+
+def test_a_transaction_whose_second_publish_fails_keeps_the_first_and_says_so(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GCS publishes one object per request: the first file's publish cannot be undone when the second's fails."""
+    fs = filesystem(gcs_front, write=WriteConfig(part_size=5 * MiB), retry=FAST_RETRY)
+    gcs_front.set_faults([Fault("http_400", match=r"^POST .*c\.bin\?uploadId=")])  # the second completion
+    with pytest.raises(GCSError, match="400"), fs.transaction:
+        for name in ("a.bin", "c.bin", "d.bin"):
+            with fs.open(f"{gcs_bucket}/t/{name}", "wb") as f:
+                f.write(random_bytes(6 * MiB))
+    assert gcs_emulator.names(gcs_bucket) == ["t/a.bin"] and gcs_front.open_uploads == []
+    warned = [r.getMessage() for r in caplog.records if "a transaction published" in r.getMessage()]
+    published, left = [f"gs://{gcs_bucket}/t/a.bin"], [f"gs://{gcs_bucket}/t/{n}" for n in ("c.bin", "d.bin")]
+    assert warned == [f"a transaction published {published}, then failed; not published: {left}"]
 
 
 def test_copy_is_a_server_side_rewrite(gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str) -> None:

@@ -11,7 +11,8 @@ multipart uploads are not wanted). Both share :class:`StreamingWriter`'s behavio
   limit from 5 MiB parts;
 - the object is published only by a clean :meth:`StreamingWriter.close`; an exception inside
   ``with``, a writer dropped without closing, or a part that fails after retries discards the parts,
-  and nothing is published;
+  and nothing is published; a process ended by a signal leaves that to its reaper, handed the undo
+  (abort the upload, delete the parts) at the first part;
 - a payload that fits one part goes out in a single request;
 - every part travels with its crc32c, so GCS refuses a part damaged on the way and it is sent again;
 - the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
@@ -39,9 +40,18 @@ import google_crc32c
 
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
-from .._ops.objects import TEMPORARY_CLASS, compose_object, create_object, list_page, object_resource
-from .._ops.uploads import UPLOAD_MARKERS, unfinished_uploads, upload_marker
+from .._ops.objects import (
+    TEMPORARY_CLASS,
+    check_published,
+    compose_object,
+    create_object,
+    list_page,
+    object_resource,
+)
+from .._ops.temporaries import DeletePrefix
+from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
+from .._transport import reaper
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.loop import io_loop, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
@@ -171,10 +181,12 @@ class StreamingWriter(PublishingWriter):
         self._crc = 0
         self._size = 0
         self._started = False
+        self._prepared = False  # every part sent: only publishing is left
         self._sent = 0  # parts handed to the I/O loop
         self._pending: deque[Future[tuple[int, Any]]] = deque()
         self._parts: dict[int, Any] = {}  # part number -> what assembling it needs
         self._state = "open"  # then "published" or "aborted"
+        self._watched: reaper.Watch | None = None  # what the reaper undoes if the process ends mid-upload
         self.generation: int | None = None
         """The published object's generation, once closed cleanly."""
 
@@ -195,8 +207,8 @@ class StreamingWriter(PublishingWriter):
         return self._size
 
     def write(self, data: Any) -> int:  # type: ignore[override]
-        if self._state != "open":
-            raise ValueError(f"write to a {self._state} writer ({self.url})")
+        if self._state != "open" or self._prepared:
+            raise ValueError(f"write to a {'prepared' if self._state == 'open' else self._state} writer ({self.url})")
         view = memoryview(data).cast("B")
         try:
             for start in range(0, len(view), WRITE_SLICE):
@@ -237,14 +249,12 @@ class StreamingWriter(PublishingWriter):
         if self._state != "open":
             return
         try:
+            self.prepare()
             if not self._started:
                 self.generation = self._client.create(
                     self._bucket, self._name, bytes(self._buffer[: self._filled]), if_generation_match=self._replaced()
                 )
             else:
-                self._send_part(self._buffer[: self._filled], self._part_crc)
-                while self._pending:
-                    self._collect(self._pending.popleft())
                 self.generation = self._publish()
         except BaseException:
             self.abort()
@@ -252,6 +262,23 @@ class StreamingWriter(PublishingWriter):
         self._state = "published"
         self._buffer, self._filled = _new_part(0), 0
         super().close()
+
+    def prepare(self) -> None:
+        """Take no more writes and upload every part, so that only publishing is left (a payload under one
+        part has nothing to prepare: one request publishes it). A transaction prepares all its files before
+        it publishes any, so that a failure up to then publishes nothing. On failure, abort and raise."""
+        if self._state != "open" or self._prepared:
+            return
+        self._prepared = True
+        if not self._started:
+            return
+        try:
+            self._send_part(self._buffer[: self._filled], self._part_crc)
+            while self._pending:
+                self._collect(self._pending.popleft())
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
         """Give the upload up: nothing is published and the parts sent are discarded."""
@@ -304,14 +331,7 @@ class StreamingWriter(PublishingWriter):
         generation, reported = self._assemble()
         if generation is None or reported is None:
             generation, reported = self._published_version(generation)
-        expected = crc32c_base64(self._crc)
-        if reported != expected:
-            self._client.delete(self._bucket, self._name, if_generation_match=generation)
-            raise IntegrityError(
-                f"{self.url}: the published object's crc32c is {reported}, the bytes written have {expected}; "
-                "it was deleted",
-                url=self.url,
-            )
+        self._run(check_published(self._job, self._bucket, self._name, generation, reported, crc32c_base64(self._crc)))
         return generation
 
     def _replaced(self) -> int:
@@ -392,7 +412,12 @@ class MultipartWriter(StreamingWriter):
         self._upload_id: str | None = None
         self._marker: tuple[str, int] | None = None  # (name, generation) of the upload's marker object
 
+    @property
+    def _upload(self) -> Upload:
+        return Upload(self._name, self._upload_id or "", "")
+
     def _start(self) -> None:
+        reaper.start_soon()  # while the upload starts
         headers = {"Content-Type": "application/octet-stream"}
         _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": None}, headers=headers))
         try:
@@ -403,6 +428,8 @@ class MultipartWriter(StreamingWriter):
             raise UploadError(
                 f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url
             )
+        # A process ended by a signal runs no code of its own: its reaper aborts the upload instead.
+        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client.config, self._retry))
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
             generation = self._client.create(
@@ -487,12 +514,14 @@ class MultipartWriter(StreamingWriter):
                 lost = lost or is_retryable(exc)
                 await asyncio.sleep(attempts.delay_after(exc))
 
+    def _publish(self) -> int:
+        generation = super()._publish()
+        reaper.release(self._watched)  # completed: nothing to abort
+        return generation
+
     async def _abort_upload(self) -> None:
         """Abort the upload (a no-op for one already completed or aborted)."""
-        try:
-            await _send(self._job, self.url, self._xml_path, "DELETE", {"uploadId": self._upload_id})
-        except NotFoundError:
-            pass
+        await abort_upload(self._job, self._bucket, self._upload)
 
     async def _abort_quietly(self) -> None:
         """Abort the upload if it is still open, once its object is published: a refusal (no
@@ -507,6 +536,7 @@ class MultipartWriter(StreamingWriter):
             future.cancel()
         await self._abort_upload()
         await self._unmark()
+        reaper.release(self._watched)  # a failed abort stays in the reaper's hands, tried again at exit
 
 
 class CompositeWriter(StreamingWriter):
@@ -542,6 +572,10 @@ class CompositeWriter(StreamingWriter):
         self._intermediates: dict[str, int | None] = {}  # composed intermediate name -> its generation
         self._delete_sources = True  # composes delete their sources, until GCS refuses that once
         self._sources_maybe_gone = False  # a compose that deletes its sources was sent
+
+    def _start(self) -> None:
+        # A process ended by a signal runs no code of its own: its reaper deletes the parts instead.
+        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client.config, self._retry))
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
@@ -647,13 +681,15 @@ class CompositeWriter(StreamingWriter):
             *(delete_temporary(self._job, self._bucket, n, generations.get(n)) for n in names)
         )
         self._temporaries.difference_update(n for n, gone in zip(names, deleted) if gone)
-        left = [format_url(self._bucket, n) for n in sorted(self._temporaries)]
-        if left:
+        remaining = [format_url(self._bucket, n) for n in sorted(self._temporaries)]
+        if not remaining:
+            reaper.release(self._watched)  # what is left stays in the reaper's hands, tried again at exit
+        else:
             logger.warning(
                 "%d temporary parts of %s were not deleted (torchdata-gcs clean removes them): %s",
-                len(left),
+                len(remaining),
                 self.url,
-                left[:3],
+                remaining[:3],
             )
 
     async def _discard(self, pending: Sequence[Future[tuple[int, Any]]]) -> None:

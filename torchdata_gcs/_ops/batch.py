@@ -20,7 +20,7 @@ from .._transport.http import error_detail, error_for_status, is_missing_bucket,
 from .._transport.retry import Attempts, is_retryable
 from .._transport.session import query_string
 from ..errors import GCSError, TransientError
-from .objects import delete_object
+from .objects import delete_object, is_delete_answer
 from .urls import format_url
 
 __all__ = [
@@ -260,8 +260,8 @@ def _carried_out(answer: BatchAnswer) -> bool:
 def _outcome(bucket: str, name: str, answer: BatchAnswer, resent: bool) -> bool | GCSError | None:
     """What one inner answer means for the delete of ``name`` (``None``: not carried out, to send alone); a
     ``resent`` call answered 404 or 412 found the work of an earlier attempt whose answer was lost."""
-    if 200 <= answer.status < 300:
-        return True
+    if 200 <= answer.status < 300:  # an answer that is not GCS's says nothing: sent alone, where it is judged
+        return True if is_delete_answer(answer.headers.get("content-type"), answer.body) else None
     if not _carried_out(answer):
         return None
     url = format_url(bucket, name)

@@ -12,7 +12,14 @@ from urllib.parse import quote
 
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket, missing_bucket
-from ..errors import AccessDeniedError, GCSError, NotFoundError, PreconditionFailedError
+from ..errors import (
+    AccessDeniedError,
+    GCSError,
+    IntegrityError,
+    NotFoundError,
+    PreconditionFailedError,
+    TransientError,
+)
 from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc32c, verify_bytes
 from .urls import format_url
 
@@ -21,11 +28,13 @@ __all__ = [
     "TEMPORARY_CLASS",
     "bucket_resource",
     "check_bucket",
+    "check_published",
     "compose_object",
     "create_object",
     "delete_folder",
     "delete_object",
     "delete_request",
+    "is_delete_answer",
     "list_page",
     "live_generation",
     "multipart_body",
@@ -223,39 +232,80 @@ async def create_object(
     the new generation; the body is sent in pieces, ``data`` never copied. The object takes ``storage_class``
     if given, else the bucket's default.
 
-    The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way. With
+    The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way, and
+    the crc32c GCS reports for what it stored must be the same (see :func:`check_published`). With
     ``if_generation_match`` (0: only if the object does not exist; see :func:`live_generation`) the upload
     is retried and a mismatch raises ``PreconditionFailedError``, except when a retry meets the write of
     its own earlier attempt whose answer was lost: an object of exactly these bytes is then taken as ours.
-    Without it, the upload is sent once.
+    Without it, the upload is sent once. When no answer comes back whole (``TransientError``), the object
+    is looked at before failing, and one of exactly these bytes, not the version replaced, is ours too.
     """
     url = format_url(bucket, name)
     body, headers = multipart_body(name, data, content_type, crc32c, storage_class)
+    expected = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
     # The name in the query as well as in the metadata (GCS takes either): request lines then say what they write.
-    params: dict[str, Any] = {"uploadType": "multipart", "name": name, "fields": "generation"}
+    params: dict[str, Any] = {"uploadType": "multipart", "name": name, "fields": "generation,crc32c"}
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     path = job.session.upload_path(bucket)
 
-    async def send_once() -> int:
+    async def send_once() -> tuple[int, str]:
         async with job.session.send("POST", url, path, params, headers, data=body) as response:
-            return int((await job.session.json_answer(response, url, ("generation",)))["generation"])
+            written = await job.session.json_answer(response, url, ("generation", "crc32c"))
+            return int(written["generation"]), written["crc32c"]
 
-    async def earlier_won(error: GCSError) -> int:
+    async def ours() -> tuple[int, str] | None:
+        """The live object, if it holds exactly these bytes and is not the version this write replaces."""
         live = await object_resource(job, bucket, name, "generation,size,crc32c")
         if (
-            not isinstance(error, PreconditionFailedError)
-            or live is None
+            live is None
             or int(live["size"]) != len(data)
-            or live.get("crc32c") != crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
+            or live.get("crc32c") != expected
+            or int(live["generation"]) == if_generation_match
         ):
+            return None
+        return int(live["generation"]), expected
+
+    async def earlier_won(error: GCSError) -> tuple[int, str]:
+        found = await ours() if isinstance(error, PreconditionFailedError) else None
+        if found is None:
             raise error
-        return int(live["generation"])
+        return found
 
     try:
-        return await _write(job, url, send_once, repeatable=if_generation_match is not None, earlier_won=earlier_won)
+        generation, reported = await _write(
+            job, url, send_once, repeatable=if_generation_match is not None, earlier_won=earlier_won
+        )
     except NotFoundError:  # an upload creates the object: only its bucket can be missing
         raise missing_bucket(bucket, url) from None
+    except TransientError:  # every answer lost or cut: the upload may have been carried out all the same
+        try:
+            found = await ours()
+        except GCSError:
+            found = None
+        if found is None:
+            raise
+        generation, reported = found
+    await check_published(job, bucket, name, generation, reported, expected)
+    return generation
+
+
+async def check_published(
+    job: RequestContext, bucket: str, name: str, generation: int, reported: str | None, expected: str
+) -> None:
+    """Make sure the version ``generation`` just published holds the bytes written: GCS checks the crc32c
+    sent with them, but a server or proxy on the way that does not would otherwise store damaged bytes
+    unnoticed. A crc32c ``reported`` for it other than ``expected`` deletes that
+    version (``ifGenerationMatch``, never a newer one) and raises ``IntegrityError``: the object it replaced,
+    if any, is gone all the same."""
+    if reported == expected:
+        return
+    url = format_url(bucket, name)
+    await delete_object(job, bucket, name, if_generation_match=generation)
+    raise IntegrityError(
+        f"{url}: the published object's crc32c is {reported}, the bytes written have {expected}; it was deleted",
+        url=url,
+    )
 
 
 async def compose_object(
@@ -361,7 +411,15 @@ async def delete_request(
     target gone or replaced after an earlier attempt whose answer was lost: deleted, as asked."""
 
     async def send_once() -> bool:
-        async with job.session.send("DELETE", url, path, params, xml_api=xml_api):
+        async with job.session.send("DELETE", url, path, params, xml_api=xml_api) as response:
+            content_type, body = response.headers.get("Content-Type"), await response.read()
+            if not is_delete_answer(content_type, body):  # never counted as done: sent again, or failed
+                raise TransientError(
+                    f"{url}: the delete was answered {response.status} with {len(body)} bytes of "
+                    f"{content_type or 'no content type'}, not GCS's answer (204, no body): not counted as deleted",
+                    url=url,
+                    status=response.status,
+                )
             return True
 
     async def earlier_won(_: GCSError) -> bool:
@@ -373,6 +431,21 @@ async def delete_request(
         if is_missing_bucket(exc):
             raise
         return False
+
+
+def is_delete_answer(content_type: str | None, body: bytes) -> bool:
+    """Whether a 2xx answer to a DELETE is the API's: GCS answers 204 with no body (JSON and XML APIs alike;
+    fake-gcs-server, 200 with a JSON ``null``). A body of another kind (a proxy's or a captive portal's HTML
+    page) does not say the object is gone."""
+    if not body.strip():
+        return True
+    if "json" not in (content_type or "").lower():
+        return False
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
 
 
 DELETE_TRIES = 3

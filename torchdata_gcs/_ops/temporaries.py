@@ -17,7 +17,7 @@ from .client import Client
 from .objects import MAX_PAGE_SIZE
 from .urls import format_url, printable
 
-__all__ = ["DeletePrefix", "list_soft_deleted", "list_versions"]
+__all__ = ["DeletePrefix", "ReaperTask", "list_soft_deleted", "list_versions"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,26 +57,37 @@ def _listed(
         params["pageToken"] = page["nextPageToken"]
 
 
-class DeletePrefix:
-    """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good, through the endpoint
-    this process would use now (the emulator variable is part of that, as for its sessions)."""
+class ReaperTask:
+    """What a reaper's task that sends requests holds: the client settings and the endpoint this process
+    would use now (the emulator variable is part of that, as for its sessions)."""
 
-    def __init__(self, bucket: str, prefix: str, config: ClientConfig, retry: RetryConfig) -> None:
-        self.bucket = bucket
-        self.prefix = prefix
+    def __init__(self, config: ClientConfig, retry: RetryConfig) -> None:
         self.config = config
         self.retry = retry
         self.emulator = os.environ.get(EMULATOR_ENV)
+
+    def client(self) -> Client:
+        """A client, in the reaper, for that endpoint (the reaper's environment serves no one else)."""
+        if self.emulator is None:
+            os.environ.pop(EMULATOR_ENV, None)
+        else:
+            os.environ[EMULATOR_ENV] = self.emulator
+        return Client(self.config, self.retry)
+
+
+class DeletePrefix(ReaperTask):
+    """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good."""
+
+    def __init__(self, bucket: str, prefix: str, config: ClientConfig, retry: RetryConfig) -> None:
+        super().__init__(config, retry)
+        self.bucket = bucket
+        self.prefix = prefix
 
     def __str__(self) -> str:
         return f"deleting {printable(format_url(self.bucket, self.prefix))}"
 
     def run(self) -> None:
-        if self.emulator is None:  # the reaper's own environment: it serves no one else
-            os.environ.pop(EMULATOR_ENV, None)
-        else:
-            os.environ[EMULATOR_ENV] = self.emulator
-        client = Client(self.config, self.retry)
+        client = self.client()
         tried: set[tuple[str, int]] = set()  # a version that could not be deleted is not tried again
         quiet_since = time.monotonic()
         while time.monotonic() - quiet_since < SETTLE_SECONDS:

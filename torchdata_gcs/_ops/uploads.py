@@ -15,12 +15,14 @@ from urllib.parse import quote
 from xml.etree import ElementTree
 
 from .._transport.context import RequestContext, with_retry
+from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError, NoMultipartListing
 from .client import Client
-from .objects import delete_request
-from .urls import TEMPORARY_PREFIX, format_url
+from .objects import delete_object, delete_request
+from .temporaries import ReaperTask
+from .urls import TEMPORARY_PREFIX, format_url, printable
 
-__all__ = ["UPLOAD_MARKERS", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
+__all__ = ["UPLOAD_MARKERS", "AbortUpload", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
 
 UPLOAD_MARKERS = f"{TEMPORARY_PREFIX}uploads/"
 """Where the markers of this library's unfinished multipart uploads live."""
@@ -88,3 +90,21 @@ async def abort_upload(job: RequestContext, bucket: str, upload: Upload) -> bool
     return await delete_request(
         job, format_url(bucket, upload.name), path, {"uploadId": upload.upload_id}, repeatable=True, xml_api=True
     )
+
+
+class AbortUpload(ReaperTask):
+    """A reaper's task: abort the multipart upload ``upload`` of ``bucket`` (GCS bills its parts until then)
+    and delete its marker."""
+
+    def __init__(self, bucket: str, upload: Upload, config: ClientConfig, retry: RetryConfig) -> None:
+        super().__init__(config, retry)
+        self.bucket = bucket
+        self.upload = upload
+
+    def __str__(self) -> str:
+        return f"aborting the multipart upload of {printable(format_url(self.bucket, self.upload.name))}"
+
+    def run(self) -> None:
+        client = self.client()
+        client.run(abort_upload, self.bucket, self.upload)
+        client.run(delete_object, self.bucket, upload_marker(self.upload.upload_id))
