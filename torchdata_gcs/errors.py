@@ -10,6 +10,7 @@
         ├── EndpointError          ConnectionError     the endpoint cannot be reached or trusted
         ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
         ├── UploadError            OSError             a write failed: nothing was published
+        ├── ListingError                               pages that repeat or go back: a listing gone wrong
         └── NoMultipartListing                         the endpoint lists no multipart uploads
     UserWarning
     ├── MissingObjectWarning                           a missing object was skipped, as asked
@@ -29,6 +30,7 @@ __all__ = [
     "GCSError",
     "IntegrityError",
     "InvalidURIError",
+    "ListingError",
     "MissingObjectWarning",
     "NoMultipartListing",
     "NotFoundError",
@@ -104,6 +106,12 @@ class IntegrityError(GCSError, OSError):
 
 class UploadError(GCSError, OSError):
     """A write failed and was aborted: nothing was published (the object, if it existed, is unchanged)."""
+
+
+class ListingError(GCSError):
+    """A listing answered with pages GCS never sends: a page token handed out a second time, a page with
+    nothing after what earlier pages listed (following them would page, and bill, forever), or names out
+    of order. The listing stops; ``url`` names the prefix listed."""
 
 
 class NoMultipartListing(GCSError):

@@ -76,6 +76,7 @@ from ._ops.objects import (
     rewrite_object,
     storage_layout,
 )
+from ._ops.paging import PageTrail
 from ._ops.patterns import has_magic, tree_glob
 from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
@@ -598,12 +599,14 @@ class StagedWriter(io.RawIOBase):
 async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """The pages of the listing ``params`` asks for, following ``nextPageToken`` (``params`` is updated)."""
     url = format_url(bucket, params.get("prefix") or params.get("startOffset", ""))
+    trail = PageTrail(url)
     while True:
         page = await list_page(job, bucket, params, url=url)
         yield page
-        if not page.get("nextPageToken"):
+        token = trail.follow_json(page)
+        if token is None:
             return
-        params["pageToken"] = page["nextPageToken"]
+        params["pageToken"] = token
 
 
 def _resolve(offset: int | None, size: int) -> int:
