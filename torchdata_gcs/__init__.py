@@ -38,6 +38,7 @@ from .errors import (
     MissingObjectWarning,
     NotFoundError,
     PreconditionFailedError,
+    ResumeError,
     TransientError,
     UploadError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "NotFoundError",
     "ObjectInfo",
     "PreconditionFailedError",
+    "ResumeError",
     "RetryConfig",
     "TransferConfig",
     "TransientError",

@@ -11,6 +11,7 @@
         ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
         ├── UploadError            OSError             a write failed: nothing was published
         ├── ListingError                               pages that repeat or go back: a listing gone wrong
+        ├── ResumeError            ValueError          a saved state that does not fit what it is loaded into
         └── NoMultipartListing                         the endpoint lists no multipart uploads
     UserWarning
     ├── MissingObjectWarning                           a missing object was skipped, as asked
@@ -35,6 +36,7 @@ __all__ = [
     "NoMultipartListing",
     "NotFoundError",
     "PreconditionFailedError",
+    "ResumeError",
     "TransientError",
     "UploadError",
 ]
@@ -112,6 +114,11 @@ class ListingError(GCSError):
     """A listing answered with pages GCS never sends: a page token handed out a second time, a page with
     nothing after what earlier pages listed (following them would page, and bill, forever), or names out
     of order. The listing stops; ``url`` names the prefix listed."""
+
+
+class ResumeError(GCSError, ValueError):
+    """A saved state refused by ``load_state_dict``: malformed, or taken over another listing or order, where
+    resuming would skip or repeat objects. The message says what differs; nothing was changed."""
 
 
 class NoMultipartListing(GCSError):
