@@ -1,6 +1,6 @@
-"""Resuming a position in an ordered listing: a fingerprint of the listing to save with the position, and the
-check that a saved position belongs to the listing and order it is loaded into, so that a resume never
-skips or repeats objects silently (a position counts items, which only means something in the same order)."""
+"""Resuming a position in a listing, checked so that a resume never skips or repeats objects silently: a
+dataset's count of items read (which means something only over the same listing in the same order, so a
+fingerprint of both is saved with it), and a lister's last object (which must be one its input lists)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ResumeError
+from .._ops.patterns import NameFilter
+from .._ops.urls import brief, parse_url
+from ..errors import InvalidURIError, ResumeError
 
-__all__ = ["fingerprint", "resume_position"]
+__all__ = ["check_listing_position", "fingerprint", "listing_position", "resume_position"]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -81,3 +83,46 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
     if done > share:
         raise ResumeError(f"not a resumable state: done {done}, but the epoch holds {share} items here")
     return epoch, seed, done
+
+
+def listing_position(state: object) -> tuple[int, str] | None:
+    """The position in a lister's saved state, ``{"after": [input index, URL of the last object handed out]}``
+    (``None``: from the start), as a tuple; ``ResumeError`` if the state is anything else."""
+    if not isinstance(state, Mapping) or "after" not in state:
+        raise ResumeError(f"not a resumable state: expected {{'after': ...}} from a lister, got {brief(state)}")
+    after = state["after"]
+    if after is None:
+        return None
+    if (
+        isinstance(after, Sequence)
+        and not isinstance(after, str)
+        and len(after) == 2
+        and isinstance(after[0], int)
+        and not isinstance(after[0], bool)
+        and after[0] >= 0
+        and isinstance(after[1], str)
+    ):
+        try:
+            parse_url(after[1], allow_prefix=False)
+        except InvalidURIError as exc:
+            raise ResumeError(f"not a resumable state: 'after' names no object ({exc})") from None
+        return after[0], after[1]
+    raise ResumeError(
+        f"not a resumable state: 'after' must be None or [input index >= 0, gs:// URL], got {brief(after)}"
+    )
+
+
+def check_listing_position(after: tuple[int, str], inputs: Sequence[str]) -> None:
+    """Raise ``ResumeError`` unless the object ``after`` names is one its input (``inputs[index]``) lists: a
+    state taken over other inputs would resume in the wrong place, skipping or repeating objects."""
+    index, url = after
+    if index < len(inputs):
+        bucket, name = parse_url(inputs[index])
+        listed_bucket, listed = parse_url(url)
+        if listed_bucket == bucket and (listed == name or listed.startswith(NameFilter.of(name).root)):
+            return
+    here = f"input {index} is {inputs[index]}" if index < len(inputs) else f"there are {len(inputs)} inputs"
+    raise ResumeError(
+        f"this state resumes after {url}, listed from input {index}, but here {here}: it was taken over other"
+        " inputs, and resuming would skip or repeat objects"
+    )
