@@ -4,15 +4,18 @@ prefix, after a few list requests, instead of paging and billing forever."""
 from __future__ import annotations
 
 import itertools
+import json
 import threading
+import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchdata_gcs import GCSFileListerIterDataPipe, GCSIterableDataset, ListingError, RetryConfig
+from torchdata_gcs import ClientConfig, GCSFileListerIterDataPipe, GCSIterableDataset, ListingError, RetryConfig
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._ops.paging import PageTrail
 from torchdata_gcs._ops.temporaries import list_soft_deleted, list_versions
@@ -186,3 +189,54 @@ def test_a_listing_in_order_is_always_followed_to_its_end(
     for number, page in enumerate(pages):
         last = number == len(pages) - 1
         assert trail.follow(page, None if last else f"token-{number}") == (None if last else f"token-{number}")
+
+
+# -- a server that repeats its page under a new token every time ----------------------------------
+
+
+@pytest.fixture
+def same_page_server() -> Iterator[tuple[ClientConfig, list[str]]]:
+    """A server answering every list request with the same objects and a token never given before, as a
+    broken proxy or server could; its client settings, and the requests it got."""
+    requests_seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            requests_seen.append(self.path)
+            items = [{"name": f"p/{n}", "size": "1", "generation": "7", "crc32c": "AAAAAA=="} for n in "ab"]
+            body = json.dumps({"items": items, "nextPageToken": uuid.uuid4().hex}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ClientConfig(endpoint=f"http://127.0.0.1:{server.server_address[1]}"), requests_seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("lister", ["list_files_by_gcs", "fsspec ls", "list_versions"])
+def test_the_same_page_under_new_tokens_ends_the_lister(
+    same_page_server: tuple[ClientConfig, list[str]], lister: str
+) -> None:
+    client, seen = same_page_server
+    calls: dict[str, Callable[[], object]] = {
+        "list_files_by_gcs": lambda: list(GCSFileListerIterDataPipe("gs://bkt/p/", client=client, concurrency=4)),
+        "fsspec ls": lambda: GCSFileSystem(client=client, skip_instance_cache=True).ls("bkt/p"),
+        "list_versions": lambda: list(list_versions(Client(client, RetryConfig()), "bkt", "p/")),
+    }
+    error = ends_within(calls[lister])
+    assert isinstance(error, ListingError), error
+    assert "page 2 names only what earlier pages listed" in str(error) and "gs://bkt/p/" in str(error)
+    assert len(seen) == 2
