@@ -96,6 +96,18 @@ def test_a_dataset_is_not_made_from_an_endless_listing(stuck: GCSFront) -> None:
     )
 
 
+def test_fsspec_ls_names_each_folder_once_however_many_pages_name_it(front: GCSFront) -> None:
+    """The emulator names every prefix on every page of a listing by level: not a listing going round, and
+    each folder is listed once."""
+    fs = GCSFileSystem(client=front.client_config, skip_instance_cache=True)
+    front.reset_counts()
+    listed = fs.ls(f"{BUCKET}/data", detail=False)
+    assert sorted(listed) == sorted(
+        [f"{BUCKET}/data/{i:03d}.bin" for i in range(12)] + [f"{BUCKET}/data/sub{i}" for i in range(8)]
+    )
+    assert front.counts["list"] >= 4  # several pages, each naming the folders
+
+
 def test_fsspec_ls_and_find_stop_on_a_repeated_token(stuck: GCSFront) -> None:
     fs = GCSFileSystem(client=stuck.client_config, skip_instance_cache=True)
     ends_in_listing_error(lambda: fs.ls(f"{BUCKET}/data"), f"gs://{BUCKET}/data/", stuck)

@@ -254,14 +254,16 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         }
         job = self._job()
         entries: list[dict[str, Any]] = []
+        folders: set[str] = set()  # a page may name again a prefix an earlier page named
         placeholder = False  # a zero-byte "name/" object: a folder made in the console, empty or not
         async for page in _pages(job, bucket, params):
-            entries += (self._directory(f"{bucket}/{p}") for p in page.get("prefixes", []) if p != TEMPORARY_PREFIX)
+            folders.update(page.get("prefixes", []))
             for item in page.get("items", []):
                 if item["name"] == prefix:
                     placeholder = True
                 else:
                     entries.append(self._file(bucket, item))
+        entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
         if not entries and name and not placeholder:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
@@ -498,7 +500,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "maxResults": MAX_PAGE_SIZE,
             "fields": "prefixes,nextPageToken",
         }
-        return [prefix async for page in _pages(job, bucket, params) for prefix in page.get("prefixes", [])]
+        listed = [prefix async for page in _pages(job, bucket, params) for prefix in page.get("prefixes", [])]
+        return list(dict.fromkeys(listed))  # a page may name again a prefix an earlier page named
 
     async def _delete_objects(
         self, job: RequestContext, objects: list[tuple[str, str, str]], listed: dict[str, int]
