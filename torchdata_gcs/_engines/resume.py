@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._ops.patterns import NameFilter
-from .._ops.urls import brief, parse_url
+from .._ops.urls import brief, parse_url, printable
 from ..errors import InvalidURIError, ResumeError
 
 __all__ = ["check_listing_position", "fingerprint", "listing_position", "resume_position"]
@@ -28,10 +28,11 @@ def fingerprint(urls: Sequence[str]) -> dict[str, Any]:
     return {"objects": len(urls), "sha256": digest.hexdigest()}
 
 
-def _count(state: Mapping[str, Any], key: str, what: str) -> int:
+def _count(state: Mapping[str, Any], key: str, what: str = "the") -> int:
+    """``state[key]``, which must be an integer >= 0 (``what`` names what holds it in the message)."""
     value = state.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ResumeError(f"not a resumable state: {what} {key!r} must be an integer >= 0, got {value!r}")
+        raise ResumeError(f"not a resumable state: {what} {key!r} must be an integer >= 0, got {brief(value)}")
     return value
 
 
@@ -45,9 +46,9 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
     is refused too."""
     if not isinstance(state, Mapping):
         raise ResumeError(f"not a resumable state: expected a dict from state_dict(), got {type(state).__name__}")
-    epoch, seed, done = _count(state, "epoch", "the"), state.get("seed"), _count(state, "done", "the")
+    epoch, seed, done = _count(state, "epoch"), state.get("seed"), _count(state, "done")
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ResumeError(f"not a resumable state: the 'seed' must be an integer, got {seed!r}")
+        raise ResumeError(f"not a resumable state: the 'seed' must be an integer, got {brief(seed)}")
     if done == 0:
         return epoch, seed, done
     restart = f"load {{'epoch': {epoch}, 'seed': {seed}, 'done': 0}} to read epoch {epoch} from its start"
@@ -59,10 +60,12 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
             f" could skip or repeat objects: {restart}"
         )
     if not (isinstance(saved, Mapping) and isinstance(saved_order, Mapping)):
-        raise ResumeError(f"not a resumable state: 'listing' and 'order' must be dicts, got {saved!r}, {saved_order!r}")
+        raise ResumeError(
+            f"not a resumable state: 'listing' and 'order' must be dicts, got {brief(saved)}, {brief(saved_order)}"
+        )
     objects, digest = _count(saved, "objects", "the listing's"), saved.get("sha256")
     if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-        raise ResumeError(f"not a resumable state: the listing's 'sha256' must be 64 hex digits, got {digest!r}")
+        raise ResumeError(f"not a resumable state: the listing's 'sha256' must be 64 hex digits, got {brief(digest)}")
     if digest != listing["sha256"] or objects != listing["objects"]:
         changed = "" if objects != listing["objects"] else " (as many, but not the same names in the same order)"
         raise ResumeError(
@@ -71,7 +74,7 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
             f" objects (the (url, ObjectInfo) pairs, or a manifest=), or {restart}"
         )
     differs = [
-        f"{key} {saved_order.get(key)!r} then, {value!r} now"
+        f"{key} {brief(saved_order.get(key))} then, {value!r} now"
         for key, value in order.items()
         if saved_order.get(key) != value
     ]
@@ -121,8 +124,8 @@ def check_listing_position(after: tuple[int, str], inputs: Sequence[str]) -> Non
         listed_bucket, listed = parse_url(url)
         if listed_bucket == bucket and (listed == name or listed.startswith(NameFilter.of(name).root)):
             return
-    here = f"input {index} is {inputs[index]}" if index < len(inputs) else f"there are {len(inputs)} inputs"
+    here = f"input {index} is {printable(inputs[index])}" if index < len(inputs) else f"there are {len(inputs)} inputs"
     raise ResumeError(
-        f"this state resumes after {url}, listed from input {index}, but here {here}: it was taken over other"
-        " inputs, and resuming would skip or repeat objects"
+        f"this state resumes after {printable(url)}, listed from input {index}, but here {here}: it was taken"
+        " over other inputs, and resuming would skip or repeat objects"
     )
