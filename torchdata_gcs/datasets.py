@@ -3,6 +3,7 @@ listed once and read through the same engine as ``load_files_by_gcs``."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -19,6 +20,7 @@ from ._engines.download import as_stream, load_in_order
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
+from ._engines.resume import fingerprint, resume_position
 from ._engines.workers import SharedEpoch, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
@@ -373,15 +375,46 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
             self._done += 1
             yield item
 
+    @functools.cached_property
+    def _listing(self) -> dict[str, Any]:
+        return fingerprint([url for url, _ in self.objects])
+
+    def _order(self) -> dict[str, Any]:
+        """What decides, beside the listing, which objects this worker reads in which order."""
+        rank, world = self.rank_and_world_size()
+        worker = get_worker_info()
+        workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        return {
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "rank": rank,
+            "world_size": world,
+            "worker": workers[0],
+            "workers": workers[1],
+        }
+
     def state_dict(self) -> dict[str, Any]:
-        """How far the current epoch has been read by this worker (``StatefulDataLoader`` keeps one per worker)."""
-        return {"epoch": self.epoch, "seed": self.seed, "done": self._done}
+        """How far the current epoch has been read by this worker (``StatefulDataLoader`` keeps one per
+        worker), with a fingerprint of the listing and the order it was read in."""
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "done": self._done,
+            "listing": self._listing,
+            "order": self._order(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the epoch in ``state`` (from :meth:`state_dict`) after the items it had delivered."""
-        epoch, seed, done = int(state["epoch"]), int(state["seed"]), int(state["done"])
-        if epoch < 0 or done < 0:
-            raise ValueError(f"not a state of this dataset: epoch {epoch}, done {done}")
+        """Resume the epoch in ``state`` (from :meth:`state_dict`) after the items it had delivered.
+
+        Raises ``ResumeError`` (nothing changed) for a malformed state, or one taken over another listing
+        (objects added, removed or renamed since: another order, where resuming would skip or repeat
+        objects) or in another order (shuffle, drop_last, rank, world size, worker, workers), saying what
+        differs; a state with nothing read yet (``done`` 0) fits any."""
+        order = self._order()
+        share = len(_rank_slice(len(self.objects), order["rank"], order["world_size"], self.drop_last))
+        share = len(range(order["worker"], share, order["workers"]))  # this worker's part of it
+        epoch, seed, done = resume_position(state, self._listing, order, share)
         self._epoch.value, self.seed, self._resume = epoch, seed, done
 
 

@@ -10,6 +10,8 @@
         ├── EndpointError          ConnectionError     the endpoint cannot be reached or trusted
         ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
         ├── UploadError            OSError             a write failed: nothing was published
+        ├── ListingError                               pages that repeat or go back: a listing gone wrong
+        ├── ResumeError            ValueError          a saved state that does not fit what it is loaded into
         └── NoMultipartListing                         the endpoint lists no multipart uploads
     UserWarning
     ├── MissingObjectWarning                           a missing object was skipped, as asked
@@ -29,10 +31,12 @@ __all__ = [
     "GCSError",
     "IntegrityError",
     "InvalidURIError",
+    "ListingError",
     "MissingObjectWarning",
     "NoMultipartListing",
     "NotFoundError",
     "PreconditionFailedError",
+    "ResumeError",
     "TransientError",
     "UploadError",
 ]
@@ -104,6 +108,17 @@ class IntegrityError(GCSError, OSError):
 
 class UploadError(GCSError, OSError):
     """A write failed and was aborted: nothing was published (the object, if it existed, is unchanged)."""
+
+
+class ListingError(GCSError):
+    """A listing answered with pages GCS never sends: a page token handed out a second time, a page with
+    nothing after what earlier pages listed (following them would page, and bill, forever), or names out
+    of order. The listing stops; ``url`` names the prefix listed."""
+
+
+class ResumeError(GCSError, ValueError):
+    """A saved state refused by ``load_state_dict``: malformed, or taken over another listing or order, where
+    resuming would skip or repeat objects. The message says what differs; nothing was changed."""
 
 
 class NoMultipartListing(GCSError):

@@ -79,6 +79,7 @@ from ._ops.objects import (
     rewrite_object,
     storage_layout,
 )
+from ._ops.paging import PageTrail
 from ._ops.patterns import has_magic, tree_glob
 from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
@@ -286,14 +287,16 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         }
         job = self._job()
         entries: list[dict[str, Any]] = []
+        folders: set[str] = set()  # a page may name again a prefix an earlier page named
         placeholder = False  # a zero-byte "name/" object: a folder made in the console, empty or not
         async for page in _pages(job, bucket, params):
-            entries += (self._directory(f"{bucket}/{p}") for p in page.get("prefixes", []) if p != TEMPORARY_PREFIX)
+            folders.update(page.get("prefixes", []))
             for item in page.get("items", []):
                 if item["name"] == prefix:
                     placeholder = True
                 else:
                     entries.append(self._file(bucket, item))
+        entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
         if not entries and name and not placeholder:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
@@ -539,7 +542,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "maxResults": MAX_PAGE_SIZE,
             "fields": "prefixes,nextPageToken",
         }
-        return [prefix async for page in _pages(job, bucket, params) for prefix in page.get("prefixes", [])]
+        listed = [prefix async for page in _pages(job, bucket, params) for prefix in page.get("prefixes", [])]
+        return list(dict.fromkeys(listed))  # a page may name again a prefix an earlier page named
 
     async def _delete_objects(
         self, job: RequestContext, objects: list[tuple[str, str, str]], listed: dict[str, int]
@@ -645,12 +649,14 @@ class StagedWriter(io.RawIOBase):
 async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """The pages of the listing ``params`` asks for, following ``nextPageToken`` (``params`` is updated)."""
     url = format_url(bucket, params.get("prefix") or params.get("startOffset", ""))
+    trail = PageTrail(url)
     while True:
         page = await list_page(job, bucket, params, url=url)
         yield page
-        if not page.get("nextPageToken"):
+        token = trail.follow_json(page)
+        if token is None:
             return
-        params["pageToken"] = page["nextPageToken"]
+        params["pageToken"] = token
 
 
 def _resolve(offset: int | None, size: int) -> int:

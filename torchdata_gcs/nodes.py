@@ -22,6 +22,7 @@ from ._engines.compose import COMPOSED_CLASSES, MAX_SOURCES, check_reuse_prefix,
 from ._engines.download import Loaded, as_stream, load_in_order
 from ._engines.inputs import list_inputs
 from ._engines.parallel_listing import ListingStats
+from ._engines.resume import listing_position
 from ._engines.shared_listing import Entry
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
@@ -71,8 +72,7 @@ class ListFiles(BaseNode[Item]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        after = None if not initial_state or initial_state["after"] is None else initial_state["after"]
-        self._position = None if after is None else (int(after[0]), str(after[1]))
+        self._position = None if not initial_state else listing_position(initial_state)
         self.stats = ListingStats()
         batches = list_inputs(
             Client(self.client, self.retry),

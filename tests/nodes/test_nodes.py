@@ -12,7 +12,7 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 from torchdata.nodes import Batcher, IterableWrapper, Loader
 
 from tests.delivery import assert_exactly_once, read
-from torchdata_gcs import InvalidURIError, MissingObjectWarning, NotFoundError
+from torchdata_gcs import InvalidURIError, MissingObjectWarning, NotFoundError, ResumeError
 from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles
 from torchdata_gcs.testing import Emulator
 
@@ -111,3 +111,16 @@ def test_the_readme_nodes_snippet_delivers_every_object_the_last_partial_batch_t
     assert_exactly_once(
         [item for batch in batches for item in batch], {f"gs://{bucket}/{n}": d for n, d in objects.items()}
     )
+
+
+def test_list_files_refuses_a_malformed_position_or_one_of_other_inputs(dataset, client) -> None:
+    bucket, expected = dataset
+    node = ListFiles(f"gs://{bucket}/n/", client=client)
+    with pytest.raises(ResumeError, match=r"'after' must be None or \[input index >= 0, gs:// URL\], got \[-5, "):
+        node.reset({"after": [-5, sorted(expected)[3]]})
+    with pytest.raises(ResumeError, match="expected {'after': ...} from a lister"):
+        node.reset({"position": 3})
+    other = ListFiles(f"gs://{bucket}/other/", client=client, allow_empty=True)
+    other.reset({"after": [0, sorted(expected)[3]]})
+    with pytest.raises(ResumeError, match=f"here input 0 is gs://{bucket}/other/"):
+        next(other)

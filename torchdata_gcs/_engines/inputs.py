@@ -19,6 +19,7 @@ from .._ops.urls import brief, format_url, parse_url
 from ..errors import MissingObjectWarning, NotFoundError
 from .listing import list_objects
 from .parallel_listing import ListingStats
+from .resume import check_listing_position
 from .shared_listing import Entry, SharedListing
 
 __all__ = ["list_inputs"]
@@ -108,10 +109,13 @@ def list_inputs(
     (``gs://b/data``: the object, then everything under ``data/``) or a glob (``gs://b/dir/*.bin``);
     ``masks`` are kept as :class:`NameFilter` reads them. An input that keeps no object raises
     ``NotFoundError`` naming it, unless ``allow_empty``; a missing named object is skipped with a
-    ``MissingObjectWarning`` and counted in ``stats.missing`` with ``skip_missing``.
+    ``MissingObjectWarning`` and counted in ``stats.missing`` with ``skip_missing``. A position ``after``
+    that its input would not list raises ``ResumeError``.
     """
     for url in inputs:
         parse_url(url)
+    if after is not None:
+        check_listing_position(after, inputs)
     matches = _Matches(inputs, masks, allow_empty, skip_missing, stats)
     keep_info = with_info or manifest is not None
 

@@ -24,8 +24,9 @@ from itertools import pairwise, zip_longest
 from typing import Any
 
 from .._ops.client import Client
+from .._ops.paging import PageTrail
 from .._ops.urls import format_url
-from ..errors import GCSError
+from ..errors import ListingError
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +137,8 @@ class ListingStats:
 class _Range:
     """Names in ``[start, end)``; ``after`` is the last name listed so far.
 
-    ``token`` continues ``query``, whose ``endOffset`` may lie beyond an ``end`` a split has since
-    moved down: names past ``end`` are dropped and the range is done with that page.
+    ``token`` continues ``query`` (``trail`` follows its pages), whose ``endOffset`` may lie beyond an
+    ``end`` a split has since moved down: names past ``end`` are dropped and the range is done with that page.
     """
 
     start: str
@@ -150,6 +151,7 @@ class _Range:
     last_page_stride: int = 0
     token: str | None = None
     query: dict[str, Any] = field(default_factory=dict)
+    trail: PageTrail | None = None
 
 
 class _Listing:
@@ -254,7 +256,7 @@ class _Listing:
                         owned.query["endOffset"] = owned.end
                     if self.match_glob is not None:
                         owned.query["matchGlob"] = self.match_glob
-                    params = owned.query
+                    params, owned.trail = owned.query, PageTrail(self.url)
                 else:
                     params = {**owned.query, "pageToken": owned.token}
             page = self.client.list_page(self.bucket, params, url=self.url)
@@ -277,7 +279,8 @@ class _Listing:
                 if owned.last_page_full:
                     owned.last_page_stride = self._stride(fresh[0]["name"], fresh[-1]["name"])
                 self.stats.full_pages += owned.last_page_full
-                owned.token = page.get("nextPageToken")
+                assert owned.trail is not None  # made with the query
+                owned.token = owned.trail.follow_json(page)
                 past_end = owned.end is not None and bool(items) and items[-1]["name"] >= owned.end
                 if owned.token is None or past_end:
                     owned.done, owned.busy = True, False
@@ -370,7 +373,9 @@ def list_prefix_parallel(
             names = [item["name"] for item in ready]
             # GCS lists in name order; anything else is not trusted.
             if names[0] <= previous or any(a >= b for a, b in pairwise(names)):
-                raise GCSError(f"listing of {listing.url} came back out of order near {names[0]!r}", url=listing.url)
+                raise ListingError(
+                    f"listing of {listing.url} came back out of order near {names[0]!r}", url=listing.url
+                )
             previous = names[-1]
             yield ready
     finally:

@@ -48,6 +48,7 @@ from .._ops.objects import (
     list_page,
     object_resource,
 )
+from .._ops.paging import PageTrail
 from .._ops.temporaries import DeletePrefix
 from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
@@ -656,13 +657,15 @@ class CompositeWriter(StreamingWriter):
         url = format_url(self._bucket, self._prefix)
         params: dict[str, Any] = {"prefix": self._prefix, "fields": "items(name,generation),nextPageToken"}
         found: dict[str, int] = {}
+        trail = PageTrail(url)
         try:
             while True:
                 page = await list_page(self._job, self._bucket, params, url=url)
                 found.update((item["name"], int(item["generation"])) for item in page.get("items", []))
-                if not page.get("nextPageToken"):
+                token = trail.follow_json(page)
+                if token is None:
                     return found
-                params["pageToken"] = page["nextPageToken"]
+                params["pageToken"] = token
         except GCSError as exc:
             logger.debug("listing %s failed: %r", url, exc)
             return None

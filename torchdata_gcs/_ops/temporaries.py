@@ -15,6 +15,7 @@ from ..errors import GCSError
 from .batch import delete_objects
 from .client import Client
 from .objects import MAX_PAGE_SIZE
+from .paging import PageTrail
 from .urls import format_url, printable
 
 __all__ = ["DeletePrefix", "ReaperTask", "list_soft_deleted", "list_versions"]
@@ -34,9 +35,12 @@ def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str
 
 def list_soft_deleted(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:
     """Every soft-deleted object under ``prefix`` (deleted, kept and billed until its ``hardDeleteTime`` by the
-    bucket's soft delete policy), with ``name``, ``size``, ``softDeleteTime`` and ``hardDeleteTime``; page by
-    page. GCS lists them only when asked (``softDeleted=true``, which excludes ``versions=true``)."""
-    return _listed(client, bucket, prefix, {"softDeleted": "true"}, "name,size,softDeleteTime,hardDeleteTime")
+    bucket's soft delete policy), with ``name``, ``generation`` (one name may have several), ``size``,
+    ``softDeleteTime`` and ``hardDeleteTime``; page by page. GCS lists them only when asked
+    (``softDeleted=true``, which excludes ``versions=true``)."""
+    return _listed(
+        client, bucket, prefix, {"softDeleted": "true"}, "name,generation,size,softDeleteTime,hardDeleteTime"
+    )
 
 
 def _listed(
@@ -49,12 +53,14 @@ def _listed(
         "maxResults": MAX_PAGE_SIZE,
         "fields": f"items({fields}),nextPageToken",
     }
+    trail = PageTrail(url)
     while True:
         page = client.list_page(bucket, params, url=url)
         yield from page.get("items", [])
-        if not page.get("nextPageToken"):
+        token = trail.follow_json(page)
+        if token is None:
             return
-        params["pageToken"] = page["nextPageToken"]
+        params["pageToken"] = token
 
 
 class ReaperTask:

@@ -19,6 +19,7 @@ from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError, NoMultipartListing
 from .client import Client
 from .objects import delete_object, delete_request
+from .paging import PageTrail
 from .temporaries import ReaperTask
 from .urls import TEMPORARY_PREFIX, format_url, printable
 
@@ -57,6 +58,7 @@ def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iter
     url = format_url(bucket, prefix)
     first = {"uploads": None, "prefix": prefix} if prefix else {"uploads": None}
     params = first
+    trail = PageTrail(url)
 
     async def page(job: RequestContext) -> bytes:
         return await with_retry(job, url, lambda: _uploads_page(job, bucket, params, url))
@@ -70,17 +72,18 @@ def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iter
         if answer != "ListMultipartUploadsResult":
             where = f"{client.session.endpoint} answered GET /{quote(bucket, safe='')}?uploads"
             raise NoMultipartListing(f"{where} with <{answer}>", url=url)
-        for upload in root.iterfind("{*}Upload"):
-            yield Upload(
+        uploads = [
+            Upload(
                 upload.findtext("{*}Key", ""), upload.findtext("{*}UploadId", ""), upload.findtext("{*}Initiated", "")
             )
-        if root.findtext("{*}IsTruncated") != "true":
+            for upload in root.iterfind("{*}Upload")
+        ]
+        yield from uploads
+        markers = (root.findtext("{*}NextKeyMarker", ""), root.findtext("{*}NextUploadIdMarker", ""))
+        listed = [(upload.name, upload.upload_id) for upload in uploads]
+        if trail.follow(listed, markers if root.findtext("{*}IsTruncated") == "true" else None) is None:
             return
-        params = {
-            **first,
-            "key-marker": root.findtext("{*}NextKeyMarker", ""),
-            "upload-id-marker": root.findtext("{*}NextUploadIdMarker", ""),
-        }
+        params = {**first, "key-marker": markers[0], "upload-id-marker": markers[1]}
 
 
 async def abort_upload(job: RequestContext, bucket: str, upload: Upload) -> bool:

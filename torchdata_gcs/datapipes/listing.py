@@ -9,6 +9,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._engines.inputs import list_inputs
 from .._engines.parallel_listing import ListingStats
+from .._engines.resume import listing_position
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.objects import MAX_PAGE_SIZE
@@ -124,8 +125,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume after the position in ``state`` (from :meth:`state_dict`)."""
-        after = state["after"]
-        self._resume_after = None if after is None else (int(after[0]), str(after[1]))
+        self._resume_after = listing_position(state)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -38,6 +38,7 @@ from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
 from ._soft_delete import BucketOverlay
+from ._stuck_pages import continues_listing, stuck_page
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -56,6 +57,7 @@ FaultKind = Literal[
     "stall",
     "corrupt",
     "html_200",
+    "repeat_token",
 ]
 CompletionAnswer = Literal["late", "lost"]
 MAX_COMPOSE_SOURCES = 32
@@ -98,8 +100,8 @@ _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
 _MAX_RESULTS = re.compile(r"(?:^|&)maxResults=(\d+)")
 
 
-def cap_list_page(target: str) -> str:
-    """Make a JSON API list request ask for at most 1,000 objects, as GCS serves them.
+def cap_list_page(target: str, limit: int = MAX_PAGE_SIZE) -> str:
+    """Make a JSON API list request ask for at most ``limit`` entries (GCS serves at most 1,000 a page).
 
     The emulator returns every object in one page when ``maxResults`` is missing; GCS caps pages.
 
@@ -110,12 +112,14 @@ def cap_list_page(target: str) -> str:
         '/storage/v1/b/bkt/o?maxResults=1000&prefix=x'
     """
     path, _, query = target.partition("?")
+    if re.search(r"(?:^|&)maxResults=(?!\d+(?:&|$))", query):
+        return target  # not a number: upstream refuses it, as GCS does
     match = _MAX_RESULTS.search(query)
     if match is None:
-        return f"{path}?{query}{'&' if query else ''}maxResults={MAX_PAGE_SIZE}"
-    if int(match.group(1)) <= MAX_PAGE_SIZE:
+        return f"{path}?{query}{'&' if query else ''}maxResults={limit}"
+    if int(match.group(1)) <= limit:
         return target
-    return f"{path}?{query[: match.start(1)]}{MAX_PAGE_SIZE}{query[match.end(1) :]}"
+    return f"{path}?{query[: match.start(1)]}{limit}{query[match.end(1) :]}"
 
 
 def request_kind(method: str, target: str, has_range: bool = False) -> str:
@@ -220,7 +224,10 @@ class Fault:
             request body (a request that has one) or of the answer's body, as damage in transit
             would. Only ``"truncate"`` and ``"corrupt"`` reach upstream. ``"http_404"`` and
             ``"http_412"`` answer as a missing object and a failed precondition do; ``"html_200"``
-            answers 200 with an HTML page, as a captive portal or a misconfigured proxy would.
+            answers 200 with an HTML page, as a captive portal or a misconfigured proxy would;
+            ``"repeat_token"`` answers a list request for a page after the first (it carries a ``pageToken``,
+            or multipart uploads' markers) with a page that names that same token (or those markers) as the
+            next one, as a server that never lets a listing end would (other requests are not matched).
         rate: probability that a matching request is hit, drawn from the front's seeded generator.
         match: a request kind from :data:`REQUEST_KINDS` (``"get"``, ``"list"``, ...), or a regular
             expression searched in ``"METHOD /path?query"`` as the client sent it; ``None``: all.
@@ -255,6 +262,8 @@ class Fault:
 
     def applies_to(self, kind: str, request_line: str) -> bool:
         """Whether a request of ``kind`` with ``request_line`` (``"METHOD /path?query"``) matches."""
+        if self.kind == "repeat_token" and not continues_listing(request_line.partition(" ")[2]):
+            return False
         if self.match is None:
             return True
         if self.match in REQUEST_KINDS:
@@ -266,7 +275,7 @@ class GCSFront(LocalService):
     """An HTTP/1.1 server on a free loopback port that forwards to ``upstream`` and misbehaves on purpose.
 
     Every request is counted by kind (:data:`REQUEST_KINDS`) and forwarded with its path byte-exact
-    (except that JSON list requests are capped at 1,000 objects a page, as GCS caps them),
+    (except that JSON list requests are capped at ``page_size``, 1,000 objects a page as GCS caps them),
     its end-to-end headers (``Host`` included) and its body streamed in chunks; the answer comes
     back the same way, so no body is ever held whole. Client and upstream connections are kept
     alive. GCS's rules that the emulator does not keep are kept here (see ``_gcs_rules``): a
@@ -305,6 +314,8 @@ class GCSFront(LocalService):
     ``Content-Range: bytes */SIZE``; with ``ignore_range`` every ``Range`` header is dropped on the way, as by
     a server or proxy that answers 200 with the whole object. :attr:`abandoned_answers` counts answers
     whose client closed the connection before their body's end (each one a connection lost to its pool).
+    With ``page_size`` list pages (objects, and multipart uploads) hold at most that many entries, as GCS's
+    pages may hold fewer than asked: a short listing then spans several pages.
     A list request with ``matchGlob`` gets only the objects the glob selects, as GCS reads it (see
     ``_match_glob``), up to ``maxResults`` of them a page; an invalid glob, 400.
     With ``record``, :attr:`recorded` keeps every request as the client sent it. With ``lose_write_answers``,
@@ -353,6 +364,7 @@ class GCSFront(LocalService):
         lose_write_answers: bool = False,
         hierarchical: Sequence[str] = (),
         ignore_range: bool = False,
+        page_size: int = MAX_PAGE_SIZE,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -380,8 +392,11 @@ class GCSFront(LocalService):
         self.rules = GCSRules(
             self._live_generation, self._bucket_exists, only_promised_headers=only_promised_headers, also_send=also_send
         )
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be within [1, {MAX_PAGE_SIZE}], got {page_size}")
+        self.page_size = page_size
         self._multipart = MultipartUploads(
-            lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size
+            lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size, page_size
         )
         self._record_requests = record
         self.object_only = object_only
@@ -752,6 +767,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     compose_class: str | None = None  # the storage class of the sources of the compose being forwarded
     sources_to_delete: Sequence[tuple[str, int]] = ()  # its sources, with their generations, if it deletes them
+    stuck = False  # the request's answer names its own page token as the next one ("repeat_token")
 
     def setup(self) -> None:
         super().setup()
@@ -770,12 +786,14 @@ class _Handler(BaseHTTPRequestHandler):
         front = self.server.front
         kind = request_kind(self.command, self.path, "Range" in self.headers)
         fault = front._record(kind, f"{self.command} {self.path}")
+        self.stuck = fault is not None and fault.kind == "repeat_token"  # the answer is rewritten, not replaced
+        fault = None if self.stuck else fault
         if kind in ("upload", "delete", "compose"):
             front._forget_indexes()  # the bucket changes: its snapshot would go stale
         if kind == "list" and self.path.startswith("/storage/"):
+            self.path = cap_list_page(self.path, front.page_size)
             if fault is None and self._answer_from_index():
                 return
-            self.path = cap_list_page(self.path)
         try:
             body, chunked = self._request_body()
         except ValueError:
@@ -912,6 +930,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._close_now()
             return
         status, reason, headers, payload = front._multipart.answer(self.command, self.path, self.headers, body)
+        payload = stuck_page(self.path, payload) if self.stuck and status == 200 else payload
         if answer == "lost":  # done at once, and the answer never comes
             front._pause(delay)
             self._close_now()
@@ -959,6 +978,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer_json(self, document: dict[str, Any]) -> None:
         body = json.dumps(document).encode()
+        body = stuck_page(self.path, body) if self.stuck else body
         headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
         self.wfile.write(_head(200, "OK", headers) + body)
 
@@ -1234,6 +1254,7 @@ class _Handler(BaseHTTPRequestHandler):
                         front._ask(f"{path}?generation={source_generation}", "DELETE")
             data = front.bucket_overlay.answer(self.path, rules.rewrite_resources(data))
             data = front.folders.describe_bucket(self.path, data)
+            data = stuck_page(self.path, data) if self.stuck else data
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
                 data = gzip.compress(data)
                 headers.append(("Content-Encoding", "gzip"))

@@ -128,10 +128,13 @@ def _timestamp(seconds: float) -> str:
 class MultipartUploads:
     """The unfinished uploads of one front, and the protocol that drives them."""
 
-    def __init__(self, connect: Connect, rules: GCSRules, min_part_size: int = MIN_PART_SIZE) -> None:
+    def __init__(
+        self, connect: Connect, rules: GCSRules, min_part_size: int = MIN_PART_SIZE, page_size: int = MAX_UPLOADS_PAGE
+    ) -> None:
         self._connect = connect
         self._rules = rules
         self.min_part_size = min_part_size
+        self.page_size = page_size  # uploads listed a page at most
         self._folder: str | None = None  # made by the first upload: a front that never sees one leaves nothing
         self._uploads: dict[str, _Upload] = {}
         self._lock = threading.Lock()
@@ -209,7 +212,7 @@ class MultipartUploads:
         limit_text = params.get("max-uploads", str(MAX_UPLOADS_PAGE))
         if not limit_text.isdigit():
             return _error(400, "Bad Request", "InvalidArgument", "max-uploads must be a non-negative integer.")
-        limit = min(int(limit_text), MAX_UPLOADS_PAGE)
+        limit = min(int(limit_text), self.page_size)
         missing = self._missing_bucket(bucket)
         if missing is not None:
             return missing

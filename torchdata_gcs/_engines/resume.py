@@ -1,0 +1,131 @@
+"""Resuming a position in a listing, checked so that a resume never skips or repeats objects silently: a
+dataset's count of items read (which means something only over the same listing in the same order, so a
+fingerprint of both is saved with it), and a lister's last object (which must be one its input lists)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._ops.patterns import NameFilter
+from .._ops.urls import brief, parse_url, printable
+from ..errors import InvalidURIError, ResumeError
+
+__all__ = ["check_listing_position", "fingerprint", "listing_position", "resume_position"]
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def fingerprint(urls: Sequence[str]) -> dict[str, Any]:
+    """The listing ``urls`` (in order) in brief: how many, and a SHA-256 of them. Generations are left out:
+    an object rewritten keeps its place in the order, and a resume reads what it holds now."""
+    digest = hashlib.sha256()
+    for url in urls:
+        encoded = url.encode("utf-8", "surrogatepass")
+        digest.update(b"%d:%b" % (len(encoded), encoded))  # lengths first: no two listings hash alike by joining
+    return {"objects": len(urls), "sha256": digest.hexdigest()}
+
+
+def _count(state: Mapping[str, Any], key: str, what: str = "the") -> int:
+    """``state[key]``, which must be an integer >= 0 (``what`` names what holds it in the message)."""
+    value = state.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ResumeError(f"not a resumable state: {what} {key!r} must be an integer >= 0, got {brief(value)}")
+    return value
+
+
+def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any], share: int) -> tuple[int, int, int]:
+    """``(epoch, seed, done)`` from a saved ``state``, checked against this process's ``listing`` (its
+    :func:`fingerprint`), ``order`` (what else decides which objects come where: shuffle, split) and
+    ``share`` (how many items this epoch holds here).
+
+    A state of ``done == 0`` fits any listing: nothing was read. Otherwise ``ResumeError`` says what differs,
+    or what is malformed; a state saved without a fingerprint (by an older version) cannot be checked, and
+    is refused too."""
+    if not isinstance(state, Mapping):
+        raise ResumeError(f"not a resumable state: expected a dict from state_dict(), got {type(state).__name__}")
+    epoch, seed, done = _count(state, "epoch"), state.get("seed"), _count(state, "done")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ResumeError(f"not a resumable state: the 'seed' must be an integer, got {brief(seed)}")
+    if done == 0:
+        return epoch, seed, done
+    restart = f"load {{'epoch': {epoch}, 'seed': {seed}, 'done': 0}} to read epoch {epoch} from its start"
+    saved, saved_order = state.get("listing"), state.get("order")
+    if saved is None and saved_order is None:
+        raise ResumeError(
+            f"this state (done {done}) holds no fingerprint of the listing it was taken over (an older version"
+            f" saved it), so nothing shows that this dataset lists the same objects in the same order; resuming"
+            f" could skip or repeat objects: {restart}"
+        )
+    if not (isinstance(saved, Mapping) and isinstance(saved_order, Mapping)):
+        raise ResumeError(
+            f"not a resumable state: 'listing' and 'order' must be dicts, got {brief(saved)}, {brief(saved_order)}"
+        )
+    objects, digest = _count(saved, "objects", "the listing's"), saved.get("sha256")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise ResumeError(f"not a resumable state: the listing's 'sha256' must be 64 hex digits, got {brief(digest)}")
+    if digest != listing["sha256"] or objects != listing["objects"]:
+        changed = "" if objects != listing["objects"] else " (as many, but not the same names in the same order)"
+        raise ResumeError(
+            f"this state was taken over a listing of {objects:,} objects; this dataset lists {listing['objects']:,}"
+            f"{changed}: resuming after {done} items would skip or repeat objects. Make the dataset over the same"
+            f" objects (the (url, ObjectInfo) pairs, or a manifest=), or {restart}"
+        )
+    differs = [
+        f"{key} {brief(saved_order.get(key))} then, {value!r} now"
+        for key, value in order.items()
+        if saved_order.get(key) != value
+    ]
+    if differs:
+        raise ResumeError(
+            f"this state was taken in another order ({', '.join(differs)}): resuming after {done} items would skip"
+            f" or repeat objects; {restart}"
+        )
+    if done > share:
+        raise ResumeError(f"not a resumable state: done {done}, but the epoch holds {share} items here")
+    return epoch, seed, done
+
+
+def listing_position(state: object) -> tuple[int, str] | None:
+    """The position in a lister's saved state, ``{"after": [input index, URL of the last object handed out]}``
+    (``None``: from the start), as a tuple; ``ResumeError`` if the state is anything else."""
+    if not isinstance(state, Mapping) or "after" not in state:
+        raise ResumeError(f"not a resumable state: expected {{'after': ...}} from a lister, got {brief(state)}")
+    after = state["after"]
+    if after is None:
+        return None
+    if (
+        isinstance(after, Sequence)
+        and not isinstance(after, str)
+        and len(after) == 2
+        and isinstance(after[0], int)
+        and not isinstance(after[0], bool)
+        and after[0] >= 0
+        and isinstance(after[1], str)
+    ):
+        try:
+            parse_url(after[1], allow_prefix=False)
+        except InvalidURIError as exc:
+            raise ResumeError(f"not a resumable state: 'after' names no object ({exc})") from None
+        return after[0], after[1]
+    raise ResumeError(
+        f"not a resumable state: 'after' must be None or [input index >= 0, gs:// URL], got {brief(after)}"
+    )
+
+
+def check_listing_position(after: tuple[int, str], inputs: Sequence[str]) -> None:
+    """Raise ``ResumeError`` unless the object ``after`` names is one its input (``inputs[index]``) lists: a
+    state taken over other inputs would resume in the wrong place, skipping or repeating objects."""
+    index, url = after
+    if index < len(inputs):
+        bucket, name = parse_url(inputs[index])
+        listed_bucket, listed = parse_url(url)
+        if listed_bucket == bucket and (listed == name or listed.startswith(NameFilter.of(name).root)):
+            return
+    here = f"input {index} is {printable(inputs[index])}" if index < len(inputs) else f"there are {len(inputs)} inputs"
+    raise ResumeError(
+        f"this state resumes after {printable(url)}, listed from input {index}, but here {here}: it was taken"
+        " over other inputs, and resuming would skip or repeat objects"
+    )
