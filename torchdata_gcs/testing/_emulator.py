@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,9 @@ def _binary() -> Path:
         raise EmulatorError(f"fake-gcs-server has no binary for this platform: {exc}") from exc
 
 
+_GUARD = str(Path(__file__).with_name("_guard.py"))  # run as a script: it needs aiohttp only, not torch
+
+
 def _scratch_dir() -> str:
     """A RAM-backed folder when the machine has one: the filesystem backend is fastest there."""
     return tempfile.mkdtemp(prefix="torchdata-gcs-emulator-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -56,6 +60,13 @@ class Emulator(LocalService):
         data_dir: keep the objects in this folder (filesystem backend), where a later emulator
             started with the same folder finds them again; ``None``: a scratch folder removed on stop.
         port: the loopback port to serve on; ``None``: a free one.
+
+    fake-gcs-server's filesystem backend joins bucket and object names into file paths unchecked, so
+    with it (``"filesystem"``, or a ``data_dir``) the emulator is served through a guard process (see
+    ``_guard``) that answers 400 to any request naming a bucket or object with a ``.`` or ``..`` part
+    or a leading ``/``: nothing sent to :attr:`endpoint` is written or read outside the folder. The
+    server itself listens on another loopback port, told to the guard only; a local process that finds
+    that port still reaches it unguarded.
 
     Example:
         >>> from torchdata_gcs import testing
@@ -85,6 +96,7 @@ class Emulator(LocalService):
         self.memory_limit = memory_limit
         self.endpoint = ""
         self._server: ServerProcess | None = None
+        self._guard: ServerProcess | None = None
         self._http = requests.Session()
         self._http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._buckets: set[str] = set()
@@ -109,10 +121,12 @@ class Emulator(LocalService):
             raise EmulatorError("the emulator is already running")
         port = self.port or free_port()
         self.endpoint = f"http://127.0.0.1:{port}"
+        guarded = self.backend == "filesystem"  # names become file paths: clients are sent to the guard
+        inner = free_port() if guarded else port
         scratch = _scratch_dir()
         args = [
             str(_binary()),
-            *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port)),
+            *("-scheme", "http", "-host", "127.0.0.1", "-port", str(inner)),
             *("-external-url", self.endpoint, "-public-host", f"127.0.0.1:{port}", "-log-level", "error"),
             *("-backend", self.backend),
         ]
@@ -127,17 +141,32 @@ class Emulator(LocalService):
             "fake-gcs-server",
             args,
             scratch,
-            endpoint=self.endpoint,
+            endpoint=f"http://127.0.0.1:{inner}",
             timeout=self.startup_timeout,
             env=environment,
         )
+        if guarded:
+            guard = [sys.executable, _GUARD, f"http://127.0.0.1:{inner}", str(port)]
+            try:
+                self._guard = ServerProcess(
+                    self,
+                    "guard",
+                    guard,
+                    tempfile.mkdtemp(prefix="torchdata-gcs-guard-"),
+                    endpoint=self.endpoint,
+                    timeout=self.startup_timeout,
+                )
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def stop(self) -> None:
         """Stop the server and remove its files; safe to call more than once."""
-        if self._server is not None:
-            self._server.stop()
-        self._server = None
+        for process in (self._guard, self._server):
+            if process is not None:
+                process.stop()
+        self._server = self._guard = None
         self._buckets.clear()
 
     def create_bucket(self, bucket: str) -> None:

@@ -1,0 +1,140 @@
+"""An emulator that keeps objects in a folder writes nothing outside it, whatever names it is sent."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+from pathlib import Path
+from urllib.parse import quote, urlencode, urlsplit
+
+from torchdata_gcs.testing import Emulator
+
+BUCKET = "guarded"
+
+
+def escapes(root: Path) -> list[str]:
+    """Names that a filesystem path reads as leaving the folder: up from the bucket's folder, to this
+    test's folder and beyond, and absolute ones."""
+    deep = "../" * (len(root.parts) + 2)
+    return ["../../escaped", f"{deep}{root.relative_to('/')}/escaped", f"{root}/escaped", "a/../../../escaped", ".."]
+
+
+def send(
+    endpoint: str, method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, bytes, http.client.HTTPMessage]:
+    """One raw request, its path sent as given (no client tidies ``..`` away): status, body, headers."""
+    host, port = endpoint.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request(method, target, body=body or None, headers=headers or {})
+        answer = connection.getresponse()
+        return answer.status, answer.read(), answer.headers
+    finally:
+        connection.close()
+
+
+def resumable(endpoint: str, target: str, metadata: dict[str, object]) -> tuple[int, bytes, http.client.HTTPMessage]:
+    """A resumable upload: started (``metadata`` as its JSON body), then its bytes sent in one PUT."""
+    body = json.dumps(metadata).encode() if metadata else b""
+    started = send(endpoint, "POST", target, body, {"Content-Type": "application/json"} if body else {})
+    if started[0] != 200:
+        return started
+    location = urlsplit(started[2]["Location"])
+    return send(endpoint, "PUT", f"{location.path}?{location.query}", b"resumable")
+
+
+def multipart(metadata: dict[str, object], data: bytes) -> tuple[bytes, dict[str, str]]:
+    body = b"".join(
+        [
+            b"--part\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n" + json.dumps(metadata).encode(),
+            b"\r\n--part\r\nContent-Type: application/octet-stream\r\n\r\n" + data,
+            b"\r\n--part--\r\n",
+        ]
+    )
+    return body, {"Content-Type": "multipart/related; boundary=part"}
+
+
+def writes(endpoint: str, name: str) -> dict[str, int]:
+    """Every way a client may name an object to write, each sent once: their statuses."""
+    path = quote(name, safe="")
+    upload = f"/upload/storage/v1/b/{BUCKET}/o"
+    named = f"{upload}?{urlencode({'uploadType': 'multipart', 'name': name})}"
+    sent = {
+        "media": send(endpoint, "POST", f"{upload}?{urlencode({'uploadType': 'media', 'name': name})}", b"media"),
+        "multipart": send(endpoint, "POST", f"{upload}?uploadType=multipart", *multipart({"name": name}, b"mp")),
+        "multipart-named-in-query": send(endpoint, "POST", named, *multipart({}, b"query")),
+        "resumable": resumable(endpoint, f"{upload}?{urlencode({'uploadType': 'resumable', 'name': name})}", {}),
+        "resumable-named-in-body": resumable(endpoint, f"{upload}?uploadType=resumable", {"name": name}),
+        "xml-put": send(endpoint, "PUT", f"/{BUCKET}/{name}", b"xml"),
+        "xml-put-encoded": send(endpoint, "PUT", f"/{BUCKET}/{path}", b"xml"),
+        "compose": send(
+            endpoint,
+            "POST",
+            f"/storage/v1/b/{BUCKET}/o/{path}/compose",
+            json.dumps({"sourceObjects": [{"name": "inside"}]}).encode(),
+            {"Content-Type": "application/json"},
+        ),
+        "compose-source": send(
+            endpoint,
+            "POST",
+            f"/storage/v1/b/{BUCKET}/o/composed/compose",
+            json.dumps({"sourceObjects": [{"name": "inside"}, {"name": name}]}).encode(),
+            {"Content-Type": "text/plain"},  # the emulator reads the JSON whatever the type says
+        ),
+        "rewrite": send(endpoint, "POST", f"/storage/v1/b/{BUCKET}/o/inside/rewriteTo/b/{BUCKET}/o/{path}"),
+        "copy": send(endpoint, "POST", f"/storage/v1/b/{BUCKET}/o/inside/copyTo/b/{BUCKET}/o/{path}"),
+    }
+    return {way: answer[0] for way, answer in sent.items()}
+
+
+def removals(endpoint: str, name: str) -> dict[str, int]:
+    """Every way a client may name an object to read or delete, each sent once: their statuses."""
+    path = quote(name, safe="")
+    batch = (
+        f"--b\r\nContent-Type: application/http\r\nContent-ID: 1\r\n\r\n"
+        f"DELETE /storage/v1/b/{BUCKET}/o/{path} HTTP/1.1\r\n\r\n\r\n--b--\r\n"
+    )
+    sent = {
+        "read": send(endpoint, "GET", f"/download/storage/v1/b/{BUCKET}/o/{path}?alt=media"),
+        "delete": send(endpoint, "DELETE", f"/storage/v1/b/{BUCKET}/o/{path}"),
+        "batch-delete": send(
+            endpoint, "POST", "/batch/storage/v1", batch.encode(), {"Content-Type": "multipart/mixed; boundary=b"}
+        ),
+    }
+    return {way: answer[0] for way, answer in sent.items()}
+
+
+def files_outside(root: Path, folder: Path) -> list[str]:
+    return sorted(
+        str(path) for path in root.rglob("*") if path.is_file() and folder not in path.parents and path != folder
+    )
+
+
+def test_names_that_would_leave_the_data_folder_never_reach_the_server(tmp_path: Path) -> None:
+    """fake-gcs-server joins names into paths unchecked: through the emulator's endpoint, every request
+    naming a '..' part or an absolute path is answered 400 (as GCS answers an invalid name) and nothing
+    is written, read or deleted outside the folder; ordinary names still work, in every way of uploading."""
+    folder = tmp_path / "jail" / "data"
+    started = time.monotonic()
+    with Emulator(data_dir=folder) as emulator:
+        emulator.seed(BUCKET, {"inside": b"inside"})
+        (tmp_path / "jail" / "victim").write_bytes(b"mine")
+        for name in escapes(tmp_path):
+            statuses = writes(emulator.endpoint, name)
+            assert files_outside(tmp_path, folder) == [str(tmp_path / "jail" / "victim")], name
+            statuses |= removals(emulator.endpoint, name)
+            assert statuses == dict.fromkeys(statuses, 400), name
+        assert (tmp_path / "jail" / "victim").read_bytes() == b"mine"
+
+        # With ordinary names every request is answered as by an emulator without a folder (or a guard).
+        statuses = writes(emulator.endpoint, "ordinary/name.bin") | removals(emulator.endpoint, "ordinary/name.bin")
+    with Emulator() as unguarded:
+        unguarded.seed(BUCKET, {"inside": b"inside"})
+        assert statuses == writes(unguarded.endpoint, "ordinary/name.bin") | removals(
+            unguarded.endpoint, "ordinary/name.bin"
+        )
+    assert [way for way, status in statuses.items() if status != 200] == ["xml-put", "xml-put-encoded"]  # no XML API
+    assert time.monotonic() - started < 60
+    assert not os.path.exists(tmp_path / "escaped") and not os.path.exists(tmp_path / "jail" / "escaped")

@@ -1,0 +1,201 @@
+"""A guard before a filesystem-backed fake-gcs-server, which joins bucket and object names into file
+paths unchecked: any request naming one that a path would read as leaving the folder gets GCS's 400
+for an invalid name; every other request streams through. Run as ``python _guard.py UPSTREAM PORT``
+(it imports only aiohttp).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+__all__ = ["main"]
+
+_HOP_BY_HOP = frozenset(
+    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "expect"]
+)
+_COPY_SOURCE = ("x-goog-copy-source", "x-amz-copy-source")
+_CHUNK = 1 << 16
+_REQUEST_LINE = re.compile(rb"^[A-Z]+ (\S+) HTTP/1\.[01]\r?$", re.MULTILINE)
+
+
+def _bad_name(name: str) -> str | None:
+    """Why ``name`` (a bucket, an object or a prefix) would leave the emulator's folder, or ``None``: a
+    ``.`` or ``..`` part (GCS refuses the names ``.`` and ``..``), or a leading ``/``."""
+    if name.startswith("/"):
+        return f"{name!r} starts with '/'"
+    if any(part in (".", "..") for part in name.split("/")):
+        return f"{name!r} has a '.' or '..' part"
+    return None
+
+
+def _bad_target(target: str) -> str | None:
+    """Why a request target (path and query) names something outside the folder, or ``None``."""
+    parts = urlsplit(target)
+    segments = parts.path.split("/")[1:]
+    if "" in segments[:-1]:
+        return f"the path {parts.path!r} has an empty segment"
+    for segment in segments:
+        if problem := _bad_name(unquote(segment)):
+            return problem
+    for _, value in parse_qsl(parts.query, keep_blank_values=True):
+        if problem := _bad_name(value):
+            return problem
+    return None
+
+
+def _names(document: object) -> Iterator[str]:
+    """Every ``name`` and ``bucket`` string in a JSON document, at any depth."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            if key in ("name", "bucket") and isinstance(value, str):
+                yield value
+            else:
+                yield from _names(value)
+    elif isinstance(document, list):
+        for value in document:
+            yield from _names(value)
+
+
+def _bad_json(body: bytes) -> str | None:
+    """Why a JSON body (its first value, as Go's decoder reads it) names something outside, or ``None``."""
+    try:
+        document, _ = json.JSONDecoder().raw_decode(body.decode("utf-8").lstrip())
+    except ValueError:
+        return "its body is not JSON"
+    return next(filter(None, map(_bad_name, _names(document))), None)
+
+
+def _parts(content_type: str, body: bytes) -> list[bytes] | None:
+    """The parts of a multipart body (headers included), or ``None`` if it has no boundary."""
+    match = re.search(r'boundary="?([^";]+)"?', content_type)
+    if match is None:
+        return None
+    delimiter = b"--" + match.group(1).encode("latin-1")
+    return [part for part in body.split(delimiter)[1:] if not part.startswith(b"--")]  # the closing one ends with --
+
+
+def _content(part: bytes) -> bytes:
+    """A part's content: what follows its headers."""
+    ends = [end for end in (part.find(b"\r\n\r\n"), part.find(b"\n\n")) if end >= 0]
+    return part[min(ends) :].lstrip(b"\r\n") if ends else b""
+
+
+def _bad_body(content_type: str, body: bytes) -> str | None:
+    """Why a body that may name objects does so outside the folder, or ``None``."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        return "form uploads are not served"
+    if kind.startswith("multipart/"):
+        parts = _parts(content_type, body)
+        if not parts:
+            return "its multipart body has no parts"
+        if kind == "multipart/related":  # an upload: metadata, then the object's bytes
+            return _bad_json(_content(parts[0]))
+        for part in parts:  # a batch: each part one request
+            call = _content(part)
+            line = _REQUEST_LINE.search(call)
+            if line is None:
+                return "a call of its batch has no request line"
+            problem = _bad_target(line.group(1).decode("latin-1"))
+            inner = _content(call[line.end() :])
+            if problem is None and inner.strip():
+                problem = _bad_json(inner)
+            if problem:
+                return problem
+        return None
+    return _bad_json(body) if body.strip() else None
+
+
+def _streamed(method: str, target: str) -> bool:
+    """Whether the request's body is an object's bytes, streamed through unread: a media upload, a chunk
+    of a resumable upload, an XML API upload."""
+    query = dict(parse_qsl(urlsplit(target).query))
+    if query.get("uploadType") == "media" or "upload_id" in query:
+        return True
+    return method == "PUT" and not target.startswith(("/storage/", "/upload/", "/batch/"))
+
+
+def _problem(target: str, headers: dict[str, str], body: bytes | None) -> str | None:
+    """Why the request names a bucket or object outside the emulator's folder, or ``None``; ``body`` is
+    ``None`` when it is streamed, unread.
+
+    Names are looked for wherever the emulator reads them: each segment of the path (percent-decoded),
+    every query value, the XML API's copy source, and the body of any request but a data upload (the
+    JSON of a compose, rewrite or resumable upload, a multipart upload's metadata, a batch's calls). A
+    body that should hold names and cannot be read is refused too.
+    """
+    problem = _bad_target(target)
+    for header in _COPY_SOURCE:
+        if problem is None and header in headers:
+            problem = _bad_target(headers[header])
+    if problem is None and body is not None:
+        problem = _bad_body(headers.get("content-type", ""), body)
+    return problem
+
+
+def _refusal(problem: str) -> web.Response:
+    message = f"Invalid object or bucket name: {problem}"
+    error = {"code": 400, "message": message, "errors": [{"domain": "global", "reason": "invalid", "message": message}]}
+    return web.json_response({"error": error}, status=400)
+
+
+async def _forward(request: web.Request) -> web.StreamResponse:
+    target = request.raw_path
+    headers = {key.lower(): value for key, value in request.headers.items()}
+    streamed = not request.body_exists or _streamed(request.method, target)
+    body = None if streamed else await request.read()
+    problem = _problem(target, headers, body)
+    if problem is not None:
+        return _refusal(problem)
+    session: aiohttp.ClientSession = request.app["session"]
+    sent = body if body is not None else (request.content.iter_chunked(_CHUNK) if request.body_exists else None)
+    outgoing = [(key, value) for key, value in request.headers.items() if key.lower() not in _HOP_BY_HOP]
+    url = URL(request.app["upstream"] + target, encoded=True)
+    async with session.request(
+        request.method, url, headers=outgoing, data=sent, allow_redirects=False, skip_auto_headers=["Content-Type"]
+    ) as answer:
+        response = web.StreamResponse(status=answer.status, reason=answer.reason)
+        for key, value in answer.headers.items():
+            if key.lower() not in _HOP_BY_HOP:
+                response.headers.add(key, value)
+        await response.prepare(request)
+        async for chunk in answer.content.iter_chunked(_CHUNK):
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+async def _open_session(app: web.Application) -> None:
+    app["session"] = aiohttp.ClientSession(
+        auto_decompress=False,
+        skip_auto_headers=["User-Agent", "Accept-Encoding"],
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=600),
+        connector=aiohttp.TCPConnector(limit=0),
+    )
+
+
+async def _close_session(app: web.Application) -> None:
+    await app["session"].close()
+
+
+def main(argv: list[str]) -> None:
+    """Serve on 127.0.0.1:``argv[1]``, forwarding to ``argv[0]``, until terminated."""
+    upstream, port = argv[0].rstrip("/"), int(argv[1])
+    app = web.Application(client_max_size=1 << 40)  # whole bodies are read only where names may be
+    app["upstream"] = upstream
+    app.on_startup.append(_open_session)
+    app.on_cleanup.append(_close_session)
+    app.router.add_route("*", "/{tail:.*}", _forward)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
