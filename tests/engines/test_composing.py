@@ -456,7 +456,7 @@ def test_reuse_across_epochs(gcs_emulator: Emulator) -> None:
         assert read_all(pipe) == list(expected.items())  # epoch 2
         assert front.counts["compose"] == first and pipe.stats.reused == 4
 
-        # Damaged kept composites are detected (their checksum is not the sources' combined) and rebuilt.
+        # Replaced kept composites (here by damaged bytes) are not the generations composed: composed again.
         for name in kept:
             gcs_emulator.upload("compose-reuse", name, b"x" * len(gcs_emulator.read("compose-reuse", name)))
         assert read_all(pipe) == list(expected.items())  # epoch 3

@@ -5,11 +5,18 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
+import pytest
+
 from torchdata_gcs.testing import Emulator
+from torchdata_gcs.testing import _emulator as emulator_module
 
 BUCKET = "guarded"
 
@@ -138,3 +145,59 @@ def test_names_that_would_leave_the_data_folder_never_reach_the_server(tmp_path:
     assert [way for way, status in statuses.items() if status != 200] == ["xml-put", "xml-put-encoded"]  # no XML API
     assert time.monotonic() - started < 60
     assert not os.path.exists(tmp_path / "escaped") and not os.path.exists(tmp_path / "jail" / "escaped")
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        return [int(child) for child in listed.read().split()]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, waiting for its parent to collect its status, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports listening in the network ``pid`` is in, as that process sees it."""
+    with open(f"/proc/{pid}/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return [int(row[1].split(":")[1], 16) for row in rows if row[3] == "0A"]
+
+
+def namespaces_allowed() -> bool:
+    """Whether this system gives an unprivileged process a user and network namespace with a loopback
+    (asked of the guard's own function, in a process of its own)."""
+    guard = Path(emulator_module.__file__).with_name("_guard.py")
+    probe = f"import sys; sys.path[:0] = [{str(guard.parent)!r}]; import _guard; sys.exit(_guard._enter_namespaces() is not None)"
+    return subprocess.run([sys.executable, "-c", probe], check=False, timeout=60).returncode == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes and sockets from /proc")
+def test_the_server_behind_the_guard_is_reachable_through_it_alone(tmp_path: Path) -> None:
+    """Where Linux allows, the server listens in a network of the guard's own: no local process reaches it
+    but through the guard; and it never outlives the guard, even one killed with SIGKILL."""
+    with Emulator(data_dir=tmp_path / "data") as emulator:
+        guard = emulator._server.pid
+        (server,) = children(guard)
+        with open(emulator._server._log) as log:
+            said = log.readline().strip()
+        if namespaces_allowed():
+            assert said == "server isolated: yes"
+            assert os.readlink(f"/proc/{server}/ns/net") != os.readlink("/proc/self/ns/net")
+            ports = listening_ports(server)
+            assert len(ports) == 1  # the server's, in a network where nothing else listens
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", ports[0]), timeout=5).close()
+        else:  # it says why; the server listens on a loopback port no one else is told of
+            assert said.startswith("server isolated: ") and said != "server isolated: yes"
+        emulator.seed(BUCKET, {"a": b"through the guard"})
+        assert emulator.read(BUCKET, "a") == b"through the guard"
+        os.kill(guard, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while alive(server):
+            assert time.monotonic() < deadline, "the server outlived its guard"
+            time.sleep(0.05)

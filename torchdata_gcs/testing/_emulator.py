@@ -62,11 +62,11 @@ class Emulator(LocalService):
         port: the loopback port to serve on; ``None``: a free one.
 
     fake-gcs-server's filesystem backend joins bucket and object names into file paths unchecked, so
-    with it (``"filesystem"``, or a ``data_dir``) the emulator is served through a guard process (see
+    with it (``"filesystem"``, or a ``data_dir``) the server runs behind a guard process (see
     ``_guard``) that answers 400 to any request naming a bucket or object with a ``.`` or ``..`` part
-    or a leading ``/``: nothing sent to :attr:`endpoint` is written or read outside the folder. The
-    server itself listens on another loopback port, told to the guard only; a local process that finds
-    that port still reaches it unguarded.
+    or a leading ``/``: nothing is written or read outside the folder. On Linux the server runs in a
+    network namespace of the guard's, so nothing else reaches it; where the system refuses an
+    unprivileged process one, it listens on a second loopback port, known to the guard only.
 
     Example:
         >>> from torchdata_gcs import testing
@@ -96,7 +96,6 @@ class Emulator(LocalService):
         self.memory_limit = memory_limit
         self.endpoint = ""
         self._server: ServerProcess | None = None
-        self._guard: ServerProcess | None = None
         self._http = requests.Session()
         self._http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self._buckets: set[str] = set()
@@ -111,7 +110,11 @@ class Emulator(LocalService):
         """CPU time the emulator process has used so far (Linux): what the server side of a workload costs."""
         self._require_running()
         assert self._server is not None
-        with open(f"/proc/{self._server.pid}/stat") as stat:
+        pid = self._server.pid
+        if self.backend == "filesystem":  # the guard's child
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                pid = int(children.read().split()[0])
+        with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
@@ -121,12 +124,10 @@ class Emulator(LocalService):
             raise EmulatorError("the emulator is already running")
         port = self.port or free_port()
         self.endpoint = f"http://127.0.0.1:{port}"
-        guarded = self.backend == "filesystem"  # names become file paths: clients are sent to the guard
-        inner = free_port() if guarded else port
         scratch = _scratch_dir()
         args = [
             str(_binary()),
-            *("-scheme", "http", "-host", "127.0.0.1", "-port", str(inner)),
+            *("-scheme", "http", "-host", "127.0.0.1"),
             *("-external-url", self.endpoint, "-public-host", f"127.0.0.1:{port}", "-log-level", "error"),
             *("-backend", self.backend),
         ]
@@ -136,37 +137,20 @@ class Emulator(LocalService):
         elif self.backend == "filesystem":
             args += ["-filesystem-root", os.path.join(scratch, "data")]
         environment = {**os.environ, "GOMEMLIMIT": self.memory_limit}
+        if self.backend == "filesystem":  # names become file paths: the guard starts the server behind it
+            command, name = [sys.executable, _GUARD, str(port), *args], "guarded fake-gcs-server"
+        else:
+            command, name = [*args, "-port", str(port)], "fake-gcs-server"
         self._server = ServerProcess(
-            self,
-            "fake-gcs-server",
-            args,
-            scratch,
-            endpoint=f"http://127.0.0.1:{inner}",
-            timeout=self.startup_timeout,
-            env=environment,
+            self, name, command, scratch, endpoint=self.endpoint, timeout=self.startup_timeout, env=environment
         )
-        if guarded:
-            guard = [sys.executable, _GUARD, f"http://127.0.0.1:{inner}", str(port)]
-            try:
-                self._guard = ServerProcess(
-                    self,
-                    "guard",
-                    guard,
-                    tempfile.mkdtemp(prefix="torchdata-gcs-guard-"),
-                    endpoint=self.endpoint,
-                    timeout=self.startup_timeout,
-                )
-            except BaseException:
-                self.stop()
-                raise
         return self
 
     def stop(self) -> None:
         """Stop the server and remove its files; safe to call more than once."""
-        for process in (self._guard, self._server):
-            if process is not None:
-                process.stop()
-        self._server = self._guard = None
+        if self._server is not None:
+            self._server.stop()
+        self._server = None
         self._buckets.clear()
 
     def create_bucket(self, bucket: str) -> None:

@@ -1,14 +1,23 @@
-"""A guard before a filesystem-backed fake-gcs-server, which joins bucket and object names into file
-paths unchecked: any request naming one that a path would read as leaving the folder gets GCS's 400
-for an invalid name; every other request streams through. Run as ``python _guard.py UPSTREAM PORT``
-(it imports only aiohttp).
+"""A guard for a filesystem-backed fake-gcs-server, which joins bucket and object names into file
+paths unchecked: it starts the server where only it can reach it (a network namespace of its own, where
+Linux allows) and answers any request naming a bucket or object that a path would read as leaving the
+folder with GCS's 400 for an invalid name; every other request streams through. Run as
+``python _guard.py PORT SERVER_COMMAND...`` (it imports only aiohttp).
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
+import os
 import re
+import signal
+import socket
+import struct
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -24,6 +33,9 @@ _HOP_BY_HOP = frozenset(
 _COPY_SOURCE = ("x-goog-copy-source", "x-amz-copy-source")
 _CHUNK = 1 << 16
 _REQUEST_LINE = re.compile(rb"^[A-Z]+ (\S+) HTTP/1\.[01]\r?$", re.MULTILINE)
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_PR_SET_PDEATHSIG = 1
 
 
 def _bad_name(name: str) -> str | None:
@@ -159,9 +171,13 @@ async def _forward(request: web.Request) -> web.StreamResponse:
     sent = body if body is not None else (request.content.iter_chunked(_CHUNK) if request.body_exists else None)
     outgoing = [(key, value) for key, value in request.headers.items() if key.lower() not in _HOP_BY_HOP]
     url = URL(request.app["upstream"] + target, encoded=True)
-    async with session.request(
-        request.method, url, headers=outgoing, data=sent, allow_redirects=False, skip_auto_headers=["Content-Type"]
-    ) as answer:
+    try:
+        answer = await session.request(
+            request.method, url, headers=outgoing, data=sent, allow_redirects=False, skip_auto_headers=["Content-Type"]
+        )
+    except aiohttp.ClientConnectionError as exc:  # the server is starting, or gone
+        return web.json_response({"error": {"code": 502, "message": f"the emulator did not answer: {exc}"}}, status=502)
+    async with answer:
         response = web.StreamResponse(status=answer.status, reason=answer.reason)
         for key, value in answer.headers.items():
             if key.lower() not in _HOP_BY_HOP:
@@ -186,15 +202,86 @@ async def _close_session(app: web.Application) -> None:
     await app["session"].close()
 
 
+def _enter_namespaces() -> str | None:
+    """Move this (single-threaded) process into a user and a network namespace of its own, its loopback
+    up and its user and group the same; why not, if Linux refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return os.strerror(ctypes.get_errno())
+    try:
+        for name, line in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as mapping:
+                mapping.write(line)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            flags = struct.unpack("16sH14x", fcntl.ioctl(probe, _SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0)))[1]
+            fcntl.ioctl(probe, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def _isolate() -> str | None:
+    """Enter namespaces of our own (see :func:`_enter_namespaces`), tried first in a forked child: a
+    network namespace whose loopback cannot be brought up (user namespaces without capabilities, as
+    some distributions confine them) would leave nothing reachable. Why not, or ``None``."""
+    if not sys.platform.startswith("linux"):
+        return "namespaces are Linux's"
+    child = os.fork()
+    if child == 0:
+        os._exit(0 if _enter_namespaces() is None else 1)
+    if os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) != 0:
+        return "this system refuses a user and network namespace to an unprivileged process"
+    return _enter_namespaces()
+
+
+def _start_server(command: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the server on a free loopback port of this process's network; it dies with this process."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    server = subprocess.Popen(
+        [*command, "-port", str(port)],
+        stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL),  # noqa: PLW1509 - no threads yet
+    )
+    return server, port
+
+
 def main(argv: list[str]) -> None:
-    """Serve on 127.0.0.1:``argv[1]``, forwarding to ``argv[0]``, until terminated."""
-    upstream, port = argv[0].rstrip("/"), int(argv[1])
+    """Serve on 127.0.0.1:``argv[0]`` in the network this process starts in, in front of the server that
+    ``argv[1:]`` (without ``-port``) starts in namespaces of its own, until terminated."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", int(argv[0])))  # before isolating: this socket stays where clients are
+    listener.listen(1024)
+    why_not = _isolate()
+    print(f"server isolated: {why_not or 'yes'}", file=sys.stderr, flush=True)
+    server, port = _start_server(argv[1:])
+    stopping = threading.Event()
+
+    def stop_when_the_server_ends() -> None:
+        server.wait()
+        if not stopping.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def stop_the_server(app: web.Application) -> None:
+        stopping.set()
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+    threading.Thread(target=stop_when_the_server_ends, daemon=True).start()
     app = web.Application(client_max_size=1 << 40)  # whole bodies are read only where names may be
-    app["upstream"] = upstream
+    app["upstream"] = f"http://127.0.0.1:{port}"
     app.on_startup.append(_open_session)
     app.on_cleanup.append(_close_session)
+    app.on_cleanup.append(stop_the_server)
     app.router.add_route("*", "/{tail:.*}", _forward)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    web.run_app(app, sock=listener, print=None, access_log=None)
 
 
 if __name__ == "__main__":
