@@ -122,7 +122,8 @@ def files_outside(root: Path, folder: Path) -> list[str]:
 def test_names_that_would_leave_the_data_folder_never_reach_the_server(tmp_path: Path) -> None:
     """fake-gcs-server joins names into paths unchecked: through the emulator's endpoint, every request
     naming a '..' part or an absolute path is answered 400 (as GCS answers an invalid name) and nothing
-    is written, read or deleted outside the folder; ordinary names still work, in every way of uploading."""
+    is written, read or deleted outside the folder; ordinary names (dots within a part, URL characters,
+    unicode) still work, and every way of naming them is answered as without the guard."""
     folder = tmp_path / "jail" / "data"
     started = time.monotonic()
     with Emulator(data_dir=folder) as emulator:
@@ -135,6 +136,11 @@ def test_names_that_would_leave_the_data_folder_never_reach_the_server(tmp_path:
             assert statuses == dict.fromkeys(statuses, 400), name
         assert (tmp_path / "jail" / "victim").read_bytes() == b"mine"
 
+        # Dots that are not a whole part, URL characters, spaces and unicode are ordinary names.
+        ordinary = ["a b#c?d%25e+f/ü.bin", "dots/..x/x../.../a..b", ".hidden/.x", "end.", "~/$HOME"]
+        emulator.seed(BUCKET, {name: name.encode() for name in ordinary})
+        assert set(ordinary) <= set(emulator.names(BUCKET))
+        assert all(emulator.read(BUCKET, name) == name.encode() for name in ordinary)
         # With ordinary names every request is answered as by an emulator without a folder (or a guard).
         statuses = writes(emulator.endpoint, "ordinary/name.bin") | removals(emulator.endpoint, "ordinary/name.bin")
     with Emulator() as unguarded:
