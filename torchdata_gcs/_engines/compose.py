@@ -86,11 +86,11 @@ COMPOSED_CLASSES = ("STANDARD",)
 Nearline, Coldline or Archive one deleted after reading pays 30, 90 or 365 days of storage."""
 
 _DESCRIBE_BATCH = 256  # plain URLs whose metadata is fetched at once
+_CLOSE_TIMEOUT = 60.0
 
 _composed: dict[tuple[str, str, str], int] = {}
 """(endpoint, bucket, name) -> generation of each kept composite this process composed (a forked
 worker inherits its parent's): the only versions of kept composites that are read."""
-_CLOSE_TIMEOUT = 60.0
 
 
 def check_reuse_prefix(prefix: str | None) -> None:

@@ -101,8 +101,8 @@ class SharedListing:
             entries = self._parse(data)
         except (OSError, EOFError, zlib.error, ValueError) as exc:  # gzip, JSON, UTF-8, URL or shape
             raise IntegrityError(
-                f"manifest {self.url} is not a listing of {self.request['inputs']} with masks "
-                f"{self.request['masks']} ({exc}): delete it, or give another manifest folder, to list anew",
+                f"manifest {self.url} is not one this listing published ({exc}): delete it, or give another "
+                "manifest folder, to list anew",
                 url=self.url,
             ) from exc
         logger.debug("read %d listed objects from %s", len(entries), self.url)
