@@ -63,15 +63,41 @@ def multipart(metadata: dict[str, object], data: bytes) -> tuple[bytes, dict[str
     return body, {"Content-Type": "multipart/related; boundary=part"}
 
 
+def first(metadata: dict[str, object]) -> bytes:
+    return json.dumps(metadata).encode()
+
+
 def writes(endpoint: str, name: str) -> dict[str, int]:
     """Every way a client may name an object to write, each sent once: their statuses."""
     path = quote(name, safe="")
     upload = f"/upload/storage/v1/b/{BUCKET}/o"
     named = f"{upload}?{urlencode({'uploadType': 'multipart', 'name': name})}"
+    related = f"{upload}?uploadType=multipart"
+    ordinary = {"name": "ordinary/decoy.bin"}
     sent = {
         "media": send(endpoint, "POST", f"{upload}?{urlencode({'uploadType': 'media', 'name': name})}", b"media"),
         "multipart": send(endpoint, "POST", f"{upload}?uploadType=multipart", *multipart({"name": name}, b"mp")),
         "multipart-named-in-query": send(endpoint, "POST", named, *multipart({}, b"query")),
+        # What Go's multipart reader and JSON decoder take where a looser parser reads otherwise:
+        "multipart-key-in-another-case": send(endpoint, "POST", related, *multipart({"Name": name}, b"case")),
+        "multipart-after-a-false-delimiter": send(
+            endpoint,
+            "POST",
+            related,
+            b"--partX\r\n\r\n" + first(ordinary) + b"\r\n" + multipart({"name": name}, b"false")[0],
+            {"Content-Type": "multipart/related; boundary=part"},
+        ),
+        "multipart-without-part-headers": send(
+            endpoint,
+            "POST",
+            related,
+            b"--part\r\n\r\n"
+            + first({"name": name})
+            + b"\r\n\r\n"
+            + first(ordinary)
+            + b"\r\n--part\r\n\r\nx\r\n--part--\r\n",
+            {"Content-Type": "multipart/related; boundary=part"},
+        ),
         "resumable": resumable(endpoint, f"{upload}?{urlencode({'uploadType': 'resumable', 'name': name})}", {}),
         "resumable-named-in-body": resumable(endpoint, f"{upload}?uploadType=resumable", {"name": name}),
         "xml-put": send(endpoint, "PUT", f"/{BUCKET}/{name}", b"xml"),

@@ -39,7 +39,10 @@ def test_a_name_is_refused_exactly_when_it_would_leave_the_folder(data: st.DataO
     refused = leaves(name)
     metadata = json.dumps({"name": name}).encode()
     multipart = b"--p\r\nContent-Type: application/json\r\n\r\n" + metadata + b"\r\n--p\r\n\r\nbytes\r\n--p--\r\n"
-    compose = json.dumps({"sourceObjects": [{"name": "a"}, {"name": name}]}).encode()
+    compose = json.dumps({"sourceObjects": [{"name": "a"}, {"NAME": name}]}).encode()  # Go matches any case
+    decoy = json.dumps({"name": "a"}).encode()
+    false_delimiter = b"--pX\r\n\r\n" + decoy + b"\r\n" + multipart  # Go skips it as preamble
+    no_headers = b"--p\r\n\r\n" + metadata + b"\r\n\r\n" + decoy + b"\r\n--p\r\n\r\nx\r\n--p--\r\n"
     batch = f"--b\r\nContent-Type: application/http\r\n\r\nDELETE /storage/v1/b/bkt/o/{path} HTTP/1.1\r\n\r\n--b--"
     requests = [
         (f"/storage/v1/b/bkt/o/{path}", {}, None),
@@ -49,6 +52,16 @@ def test_a_name_is_refused_exactly_when_it_would_leave_the_folder(data: st.DataO
             "/upload/storage/v1/b/bkt/o?uploadType=multipart",
             {"content-type": "multipart/related; boundary=p"},
             multipart,
+        ),
+        (
+            "/upload/storage/v1/b/bkt/o?uploadType=multipart",
+            {"content-type": "multipart/related; boundary=p"},
+            false_delimiter,
+        ),
+        (
+            "/upload/storage/v1/b/bkt/o?uploadType=multipart",
+            {"content-type": "multipart/related; boundary=p"},
+            no_headers,
         ),
         ("/upload/storage/v1/b/bkt/o?uploadType=resumable", {"content-type": "application/json"}, metadata),
         ("/storage/v1/b/bkt/o/c/compose", {"content-type": "text/plain"}, compose),

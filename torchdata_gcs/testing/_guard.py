@@ -32,7 +32,6 @@ _HOP_BY_HOP = frozenset(
 )
 _COPY_SOURCE = ("x-goog-copy-source", "x-amz-copy-source")
 _CHUNK = 1 << 16
-_REQUEST_LINE = re.compile(rb"^[A-Z]+ (\S+) HTTP/1\.[01]\r?$", re.MULTILINE)
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _PR_SET_PDEATHSIG = 1
@@ -64,10 +63,11 @@ def _bad_target(target: str) -> str | None:
 
 
 def _names(document: object) -> Iterator[str]:
-    """Every ``name`` and ``bucket`` string in a JSON document, at any depth."""
+    """Every ``name`` and ``bucket`` string in a JSON document, at any depth, in any case (Go's JSON
+    decoder matches keys so: ``"Name"`` fills ``name``)."""
     if isinstance(document, dict):
         for key, value in document.items():
-            if key in ("name", "bucket") and isinstance(value, str):
+            if key.casefold() in ("name", "bucket") and isinstance(value, str):
                 yield value
             else:
                 yield from _names(value)
@@ -86,18 +86,29 @@ def _bad_json(body: bytes) -> str | None:
 
 
 def _parts(content_type: str, body: bytes) -> list[bytes] | None:
-    """The parts of a multipart body (headers included), or ``None`` if it has no boundary."""
+    """The parts of a multipart body (headers included), as Go's reader finds them: between lines that
+    are the delimiter and nothing but blanks, up to the closing one; ``None`` if there is no boundary."""
     match = re.search(r'boundary="?([^";]+)"?', content_type)
     if match is None:
         return None
-    delimiter = b"--" + match.group(1).encode("latin-1")
-    return [part for part in body.split(delimiter)[1:] if not part.startswith(b"--")]  # the closing one ends with --
+    boundary = re.escape(match.group(1).encode("latin-1"))
+    marks = list(re.finditer(rb"(?:\A|\n)--" + boundary + rb"(--)?[ \t]*(?:\r?\n|\Z)", body))
+    parts = []
+    for mark, following in zip(marks, [*marks[1:], None]):
+        if mark.group(1):  # the closing delimiter
+            break
+        parts.append(body[mark.end() : len(body) if following is None else following.start()])
+    return parts
 
 
-def _content(part: bytes) -> bytes:
-    """A part's content: what follows its headers."""
-    ends = [end for end in (part.find(b"\r\n\r\n"), part.find(b"\n\n")) if end >= 0]
-    return part[min(ends) :].lstrip(b"\r\n") if ends else b""
+def _content(message: bytes) -> bytes:
+    """What follows a block of header lines and the empty line that ends it (``b""`` if none does)."""
+    position = 0
+    while (end := message.find(b"\n", position)) >= 0:
+        if not message[position:end].rstrip(b"\r"):
+            return message[end + 1 :]
+        position = end + 1
+    return b""
 
 
 def _bad_body(content_type: str, body: bytes) -> str | None:
@@ -111,13 +122,13 @@ def _bad_body(content_type: str, body: bytes) -> str | None:
             return "its multipart body has no parts"
         if kind == "multipart/related":  # an upload: metadata, then the object's bytes
             return _bad_json(_content(parts[0]))
-        for part in parts:  # a batch: each part one request
-            call = _content(part)
-            line = _REQUEST_LINE.search(call)
-            if line is None:
+        for part in parts:  # a batch: each part one request, its first line the request line
+            line, _, rest = _content(part).partition(b"\n")
+            request_line = line.rstrip(b"\r").split(b" ")
+            if len(request_line) != 3:
                 return "a call of its batch has no request line"
-            problem = _bad_target(line.group(1).decode("latin-1"))
-            inner = _content(call[line.end() :])
+            problem = _bad_target(request_line[1].decode("latin-1"))
+            inner = _content(rest)
             if problem is None and inner.strip():
                 problem = _bad_json(inner)
             if problem:
