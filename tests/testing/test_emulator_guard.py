@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -29,13 +30,13 @@ def escapes(root: Path) -> list[str]:
 
 
 def send(
-    endpoint: str, method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None
+    endpoint: str, method: str, target: str, body: bytes = b"", headers: Mapping[str, str] | None = None
 ) -> tuple[int, bytes, http.client.HTTPMessage]:
     """One raw request, its path sent as given (no client tidies ``..`` away): status, body, headers."""
     host, port = endpoint.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        connection.request(method, target, body=body or None, headers=headers or {})
+        connection.request(method, target, body=body or None, headers=dict(headers or {}))
         answer = connection.getresponse()
         return answer.status, answer.read(), answer.headers
     finally:
@@ -74,6 +75,7 @@ def writes(endpoint: str, name: str) -> dict[str, int]:
     named = f"{upload}?{urlencode({'uploadType': 'multipart', 'name': name})}"
     related = f"{upload}?uploadType=multipart"
     ordinary = {"name": "ordinary/decoy.bin"}
+    named_ = {"name": name}
     sent = {
         "media": send(endpoint, "POST", f"{upload}?{urlencode({'uploadType': 'media', 'name': name})}", b"media"),
         "multipart": send(endpoint, "POST", f"{upload}?uploadType=multipart", *multipart({"name": name}, b"mp")),
@@ -86,6 +88,9 @@ def writes(endpoint: str, name: str) -> dict[str, int]:
             related,
             b"--partX\r\n\r\n" + first(ordinary) + b"\r\n" + multipart({"name": name}, b"false")[0],
             {"Content-Type": "multipart/related; boundary=part"},
+        ),
+        "multipart-named-first-in-query": send(
+            endpoint, "POST", f"{related}&uploadType=media", *multipart(named_, b"q")
         ),
         "multipart-without-part-headers": send(
             endpoint,

@@ -18,7 +18,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import aiohttp
@@ -139,14 +139,18 @@ def _bad_body(content_type: str, body: bytes) -> str | None:
 
 def _streamed(method: str, target: str) -> bool:
     """Whether the request's body is an object's bytes, streamed through unread: a media upload, a chunk
-    of a resumable upload, an XML API upload."""
-    query = dict(parse_qsl(urlsplit(target).query))
-    if query.get("uploadType") == "media" or "upload_id" in query:
+    of a resumable upload (``PUT``), an XML API upload. Any other body is read and checked."""
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(urlsplit(target).query, keep_blank_values=True):
+        query.setdefault(key, value)  # the first, as Go's Query().Get reads it
+    if query.get("uploadType") == "media":
+        return True
+    if method == "PUT" and query.get("uploadType") == "resumable" and query.get("upload_id"):
         return True
     return method == "PUT" and not target.startswith(("/storage/", "/upload/", "/batch/"))
 
 
-def _problem(target: str, headers: dict[str, str], body: bytes | None) -> str | None:
+def _problem(target: str, headers: Mapping[str, str], body: bytes | None) -> str | None:
     """Why the request names a bucket or object outside the emulator's folder, or ``None``; ``body`` is
     ``None`` when it is streamed, unread.
 
@@ -156,10 +160,10 @@ def _problem(target: str, headers: dict[str, str], body: bytes | None) -> str | 
     body that should hold names and cannot be read is refused too.
     """
     problem = _bad_target(target)
-    for header in _COPY_SOURCE:
-        if problem is None and header in headers:
-            problem = _bad_target(headers[header])
-    if problem is None and body is not None:
+    for header, value in headers.items():  # every one, if repeated
+        if problem is None and header.lower() in _COPY_SOURCE:
+            problem = _bad_target(value)
+    if problem is None and body is not None:  # the first Content-Type, as Go's Header.Get reads it
         problem = _bad_body(headers.get("content-type", ""), body)
     return problem
 
@@ -172,10 +176,9 @@ def _refusal(problem: str) -> web.Response:
 
 async def _forward(request: web.Request) -> web.StreamResponse:
     target = request.raw_path
-    headers = {key.lower(): value for key, value in request.headers.items()}
     streamed = not request.body_exists or _streamed(request.method, target)
     body = None if streamed else await request.read()
-    problem = _problem(target, headers, body)
+    problem = _problem(target, request.headers, body)
     if problem is not None:
         return _refusal(problem)
     session: aiohttp.ClientSession = request.app["session"]
