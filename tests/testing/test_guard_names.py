@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchdata_gcs.testing._guard import _problem
+from torchdata_gcs.testing._guard import problem_in_request
 
 PARTS = st.sampled_from(["a", ".", "..", "...", ".a", "a.", "..x", "%", "%2e", " ", "ü", "+", "?#", ""])
 NAMES = st.tuples(st.booleans(), st.lists(PARTS, min_size=1, max_size=5)).map(
@@ -69,4 +69,4 @@ def test_a_name_is_refused_exactly_when_it_would_leave_the_folder(data: st.DataO
         ("/batch/storage/v1", {"content-type": "multipart/mixed; boundary=b"}, batch.encode()),
     ]
     for target, headers, body in requests:
-        assert (_problem(target, headers, body) is not None) == refused, (target, body)
+        assert (problem_in_request(target, headers, body) is not None) == refused, (target, body)

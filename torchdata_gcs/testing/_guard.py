@@ -25,7 +25,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-__all__ = ["main"]
+__all__ = ["main", "problem_in_request"]
 
 _HOP_BY_HOP = frozenset(
     ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "expect"]
@@ -150,7 +150,7 @@ def _streamed(method: str, target: str) -> bool:
     return method == "PUT" and not target.startswith(("/storage/", "/upload/", "/batch/"))
 
 
-def _problem(target: str, headers: Mapping[str, str], body: bytes | None) -> str | None:
+def problem_in_request(target: str, headers: Mapping[str, str], body: bytes | None) -> str | None:
     """Why the request names a bucket or object outside the emulator's folder, or ``None``; ``body`` is
     ``None`` when it is streamed, unread.
 
@@ -178,7 +178,7 @@ async def _forward(request: web.Request) -> web.StreamResponse:
     target = request.raw_path
     streamed = not request.body_exists or _streamed(request.method, target)
     body = None if streamed else await request.read()
-    problem = _problem(target, request.headers, body)
+    problem = problem_in_request(target, request.headers, body)
     if problem is not None:
         return _refusal(problem)
     session: aiohttp.ClientSession = request.app["session"]
