@@ -65,8 +65,8 @@ class Emulator(LocalService):
     with it (``"filesystem"``, or a ``data_dir``) the server runs behind a guard process (see
     ``_guard``) that answers 400 to any request naming a bucket or object with a ``.`` or ``..`` part
     or a leading ``/``: nothing is written or read outside the folder. On Linux the server runs in a
-    network namespace of the guard's, so nothing else reaches it; where the system refuses an
-    unprivileged process one, it listens on a second loopback port, known to the guard only.
+    network namespace that only the guard shares, so nothing else reaches it; where the system refuses
+    an unprivileged process one, it listens on a second loopback port, known to the guard only.
 
     Example:
         >>> from torchdata_gcs import testing
