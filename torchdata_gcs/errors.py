@@ -103,7 +103,8 @@ class EndpointError(GCSError, ConnectionError):
 
 class IntegrityError(GCSError, OSError):
     """Bytes damaged on the way: a download that does not match the size or crc32c GCS recorded for
-    the object, or an upload GCS refused because its body did not match the checksum sent with it."""
+    the object, or an upload GCS refused because its body did not match the checksum sent with it; or
+    a file torchdata-gcs wrote for itself (a shared listing's manifest) that no longer holds what it wrote."""
 
 
 class UploadError(GCSError, OSError):

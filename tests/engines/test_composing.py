@@ -456,7 +456,7 @@ def test_reuse_across_epochs(gcs_emulator: Emulator) -> None:
         assert read_all(pipe) == list(expected.items())  # epoch 2
         assert front.counts["compose"] == first and pipe.stats.reused == 4
 
-        # Damaged kept composites are detected (their checksum is not the sources' combined) and rebuilt.
+        # Replaced kept composites (here by damaged bytes) are not the generations composed: composed again.
         for name in kept:
             gcs_emulator.upload("compose-reuse", name, b"x" * len(gcs_emulator.read("compose-reuse", name)))
         assert read_all(pipe) == list(expected.items())  # epoch 3
@@ -474,6 +474,80 @@ def test_reuse_across_epochs(gcs_emulator: Emulator) -> None:
         assert read_all(pipe) == list(expected.items())  # epoch 5: all kept again
         assert front.counts["compose"] == first + 5 and pipe.stats.reused == 4
     assert temporary(gcs_emulator, "compose-reuse") == []
+
+
+def forged(size: int, crc32c: int) -> bytes:
+    """Bytes of someone else's choosing, ``size`` of them, whose crc32c is ``crc32c``: the last four
+    solve for it (a crc32c of a fixed length is affine in the bits, so that is 32 linear equations)."""
+    head = (b"chosen by someone else; " * size)[: size - 4]
+    base = google_crc32c.value(head + bytes(4))
+    basis: dict[int, tuple[int, int]] = {}  # highest bit -> (crc difference, tail bits making it)
+    for bit in range(32):
+        difference, tail = google_crc32c.value(head + (1 << bit).to_bytes(4, "little")) ^ base, 1 << bit
+        for top in sorted(basis, reverse=True):
+            if difference >> top & 1:
+                difference, tail = difference ^ basis[top][0], tail ^ basis[top][1]
+        if difference:
+            basis[difference.bit_length() - 1] = (difference, tail)
+    wanted, tail = crc32c ^ base, 0
+    for top in sorted(basis, reverse=True):
+        if wanted >> top & 1:
+            wanted, tail = wanted ^ basis[top][0], tail ^ basis[top][1]
+    assert wanted == 0
+    return head + tail.to_bytes(4, "little")
+
+
+def test_a_kept_composite_replaced_with_the_same_size_and_crc32c_is_never_read(gcs_emulator: Emulator) -> None:
+    """Whoever may write the reuse prefix may replace a kept composite with chosen bytes of the same size
+    and crc32c: only the generation composed is read, and a replaced one is composed again in its place."""
+    bucket = "compose-forged"
+    expected = seed(gcs_emulator, bucket, 64)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        client = front.client_config
+        pipe = listed(bucket, client).compose_shards_by_gcs(client=client, reuse_prefix="cache/kept/")
+        assert read_all(pipe) == list(expected.items())
+        kept = [name for name in gcs_emulator.names(bucket) if name.startswith("cache/kept/")]
+        assert len(kept) == 2
+        for name in kept:
+            data = gcs_emulator.read(bucket, name)
+            replacement = forged(len(data), google_crc32c.value(data))
+            assert replacement != data and google_crc32c.value(replacement) == google_crc32c.value(data)
+            gcs_emulator.upload(bucket, name, replacement)
+        composed = front.counts["compose"]
+
+        started = time.monotonic()
+        assert read_all(pipe) == list(expected.items())  # epoch 2: never the chosen bytes
+        assert time.monotonic() - started < 30
+        assert front.counts["compose"] == composed + 2 and pipe.stats.reused == 0
+        assert all(b"chosen by someone else" not in gcs_emulator.read(bucket, name) for name in kept)
+        assert read_all(pipe) == list(expected.items())  # epoch 3: the composites made again are reused
+        assert front.counts["compose"] == composed + 2 and pipe.stats.reused == 2
+
+
+def test_a_kept_composite_made_by_another_process_is_composed_again_before_it_is_read(
+    gcs_emulator: Emulator,
+) -> None:
+    """A kept composite this process did not compose (an earlier job, another worker) may have been replaced
+    meanwhile: it is composed again in its place, once, and reused from then on."""
+    bucket = "compose-kept-elsewhere"
+    expected = seed(gcs_emulator, bucket, 64)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        client = front.client_config
+        epoch = textwrap.dedent(f"""
+            from torch.utils.data.datapipes.iter import IterableWrapper
+            from torchdata_gcs import ClientConfig
+            client = ClientConfig(endpoint={client.endpoint!r}, anonymous=True)
+            pipe = IterableWrapper(["gs://{bucket}/d/"]).list_files_by_gcs(client=client, with_metadata=True)
+            pipe = pipe.compose_shards_by_gcs(client=client, reuse_prefix="cache/kept/")
+            assert len([stream.read() for _, stream in pipe]) == 64 and pipe.stats.composes == 2
+        """)
+        subprocess.run([sys.executable, "-c", epoch], check=True, timeout=120)
+        assert front.counts["compose"] == 2
+        pipe = listed(bucket, client).compose_shards_by_gcs(client=client, reuse_prefix="cache/kept/")
+        assert read_all(pipe) == list(expected.items())
+        assert front.counts["compose"] == 4 and pipe.stats.reused == 0
+        assert read_all(pipe) == list(expected.items())
+        assert front.counts["compose"] == 4 and pipe.stats.reused == 2
 
 
 def test_reuse_with_order_changing_warns(gcs_emulator: Emulator) -> None:

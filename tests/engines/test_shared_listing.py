@@ -17,8 +17,8 @@ import requests
 from torchdata_gcs import (
     AccessDeniedError,
     ClientConfig,
-    GCSError,
     GCSFileListerIterDataPipe,
+    IntegrityError,
     RetryConfig,
 )
 from torchdata_gcs._engines import shared_listing
@@ -106,18 +106,98 @@ def test_other_inputs_or_masks_list_anew(gcs_emulator: Emulator, front: GCSFront
     assert len(manifest_objects(gcs_emulator, bucket, folder)) == 2
 
 
-def test_a_damaged_or_foreign_manifest_is_refused(gcs_emulator: Emulator, front: GCSFront, dataset) -> None:
+def published_lines(emulator: Emulator, bucket: str, folder: str) -> tuple[str, list[str]]:
+    """The name of the one manifest in ``folder`` and its lines (header first)."""
+    (name,) = manifest_objects(emulator, bucket, folder)
+    return name, gzip.decompress(emulator.read(bucket, name)).decode().splitlines()
+
+
+def rewritten(lines: list[str], entries: list[list[object]]) -> bytes:
+    """A well-formed manifest of ``lines``' header (its count fixed) holding ``entries``."""
+    header = {**json.loads(lines[0]), "objects": len(entries)}
+    return gzip.compress("\n".join([json.dumps(header)] + [json.dumps(entry) for entry in entries]).encode())
+
+
+def forged(case: str, bucket: str, lines: list[str]) -> bytes:
+    """The manifest rewritten by someone else who may write its folder."""
+    entries = [json.loads(line) for line in lines[1:]]
+    first = entries[0]
+    if case == "another-bucket":
+        return rewritten(lines, [[0, "gs://other-bucket/secret/x", *first[2:]], *entries])
+    if case == "outside-the-prefix":
+        return rewritten(lines, [*entries, [0, f"gs://{bucket}/secret/x", *first[2:]]])
+    if case == "not-kept-by-the-mask":
+        return rewritten(lines, [*entries[:-1], [0, f"gs://{bucket}/data/99999.txt", *first[2:]]])
+    if case == "another-input":
+        return rewritten(lines, [[1, *first[1:]], *entries[1:]])
+    if case == "repeated":
+        return rewritten(lines, [first, *entries])
+    if case == "out-of-order":
+        return rewritten(lines, [entries[1], entries[0], *entries[2:]])
+    if case == "one-entry-lost":
+        return gzip.compress("\n".join(lines[:-1]).encode())
+    if case == "another-listing":
+        foreign = json.dumps({**json.loads(lines[0]), "inputs": [f"gs://{bucket}/other/"]})
+        return gzip.compress("\n".join([foreign, *lines[1:]]).encode())
+    if case == "not-gzip":
+        return b"<html>not a manifest</html>"
+    if case == "truncated-gzip":
+        return gzip.compress("\n".join(lines).encode())[:-100]
+    if case == "gzip-bomb":
+        return gzip.compress(lines[0].encode() + b"\n" + b" " * 50_000_000)
+    if case == "not-json":
+        return gzip.compress(b"{this is not json\n[0]")
+    if case == "header-not-an-object":
+        return gzip.compress(b"[1, 2]")
+    if case == "entry-not-a-list":
+        return rewritten(lines, [{"url": first[1]}])
+    if case == "index-not-a-number":
+        return rewritten(lines, [[True, *first[1:]], *entries[1:]])
+    if case == "negative-size":
+        return rewritten(lines, [[*first[:2], -1, *first[3:]], *entries[1:]])
+    raise AssertionError(case)
+
+
+FORGERIES = [
+    "another-bucket",
+    "outside-the-prefix",
+    "not-kept-by-the-mask",
+    "another-input",
+    "repeated",
+    "out-of-order",
+    "one-entry-lost",
+    "another-listing",
+    "not-gzip",
+    "truncated-gzip",
+    "gzip-bomb",
+    "not-json",
+    "header-not-an-object",
+    "entry-not-a-list",
+    "index-not-a-number",
+    "negative-size",
+]
+
+
+@pytest.mark.parametrize("case", FORGERIES)
+def test_a_manifest_rewritten_by_another_is_refused_with_a_typed_error(
+    gcs_emulator: Emulator, front: GCSFront, dataset, case: str
+) -> None:
+    """Whoever may write the folder may write the manifest: it never hands out an object its input would
+    not list (another bucket's, say), and junk raises ``IntegrityError`` naming it at once, before any
+    item, whatever replica reads it; the manifest is left for the user to look at, and no lock stays."""
     bucket, expected, folder = dataset
-    assert list(lister(bucket, folder, front.client_config)) == expected
-    (name,) = manifest_objects(gcs_emulator, bucket, folder)
-    lines = gzip.decompress(gcs_emulator.read(bucket, name)).decode().splitlines()
-    gcs_emulator.upload(bucket, name, gzip.compress("\n".join(lines[:-1]).encode()))  # one entry lost
-    with pytest.raises(GCSError, match="incomplete"):
-        list(lister(bucket, folder, front.client_config))
-    foreign = json.dumps({**json.loads(lines[0]), "inputs": [f"gs://{bucket}/other/"]})
-    gcs_emulator.upload(bucket, name, gzip.compress("\n".join([foreign, *lines[1:]]).encode()))
-    with pytest.raises(GCSError, match="does not describe this listing"):
-        list(lister(bucket, folder, front.client_config))
+    assert list(lister(bucket, folder, front.client_config, masks="*.bin")) == expected
+    name, lines = published_lines(gcs_emulator, bucket, folder)
+    junk = forged(case, bucket, lines)
+    gcs_emulator.upload(bucket, name, junk)
+    for _ in range(2):  # a replica that reads it, then one that would list after it
+        started = time.monotonic()
+        with pytest.raises(IntegrityError, match=rf"manifest gs://{bucket}/{name} .*delete it") as raised:
+            next(iter(lister(bucket, folder, front.client_config, masks="*.bin")))
+        assert time.monotonic() - started < 30
+        assert raised.value.url == f"gs://{bucket}/{name}"
+    assert manifest_objects(gcs_emulator, bucket, folder) == [name]  # no lock left behind
+    assert gcs_emulator.read(bucket, name) == junk
 
 
 def test_a_failed_listing_publishes_nothing_and_frees_the_lock(gcs_emulator: Emulator, dataset) -> None:
@@ -151,7 +231,11 @@ def test_a_lock_left_by_a_dead_replica_is_taken_over(
     bucket, expected, folder = dataset
     monkeypatch.setattr(shared_listing, "LEASE", 0.3)
     shared = SharedListing(
-        Client(gcs_emulator.client_config, FAST_RETRY), f"gs://{bucket}/{folder}", [f"gs://{bucket}/data/"], [""]
+        Client(gcs_emulator.client_config, FAST_RETRY),
+        f"gs://{bucket}/{folder}",
+        [f"gs://{bucket}/data/"],
+        [""],
+        lambda index, url: True,
     )
     gcs_emulator.upload(bucket, shared.lock_name, b"a replica that was killed")
     faults = [Fault("http_412", match=r"^DELETE .*\.lock", times=1)] if refused else []

@@ -16,7 +16,10 @@ left, and runs at the end of iteration, on early stop, on exceptions, and at int
 exit. Before a bucket's first temporary object is written, its job prefix is handed to the process's
 reaper, which deletes every version under it if the process ends (SIGTERM, SIGKILL) before the
 composer is closed. With ``reuse_prefix`` composites are kept, named by a hash of their sources, and
-that prefix's listing is the manifest later iterations consult.
+that prefix's listing is the manifest later iterations consult. Anyone who may write the prefix may
+replace a kept composite with bytes of the same size and crc32c (a checksum, not a seal), so one is
+read only at the generation recorded when this process (or the parent it was forked from) composed
+it; any other is composed again in its place first.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ Nearline, Coldline or Archive one deleted after reading pays 30, 90 or 365 days 
 
 _DESCRIBE_BATCH = 256  # plain URLs whose metadata is fetched at once
 _CLOSE_TIMEOUT = 60.0
+
+_composed: dict[tuple[str, str, str], int] = {}
+"""(endpoint, bucket, name) -> generation of each kept composite this process composed (a forked
+worker inherits its parent's): the only versions of kept composites that are read."""
 
 
 def check_reuse_prefix(prefix: str | None) -> None:
@@ -282,11 +289,12 @@ class Composer:
         kept = self._cache.get(bucket, {}).get(name) if self.reuse_prefix is not None else None
         if kept is not None:
             self._found += 1
-            loaded = await self._download(bucket, name, kept, expected, members, job, seq)
-            if loaded is not None:
-                job.stats.reused += 1
-                return loaded
-            logger.warning("kept composite gs://%s/%s does not match its sources: rebuilding it", bucket, name)
+            if self._made_here(bucket, name, kept):
+                loaded = await self._download(bucket, name, kept, expected, members, job, seq)
+                if loaded is not None:
+                    job.stats.reused += 1
+                    return loaded
+                logger.warning("kept composite gs://%s/%s does not match its sources: rebuilding it", bucket, name)
         try:
             composite = await self._compose(bucket, name, members, job, kept)
         except (NotFoundError, PreconditionFailedError) as exc:  # a source changed since it was listed
@@ -307,8 +315,28 @@ class Composer:
         except GCSError as exc:  # refused for another reason (400, retries run out): this group only
             self._report_refusal(len(members), exc)
             return await _load_each(members, job, seq)
+        if self.reuse_prefix is not None:
+            _composed[(job.session.endpoint, bucket, name)] = composite.generation
         loaded = await self._download(bucket, name, composite, expected, members, job, seq)
         return loaded if loaded is not None else await _load_each(members, job, seq)
+
+    def _made_here(self, bucket: str, name: str, kept: ObjectInfo) -> bool:
+        """Whether the listed ``kept`` composite is the version this process composed; if not (composed
+        elsewhere, or replaced since), it is composed again in its place."""
+        made = _composed.get((self.job.session.endpoint, bucket, name))
+        if made == kept.generation:
+            return True
+        if made is None:
+            logger.info("kept composite gs://%s/%s was not composed here: composing it again", bucket, name)
+        else:
+            logger.warning(
+                "kept composite gs://%s/%s was replaced (generation %d, composed as %d): composing it again",
+                bucket,
+                name,
+                kept.generation,
+                made,
+            )
+        return False
 
     def _report_refusal(self, count: int, error: GCSError) -> None:
         """Say that a compose was refused and its objects are loaded directly: the first time in this

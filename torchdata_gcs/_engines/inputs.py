@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.patterns import NameFilter, has_magic, server_glob
 from .._ops.urls import brief, format_url, parse_url
-from ..errors import MissingObjectWarning, NotFoundError
+from ..errors import InvalidURIError, MissingObjectWarning, NotFoundError
 from .listing import list_objects
 from .parallel_listing import ListingStats
 from .resume import check_listing_position
@@ -88,6 +88,26 @@ def _first_name(client: Client, bucket: str, prefix: str) -> str | None:
     return format_url(bucket, page["items"][0]["name"]) if page.get("items") else None
 
 
+def _selected_by(inputs: Sequence[str], masks: Sequence[str]) -> Callable[[int, str], bool]:
+    """Whether listing ``inputs[index]`` could yield ``url``: in that input's bucket, the object it names
+    or one under its prefix, kept by its glob and masks (what a shared manifest's entries must be)."""
+    scopes = []
+    for source_url in inputs:
+        bucket, name = parse_url(source_url)
+        keep = NameFilter.of(name, masks)
+        scopes.append((bucket, None if keep.glob else name, keep))
+
+    def selects(index: int, url: str) -> bool:
+        try:
+            bucket, name = parse_url(url, allow_prefix=False)
+        except InvalidURIError:
+            return False
+        source_bucket, exact, keep = scopes[index]
+        return bucket == source_bucket and (name == exact or name.startswith(keep.root)) and keep(name)
+
+    return selects
+
+
 def list_inputs(
     client: Client,
     inputs: list[str],
@@ -150,7 +170,8 @@ def list_inputs(
         yield from list_from(after)
         return
     kept: Counter[int] = Counter()
-    for batch in SharedListing(client, manifest, inputs, list(masks)).entries(lambda: list_from(None)):
+    shared = SharedListing(client, manifest, inputs, list(masks), _selected_by(inputs, masks))
+    for batch in shared.entries(lambda: list_from(None)):
         kept.update(index for index, _, _ in batch)
         yield batch if after is None else [entry for entry in batch if (entry[0], entry[1]) > after]
     matches.finish(kept)  # a manifest read, not listed here: checked from its entries

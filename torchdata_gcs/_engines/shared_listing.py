@@ -10,6 +10,12 @@ does); the others poll the lock and read the manifest once the lock is gone. The
 the lock every ``LEASE / 4`` seconds; a lock whose generation stays the same for ``LEASE`` seconds
 belongs to a replica that died and is taken over. A listing that fails publishes nothing and
 releases the lock, so another replica tries.
+
+Anyone who may write the folder may write the manifest, so it is checked when read: its header must
+name this request, and every entry must be one that listing its input could have yielded (that
+input's bucket, under its prefix, kept by its glob and masks), in listing order, with well-formed
+metadata. A manifest that is not is refused with ``IntegrityError`` naming it, never rebuilt over:
+one that a replica read may already have shaped the job's other replicas.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import final
 
@@ -30,7 +37,7 @@ from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.objects import TEMPORARY_CLASS
 from .._ops.urls import format_url, parse_url
-from ..errors import GCSError, InvalidURIError, PreconditionFailedError
+from ..errors import GCSError, IntegrityError, InvalidURIError, PreconditionFailedError
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,9 @@ __all__ = ["LEASE", "Entry", "SharedListing"]
 FORMAT = 2
 """Version of the manifest's lines (part of its name: a manifest of another version is never read).
 2: each object's storage class after its size, generation and crc32c."""
+_EXPANSION = 100
+"""A manifest decompresses to at most this many times its size (its lines hold checksums and
+generations, which compress little): a small object cannot unpack into gigabytes."""
 LEASE = 30.0
 """Seconds a lock may go without being rewritten before other replicas take it over."""
 
@@ -47,13 +57,16 @@ Entry = tuple[int, str, ObjectInfo | None]
 
 
 class SharedListing:
-    """The manifest and lock of one listing request under a ``gs://bucket/folder/`` URL."""
+    """The manifest and lock of one listing request under a ``gs://bucket/folder/`` URL; ``selects(index, url)``
+    says whether listing ``inputs[index]`` could yield ``url`` (what a manifest's entries are checked against)."""
 
-    def __init__(self, client: Client, folder: str, inputs: list[str], masks: list[str]) -> None:
+    def __init__(
+        self, client: Client, folder: str, inputs: list[str], masks: list[str], selects: Callable[[int, str], bool]
+    ) -> None:
         bucket, name = parse_url(folder)
         if name and not name.endswith("/"):
             raise InvalidURIError(f"a manifest folder must end with '/': {folder!r}", url=folder)
-        self.client, self.bucket = client, bucket
+        self.client, self.bucket, self.selects = client, bucket, selects
         self.request = {"format": FORMAT, "inputs": inputs, "masks": masks}
         key = hashlib.sha256(json.dumps(self.request, sort_keys=True).encode()).hexdigest()[:32]
         self.manifest_name = f"{name}{key}.jsonl.gz"
@@ -65,7 +78,11 @@ class SharedListing:
         while True:
             published = self._read()
             if published is None and (lock := self._claim()) is not None:
-                published = self._read()  # published between our first look and the claim?
+                try:
+                    published = self._read()  # published between our first look and the claim?
+                except IntegrityError:
+                    lock.release()
+                    raise
                 if published is None:
                     yield from self._list_and_publish(list_all, lock)
                     return
@@ -76,19 +93,61 @@ class SharedListing:
             self._wait_for_lock_release()
 
     def _read(self) -> list[Entry] | None:
+        """The published listing; ``None`` if there is none; ``IntegrityError`` if it is not one this
+        request published."""
         data = self.client.read(self.bucket, self.manifest_name)
         if data is None:
             return None
-        lines = gzip.decompress(data).decode("utf-8").splitlines()
-        header = json.loads(lines[0])
-        if {key: header.get(key) for key in self.request} != self.request or header.get("objects") != len(lines) - 1:
-            raise GCSError(f"manifest {self.url} does not describe this listing or is incomplete", url=self.url)
-        entries: list[Entry] = []
-        for line in lines[1:]:
-            index, url, size, generation, crc32c, storage_class = json.loads(line)
-            entries.append((index, url, ObjectInfo(size, generation, crc32c, storage_class)))
+        try:
+            entries = self._parse(data)
+        except (OSError, EOFError, zlib.error, ValueError) as exc:  # gzip, JSON, UTF-8, URL or shape
+            raise IntegrityError(
+                f"manifest {self.url} is not one this listing published ({exc}): delete it, or give another "
+                "manifest folder, to list anew",
+                url=self.url,
+            ) from exc
         logger.debug("read %d listed objects from %s", len(entries), self.url)
         return entries
+
+    def _parse(self, data: bytes) -> list[Entry]:
+        """The entries of a manifest's bytes; ``ValueError`` (or a decompression error) if it is not
+        complete, not of this request, or holds an entry its input could not have listed."""
+        unpacker = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip
+        text = unpacker.decompress(data, _EXPANSION * len(data) + 65_536)
+        if unpacker.unconsumed_tail or not unpacker.eof or unpacker.unused_data:
+            raise ValueError("not one whole gzip stream of a listing's size")
+        lines = text.decode("utf-8").split("\n")
+        header = json.loads(lines[0])
+        if not isinstance(header, dict) or {key: header.get(key) for key in self.request} != self.request:
+            raise ValueError("its header names another listing")
+        if header.get("objects") != len(lines) - 1:
+            raise ValueError(f"its header counts {header.get('objects')!r} objects, it lists {len(lines) - 1}")
+        entries: list[Entry] = []
+        previous: tuple[int, str] = (-1, "")
+        for number, line in enumerate(lines[1:], start=2):
+            entry = self._entry(json.loads(line))
+            if entry is None or (entry[0], entry[1]) <= previous:
+                raise ValueError(f"line {number} is not an object its input lists, after the one before it")
+            previous = entry[0], entry[1]
+            entries.append(entry)
+        return entries
+
+    def _entry(self, fields: object) -> Entry | None:
+        """One manifest line's entry, or ``None`` if it is not one that listing its input could yield."""
+        if not isinstance(fields, list) or len(fields) != 6:
+            return None
+        index, url, size, generation, crc32c, storage_class = fields
+        well_formed = (
+            _whole(index, 0, len(self.request["inputs"]) - 1)
+            and isinstance(url, str)
+            and _whole(size, 0)
+            and _whole(generation, 1)
+            and (crc32c is None or (isinstance(crc32c, str) and len(crc32c) == 8))
+            and (storage_class is None or isinstance(storage_class, str))
+        )
+        if not well_formed or not self.selects(index, url):
+            return None
+        return index, url, ObjectInfo(size, generation, crc32c, storage_class)
 
     def _claim(self) -> _Lock | None:
         """Create the lock; ``None`` if another replica holds it."""
@@ -177,6 +236,11 @@ class SharedListing:
         except PreconditionFailedError:
             pass  # a replica that took over a lock thought stale published first; its listing stands
         logger.debug("published %d listed objects to %s", len(entries), self.url)
+
+
+def _whole(value: object, low: int, high: int | None = None) -> bool:
+    """Whether ``value`` is an integer (a JSON number without a fraction) from ``low`` to ``high``."""
+    return type(value) is int and value >= low and (high is None or value <= high)
 
 
 @final

@@ -281,9 +281,9 @@ def _emulator(args: argparse.Namespace) -> int:
             print(f"fake-gcs-server ({emulator.backend} backend) at {emulator.endpoint}{kept}", flush=True)
             if args.bucket:
                 _fill(emulator, args)
-            print(f"export {EMULATOR_ENV}={emulator.endpoint}", flush=True)
-            print("serving until Ctrl-C or SIGTERM", flush=True)
-            try:
+            try:  # a SIGTERM sent as soon as the address is out must find the loop below, not these prints
+                print(f"export {EMULATOR_ENV}={emulator.endpoint}", flush=True)
+                print("serving until Ctrl-C or SIGTERM", flush=True)
                 while True:
                     time.sleep(3600)
             except KeyboardInterrupt:

@@ -59,6 +59,9 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
     manifest: a later iteration that meets the same objects in the same order reads the kept
     composites and makes no compose call; changed sources make a new name, a wrong composite is
     rebuilt. Put ``shuffle`` after this DataPipe when reusing (before it, groups differ every epoch).
+    A kept composite is read only at the generation this process (or the one it was forked from)
+    composed it as; one composed elsewhere or replaced since is composed again in its place first,
+    since a replacement may have the same size and crc32c.
 
     Args:
         source_datapipe: a DataPipe, an iterable or one item; items are ``gs://`` URLs or the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,9 @@ def _binary() -> Path:
         raise EmulatorError(f"fake-gcs-server has no binary for this platform: {exc}") from exc
 
 
+_GUARD = str(Path(__file__).with_name("_guard.py"))  # run as a script: it needs aiohttp only, not torch
+
+
 def _scratch_dir() -> str:
     """A RAM-backed folder when the machine has one: the filesystem backend is fastest there."""
     return tempfile.mkdtemp(prefix="torchdata-gcs-emulator-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -56,6 +60,13 @@ class Emulator(LocalService):
         data_dir: keep the objects in this folder (filesystem backend), where a later emulator
             started with the same folder finds them again; ``None``: a scratch folder removed on stop.
         port: the loopback port to serve on; ``None``: a free one.
+
+    fake-gcs-server's filesystem backend joins bucket and object names into file paths unchecked, so
+    with it (``"filesystem"``, or a ``data_dir``) the server runs behind a guard process (see
+    ``_guard``) that answers 400 to any request naming a bucket or object with a ``.`` or ``..`` part
+    or a leading ``/``: nothing is written or read outside the folder. On Linux the server runs in a
+    network namespace that only the guard shares, so nothing else reaches it; where the system refuses
+    an unprivileged process one, it listens on a second loopback port, known to the guard only.
 
     Example:
         >>> from torchdata_gcs import testing
@@ -99,7 +110,11 @@ class Emulator(LocalService):
         """CPU time the emulator process has used so far (Linux): what the server side of a workload costs."""
         self._require_running()
         assert self._server is not None
-        with open(f"/proc/{self._server.pid}/stat") as stat:
+        pid = self._server.pid
+        if self.backend == "filesystem":  # the guard's child
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                pid = int(children.read().split()[0])
+        with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
@@ -112,7 +127,7 @@ class Emulator(LocalService):
         scratch = _scratch_dir()
         args = [
             str(_binary()),
-            *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port)),
+            *("-scheme", "http", "-host", "127.0.0.1"),
             *("-external-url", self.endpoint, "-public-host", f"127.0.0.1:{port}", "-log-level", "error"),
             *("-backend", self.backend),
         ]
@@ -122,14 +137,12 @@ class Emulator(LocalService):
         elif self.backend == "filesystem":
             args += ["-filesystem-root", os.path.join(scratch, "data")]
         environment = {**os.environ, "GOMEMLIMIT": self.memory_limit}
+        if self.backend == "filesystem":  # names become file paths: the guard starts the server behind it
+            command, name = [sys.executable, _GUARD, str(port), *args], "guarded fake-gcs-server"
+        else:
+            command, name = [*args, "-port", str(port)], "fake-gcs-server"
         self._server = ServerProcess(
-            self,
-            "fake-gcs-server",
-            args,
-            scratch,
-            endpoint=self.endpoint,
-            timeout=self.startup_timeout,
-            env=environment,
+            self, name, command, scratch, endpoint=self.endpoint, timeout=self.startup_timeout, env=environment
         )
         return self
 
