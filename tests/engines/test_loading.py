@@ -338,3 +338,17 @@ def test_loads_from_inside_a_running_event_loop(gcs_emulator: Emulator, gcs_buck
         return read_all(GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/nb"], client=client))
 
     assert asyncio.run(cell()) == [(f"gs://{gcs_bucket}/nb", b"notebook")]
+
+
+def test_a_stream_stays_readable_once_its_pair_is_dropped(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """``next(it)[1].read()`` binds the read of the stream inside torch's StreamWrapper and drops the
+    pair and the wrapper before calling it: the stream must not be closed by then, whatever its kind."""
+    objects = {"small": b"tiny", "parts": os.urandom(700_000), "streamed": os.urandom(1_500_000)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    transfer = TransferConfig(part_size=256 * 1024, max_buffered_bytes=1024 * 1024)
+    for name, data in objects.items():
+        pipe = GCSFileLoaderIterDataPipe(
+            [f"gs://{gcs_bucket}/{name}"], client=gcs_emulator.client_config, transfer=transfer
+        )
+        got = next(iter(pipe))[1].read()  # outside assert, whose rewriting would keep the pair alive
+        assert got == data, name

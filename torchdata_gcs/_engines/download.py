@@ -241,6 +241,18 @@ Loaded = bytes | list[bytes] | list[memoryview] | PartStream
 one too large for the byte budget."""
 
 
+class _ObjectStream(StreamWrapper):
+    """torch's ``StreamWrapper`` without its closing of the wrapped stream when the wrapper is collected.
+
+    ``pair[1].read()`` takes the wrapped stream's ``read`` and drops the pair, and with it the wrapper,
+    before calling it: the stream must still be open then. What it wraps closes itself when it is
+    collected (a stream read ahead then gives its buffer budget back); ``close()`` closes it at once.
+    """
+
+    def __del__(self) -> None:
+        pass
+
+
 def as_stream(url: str, data: Loaded) -> StreamWrapper:
     """A loaded object as the binary stream torchdata's decoders expect (seekable unless streamed);
     it pickles, so it crosses from DataLoader workers to the main process."""
@@ -248,7 +260,7 @@ def as_stream(url: str, data: Loaded) -> StreamWrapper:
         stream: io.IOBase = io.BytesIO(data)  # shares the bytes
     else:
         stream = MemoryStream(data) if isinstance(data, list) else data
-    return StreamWrapper(stream, name=url)
+    return _ObjectStream(stream, name=url)
 
 
 def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> Awaitable[tuple[Loaded, int]]:
