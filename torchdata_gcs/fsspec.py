@@ -54,6 +54,7 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile
+from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
@@ -77,7 +78,7 @@ from ._ops.objects import (
     storage_layout,
 )
 from ._ops.patterns import has_magic, tree_glob
-from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
+from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
@@ -169,6 +170,35 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return self._loop if self.asynchronous else io_loop()  # type: ignore[no-any-return]
 
     # -- paths -----------------------------------------------------------------------------------
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        """fsspec's, for paths that are text only. Every call with a path passes here, or through
+        :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any request: a path that is not
+        text (``None``, a number, bytes) is refused with a ``TypeError`` saying so."""
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        return super()._strip_protocol(_path_text(path))
+
+    async def _expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
+        if not isinstance(path, (str, os.PathLike)):  # several paths: fsspec takes any iterable of them
+            if isinstance(path, (bytes, bytearray)) or not isinstance(path, Iterable):
+                _path_text(path)
+            path = [_path_text(p) for p in path]
+        return await super()._expand_path(path, *args, **kwargs)  # type: ignore[no-any-return]
+
+    async def _pipe(self, path: Any, value: Any = None, **kwargs: Any) -> Any:
+        for name in path if isinstance(path, dict) else [path]:
+            _path_text(name)
+        return await super()._pipe(path, value, **kwargs)
+
+    async def _copy(self, path1: Any, path2: Any, *args: Any, **kwargs: Any) -> Any:
+        for name in [
+            *(path1 if isinstance(path1, list) else [path1]),
+            *(path2 if isinstance(path2, list) else [path2]),
+        ]:
+            _path_text(name)
+        return await super()._copy(path1, path2, *args, **kwargs)
 
     def split_path(self, path: str) -> tuple[str, str]:
         """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
@@ -604,6 +634,15 @@ async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> As
         if not page.get("nextPageToken"):
             return
         params["pageToken"] = page["nextPageToken"]
+
+
+def _path_text(path: Any) -> str:
+    """``path`` as fsspec reads it (a str, or an ``os.PathLike`` naming one); ``TypeError`` saying what
+    it is otherwise, rather than an error from deep inside fsspec."""
+    text = stringify_path(path)
+    if not isinstance(text, str):
+        raise TypeError(f"a GCS path must be a str such as 'gs://bucket/name', got {type(path).__name__} {brief(path)}")
+    return text
 
 
 def _resolve(offset: int | None, size: int) -> int:

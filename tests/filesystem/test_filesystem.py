@@ -197,6 +197,39 @@ def test_bad_input_is_refused_with_a_typed_error(gcs_emulator: Emulator, gcs_buc
     assert gcs_emulator.read(gcs_bucket, "x") == b"x"
 
 
+@pytest.mark.parametrize("bad", [None, 7, b"gs://bucket/x", 1.5], ids=["None", "int", "bytes", "float"])
+def test_a_path_that_is_not_text_is_refused_at_once(gcs_emulator: Emulator, gcs_bucket: str, bad: object) -> None:
+    """Every call refuses it with a TypeError saying what a path must be, before any request: nothing
+    named beside it is read, written or deleted."""
+    fs = filesystem(gcs_emulator)
+    gcs_emulator.upload(gcs_bucket, "keep", b"kept")
+    keep = f"gs://{gcs_bucket}/keep"
+    calls = {
+        "info": lambda: fs.info(bad),
+        "exists": lambda: fs.exists(bad),
+        "ls": lambda: fs.ls(bad),
+        "find": lambda: fs.find(bad),
+        "glob": lambda: fs.glob(bad),
+        "cat": lambda: fs.cat(bad),
+        "cat_file": lambda: fs.cat_file(bad),
+        "open": lambda: fs.open(bad),
+        "open_wb": lambda: fs.open(bad, "wb"),
+        "pipe": lambda: fs.pipe(bad, b"x"),
+        "pipe_dict": lambda: fs.pipe({f"gs://{gcs_bucket}/new": b"x", bad: b"y"}),
+        "rm": lambda: fs.rm(bad),
+        "rm_list": lambda: fs.rm([keep, bad]),
+        "cp": lambda: fs.cp(keep, bad),
+        "get": lambda: fs.get(bad, "/tmp/never-written"),
+        "put": lambda: fs.put(__file__, bad),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=r"a GCS path must be a str") as info:
+            call()
+        assert type(bad).__name__ in str(info.value), name
+    assert gcs_emulator.names(gcs_bucket) == ["keep"] and gcs_emulator.read(gcs_bucket, "keep") == b"kept"
+    assert not os.path.exists("/tmp/never-written")
+
+
 @pytest.fixture
 def registered(gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``register()`` with the emulator as the default endpoint; fsspec's table and the environment as
