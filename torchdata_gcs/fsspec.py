@@ -60,6 +60,7 @@ from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
+from ._engines.memory_file import FilledBytes
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, new_writer
 from ._ops.batch import delete_objects
@@ -345,7 +346,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         _, _, url = self._object(path)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
-            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0)
+            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0, whole=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
         info = await self._info(path)
         if info["type"] != "file":
@@ -359,13 +360,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         size; checked by length, and by crc32c when they are the whole object."""
         if end <= start:
             return b""
-        buffer = bytearray(end - start)
-        crc = await read_ranges_into(
-            self._job(), url, info["generation"], start, memoryview(buffer), self.transfer.part_size
-        )
+        buffer = FilledBytes(end - start)  # the bytes returned, held once
+        crc = await read_ranges_into(self._job(), url, info["generation"], start, buffer.view, self.transfer.part_size)
         if start == 0 and end == info["size"]:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info["crc32c"]})
-        return bytes(buffer)
+        return buffer.take()
 
     @_on_io_loop
     async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
