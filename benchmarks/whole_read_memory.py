@@ -1,5 +1,6 @@
 """Peak memory of reading one large object whole, each way the library offers: ``load_files_by_gcs``
-then ``stream.read()`` (the object within the byte budget, and larger than it: streamed), a
+then ``stream.read()`` (the object within the byte budget; larger than it, streamed or held until
+verified), a
 ``GCSMapDataset`` default item (``(url, bytes)``), fsspec ``cat`` and ``open().read()``.
 
 Each reader runs in a process of its own. Its figure is the growth of the process's peak RSS
@@ -21,7 +22,7 @@ import time
 import google_crc32c
 
 MiB = 1024 * 1024
-READERS = ("loader-in-budget", "loader-streamed", "dataset-item", "fsspec-cat", "fsspec-open-read")
+READERS = ("loader-in-budget", "loader-streamed", "loader-held", "dataset-item", "fsspec-cat", "fsspec-open-read")
 
 
 def _status_kib(field: str) -> int:
@@ -40,7 +41,8 @@ def read_whole(reader: str, endpoint: str, url: str, size: int) -> bytes:
     client = ClientConfig(endpoint=endpoint)
     if reader.startswith("loader"):
         budget = 2 * size if reader == "loader-in-budget" else TransferConfig().max_buffered_bytes
-        pipe = GCSFileLoaderIterDataPipe([url], client=client, transfer=TransferConfig(max_buffered_bytes=budget))
+        transfer = TransferConfig(max_buffered_bytes=budget, hold_until_verified=reader == "loader-held")
+        pipe = GCSFileLoaderIterDataPipe([url], client=client, transfer=transfer)
         ((_, stream),) = list(pipe)
         return stream.read()
     if reader == "dataset-item":
