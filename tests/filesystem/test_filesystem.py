@@ -16,7 +16,7 @@ import pytest
 from fsspec.registry import _registry
 from torch.utils.data import DataLoader, Dataset
 
-from torchdata_gcs import InvalidURIError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
+from torchdata_gcs import IntegrityError, InvalidURIError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs.fsspec import GCSFile, GCSFileSystem, register
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 from torchdata_gcs_fsspec_handler import VARIABLE
@@ -228,6 +228,21 @@ def test_a_path_that_is_not_text_is_refused_at_once(gcs_emulator: Emulator, gcs_
         assert type(bad).__name__ in str(info.value), name
     assert gcs_emulator.names(gcs_bucket) == ["keep"] and gcs_emulator.read(gcs_bucket, "keep") == b"kept"
     assert not os.path.exists("/tmp/never-written")
+
+
+def test_cat_of_an_object_read_in_ranges_is_checked_whole(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str
+) -> None:
+    """``cat`` assembles the ranges in one buffer: a damaged range is read again, damage that stays raises."""
+    data = random_bytes(3 * MiB + 5)
+    gcs_emulator.upload(gcs_bucket, "ranged", data)
+    retry = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
+    fs = filesystem(gcs_front, transfer=TransferConfig(part_size=MiB), retry=retry)
+    gcs_front.set_faults([Fault("corrupt", match="range_get", times=1)])
+    assert fs.cat(f"gs://{gcs_bucket}/ranged") == data and fs.stats.retries == 1
+    gcs_front.set_faults([Fault("corrupt", match="range_get")])
+    with pytest.raises(IntegrityError, match="crc32c"):
+        fs.cat(f"gs://{gcs_bucket}/ranged")
 
 
 @pytest.fixture
