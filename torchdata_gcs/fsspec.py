@@ -346,7 +346,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         _, _, url = self._object(path)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
-            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0, whole=True)
+            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
         info = await self._info(path)
         if info["type"] != "file":

@@ -283,17 +283,17 @@ def as_stream(url: str, data: Loaded) -> StreamWrapper:
 
 
 def fetch_object(
-    job: RequestContext, url: str, info: ObjectInfo | None, seq: int, *, whole: bool = False
+    job: RequestContext, url: str, info: ObjectInfo | None, seq: int, *, in_one_buffer: bool = False
 ) -> Awaitable[tuple[Loaded, int]]:
     """Download one object's stored bytes, verified, pinned to one generation (the listed one, if known).
 
     An object larger than ``part_size`` is read as concurrent ranges and comes back in parts, or with
-    ``whole`` in one ``bytes`` assembled in place; one larger than the byte budget comes back as a
+    ``in_one_buffer`` in one ``bytes`` assembled in place; one larger than the byte budget comes back as a
     :class:`PartStream` that reads ahead within its share of the budget and gives it back when closed,
     or, held until verified, in one ``bytes``. Returns the bytes (or stream) and the budget reserved for
     bytes, which the consumer releases.
     """
-    return _ObjectRead(job, url, info, seq, whole).run()
+    return _ObjectRead(job, url, info, seq, in_one_buffer).run()
 
 
 class _ObjectRead:
@@ -305,6 +305,7 @@ class _ObjectRead:
         "checksums",
         "filled",
         "filled_crc",
+        "in_one_buffer",
         "info",
         "job",
         "params",
@@ -312,12 +313,12 @@ class _ObjectRead:
         "reserved",
         "seq",
         "url",
-        "whole",
     )
 
-    def __init__(self, job: RequestContext, url: str, info: ObjectInfo | None, seq: int, whole: bool) -> None:
+    def __init__(self, job: RequestContext, url: str, info: ObjectInfo | None, seq: int, in_one_buffer: bool) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
-        self.job, self.url, self.info, self.seq, self.whole = job, url, info, seq, whole
+        self.job, self.url, self.info, self.seq = job, url, info, seq
+        self.in_one_buffer = in_one_buffer
         self.path = job.session.media_path(bucket, name)
         self.params: dict[str, Any] = (
             {"alt": "media"} if info is None else {"alt": "media", "generation": info.generation}
@@ -331,7 +332,7 @@ class _ObjectRead:
         job, url, info, params = self.job, self.url, self.info, self.params
         try:
             if info is not None and info.size > job.part_size:
-                size, first = info.size, []
+                size, parts = info.size, []
                 self.reserved = self.share(size)
                 await job.budget.acquire(self.reserved, self.seq)
             else:
@@ -343,21 +344,22 @@ class _ObjectRead:
                     raise _gone(url, params, exc) from exc
                 if sum(map(len, first)) == size:
                     return (first[0] if len(first) == 1 else first), self.reserved
+                parts = first
                 if "generation" not in params or self.checksums["GCS"] is None:  # the answer did not say: ask
                     await _learn_version(job, url, params, self.checksums)
             if self.streamed(size):
-                return self.stream(size, first), self.reserved
+                return self.stream(size, parts), self.reserved
             if self.assembled(size):
                 return await self.assemble(size), self.reserved
             rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
             while True:
-                first += await _read_parts(job, url, self.path, params, sum(map(len, first)), size)
+                parts += await _read_parts(job, url, self.path, params, sum(map(len, parts)), size)
                 try:
-                    verify_bytes(url, first, size, self.checksums)
-                    return first, self.reserved
+                    verify_bytes(url, parts, size, self.checksums)
+                    return parts, self.reserved
                 except IntegrityError as exc:  # each part had its length, so which one is bad is unknown
                     await asyncio.sleep(rereads.delay_after(exc))
-                    first = []
+                    parts = []
         except BaseException:
             if self.reserved:
                 job.budget.release(self.reserved)
@@ -392,10 +394,10 @@ class _ObjectRead:
 
     def assembled(self, size: int) -> bool:
         """Whether an object of ``size`` bytes read in ranges is assembled in one buffer as they arrive:
-        when asked for ``whole``, and when held until verified although larger than the budget. Other
+        when asked to (``in_one_buffer``), and when held until verified although larger than the budget. Other
         objects within the budget stay in the chunks they came in: in a loader's mix of sizes, buffers
         of their own would add to the memory the chunks' heap keeps (measured in benchmarks/README.md)."""
-        return not self.streamed(size) and (self.whole or size > self.job.budget.limit)
+        return not self.streamed(size) and (self.in_one_buffer or size > self.job.budget.limit)
 
     def share(self, size: int) -> int:
         """Budget to hold for an object: all of it, or a stream's read-ahead."""
