@@ -178,16 +178,25 @@ class TransferConfig:
         max_buffered_bytes: bytes downloaded ahead of the consumer, in flight or waiting to be
             yielded. One object larger than this is still fetched, alone.
         part_size: an object larger than this is read as concurrent ranged GETs of this size.
+        hold_until_verified: hand out no byte of an object before all of it has been checked against
+            its length and crc32c. GCS reports a crc32c of the whole object only, so an object larger
+            than ``max_buffered_bytes`` then comes whole, held in memory (alone, when its turn comes),
+            instead of as a stream whose bytes are checked when its reader reaches the end.
     """
 
     max_in_flight: int = 128
     max_buffered_bytes: int = 256 * MiB
     part_size: int = 32 * MiB
+    hold_until_verified: bool = False
 
     def __post_init__(self) -> None:
         require_integer("max_in_flight", self.max_in_flight, 1, 1024)
         require_integer("max_buffered_bytes", self.max_buffered_bytes, 1)
         require_integer("part_size", self.part_size, 256 * 1024)
+        _require(
+            isinstance(self.hold_until_verified, bool),
+            f"hold_until_verified must be True or False, got {self.hold_until_verified!r}",
+        )
 
 
 @dataclass(frozen=True)

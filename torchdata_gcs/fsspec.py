@@ -57,11 +57,13 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile
 from fsspec.transaction import Transaction
+from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
+from ._engines.memory_file import FilledBytes
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
 from ._ops.batch import delete_objects
@@ -81,7 +83,7 @@ from ._ops.objects import (
 )
 from ._ops.paging import PageTrail
 from ._ops.patterns import has_magic, tree_glob
-from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
+from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
@@ -203,6 +205,35 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return self._loop if self.asynchronous else io_loop()  # type: ignore[no-any-return]
 
     # -- paths -----------------------------------------------------------------------------------
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        """fsspec's, for paths that are text only. Every call with a path passes here, or through
+        :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any request: a path that is not
+        text (``None``, a number, bytes) is refused with a ``TypeError`` saying so."""
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        return super()._strip_protocol(_path_text(path))
+
+    async def _expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
+        if not isinstance(path, (str, os.PathLike)):  # several paths: fsspec takes any iterable of them
+            if isinstance(path, (bytes, bytearray)) or not isinstance(path, Iterable):
+                _path_text(path)
+            path = [_path_text(p) for p in path]
+        return await super()._expand_path(path, *args, **kwargs)  # type: ignore[no-any-return]
+
+    async def _pipe(self, path: Any, value: Any = None, **kwargs: Any) -> Any:
+        for name in path if isinstance(path, dict) else [path]:
+            _path_text(name)
+        return await super()._pipe(path, value, **kwargs)
+
+    async def _copy(self, path1: Any, path2: Any, *args: Any, **kwargs: Any) -> Any:
+        for name in [
+            *(path1 if isinstance(path1, list) else [path1]),
+            *(path2 if isinstance(path2, list) else [path2]),
+        ]:
+            _path_text(name)
+        return await super()._copy(path1, path2, *args, **kwargs)
 
     def split_path(self, path: str) -> tuple[str, str]:
         """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
@@ -351,7 +382,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         _, _, url = self._object(path)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
-            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0)
+            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
         info = await self._info(path)
         if info["type"] != "file":
@@ -365,13 +396,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         size; checked by length, and by crc32c when they are the whole object."""
         if end <= start:
             return b""
-        buffer = bytearray(end - start)
-        crc = await read_ranges_into(
-            self._job(), url, info["generation"], start, memoryview(buffer), self.transfer.part_size
-        )
+        buffer = FilledBytes(end - start)  # the bytes returned, held once
+        crc = await read_ranges_into(self._job(), url, info["generation"], start, buffer.view, self.transfer.part_size)
         if start == 0 and end == info["size"]:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info["crc32c"]})
-        return bytes(buffer)
+        return buffer.take()
 
     @_on_io_loop
     async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
@@ -657,6 +686,15 @@ async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> As
         if token is None:
             return
         params["pageToken"] = token
+
+
+def _path_text(path: Any) -> str:
+    """``path`` as fsspec reads it (a str, or an ``os.PathLike`` naming one); ``TypeError`` saying what
+    it is otherwise, rather than an error from deep inside fsspec."""
+    text = stringify_path(path)
+    if not isinstance(text, str):
+        raise TypeError(f"a GCS path must be a str such as 'gs://bucket/name', got {type(path).__name__} {brief(path)}")
+    return text
 
 
 def _resolve(offset: int | None, size: int) -> int:

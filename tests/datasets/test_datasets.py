@@ -107,6 +107,15 @@ def test_a_transform_of_one_argument_gets_the_stream(dataset, client) -> None:
         GCSMapDataset(f"gs://{bucket}/ds/", transform="decode", client=client)  # type: ignore[arg-type]
 
 
+def test_a_stream_handed_on_by_a_transform_stays_readable(dataset, client) -> None:
+    """``ds[i][1].read()`` drops the item before the read runs: the stream inside must still be open."""
+    bucket, expected = dataset
+    ds = GCSMapDataset(f"gs://{bucket}/ds/", transform=pair, client=client)
+    assert [ds[i][1].read() for i in range(len(ds))] == list(expected.values())
+    url, data = GCSMapDataset(f"gs://{bucket}/ds/", client=client)[4]
+    assert type(data) is bytes and data == expected[url], "default items are (url, bytes), as documented"
+
+
 def test_from_prefix_and_from_objects(dataset, client) -> None:
     bucket, expected = dataset
     urls = [f"gs://{bucket}/ds/007.bin", f"gs://{bucket}/ds/003.bin"]

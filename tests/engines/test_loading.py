@@ -31,7 +31,7 @@ from torchdata_gcs import (
 from torchdata_gcs._engines.download import as_stream, deliver_in_order, load_one
 from torchdata_gcs._transport.context import ByteBudget, LoadStats, RequestContext, new_context
 from torchdata_gcs._transport.loop import run
-from torchdata_gcs.testing import Emulator, GCSFront
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
 
@@ -338,3 +338,49 @@ def test_loads_from_inside_a_running_event_loop(gcs_emulator: Emulator, gcs_buck
         return read_all(GCSFileLoaderIterDataPipe([f"gs://{gcs_bucket}/nb"], client=client))
 
     assert asyncio.run(cell()) == [(f"gs://{gcs_bucket}/nb", b"notebook")]
+
+
+def test_a_stream_stays_readable_once_its_pair_is_dropped(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """``next(it)[1].read()`` binds the read of the stream inside torch's StreamWrapper and drops the
+    pair and the wrapper before calling it: the stream must not be closed by then, whatever its kind."""
+    objects = {"small": b"tiny", "parts": os.urandom(700_000), "streamed": os.urandom(1_500_000)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    transfer = TransferConfig(part_size=256 * 1024, max_buffered_bytes=1024 * 1024)
+    for name, data in objects.items():
+        pipe = GCSFileLoaderIterDataPipe(
+            [f"gs://{gcs_bucket}/{name}"], client=gcs_emulator.client_config, transfer=transfer
+        )
+        got = next(iter(pipe))[1].read()  # outside assert, whose rewriting would keep the pair alive
+        assert got == data, name
+
+
+def test_hold_until_verified_hands_out_no_byte_before_the_whole_object_checks_out(
+    gcs_emulator: Emulator, gcs_bucket: str, gcs_front: GCSFront
+) -> None:
+    """An object four times the byte budget, its first range damaged: streamed (the default), damaged
+    bytes are handed out before the IntegrityError; held until verified, the damage is read again and
+    only the right bytes come out, and damage that persists raises before any byte is handed out."""
+    data = os.urandom(4 * 1024 * 1024)
+    gcs_emulator.seed(gcs_bucket, {"big": data})
+    listed = list(
+        GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/big", client=gcs_front.client_config, with_metadata=True)
+    )
+    streamed = TransferConfig(part_size=256 * 1024, max_buffered_bytes=1024 * 1024)
+    held = TransferConfig(part_size=256 * 1024, max_buffered_bytes=1024 * 1024, hold_until_verified=True)
+
+    gcs_front.set_faults([Fault("corrupt", match="range_get", times=1)])
+    ((_, stream),) = list(GCSFileLoaderIterDataPipe(listed, client=gcs_front.client_config, transfer=streamed))
+    handed_out = b""
+    with pytest.raises(IntegrityError, match="crc32c"):
+        while piece := stream.read(256 * 1024):
+            handed_out += piece
+    assert len(handed_out) == len(data) and handed_out != data  # every byte out, damaged ones among them
+
+    gcs_front.set_faults([Fault("corrupt", match="range_get", times=1)])
+    pipe = GCSFileLoaderIterDataPipe(listed, client=gcs_front.client_config, transfer=held, retry=FAST_RETRY)
+    ((_, stream),) = list(pipe)
+    assert stream.read() == data and pipe.stats.retries == 1  # read again whole, then handed out
+
+    gcs_front.set_faults([Fault("corrupt", match="range_get")])
+    with pytest.raises(IntegrityError, match="crc32c"):
+        next(iter(GCSFileLoaderIterDataPipe(listed, client=gcs_front.client_config, transfer=held, retry=FAST_RETRY)))

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchdata_gcs import (
     GCSError,
+    IntegrityError,
     InvalidURIError,
     NotFoundError,
     RetryConfig,
@@ -254,6 +255,54 @@ def test_bad_input_is_refused_with_a_typed_error(gcs_emulator: Emulator, gcs_buc
     with pytest.raises(IsADirectoryError):
         fs.open(gcs_bucket, "wb")
     assert gcs_emulator.read(gcs_bucket, "x") == b"x"
+
+
+@pytest.mark.parametrize("bad", [None, 7, b"gs://bucket/x", 1.5], ids=["None", "int", "bytes", "float"])
+def test_a_path_that_is_not_text_is_refused_at_once(gcs_emulator: Emulator, gcs_bucket: str, bad: object) -> None:
+    """Every call refuses it with a TypeError saying what a path must be, before any request: nothing
+    named beside it is read, written or deleted."""
+    fs = filesystem(gcs_emulator)
+    gcs_emulator.upload(gcs_bucket, "keep", b"kept")
+    keep = f"gs://{gcs_bucket}/keep"
+    calls = {
+        "info": lambda: fs.info(bad),
+        "exists": lambda: fs.exists(bad),
+        "ls": lambda: fs.ls(bad),
+        "find": lambda: fs.find(bad),
+        "glob": lambda: fs.glob(bad),
+        "cat": lambda: fs.cat(bad),
+        "cat_file": lambda: fs.cat_file(bad),
+        "open": lambda: fs.open(bad),
+        "open_wb": lambda: fs.open(bad, "wb"),
+        "pipe": lambda: fs.pipe(bad, b"x"),
+        "pipe_dict": lambda: fs.pipe({f"gs://{gcs_bucket}/new": b"x", bad: b"y"}),
+        "rm": lambda: fs.rm(bad),
+        "rm_list": lambda: fs.rm([keep, bad]),
+        "cp": lambda: fs.cp(keep, bad),
+        "get": lambda: fs.get(bad, "/tmp/never-written"),
+        "put": lambda: fs.put(__file__, bad),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=r"a GCS path must be a str") as info:
+            call()
+        assert type(bad).__name__ in str(info.value), name
+    assert gcs_emulator.names(gcs_bucket) == ["keep"] and gcs_emulator.read(gcs_bucket, "keep") == b"kept"
+    assert not os.path.exists("/tmp/never-written")
+
+
+def test_cat_of_an_object_read_in_ranges_is_checked_whole(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str
+) -> None:
+    """``cat`` assembles the ranges in one buffer: a damaged range is read again, damage that stays raises."""
+    data = random_bytes(3 * MiB + 5)
+    gcs_emulator.upload(gcs_bucket, "ranged", data)
+    retry = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
+    fs = filesystem(gcs_front, transfer=TransferConfig(part_size=MiB), retry=retry)
+    gcs_front.set_faults([Fault("corrupt", match="range_get", times=1)])
+    assert fs.cat(f"gs://{gcs_bucket}/ranged") == data and fs.stats.retries == 1
+    gcs_front.set_faults([Fault("corrupt", match="range_get")])
+    with pytest.raises(IntegrityError, match="crc32c"):
+        fs.cat(f"gs://{gcs_bucket}/ranged")
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ from .._transport.loop import Handoff, io_loop
 from .._transport.retry import Attempts
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
+from .memory_file import FilledBytes
 from .streams import MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,24 @@ async def _read_at_most(response: Any, limit: int) -> list[bytes]:
     return chunks
 
 
+async def _read_into(response: Any, target: memoryview, *, to_the_end: bool) -> tuple[int, int]:
+    """Copy a response body into ``target`` as it arrives, until ``target`` is full or, ``to_the_end``,
+    until the body ends; the bytes received (more than ``target`` holds if the body was longer) and
+    the crc32c of those put in place."""
+    received = crc = 0
+    while received < len(target) or to_the_end:
+        chunk = await response.content.readany()
+        if not chunk:
+            break
+        if to_the_end and received + len(chunk) > len(target):
+            return received + len(chunk), crc
+        piece = chunk[: len(target) - received]
+        target[received : received + len(piece)] = piece
+        crc = google_crc32c.extend(crc, piece)
+        received += len(piece)
+    return received, crc
+
+
 async def _learn_version(
     job: RequestContext, url: str, params: dict[str, Any], checksums: dict[str, str | None]
 ) -> None:
@@ -241,6 +260,18 @@ Loaded = bytes | list[bytes] | list[memoryview] | PartStream
 one too large for the byte budget."""
 
 
+class _ObjectStream(StreamWrapper):
+    """torch's ``StreamWrapper`` without its closing of the wrapped stream when the wrapper is collected.
+
+    ``pair[1].read()`` takes the wrapped stream's ``read`` and drops the pair, and with it the wrapper,
+    before calling it: the stream must still be open then. What it wraps closes itself when it is
+    collected (a stream read ahead then gives its buffer budget back); ``close()`` closes it at once.
+    """
+
+    def __del__(self) -> None:
+        pass
+
+
 def as_stream(url: str, data: Loaded) -> StreamWrapper:
     """A loaded object as the binary stream torchdata's decoders expect (seekable unless streamed);
     it pickles, so it crosses from DataLoader workers to the main process."""
@@ -248,35 +279,54 @@ def as_stream(url: str, data: Loaded) -> StreamWrapper:
         stream: io.IOBase = io.BytesIO(data)  # shares the bytes
     else:
         stream = MemoryStream(data) if isinstance(data, list) else data
-    return StreamWrapper(stream, name=url)
+    return _ObjectStream(stream, name=url)
 
 
-def fetch_object(job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> Awaitable[tuple[Loaded, int]]:
+def fetch_object(
+    job: RequestContext, url: str, info: ObjectInfo | None, seq: int, *, in_one_buffer: bool = False
+) -> Awaitable[tuple[Loaded, int]]:
     """Download one object's stored bytes, verified, pinned to one generation (the listed one, if known).
 
-    An object larger than ``part_size`` is read as concurrent ranges and comes back in parts; one
-    larger than the byte budget comes back as a :class:`PartStream` that reads ahead within its
-    share of the budget and gives it back when closed. Returns the bytes (or stream) and the budget
-    reserved for bytes, which the consumer releases.
+    An object larger than ``part_size`` is read as concurrent ranges and comes back in parts, or with
+    ``in_one_buffer`` in one ``bytes`` assembled in place; one larger than the byte budget comes back as a
+    :class:`PartStream` that reads ahead within its share of the budget and gives it back when closed,
+    or, held until verified, in one ``bytes``. Returns the bytes (or stream) and the budget reserved for
+    bytes, which the consumer releases.
     """
-    return _ObjectRead(job, url, info, seq).run()
+    return _ObjectRead(job, url, info, seq, in_one_buffer).run()
 
 
 class _ObjectRead:
     """One :func:`fetch_object` call's state. An object rather than closures: hundreds are in flight
     at once, and each closure cell and function object is more for the garbage collector to walk."""
 
-    __slots__ = ("checksums", "info", "job", "params", "path", "reserved", "seq", "url")
+    __slots__ = (
+        "buffer",
+        "checksums",
+        "filled",
+        "filled_crc",
+        "in_one_buffer",
+        "info",
+        "job",
+        "params",
+        "path",
+        "reserved",
+        "seq",
+        "url",
+    )
 
-    def __init__(self, job: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> None:
+    def __init__(self, job: RequestContext, url: str, info: ObjectInfo | None, seq: int, in_one_buffer: bool) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
         self.job, self.url, self.info, self.seq = job, url, info, seq
+        self.in_one_buffer = in_one_buffer
         self.path = job.session.media_path(bucket, name)
         self.params: dict[str, Any] = (
             {"alt": "media"} if info is None else {"alt": "media", "generation": info.generation}
         )
         self.checksums = {"GCS": None, "the listing": info.crc32c if info is not None else None}
         self.reserved = 0
+        self.buffer: FilledBytes | None = None  # the one buffer an object read in ranges is held in
+        self.filled = self.filled_crc = 0  # bytes the first answer put there, and their crc32c
 
     async def run(self) -> tuple[Loaded, int]:
         job, url, info, params = self.job, self.url, self.info, self.params
@@ -297,8 +347,10 @@ class _ObjectRead:
                 parts = first
                 if "generation" not in params or self.checksums["GCS"] is None:  # the answer did not say: ask
                     await _learn_version(job, url, params, self.checksums)
-            if size > job.budget.limit:
+            if self.streamed(size):
                 return self.stream(size, parts), self.reserved
+            if self.assembled(size):
+                return await self.assemble(size), self.reserved
             rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
             while True:
                 parts += await _read_parts(job, url, self.path, params, sum(map(len, parts)), size)
@@ -313,10 +365,43 @@ class _ObjectRead:
                 job.budget.release(self.reserved)
             raise
 
+    async def assemble(self, size: int) -> bytes:
+        """The whole object as one ``bytes``, held once: the rest after what the first answer put in
+        place, read as concurrent ranges straight into place, checked against the crc32c combined from
+        the ranges' own, without another pass. Damaged bytes are read again, all of them (GCS keeps no
+        checksum per range to tell which range was hit), as retries allow."""
+        job, url = self.job, self.url
+        buffer = self.buffer or FilledBytes(size)
+        self.buffer = None
+        start, first_crc = self.filled, self.filled_crc
+        rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
+        while True:
+            rest = await read_ranges_into(
+                job, url, int(self.params["generation"]), start, buffer.view[start:], job.part_size
+            )
+            try:
+                crc = crc32c_of_concatenation([(first_crc, start), (rest, size - start)])
+                check_crc32c(url, crc32c_base64(crc), self.checksums)
+                return buffer.take()
+            except IntegrityError as exc:
+                await asyncio.sleep(rereads.delay_after(exc))
+                start = first_crc = 0
+
+    def streamed(self, size: int) -> bool:
+        """Whether an object of ``size`` bytes is handed out as a stream that reads ahead, not held whole
+        (one larger than the budget, unless bytes are to be held until verified)."""
+        return size > self.job.budget.limit and not self.job.hold_until_verified
+
+    def assembled(self, size: int) -> bool:
+        """Whether an object of ``size`` bytes read in ranges is assembled in one buffer as they arrive:
+        when asked to (``in_one_buffer``), and when held until verified although larger than the budget. Other
+        objects within the budget stay in the chunks they came in: in a loader's mix of sizes, buffers
+        of their own would add to the memory the chunks' heap keeps (measured in benchmarks/README.md)."""
+        return not self.streamed(size) and (self.in_one_buffer or size > self.job.budget.limit)
+
     def share(self, size: int) -> int:
         """Budget to hold for an object: all of it, or a stream's read-ahead."""
-        limit = self.job.budget.limit
-        return size if size <= limit else min(limit, STREAM_AHEAD_PARTS * self.job.part_size)
+        return min(self.job.budget.limit, STREAM_AHEAD_PARTS * self.job.part_size) if self.streamed(size) else size
 
     def stream(self, size: int, first: list[bytes]) -> PartStream:
         job, loop, allowance = self.job, asyncio.get_running_loop(), self.reserved
@@ -381,12 +466,18 @@ class _ObjectRead:
         # the same generation). A 206 is read to its end (one byte more is asked to see the end), which
         # keeps its connection. A 200 to a Range came from something that ignores Range (ranges would
         # get the whole object again): it is read whole unless larger than the byte budget. Any other
-        # 200 is dropped after its first part. Chunks are kept as they came: joining them would hold
-        # the object twice.
-        whole = response.status == 200 and ranged and total <= job.budget.limit
+        # 200 is dropped after its first part. Chunks are kept as they came, or for an object held whole
+        # and read in ranges put straight into its one buffer: joining them would hold the object twice.
+        whole = response.status == 200 and ranged and not self.streamed(total)
         expected = total if whole else min(total, job.part_size)
-        chunks = await _read_at_most(response, expected + 1 if response.status == 206 else expected)
-        received = sum(map(len, chunks))
+        if expected < total and self.assembled(total):
+            self.buffer, chunks = FilledBytes(total), []
+            target = self.buffer.view[:expected]
+            received, self.filled_crc = await _read_into(response, target, to_the_end=response.status == 206)
+            self.filled = received
+        else:
+            chunks = await _read_at_most(response, expected + 1 if response.status == 206 else expected)
+            received = sum(map(len, chunks))
         job.stats.bytes += received
         if received != expected:
             raise IntegrityError(

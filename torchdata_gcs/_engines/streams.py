@@ -23,6 +23,7 @@ import google_crc32c
 
 from .._ops.checksums import check_crc32c, crc32c_base64
 from ..errors import IntegrityError
+from .memory_file import FilledBytes
 
 __all__ = ["MemoryStream", "PartSource", "PartStream"]
 
@@ -204,17 +205,15 @@ class PartStream(io.RawIOBase):
         return filled
 
     def readall(self) -> bytes:
-        """The rest, a part at a time (``RawIOBase.readall`` would go 8 KiB at a time)."""
-        pieces = [bytes(self._current[self._offset :])]
-        self._offset = len(self._current)
-        while True:
-            pieces.extend(self._chunks)
-            self._chunks.clear()
-            if not self._pending:
-                self._finish()
-                return b"".join(pieces)
-            self._take(self._pending.popleft().result())
-            self._fill()
+        """The rest as one ``bytes``, each chunk copied into place and let go as it comes, so the rest
+        is held once plus the read-ahead (``RawIOBase.readall`` would go 8 KiB at a time, and joining
+        the chunks would hold the rest twice); checked at the end, as every read to the end is."""
+        unread = len(self._current) - self._offset + sum(map(len, self._chunks)) + self.size - self._received
+        buffer = FilledBytes(max(0, unread))
+        self.readinto(buffer.view)
+        if self._offset < len(self._current) or self._next_chunk():  # checks the end, or finds more bytes
+            raise IntegrityError(f"{self.url}: got more bytes than its size, {self.size}", url=self.url)
+        return buffer.take()
 
     def _finish(self) -> None:
         if self._received != self.size:

@@ -121,9 +121,20 @@ def hash_header(crc32c: int) -> dict[str, str]:
     return {"x-goog-hash": f"crc32c={crc32c_base64(crc32c)}"}
 
 
+_ZERO_BLOCK = bytes(1024 * 1024)
+
+
+def _extend_with_zeros(crc: int, length: int) -> int:
+    """``crc`` extended by ``length`` zero bytes, a block of zeros at a time: zeros as long as a piece
+    (an object part, tens of MiB) would be allocated, and counted in the process's memory, for nothing."""
+    for _ in range(length // len(_ZERO_BLOCK)):
+        crc = google_crc32c.extend(crc, _ZERO_BLOCK)
+    return google_crc32c.extend(crc, bytes(length % len(_ZERO_BLOCK)))
+
+
 @functools.lru_cache(maxsize=256)
 def _crc32c_of_zeros(length: int) -> int:
-    return google_crc32c.value(bytes(length))
+    return _extend_with_zeros(0, length)
 
 
 def crc32c_of_concatenation(pieces: Iterable[tuple[int, int]]) -> int:
@@ -135,7 +146,7 @@ def crc32c_of_concatenation(pieces: Iterable[tuple[int, int]]) -> int:
     """
     crc = 0
     for piece_crc, length in pieces:
-        crc = google_crc32c.extend(crc, bytes(length)) ^ piece_crc ^ _crc32c_of_zeros(length)
+        crc = _extend_with_zeros(crc, length) ^ piece_crc ^ _crc32c_of_zeros(length)
     return crc
 
 

@@ -134,6 +134,7 @@ class RequestContext:
     budget: ByteBudget
     slots: Slots  # requests in flight for this loader
     stats: LoadStats
+    hold_until_verified: bool = False  # an object larger than the budget is held whole, not streamed
 
     async def reserve_while_sending(self, nbytes: int, seq: int) -> None:
         """Reserve budget from inside a request; if that must wait, the request's slots are lent
@@ -182,4 +183,5 @@ def new_context(config: ClientConfig, transfer: TransferConfig, retry: RetryConf
         ByteBudget(transfer.max_buffered_bytes),
         Slots(transfer.max_in_flight),
         stats,
+        transfer.hold_until_verified,
     )
