@@ -30,6 +30,7 @@ from .datasets import GCSIterableDataset, GCSMapDataset
 from .errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
+    DeadlineExceededError,
     EndpointError,
     GCSError,
     IntegrityError,
@@ -47,6 +48,7 @@ __all__ = [
     "AccessDeniedError",
     "ClientConfig",
     "ComposeFallbackWarning",
+    "DeadlineExceededError",
     "EndpointError",
     "GCSError",
     "GCSFileListerIterDataPipe",

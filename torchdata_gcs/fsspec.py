@@ -79,6 +79,7 @@ from ._ops.objects import (
 from ._ops.patterns import has_magic, tree_glob
 from ._ops.urls import TEMPORARY_PREFIX, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
+from ._transport.deadline import call_deadline
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
@@ -102,11 +103,13 @@ _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
 
 
 def _on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it."""
+    """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it,
+    as one call: ``RetryConfig.deadline`` bounds all of it."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
-        return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
+        with call_deadline(self.retry):
+            return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
 
     return wrapper
 

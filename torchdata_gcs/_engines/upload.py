@@ -443,7 +443,8 @@ class MultipartWriter(StreamingWriter):
         lost answer means an earlier attempt completed the upload, and from then on only the object is
         looked for. Generation and crc32c as the answer, or the object found, reports them."""
         timeout = self._client.config.completion_timeout
-        once = replace(self._job, retry=replace(self._retry, max_attempts=1))  # the retries are decided here
+        # The retries are decided here: with_retry sends it once, as a write without a precondition.
+        once = replace(self._job, retry=replace(self._retry, max_attempts=1, retry_unconditional_writes=False))
         attempts = Attempts(replace(self._retry, deadline=timeout), self.url, on_retry=self._job.stats.count_retry)
         deadline = attempts.start + timeout
         lost = completed = False
@@ -470,6 +471,7 @@ class MultipartWriter(StreamingWriter):
                         document,
                         headers={"Content-Type": "application/xml"},
                         answer_timeout=max(deadline - time.monotonic(), 0.1),
+                        repeatable=False,
                     )
                 except NotFoundError:
                     if not lost:
@@ -617,9 +619,10 @@ async def _send(
     *,
     headers: dict[str, str] | None = None,
     answer_timeout: float | None = None,
+    repeatable: bool = True,
 ) -> tuple[Mapping[str, str], bytes]:
-    """One XML API request, retried; its headers (case-insensitive, repeated lines kept) and body.
-    ``answer_timeout``: see ``Session.send``."""
+    """One XML API request, retried if ``repeatable``; its headers (case-insensitive, repeated lines kept)
+    and body. ``answer_timeout``: see ``Session.send``."""
 
     async def attempt() -> tuple[Mapping[str, str], bytes]:
         async with job.session.send(
@@ -627,7 +630,7 @@ async def _send(
         ) as response:
             return response.headers.copy(), await response.read()
 
-    return await with_retry(job, url, attempt)
+    return await with_retry(job, url, attempt, repeatable=repeatable)
 
 
 async def _put_part(

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..config import ClientConfig, RetryConfig, TransferConfig
+from .deadline import Deadline, deadline_for, within
 from .retry import Attempts
 from .session import Session, session_for
 from .slots import Slots
@@ -150,18 +151,24 @@ class RequestContext:
 
 
 async def with_retry(
-    job: RequestContext, url: str, attempt_once: Callable[[], Awaitable[T]], *, repeatable: bool = True
+    job: RequestContext, url: str, attempt_once: Callable[[], Coroutine[Any, Any, T]], *, repeatable: bool = True
 ) -> T:
     """Run one request (``attempt_once``) under the loader's and the process's limits, retried; a write
-    that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`)."""
+    that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`). Its deadline (see
+    :mod:`.deadline`) counts from when its first attempt got its slots, and cuts an attempt off
+    whatever it is doing: sending, waiting, or reading the answer byte by byte."""
     stats = job.stats
-    started = time.monotonic()
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
+    deadline: Deadline | None = None
+    started: float | None = None
     while True:
         try:
             async with job.slots, job.session.throttle:
+                if deadline is None:
+                    started = time.monotonic()
+                    deadline = deadline_for(job.retry, started)
                 stats.requests += 1
-                result = await attempt_once()
+                result = await within(deadline, attempt_once(), url, attempts.attempt if attempts else 1)
             job.session.throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
