@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from tests.hostile_server import HostileServer
 from torchdata_gcs import (
@@ -16,12 +18,14 @@ from torchdata_gcs import (
     DeadlineExceededError,
     GCSFileListerIterDataPipe,
     GCSFileLoaderIterDataPipe,
+    GCSMapDataset,
     RetryConfig,
     UploadError,
     WriteConfig,
     checkpoint,
 )
 from torchdata_gcs.fsspec import GCSFileSystem
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 DEADLINE = 2.0
 RETRY = RetryConfig(deadline=DEADLINE, initial_delay=0.01, max_delay=0.05)
@@ -92,3 +96,30 @@ def test_a_server_that_never_reads_an_upload_cannot_hang_a_composed_save() -> No
     assert isinstance(error.__cause__, DeadlineExceededError)
     assert "RetryConfig.deadline" in str(error)
     assert server.requests >= 1
+
+
+OUTAGE = 1.5
+"""A 15 s outage, scaled down tenfold with the retry delays below."""
+
+SCALED_DEFAULT = RetryConfig(initial_delay=0.01, max_delay=3.0, deadline=30.0)
+"""``RetryConfig()`` with every duration a tenth: 8 attempts, delays doubling from 0.01 s."""
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes:UserWarning")  # 2 cores here
+def test_a_throttled_load_keeps_retrying_until_the_deadline_and_recovers(gcs_emulator: Emulator) -> None:
+    """Every request is answered 429 for the length of an outage, then none: a 4-worker load waits it out
+    and delivers every object once, though its requests met more 429s than ``max_attempts``."""
+    longest_backoff = sum(SCALED_DEFAULT.initial_delay * SCALED_DEFAULT.multiplier**n for n in range(7))
+    assert longest_backoff < OUTAGE  # counted against max_attempts, the 429s would end the load
+    bucket = "throttled-load"
+    objects = {f"t/{i:02d}.bin": f"object {i}".encode() for i in range(24)}
+    gcs_emulator.seed(bucket, objects)
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        ds = GCSMapDataset(f"gs://{bucket}/t/", client=front.client_config, retry=SCALED_DEFAULT)  # listed now
+        front.set_faults([Fault("http_429")])
+        threading.Timer(OUTAGE, front.set_faults, ([],)).start()
+        delivered = [item for batch in DataLoader(ds, batch_size=3, num_workers=4, collate_fn=list) for item in batch]
+        reads = Counter(request.target.partition("?")[0] for request in front.recorded if request.method == "GET")
+    assert sorted(url for url, _ in delivered) == sorted(f"gs://{bucket}/{name}" for name in objects)
+    assert all(data == objects[url.split("/", 3)[3]] for url, data in delivered)
+    assert max(reads.values()) > SCALED_DEFAULT.max_attempts

@@ -43,6 +43,7 @@ from .._ops.objects import compose_object, create_object, object_resource
 from .._ops.uploads import UPLOAD_MARKERS, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.deadline import tidying
 from .._transport.loop import io_loop, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
@@ -263,7 +264,7 @@ class StreamingWriter(PublishingWriter):
         self._pending.clear()
         if self._started:
             try:  # a writer collected on the I/O thread only schedules the discarding
-                wait_unless_on_io_loop(self._discard(pending))
+                wait_unless_on_io_loop(tidying(self._discard(pending)))
             except Exception as exc:  # noqa: BLE001 - parts left behind are billed until removed
                 logger.warning("could not discard the parts of %s: %r", self.url, exc)
         super().close()
@@ -335,7 +336,8 @@ class StreamingWriter(PublishingWriter):
     def _published_version(self, generation: int | None) -> tuple[int, str | None]:
         """Generation and crc32c of the version the parts were assembled into (see :meth:`_stored_version`);
         a version not known to be this upload's raises ``UploadError``, and it is left alone."""
-        resource, ours = self._run(self._stored_version(generation))
+        # Looked at past the call's deadline too: else an error would not say whether the object was published.
+        resource, ours = self._run(tidying(self._stored_version(generation)))
         if resource is None or not ours:
             now = "no object" if resource is None else f"generation {resource['generation']}, other bytes"
             raise UploadError(
@@ -433,7 +435,7 @@ class MultipartWriter(StreamingWriter):
             # until the deadline: what the URL holds now decides (see _published_version).
             return None, None
         finally:
-            self._run(self._unmark())
+            self._run(tidying(self._unmark()))
 
     async def _complete(self, document: bytes) -> tuple[int | None, str | None]:
         """Send the completion, which GCS may take minutes to carry out, under its own deadline
@@ -444,9 +446,10 @@ class MultipartWriter(StreamingWriter):
         looked for. Generation and crc32c as the answer, or the object found, reports them."""
         timeout = self._client.config.completion_timeout
         # The retries are decided here: with_retry sends it once, as a write without a precondition.
-        once = replace(self._job, retry=replace(self._retry, max_attempts=1, retry_unconditional_writes=False))
-        attempts = Attempts(replace(self._retry, deadline=timeout), self.url, on_retry=self._job.stats.count_retry)
-        deadline = attempts.start + timeout
+        patient = replace(self._retry, deadline=timeout)  # within the call's deadline, if sooner
+        once = replace(self._job, retry=replace(patient, max_attempts=1, retry_unconditional_writes=False))
+        attempts = Attempts(patient, self.url, on_retry=self._job.stats.count_retry)
+        deadline = attempts.deadline.ends
         lost = completed = False
         while True:
             try:
@@ -559,7 +562,7 @@ class CompositeWriter(StreamingWriter):
                 ) from None
             return int(live["generation"]), live["crc32c"]
         finally:
-            self._run(self._delete_temporaries())
+            self._run(tidying(self._delete_temporaries()))
         return info.generation, info.crc32c
 
     async def _compose_all(self, sources: list[tuple[str, int | None]], replaced: int) -> Any:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, TypeVar
 from ..config import RetryConfig
 from ..errors import DeadlineExceededError
 
-__all__ = ["Deadline", "call_deadline", "deadline_for", "fresh_deadline", "within"]
+__all__ = ["TIDY_SECONDS", "Deadline", "call_deadline", "deadline_for", "tidying", "within"]
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ class Deadline(NamedTuple):
         last = f"; last failure: {failure}" if failure is not None else ""
         return DeadlineExceededError(
             f"{url}: {scope} did not end within RetryConfig.deadline ({self.seconds:g} s, every retry and "
-            f"every byte included; {attempts} attempts){last}",
+            f"every byte included; {attempts} attempt{'s' if attempts != 1 else ''}){last}",
             url=url,
             status=getattr(failure, "status", None),
         )
@@ -60,10 +60,17 @@ def call_deadline(retry: RetryConfig) -> Iterator[None]:
         _CALL.reset(token)
 
 
-async def fresh_deadline(work: Awaitable[T]) -> T:
-    """Await ``work`` outside any call's deadline (tidying up after a call that ran out of time), each
-    of its requests under its own."""
-    token = _CALL.set(None)
+TIDY_SECONDS = 5.0
+"""How long past its deadline a call that failed may still spend removing what it left behind (parts, an
+unfinished upload) and looking at what a publish whose answer was lost did; at most the deadline itself."""
+
+
+async def tidying(work: Awaitable[T]) -> T:
+    """Await ``work``, which tidies up after a call, under the call's deadline stretched by
+    :data:`TIDY_SECONDS` (without a call, each request under its own)."""
+    call = _CALL.get()
+    stretched = None if call is None else call._replace(ends=call.ends + min(TIDY_SECONDS, call.seconds))
+    token = _CALL.set(stretched)
     try:
         return await work
     finally:

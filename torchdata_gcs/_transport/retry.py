@@ -56,7 +56,10 @@ _JITTER = random.SystemRandom()
 
 def backoff_delay(attempt: int, retry: RetryConfig, rng: random.Random) -> float:
     """Full-jitter delay before retry number ``attempt`` (1 for the first retry)."""
-    ceiling = min(retry.max_delay, retry.initial_delay * retry.multiplier ** (attempt - 1))
+    try:
+        ceiling = min(retry.max_delay, retry.initial_delay * retry.multiplier ** (attempt - 1))
+    except OverflowError:  # attempts past a thousand or so: a throttle is retried until the deadline
+        ceiling = retry.max_delay
     return rng.uniform(0, ceiling)
 
 
@@ -93,6 +96,7 @@ class Attempts:
         self.deadline = deadline_for(retry, time.monotonic() if started is None else started)
         self.attempt = 1
         self.counted = 0  # failures that count against max_attempts
+        self.last: BaseException | None = None  # the last failure retried
 
     def delay_after(self, exc: BaseException) -> float:
         """Seconds to wait before the next attempt; raises (``exc``, or a ``TransientError``) to give up.
@@ -105,7 +109,8 @@ class Attempts:
         if not is_retryable(exc):
             raise exc
         if isinstance(exc, DeadlineExceededError) and self.deadline.left() <= 0:
-            raise exc  # this operation's own deadline (or its call's) came during the attempt
+            # this operation's own deadline (or its call's) came during an attempt: say what failed before
+            raise exc if self.last is None else self.deadline.exceeded(self.url, self.attempt, self.last) from exc
         retry = self.retry
         refused = isinstance(exc, IntegrityError) and exc.status == 400  # damaged on the way: nothing written
         if not self.repeatable and not isinstance(exc, Unanswered) and not refused:
@@ -145,5 +150,6 @@ class Attempts:
         logger.debug("retrying %s in %.2fs after attempt %d failed: %r", self.url, delay, self.attempt, exc)
         if self.on_retry is not None:
             self.on_retry(exc)
+        self.last = exc
         self.attempt += 1
         return delay
