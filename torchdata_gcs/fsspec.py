@@ -38,6 +38,7 @@ which outlive their objects: ``ls`` lists them and ``info`` finds them, empty on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import io
@@ -102,16 +103,22 @@ _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
 """Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
 
 
-def _on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it,
-    as one call: ``RetryConfig.deadline`` bounds all of it."""
+def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
+    """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it;
+    as one call, which ``RetryConfig.deadline`` bounds as a whole, unless it is not ``one_call``."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
-        with call_deadline(self.retry):
+        with call_deadline(self.retry) if one_call else contextlib.nullcontext():
             return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
 
     return wrapper
+
+
+def _in_bulk_on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """:func:`_on_io_loop` for a method that may send any number of requests (an ``rm`` of a whole prefix),
+    each under its own deadline."""
+    return _on_io_loop(method, one_call=False)
 
 
 class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
@@ -428,7 +435,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not await delete_object(self._job(), bucket, name):
             raise NotFoundError(f"{url}: no such object", url=url)
 
-    @_on_io_loop
+    @_in_bulk_on_io_loop
     async def _rm(
         self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
     ) -> None:
