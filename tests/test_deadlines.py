@@ -123,3 +123,18 @@ def test_a_throttled_load_keeps_retrying_until_the_deadline_and_recovers(gcs_emu
     assert sorted(url for url, _ in delivered) == sorted(f"gs://{bucket}/{name}" for name in objects)
     assert all(data == objects[url.split("/", 3)[3]] for url, data in delivered)
     assert max(reads.values()) > SCALED_DEFAULT.max_attempts
+
+
+def test_the_requests_of_one_call_share_its_deadline(gcs_emulator: Emulator) -> None:
+    """A save sends three requests one after the other (does the endpoint serve multipart uploads, what
+    generation does it replace, the upload), each answered in 0.8 s: each fits a 1.5 s deadline, the
+    three do not, and the save ends at it."""
+    gcs_emulator.create_bucket("one-deadline")
+    url, state = "gs://one-deadline/c.pt", {"w": torch.ones(4)}
+    with GCSFront(gcs_emulator.endpoint, latency=0.8) as front:
+        with pytest.raises(DeadlineExceededError, match=r"the call did not end within RetryConfig.deadline \(1.5 s"):
+            checkpoint.save(state, url, client=front.client_config, retry=RetryConfig(deadline=1.5))
+        assert front.counts["upload"] == 0
+    with GCSFront(gcs_emulator.endpoint, latency=0.8) as front:  # the same requests, with time for all three
+        checkpoint.save(state, url, client=front.client_config, retry=RetryConfig(deadline=10))
+        assert front.counts["upload"] == 1
