@@ -20,6 +20,7 @@ from torchdata_gcs import (
     GCSFileLoaderIterDataPipe,
     GCSMapDataset,
     RetryConfig,
+    TransferConfig,
     UploadError,
     WriteConfig,
     checkpoint,
@@ -138,3 +139,21 @@ def test_the_requests_of_one_call_share_its_deadline(gcs_emulator: Emulator) -> 
     with GCSFront(gcs_emulator.endpoint, latency=0.8) as front:  # the same requests, with time for all three
         checkpoint.save(state, url, client=front.client_config, retry=RetryConfig(deadline=10))
         assert front.counts["upload"] == 1
+
+
+def test_a_read_that_waits_for_the_consumer_is_not_cut_off_by_the_deadline(gcs_emulator: Emulator) -> None:
+    """Reads wait for room in the byte budget while the consumer holds what it took: that wait is the
+    consumer's, not the server's, and a consumer busy for longer than the deadline loses nothing."""
+    objects = {f"w/{i}": bytes([i]) * 100_000 for i in range(8)}
+    gcs_emulator.seed("consumer-waits", objects)
+    urls = [f"gs://consumer-waits/{name}" for name in objects]
+    transfer = TransferConfig(max_in_flight=4, max_buffered_bytes=150_000)
+    pipe = GCSFileLoaderIterDataPipe(
+        urls, client=gcs_emulator.client_config, retry=RetryConfig(deadline=1), transfer=transfer
+    )
+    delivered = []
+    for url, stream in pipe:
+        delivered.append((url, stream.read()))
+        if len(delivered) == 1:
+            time.sleep(2)  # the consumer is busy; reads behind it wait for room
+    assert delivered == [(f"gs://consumer-waits/{name}", data) for name, data in objects.items()]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from .deadline import Deadline, deadline_for, within
+from .deadline import RequestDeadline, consumer_wait, deadline_for
 from .retry import Attempts
 from .session import Session, session_for
 from .slots import Slots
@@ -143,11 +143,12 @@ class RequestContext:
             return
         self.slots.release()
         await self.session.throttle.release()
-        try:
-            await self.budget.acquire(nbytes, seq)
-        finally:
-            await self.session.throttle.acquire()
-            await self.slots.acquire()
+        with consumer_wait():
+            try:
+                await self.budget.acquire(nbytes, seq)
+            finally:
+                await self.session.throttle.acquire()
+                await self.slots.acquire()
 
 
 async def with_retry(
@@ -159,16 +160,14 @@ async def with_retry(
     whatever it is doing: sending, waiting, or reading the answer byte by byte."""
     stats = job.stats
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
-    deadline: Deadline | None = None
-    started: float | None = None
+    clock: RequestDeadline | None = None
     while True:
         try:
             async with job.slots, job.session.throttle:
-                if deadline is None:
-                    started = time.monotonic()
-                    deadline = deadline_for(job.retry, started)
+                if clock is None:
+                    clock = RequestDeadline(deadline_for(job.retry, time.monotonic()))
                 stats.requests += 1
-                result = await within(deadline, attempt_once(), url, attempts.attempt if attempts else 1)
+                result = await clock.attempt(attempt_once(), url, attempts.attempt if attempts else 1)
             job.session.throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
@@ -176,7 +175,9 @@ async def with_retry(
                 stats.throttled += 1
                 job.session.throttle.throttled()
             if attempts is None:
-                attempts = Attempts(job.retry, url, stats.count_retry, started, repeatable)
+                attempts = Attempts(job.retry, url, stats.count_retry, repeatable=repeatable)
+            if clock is not None:
+                attempts.deadline = clock.deadline
             await asyncio.sleep(attempts.delay_after(exc))
 
 

@@ -1,6 +1,7 @@
 """When the request in progress must end: ``RetryConfig.deadline`` after it first went out, or sooner where
 it is part of a call (a checkpoint save, an fsspec call) whose whole deadline comes first. Bounds every
-attempt and every byte of its answer, not only the waits between attempts."""
+attempt and every byte of its answer, not only the waits between attempts; time spent waiting for the
+consumer (room in the byte budget) does not count."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ from typing import Any, NamedTuple, TypeVar
 from ..config import RetryConfig
 from ..errors import DeadlineExceededError
 
-__all__ = ["TIDY_SECONDS", "Deadline", "call_deadline", "deadline_for", "tidying", "within"]
+__all__ = [
+    "TIDY_SECONDS",
+    "Deadline",
+    "RequestDeadline",
+    "call_deadline",
+    "consumer_wait",
+    "deadline_for",
+    "tidying",
+]
 
 T = TypeVar("T")
 
@@ -84,34 +93,93 @@ def deadline_for(retry: RetryConfig, started: float) -> Deadline:
     return call if call is not None and call.ends < own.ends else own
 
 
-if sys.version_info >= (3, 11):
+_UNCANCEL = sys.version_info >= (3, 11)  # Task.cancelling() and uncancel(), as asyncio.timeout uses them
 
-    async def within(deadline: Deadline, work: Coroutine[Any, Any, T], url: str, attempts: int) -> T:
-        """Await ``work``, cancelled when ``deadline`` comes (``DeadlineExceededError``)."""
-        left = deadline.left()
-        if left <= 0:
+
+class _Timer:
+    """Cancels the task that runs one attempt when its deadline comes (as ``asyncio.timeout`` does, with a
+    timer of its own, on Python 3.10 too), except while :func:`consumer_wait` holds it."""
+
+    __slots__ = ("cancelling", "expired", "handle", "paused", "task", "when")
+
+    def __init__(self, when: float) -> None:
+        self.when, self.paused, self.expired, self.cancelling = when, 0.0, False, 0
+        self.task: asyncio.Task[Any] | None = None
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        loop = asyncio.get_running_loop()  # its clock is time.monotonic()'s
+        self.handle = loop.call_at(self.when, self.expire)
+
+    def expire(self) -> None:
+        self.expired = True
+        assert self.task is not None
+        self.task.cancel()
+
+    def __enter__(self) -> None:
+        self.task = asyncio.current_task()
+        assert self.task is not None
+        self.cancelling = self.task.cancelling() if _UNCANCEL else 0
+        self.arm()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        if not self.expired:
+            return
+        assert self.task is not None
+        left = self.task.uncancel() if _UNCANCEL else 0
+        if left <= self.cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError  # ours, and no one else's cancellation: the deadline came
+
+
+_ATTEMPT: contextvars.ContextVar[_Timer | None] = contextvars.ContextVar("attempt_timer", default=None)
+
+
+@contextmanager
+def consumer_wait() -> Iterator[None]:
+    """Stop the clock of the attempt in progress while it waits for the consumer (room in the byte
+    budget): a consumer busy for longer than the deadline is no server failing to answer."""
+    timer = _ATTEMPT.get()
+    if timer is None or timer.expired or timer.handle is None:
+        yield
+        return
+    timer.handle.cancel()
+    paused = time.monotonic()
+    try:
+        yield
+    finally:
+        waited = time.monotonic() - paused
+        timer.when += waited
+        timer.paused += waited
+        timer.arm()
+
+
+class RequestDeadline:
+    """One request's deadline (see :func:`deadline_for`), moved later by the time its attempts waited for
+    the consumer (:func:`consumer_wait`)."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+
+    async def attempt(self, work: Coroutine[Any, Any, T], url: str, attempts: int) -> T:
+        """Await ``work``, cancelled when the deadline comes (``DeadlineExceededError``)."""
+        deadline = self.deadline
+        if deadline.left() <= 0:
             work.close()
             raise deadline.exceeded(url, attempts)
-        scope = asyncio.timeout(left)
+        timer = _Timer(deadline.ends)
+        token = _ATTEMPT.set(timer)
         try:
-            async with scope:
+            with timer:
                 return await work
         except TimeoutError:
-            if not scope.expired():
+            if not timer.expired:
                 raise  # the work's own timeout (a read timeout), retried as such
             raise deadline.exceeded(url, attempts) from None
-
-else:  # pragma: no cover - Python 3.10 has no asyncio.timeout
-
-    async def within(deadline: Deadline, work: Coroutine[Any, Any, T], url: str, attempts: int) -> T:
-        """Await ``work``, cancelled when ``deadline`` comes (``DeadlineExceededError``)."""
-        left = deadline.left()
-        if left <= 0:
-            work.close()
-            raise deadline.exceeded(url, attempts)
-        try:
-            return await asyncio.wait_for(work, left)
-        except asyncio.TimeoutError:
-            if deadline.left() > 0:
-                raise
-            raise deadline.exceeded(url, attempts) from None
+        finally:
+            _ATTEMPT.reset(token)
+            if timer.paused:
+                self.deadline = deadline._replace(ends=deadline.ends + timer.paused)

@@ -72,9 +72,8 @@ def asks_to_try_again(exc: BaseException) -> bool:
 class Attempts:
     """The retry decisions of one operation: after each failure, how long to wait, or give up.
 
-    Retrying ends at the deadline (``retry.deadline`` from ``started``, a ``time.monotonic()`` reading
-    taken when the first attempt began, else now; or the end of the call it is part of, if sooner:
-    see :mod:`.deadline`), and after ``retry.max_attempts`` failures other than answers that ask to
+    Retrying ends at the deadline (``retry.deadline`` from now, or the end of the call it is part of, if
+    sooner: see :mod:`.deadline`; :attr:`deadline` may be set to another), and after ``retry.max_attempts`` failures other than answers that ask to
     try again (:func:`asks_to_try_again`): a throttled job keeps trying until the deadline, while a
     reset, a timeout or a damaged answer repeated that often is given up sooner. A ``retry_after``
     attribute on the error (from GCS's ``Retry-After``) stretches the wait. ``on_retry``, if given, is
@@ -88,12 +87,11 @@ class Attempts:
         retry: RetryConfig,
         url: str,
         on_retry: Callable[[BaseException], None] | None = None,
-        started: float | None = None,
         repeatable: bool = True,
     ) -> None:
         self.retry, self.url, self.on_retry = retry, url, on_retry
         self.repeatable = repeatable or retry.retry_unconditional_writes
-        self.deadline = deadline_for(retry, time.monotonic() if started is None else started)
+        self.deadline = deadline_for(retry, time.monotonic())  # with_retry sets its request's own
         self.attempt = 1
         self.counted = 0  # failures that count against max_attempts
         self.last: BaseException | None = None  # the last failure retried
