@@ -27,7 +27,7 @@ from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 BUCKET = "error-hygiene"
-RETRY = RetryConfig(max_attempts=2, initial_delay=0.01, max_delay=0.02, deadline=10)
+RETRY = RetryConfig(max_attempts=2, initial_delay=0.01, max_delay=0.02, deadline=3)  # a 503 lasts until it
 Operation = Callable[[ClientConfig], object]
 
 

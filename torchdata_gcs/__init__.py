@@ -30,6 +30,7 @@ from .datasets import GCSIterableDataset, GCSMapDataset
 from .errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
+    DeadlineExceededError,
     EndpointError,
     GCSError,
     IntegrityError,
@@ -49,6 +50,7 @@ __all__ = [
     "AccessDeniedError",
     "ClientConfig",
     "ComposeFallbackWarning",
+    "DeadlineExceededError",
     "EndpointError",
     "GCSError",
     "GCSFileListerIterDataPipe",

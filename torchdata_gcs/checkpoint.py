@@ -29,6 +29,7 @@ from ._engines.upload import StreamingWriter, library_errors_first, new_writer
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.urls import parse_url
+from ._transport.deadline import call_deadline
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 
 __all__ = [
@@ -126,7 +127,12 @@ def save(
     """
     write = write_config(write, "save", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip
-    with open_writer(url, client=client, retry=retry, write=write) as writer, library_errors_first():
+    retry = retry or RetryConfig()
+    with (
+        call_deadline(retry),
+        open_writer(url, client=client, retry=retry, write=write) as writer,
+        library_errors_first(),
+    ):
         torch.save(obj, cast(IO[bytes], writer))
     assert writer.generation is not None
     return writer.generation
@@ -155,7 +161,8 @@ def open_reader(
         IntegrityError: the bytes (or their compression) do not check out.
     """
     client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
-    buffer = read_into_buffer(url, _object_info(url, client, retry), client, transfer, retry, LoadStats())
+    with call_deadline(retry):
+        buffer = read_into_buffer(url, _object_info(url, client, retry), client, transfer, retry, LoadStats())
     return cast(IO[bytes], MemoryStream([decompress(buffer, url)]))
 
 
@@ -177,7 +184,10 @@ def load(
     the checkpoint once, not twice.
     """
     client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
-    with _downloaded(url, _object_info(url, client, retry), client, transfer, retry) as (path, view):
+    with (
+        call_deadline(retry),
+        _downloaded(url, _object_info(url, client, retry), client, transfer, retry) as (path, view),
+    ):
         head = bytes(view[:16])
         if is_compressed(head):  # compressed without a block table: older checkpoints, other zstd writers
             view = memoryview(decompress(view, url))
@@ -208,4 +218,6 @@ def _downloaded(
 def remove(url: str, *, client: ClientConfig | None = None, retry: RetryConfig | None = None) -> bool:
     """Delete the checkpoint at ``url``; ``False`` if there was none."""
     bucket, name = parse_url(url, allow_prefix=False)
-    return Client(client or ClientConfig(), retry or RetryConfig()).delete(bucket, name)
+    retry = retry or RetryConfig()
+    with call_deadline(retry):
+        return Client(client or ClientConfig(), retry).delete(bucket, name)

@@ -141,8 +141,11 @@ class RetryConfig:
     """How transient failures (408, 429, 5xx, resets, timeouts, truncated bodies) are retried.
 
     Delays grow exponentially from ``initial_delay`` by ``multiplier`` up to ``max_delay``, each
-    drawn with full jitter; a ``Retry-After`` answer is honoured. Retrying stops after
-    ``max_attempts`` attempts or once ``deadline`` seconds have passed since the first attempt.
+    drawn with full jitter; a ``Retry-After`` answer is honoured. ``deadline`` bounds a call as a
+    whole, every attempt, wait and byte included (a checkpoint save or load, an fsspec call; each
+    request of a loader or lister): past it, ``DeadlineExceededError``. Answers that ask to try
+    again (408, 429, 5xx: throttling, an outage) are retried until then however many come; other
+    failures (resets, timeouts, damaged answers) at most ``max_attempts`` times.
 
     A write is retried only where GCS makes a repeat harmless (its retry strategy): an upload, compose
     or rewrite with an ``ifGenerationMatch`` precondition, a delete of one generation, an XML multipart

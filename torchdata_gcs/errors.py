@@ -7,6 +7,7 @@
         ├── PreconditionFailedError FileExistsError    412: a generation precondition did not hold
         ├── InvalidURIError        ValueError          a URL, bucket or object name GCS would refuse
         ├── TransientError         ConnectionError     429, 5xx, resets, timeouts: retries ran out
+        │   └── DeadlineExceededError                  RetryConfig.deadline came first
         ├── EndpointError          ConnectionError     the endpoint cannot be reached or trusted
         ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
         ├── UploadError            OSError             a write failed: nothing was published
@@ -27,6 +28,7 @@ from __future__ import annotations
 __all__ = [
     "AccessDeniedError",
     "ComposeFallbackWarning",
+    "DeadlineExceededError",
     "EndpointError",
     "GCSError",
     "IntegrityError",
@@ -93,6 +95,12 @@ class TransientError(GCSError, ConnectionError):
     ) -> None:
         super().__init__(message, url=url, status=status)
         self.retry_after = retry_after
+
+
+class DeadlineExceededError(TransientError):
+    """A request, or a call of several (a checkpoint save, an fsspec call), did not end within
+    ``RetryConfig.deadline``, which bounds every attempt, every wait between them and every byte.
+    (Not a ``TimeoutError``: fsspec would replace one with its own, which says nothing.)"""
 
 
 class EndpointError(GCSError, ConnectionError):

@@ -39,6 +39,7 @@ which outlive their objects: ``ls`` lists them and ``info`` finds them, empty on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import io
@@ -85,6 +86,7 @@ from ._ops.paging import PageTrail
 from ._ops.patterns import has_magic, tree_glob
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
+from ._transport.deadline import call_deadline
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
@@ -107,12 +109,14 @@ _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
 """Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
 
 
-def _on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it."""
+def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
+    """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it;
+    as one call, which ``RetryConfig.deadline`` bounds as a whole, unless it is not ``one_call``."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
-        return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
+        with call_deadline(self.retry) if one_call else contextlib.nullcontext():
+            return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
 
     return wrapper
 
@@ -144,6 +148,12 @@ class PublishingTransaction(Transaction):  # type: ignore[misc]
                 staged.discard()  # a no-op for those published
             self.fs._intrans = False  # a failed transaction must not defer the filesystem's later writes
             self.fs._transaction = None
+
+
+def _in_bulk_on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """:func:`_on_io_loop` for a method that may send any number of requests (an ``rm`` of a whole prefix),
+    each under its own deadline."""
+    return _on_io_loop(method, one_call=False)
 
 
 class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
@@ -499,7 +509,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not await delete_object(self._job(), bucket, name):
             raise NotFoundError(f"{url}: no such object", url=url)
 
-    @_on_io_loop
+    @_in_bulk_on_io_loop
     async def _rm(
         self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
     ) -> None:

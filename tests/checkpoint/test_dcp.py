@@ -11,6 +11,7 @@ import sys
 import threading
 import warnings
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -284,7 +285,8 @@ def test_failed_overwrite_leaves_no_checkpoint_and_load_says_so(
     assert "run/latest/.metadata" in gcs_emulator.names(gcs_bucket)
 
     front.set_faults([Fault("http_503", match=r"^PUT .*partNumber=2")])  # every attempt at the second part
-    writer = GCSStorageWriter(url, client=client, write=WriteConfig(part_size=PART), retry=FAST_RETRY)
+    retry = replace(FAST_RETRY, deadline=1)  # a 503 is retried until the deadline
+    writer = GCSStorageWriter(url, client=client, write=WriteConfig(part_size=PART), retry=retry)
     with pytest.warns(UserWarning, match="existing checkpoint"), pytest.raises(CheckpointException, match="503|part"):
         dcp.save(model_state(seed=7), storage_writer=writer)
     assert "run/latest/.metadata" not in gcs_emulator.names(gcs_bucket)  # the old one went before new data

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import pytest
 
-from torchdata_gcs import ClientConfig, PreconditionFailedError, RetryConfig, UploadError, WriteConfig
+from torchdata_gcs import ClientConfig, PreconditionFailedError, RetryConfig, UploadError, WriteConfig, checkpoint
 from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter, new_writer
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import io_loop
@@ -85,7 +86,8 @@ def test_part_failures_are_retried(gcs_emulator: Emulator) -> None:
 def test_a_part_that_keeps_failing_aborts(gcs_emulator: Emulator) -> None:
     gcs_emulator.create_bucket(BUCKET)
     with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_503", match=r"PUT .*partNumber=2")]) as front:
-        with pytest.raises(UploadError, match="aborted"), writer(front, "doomed.bin", retry=FAST_RETRY) as out:
+        retry = replace(FAST_RETRY, deadline=1)  # a 503 is retried until the deadline
+        with pytest.raises(UploadError, match="aborted"), writer(front, "doomed.bin", retry=retry) as out:
             out.write(os.urandom(16 * MiB))
         assert front.open_uploads == []
     assert "doomed.bin" not in gcs_emulator.names(BUCKET)
@@ -174,6 +176,20 @@ def test_a_completion_slower_than_the_read_timeout_is_awaited_in_one_request(gcs
             out.write(data)
         assert completion_posts(front) == 1 and front.open_uploads == []
     assert gcs_emulator.read(BUCKET, "slow.bin") == data
+
+
+def test_a_completion_slower_than_the_save_deadline_is_awaited_under_its_own(gcs_emulator: Emulator) -> None:
+    """A save bounds all its requests by one deadline, but the completion, which GCS documents as taking
+    minutes, waits up to ``completion_timeout`` whatever is left of it."""
+    gcs_emulator.create_bucket(BUCKET)
+    with GCSFront(gcs_emulator.endpoint, completion_delay=2.5, record=True) as front:
+        client = ClientConfig(endpoint=front.endpoint, anonymous=True, completion_timeout=30)
+        data = {"w": os.urandom(6 * MiB)}
+        write = WriteConfig(strategy="multipart", part_size=MIN_PART_SIZE)
+        url = f"gs://{BUCKET}/patient.pt"
+        checkpoint.save(data, url, client=client, retry=replace(FAST_RETRY, deadline=1.5), write=write)
+        assert completion_posts(front) == 1 and front.open_uploads == []
+        assert checkpoint.load(url, client=client) == data
 
 
 def test_a_lost_completion_answer_is_verified_before_the_completion_is_sent_again(gcs_emulator: Emulator) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from torchdata_gcs import (
     ClientConfig,
+    DeadlineExceededError,
     EndpointError,
     IntegrityError,
     NotFoundError,
@@ -139,3 +140,29 @@ def test_an_endpoint_error_is_final_and_an_endpoint_not_up_yet_gets_a_few_second
     assert time.monotonic() - started >= sum(UNANSWERED_DELAYS)  # its own waits, not the configuration's
     assert len(calls) == len(UNANSWERED_DELAYS) + 1
     assert info.value is unreachable and info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_answers_that_ask_to_try_again_do_not_use_up_the_attempts() -> None:
+    """429 and 5xx answers (throttling, an outage) are retried until the deadline, however many come;
+    failures without such an answer still count against ``max_attempts``."""
+    asking = [TransientError("slow down", status=429)] * 5 + [TransientError("unavailable", status=503)] * 5
+    attempt, calls = _flaky([*asking, aiohttp.ServerDisconnectedError()] * 3)
+    assert call_with_retry(attempt, FAST, url="gs://b/x") == "ok"
+    assert len(calls) == 34  # 30 answers and 3 resets failed: 3 < 4 attempts counted
+
+    attempt, calls = _flaky([*asking, aiohttp.ServerDisconnectedError()] * 4)
+    with pytest.raises(TransientError, match="4 resets|44 attempts"):
+        call_with_retry(attempt, FAST, url="gs://b/x")
+    assert len(calls) == 44
+
+
+def test_a_throttle_that_outlasts_the_deadline_says_so() -> None:
+    retry = RetryConfig(max_attempts=2, deadline=0.3, initial_delay=0.01, max_delay=0.02)
+    attempt, calls = _flaky([TransientError("GCS answered 429 (gs://b/x): slow down", status=429)] * 1000)
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceededError) as info:
+        call_with_retry(attempt, retry, url="gs://b/x")
+    assert time.monotonic() - started < 3  # 0.3 s, generously
+    assert len(calls) > retry.max_attempts
+    assert info.value.status == 429 and info.value.url == "gs://b/x"
+    assert "RetryConfig.deadline (0.3 s" in str(info.value) and "GCS answered 429" in str(info.value)

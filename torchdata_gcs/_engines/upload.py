@@ -54,6 +54,7 @@ from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, un
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.deadline import own_deadlines, tidying
 from .._transport.loop import io_loop, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
@@ -291,7 +292,7 @@ class StreamingWriter(PublishingWriter):
         self._pending.clear()
         if self._started:
             try:  # a writer collected on the I/O thread only schedules the discarding
-                wait_unless_on_io_loop(self._discard(pending))
+                wait_unless_on_io_loop(tidying(self._discard(pending)))
             except Exception as exc:  # noqa: BLE001 - parts left behind are billed until removed
                 logger.warning("could not discard the parts of %s: %r", self.url, exc)
         super().close()
@@ -356,7 +357,8 @@ class StreamingWriter(PublishingWriter):
     def _published_version(self, generation: int | None) -> tuple[int, str | None]:
         """Generation and crc32c of the version the parts were assembled into (see :meth:`_stored_version`);
         a version not known to be this upload's raises ``UploadError``, and it is left alone."""
-        resource, ours = self._run(self._stored_version(generation))
+        # Looked at past the call's deadline too: else an error would not say whether the object was published.
+        resource, ours = self._run(tidying(self._stored_version(generation)))
         if resource is None or not ours:
             now = "no object" if resource is None else f"generation {resource['generation']}, other bytes"
             raise UploadError(
@@ -460,25 +462,28 @@ class MultipartWriter(StreamingWriter):
         )
         document = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
         try:
-            return self._run(self._complete(document))
+            return self._run(own_deadlines(self._complete(document)))
         except (NotFoundError, TransientError):
             # NoSuchUpload to the first completion (the upload was aborted meanwhile), or every answer lost
             # until the deadline: what the URL holds now decides (see _published_version).
             return None, None
         finally:
-            self._run(self._unmark())
+            self._run(tidying(self._unmark()))
 
     async def _complete(self, document: bytes) -> tuple[int | None, str | None]:
         """Send the completion, which GCS may take minutes to carry out, under its own deadline
-        (``ClientConfig.completion_timeout``): each request waits for its answer until then. Once an
+        (``ClientConfig.completion_timeout``, past the deadline of the call that saves, if that ends sooner):
+        each request waits for its answer until then. Once an
         answer is lost (a timeout, a reset, a cut body, a 5xx), the object is looked for before the
         completion goes again, so a completion carried out is never sent twice; NoSuchUpload after a
         lost answer means an earlier attempt completed the upload, and from then on only the object is
         looked for. Generation and crc32c as the answer, or the object found, reports them."""
         timeout = self._client.config.completion_timeout
-        once = replace(self._job, retry=replace(self._retry, max_attempts=1))  # the retries are decided here
-        attempts = Attempts(replace(self._retry, deadline=timeout), self.url, on_retry=self._job.stats.count_retry)
-        deadline = attempts.start + timeout
+        # The retries are decided here: with_retry sends it once, as a write without a precondition.
+        patient = replace(self._retry, deadline=timeout)
+        once = replace(self._job, retry=replace(patient, max_attempts=1, retry_unconditional_writes=False))
+        attempts = Attempts(patient, self.url, on_retry=self._job.stats.count_retry)
+        deadline = attempts.deadline.ends
         lost = completed = False
         while True:
             try:
@@ -503,6 +508,7 @@ class MultipartWriter(StreamingWriter):
                         document,
                         headers={"Content-Type": "application/xml"},
                         answer_timeout=max(deadline - time.monotonic(), 0.1),
+                        repeatable=False,
                     )
                 except NotFoundError:
                     if not lost:
@@ -603,7 +609,7 @@ class CompositeWriter(StreamingWriter):
                 ) from None
             return int(live["generation"]), live["crc32c"]
         finally:
-            self._run(self._delete_temporaries())
+            self._run(tidying(self._delete_temporaries()))
         return info.generation, info.crc32c
 
     async def _compose_all(self, sources: list[tuple[str, int | None]], replaced: int) -> Any:
@@ -715,9 +721,10 @@ async def _send(
     *,
     headers: dict[str, str] | None = None,
     answer_timeout: float | None = None,
+    repeatable: bool = True,
 ) -> tuple[Mapping[str, str], bytes]:
-    """One XML API request, retried; its headers (case-insensitive, repeated lines kept) and body.
-    ``answer_timeout``: see ``Session.send``."""
+    """One XML API request, retried if ``repeatable``; its headers (case-insensitive, repeated lines kept)
+    and body. ``answer_timeout``: see ``Session.send``."""
 
     async def attempt() -> tuple[Mapping[str, str], bytes]:
         async with job.session.send(
@@ -725,7 +732,7 @@ async def _send(
         ) as response:
             return response.headers.copy(), await response.read()
 
-    return await with_retry(job, url, attempt)
+    return await with_retry(job, url, attempt, repeatable=repeatable)
 
 
 async def _put_part(

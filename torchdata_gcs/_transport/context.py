@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..config import ClientConfig, RetryConfig, TransferConfig
+from .deadline import RequestDeadline, consumer_wait, deadline_for
 from .retry import Attempts
 from .session import Session, session_for
 from .slots import Slots
@@ -143,26 +144,31 @@ class RequestContext:
             return
         self.slots.release()
         await self.session.throttle.release()
-        try:
-            await self.budget.acquire(nbytes, seq)
-        finally:
-            await self.session.throttle.acquire()
-            await self.slots.acquire()
+        with consumer_wait():
+            try:
+                await self.budget.acquire(nbytes, seq)
+            finally:
+                await self.session.throttle.acquire()
+                await self.slots.acquire()
 
 
 async def with_retry(
-    job: RequestContext, url: str, attempt_once: Callable[[], Awaitable[T]], *, repeatable: bool = True
+    job: RequestContext, url: str, attempt_once: Callable[[], Coroutine[Any, Any, T]], *, repeatable: bool = True
 ) -> T:
     """Run one request (``attempt_once``) under the loader's and the process's limits, retried; a write
-    that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`)."""
+    that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`). Its deadline (see
+    :mod:`.deadline`) counts from when its first attempt got its slots, and cuts an attempt off
+    whatever it is doing: sending, waiting, or reading the answer byte by byte."""
     stats = job.stats
-    started = time.monotonic()
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
+    clock: RequestDeadline | None = None
     while True:
         try:
             async with job.slots, job.session.throttle:
+                if clock is None:
+                    clock = RequestDeadline(deadline_for(job.retry, time.monotonic()))
                 stats.requests += 1
-                result = await attempt_once()
+                result = await clock.attempt(attempt_once(), url, attempts.attempt if attempts else 1)
             job.session.throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
@@ -170,7 +176,9 @@ async def with_retry(
                 stats.throttled += 1
                 job.session.throttle.throttled()
             if attempts is None:
-                attempts = Attempts(job.retry, url, stats.count_retry, started, repeatable)
+                attempts = Attempts(job.retry, url, stats.count_retry, repeatable=repeatable)
+            if clock is not None:
+                attempts.deadline = clock.deadline
             await asyncio.sleep(attempts.delay_after(exc))
 
 

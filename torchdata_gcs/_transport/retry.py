@@ -1,4 +1,5 @@
-"""What is retryable and how long to wait: jittered exponential backoff under a deadline."""
+"""What is retryable and how long to wait: jittered exponential backoff until the deadline; answers that ask
+to try again (throttling) are retried until then, other failures at most ``max_attempts`` times."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import aiohttp
 import google.auth.exceptions
 
 from ..config import RetryConfig
-from ..errors import EndpointError, GCSError, IntegrityError, TransientError
+from ..errors import DeadlineExceededError, EndpointError, GCSError, IntegrityError, TransientError
+from .deadline import deadline_for
+from .http import RETRYABLE_STATUSES
 
 logger = logging.getLogger(__name__)
 
@@ -53,18 +56,30 @@ _JITTER = random.SystemRandom()
 
 def backoff_delay(attempt: int, retry: RetryConfig, rng: random.Random) -> float:
     """Full-jitter delay before retry number ``attempt`` (1 for the first retry)."""
-    ceiling = min(retry.max_delay, retry.initial_delay * retry.multiplier ** (attempt - 1))
+    try:
+        ceiling = min(retry.max_delay, retry.initial_delay * retry.multiplier ** (attempt - 1))
+    except OverflowError:  # attempts past a thousand or so: a throttle is retried until the deadline
+        ceiling = retry.max_delay
     return rng.uniform(0, ceiling)
+
+
+def asks_to_try_again(exc: BaseException) -> bool:
+    """Whether ``exc`` is an answer that asks for a new attempt later (408, 429, 5xx): GCS throttling, or
+    busy or in an outage. Such answers are retried until the deadline, however many come."""
+    return isinstance(exc, TransientError) and exc.status in RETRYABLE_STATUSES
 
 
 class Attempts:
     """The retry decisions of one operation: after each failure, how long to wait, or give up.
 
-    A ``retry_after`` attribute on the error (from GCS's ``Retry-After``) stretches the wait.
-    ``on_retry``, if given, is told of every failure that will be retried. The deadline counts from
-    ``started`` (a ``time.monotonic()`` reading taken when the first attempt began), else from now.
-    A write that is not ``repeatable`` (no precondition makes a repeat harmless) is not tried again
-    unless ``retry.retry_unconditional_writes`` says so, but where it never reached the endpoint.
+    Retrying ends at the deadline (``retry.deadline`` from now, or the end of the call it is part of, if
+    sooner: see :mod:`.deadline`; :attr:`deadline` may be set to another), and after ``retry.max_attempts`` failures other than answers that ask to
+    try again (:func:`asks_to_try_again`): a throttled job keeps trying until the deadline, while a
+    reset, a timeout or a damaged answer repeated that often is given up sooner. A ``retry_after``
+    attribute on the error (from GCS's ``Retry-After``) stretches the wait. ``on_retry``, if given, is
+    told of every failure that will be retried. A write that is not ``repeatable`` (no precondition
+    makes a repeat harmless) is not tried again unless ``retry.retry_unconditional_writes`` says so,
+    but where it never reached the endpoint.
     """
 
     def __init__(
@@ -72,23 +87,28 @@ class Attempts:
         retry: RetryConfig,
         url: str,
         on_retry: Callable[[BaseException], None] | None = None,
-        started: float | None = None,
         repeatable: bool = True,
     ) -> None:
         self.retry, self.url, self.on_retry = retry, url, on_retry
         self.repeatable = repeatable or retry.retry_unconditional_writes
-        self.start = time.monotonic() if started is None else started
+        self.deadline = deadline_for(retry, time.monotonic())  # with_retry sets its request's own
         self.attempt = 1
+        self.counted = 0  # failures that count against max_attempts
+        self.last: BaseException | None = None  # the last failure retried
 
     def delay_after(self, exc: BaseException) -> float:
         """Seconds to wait before the next attempt; raises (``exc``, or a ``TransientError``) to give up.
 
-        Non-retryable errors are raised at once. When retries run out, a ``GCSError`` is raised as
+        Non-retryable errors are raised at once. When the attempts run out, a ``GCSError`` is raised as
         it is, an :class:`Unanswered` endpoint as its ``EndpointError`` (after a few seconds), and a
-        network fault becomes a ``TransientError`` naming the URL.
+        network fault becomes a ``TransientError`` naming the URL; when the deadline would pass before
+        the next attempt, a ``DeadlineExceededError`` naming it and the last failure.
         """
         if not is_retryable(exc):
             raise exc
+        if isinstance(exc, DeadlineExceededError) and self.deadline.left() <= 0:
+            # this operation's own deadline (or its call's) came during an attempt: say what failed before
+            raise exc if self.last is None else self.deadline.exceeded(self.url, self.attempt, self.last) from exc
         retry = self.retry
         refused = isinstance(exc, IntegrityError) and exc.status == 400  # damaged on the way: nothing written
         if not self.repeatable and not isinstance(exc, Unanswered) and not refused:
@@ -99,30 +119,35 @@ class Attempts:
                 url=self.url,
                 status=getattr(exc, "status", None),
             ) from exc
+        if not asks_to_try_again(exc):
+            self.counted += 1
         if isinstance(exc, Unanswered):
             delay = UNANSWERED_DELAYS[min(self.attempt, len(UNANSWERED_DELAYS)) - 1]
-            if self.attempt > len(UNANSWERED_DELAYS) or self._spent(delay):
+            if (
+                self.attempt > len(UNANSWERED_DELAYS)
+                or self.counted >= retry.max_attempts
+                or self.deadline.left() < delay
+            ):
                 raise exc.error from None  # one line, without the network library's chain
             return self._next(exc, delay)
         delay = backoff_delay(self.attempt, retry, _JITTER)
         hinted = getattr(exc, "retry_after", None)
         if hinted is not None:
             delay = max(delay, min(hinted, retry.max_delay))
-        if self._spent(delay):
+        if self.counted >= retry.max_attempts:
             if isinstance(exc, GCSError):
                 raise exc
             raise TransientError(
                 f"gave up on {self.url} after {self.attempt} attempts: {type(exc).__name__}: {exc}", url=self.url
             ) from exc
+        if self.deadline.left() < delay:
+            raise self.deadline.exceeded(self.url, self.attempt, exc) from exc
         return self._next(exc, delay)
-
-    def _spent(self, delay: float) -> bool:
-        """Whether the attempts or the deadline run out before another attempt ``delay`` seconds on."""
-        return self.attempt >= self.retry.max_attempts or time.monotonic() - self.start + delay > self.retry.deadline
 
     def _next(self, exc: BaseException, delay: float) -> float:
         logger.debug("retrying %s in %.2fs after attempt %d failed: %r", self.url, delay, self.attempt, exc)
         if self.on_retry is not None:
             self.on_retry(exc)
+        self.last = exc
         self.attempt += 1
         return delay

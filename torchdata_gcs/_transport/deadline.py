@@ -1,0 +1,196 @@
+"""When the request in progress must end: ``RetryConfig.deadline`` after it first went out, or sooner where
+it is part of a call (a checkpoint save, an fsspec call) whose whole deadline comes first. Bounds every
+attempt and every byte of its answer, not only the waits between attempts; time spent waiting for the
+consumer (room in the byte budget) does not count."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+import time
+from collections.abc import Awaitable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple, TypeVar
+
+from ..config import RetryConfig
+from ..errors import DeadlineExceededError
+
+__all__ = [
+    "TIDY_SECONDS",
+    "Deadline",
+    "RequestDeadline",
+    "call_deadline",
+    "consumer_wait",
+    "deadline_for",
+    "own_deadlines",
+    "tidying",
+]
+
+T = TypeVar("T")
+
+
+class Deadline(NamedTuple):
+    """An instant on ``time.monotonic()``'s clock, and the ``RetryConfig.deadline`` (seconds) it came from."""
+
+    ends: float
+    seconds: float
+    whole_call: bool  # set by call_deadline: it bounds every request of the call, together
+
+    def left(self) -> float:
+        return self.ends - time.monotonic()
+
+    def exceeded(self, url: str, attempts: int, failure: BaseException | None = None) -> DeadlineExceededError:
+        """The error for a request of ``url`` still unfinished when the deadline came (``failure``: its last)."""
+        scope = "the call" if self.whole_call else "the request"
+        last = f"; last failure: {failure}" if failure is not None else ""
+        return DeadlineExceededError(
+            f"{url}: {scope} did not end within RetryConfig.deadline ({self.seconds:g} s, every retry and "
+            f"every byte included; {attempts} attempt{'s' if attempts != 1 else ''}){last}",
+            url=url,
+            status=getattr(failure, "status", None),
+        )
+
+
+_CALL: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("call_deadline", default=None)
+"""The deadline of the call in progress; tasks and threads started inside the call inherit it (asyncio
+copies the context into a task, ``run_coroutine_threadsafe`` the caller's, ``asyncio.to_thread`` too)."""
+
+
+@contextmanager
+def call_deadline(retry: RetryConfig) -> Iterator[None]:
+    """Make everything run inside one call, ``retry.deadline`` from now at most; inside another call,
+    the earlier deadline holds."""
+    mine = Deadline(time.monotonic() + retry.deadline, retry.deadline, True)
+    outer = _CALL.get()
+    token = _CALL.set(mine if outer is None or mine.ends < outer.ends else outer)
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
+
+
+TIDY_SECONDS = 5.0
+"""How long past its deadline a call that failed may still spend removing what it left behind (parts, an
+unfinished upload) and looking at what a publish whose answer was lost did; at most the deadline itself."""
+
+
+async def tidying(work: Awaitable[T]) -> T:
+    """Await ``work``, which tidies up after a call, under the call's deadline stretched by
+    :data:`TIDY_SECONDS` (without a call, each request under its own)."""
+    call = _CALL.get()
+    stretched = None if call is None else call._replace(ends=call.ends + min(TIDY_SECONDS, call.seconds))
+    token = _CALL.set(stretched)
+    try:
+        return await work
+    finally:
+        _CALL.reset(token)
+
+
+async def own_deadlines(work: Awaitable[T]) -> T:
+    """Await ``work`` with each request under its own deadline, not the call's: for the one request GCS
+    documents as taking minutes (a multipart upload's completion), whose deadline is its own."""
+    token = _CALL.set(None)
+    try:
+        return await work
+    finally:
+        _CALL.reset(token)
+
+
+def deadline_for(retry: RetryConfig, started: float) -> Deadline:
+    """The deadline of a request whose first attempt began at ``started``: its own, or its call's if sooner."""
+    own = Deadline(started + retry.deadline, retry.deadline, False)
+    call = _CALL.get()
+    return call if call is not None and call.ends < own.ends else own
+
+
+_UNCANCEL = sys.version_info >= (3, 11)  # Task.cancelling() and uncancel(), as asyncio.timeout uses them
+
+
+class _Timer:
+    """Cancels the task that runs one attempt when its deadline comes (as ``asyncio.timeout`` does, with a
+    timer of its own, on Python 3.10 too), except while :func:`consumer_wait` holds it."""
+
+    __slots__ = ("cancelling", "expired", "handle", "paused", "task", "when")
+
+    def __init__(self, when: float) -> None:
+        self.when, self.paused, self.expired, self.cancelling = when, 0.0, False, 0
+        self.task: asyncio.Task[Any] | None = None
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        loop = asyncio.get_running_loop()  # its clock is time.monotonic()'s
+        self.handle = loop.call_at(self.when, self.expire)
+
+    def expire(self) -> None:
+        self.expired = True
+        assert self.task is not None
+        self.task.cancel()
+
+    def __enter__(self) -> None:
+        self.task = asyncio.current_task()
+        assert self.task is not None
+        self.cancelling = self.task.cancelling() if _UNCANCEL else 0
+        self.arm()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        if not self.expired:
+            return
+        assert self.task is not None
+        left = self.task.uncancel() if _UNCANCEL else 0
+        if left <= self.cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError  # ours, and no one else's cancellation: the deadline came
+
+
+_ATTEMPT: contextvars.ContextVar[_Timer | None] = contextvars.ContextVar("attempt_timer", default=None)
+
+
+@contextmanager
+def consumer_wait() -> Iterator[None]:
+    """Stop the clock of the attempt in progress while it waits for the consumer (room in the byte
+    budget): a consumer busy for longer than the deadline is no server failing to answer."""
+    timer = _ATTEMPT.get()
+    if timer is None or timer.expired or timer.handle is None:
+        yield
+        return
+    timer.handle.cancel()
+    paused = time.monotonic()
+    try:
+        yield
+    finally:
+        waited = time.monotonic() - paused
+        timer.when += waited
+        timer.paused += waited
+        timer.arm()
+
+
+class RequestDeadline:
+    """One request's deadline (see :func:`deadline_for`), moved later by the time its attempts waited for
+    the consumer (:func:`consumer_wait`)."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+
+    async def attempt(self, work: Coroutine[Any, Any, T], url: str, attempts: int) -> T:
+        """Await ``work``, cancelled when the deadline comes (``DeadlineExceededError``)."""
+        deadline = self.deadline
+        if deadline.left() <= 0:
+            work.close()
+            raise deadline.exceeded(url, attempts)
+        timer = _Timer(deadline.ends)
+        token = _ATTEMPT.set(timer)
+        try:
+            with timer:
+                return await work
+        except TimeoutError:
+            if not timer.expired:
+                raise  # the work's own timeout (a read timeout), retried as such
+            raise deadline.exceeded(url, attempts) from None
+        finally:
+            _ATTEMPT.reset(token)
+            if timer.paused:
+                self.deadline = deadline._replace(ends=deadline.ends + timer.paused)
