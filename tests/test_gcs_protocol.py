@@ -512,9 +512,11 @@ def test_a_save_whose_completion_answers_are_all_lost_reports_what_was_published
     assert cuts == 1 if strategy == "multipart" else cuts >= 1
     assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])
 
-    front.set_faults([Fault("http_503", match=completion)])  # never carried out; a 503 is retried until the deadline
+    # never carried out; a 503 is retried until the deadline (a completion's own: completion_timeout)
+    front.set_faults([Fault("http_503", match=completion)])
     with pytest.raises(UploadError, match=f"holds generation {generation}, other bytes; nothing was deleted"):
-        checkpoint.save({"weights": torch.zeros(1024, 1536)}, url, client=front.client_config,
+        checkpoint.save({"weights": torch.zeros(1024, 1536)}, url,
+                        client=replace(front.client_config, completion_timeout=3),
                         retry=replace(FAST_RETRY, deadline=3),
                         write=WriteConfig(part_size=MIN_PART_SIZE, strategy=strategy))  # fmt: skip
     assert torch.equal(checkpoint.load(url, client=front.client_config)["weights"], state["weights"])

@@ -136,10 +136,13 @@ class _Timer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if self.handle is not None:
             self.handle.cancel()
+        # Tasks started inside the attempt keep this timer in their context: without the task, it holds
+        # nothing of the attempt's (a finished task keeps its result, such as the bytes it read).
+        task, self.task, self.handle = self.task, None, None
         if not self.expired:
             return
-        assert self.task is not None
-        left = self.task.uncancel() if _UNCANCEL else 0
+        assert task is not None
+        left = task.uncancel() if _UNCANCEL else 0
         if left <= self.cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError  # ours, and no one else's cancellation: the deadline came
 
