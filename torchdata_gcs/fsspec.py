@@ -53,6 +53,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import google.auth.credentials
 from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
@@ -156,6 +157,55 @@ def _in_bulk_on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Aw
     return _on_io_loop(method, one_call=False)
 
 
+FSSPEC_OPTIONS = frozenset(
+    {"asynchronous", "loop", "batch_size", "skip_instance_cache", "use_listings_cache", "listings_expiry_time",
+     "max_paths"}
+)  # fmt: skip
+"""The keyword arguments fsspec's own filesystem classes take."""
+CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
+"""gcsfs's ``consistency`` values; reads here are always checked by crc32c, which covers them all."""
+
+
+def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
+    """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
+    that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
+    send requests elsewhere than meant."""
+    gcsfs = {key: options.pop(key) for key in ("token", "endpoint_url", "project", "requester_pays", "consistency")
+             if key in options}  # fmt: skip
+    unknown = sorted(set(options) - FSSPEC_OPTIONS)
+    if unknown:
+        raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")
+    if not gcsfs:
+        return client
+    if client is not None:
+        raise TypeError(f"give either client= or gcsfs's {', '.join(sorted(gcsfs))}, not both")
+    consistency = gcsfs.get("consistency", "crc32c")
+    if consistency not in CONSISTENCY:
+        raise ValueError(f"consistency must be one of {sorted(CONSISTENCY)}, got {consistency!r}")
+    settings: dict[str, Any] = {}
+    if gcsfs.get("endpoint_url") is not None:
+        settings["endpoint"] = gcsfs["endpoint_url"]
+    token = gcsfs.get("token")
+    if token == "anon":
+        settings["anonymous"] = True
+    elif isinstance(token, (str, os.PathLike)) and token not in ("google_default", "cloud"):
+        if not os.path.isfile(token):
+            raise ValueError(f"token {token!r} is neither 'anon', 'google_default', 'cloud' nor a credentials file")
+        settings["credentials_file"] = os.fspath(token)
+    elif isinstance(token, google.auth.credentials.Credentials):
+        settings["credentials"] = token
+    elif token is not None and token not in ("google_default", "cloud"):
+        raise TypeError(f"token must be 'anon', 'google_default', 'cloud', a file path or Credentials, got {token!r}")
+    payer = gcsfs.get("requester_pays", False)
+    if payer is True:
+        if not gcsfs.get("project"):
+            raise ValueError("requester_pays=True bills project=, which is missing")
+        settings["user_project"] = gcsfs["project"]
+    elif isinstance(payer, str) and payer:
+        settings["user_project"] = payer
+    return ClientConfig(**settings)
+
+
 class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     """GCS as an fsspec ``AsyncFileSystem``, on the same engines as the DataPipes and checkpoints.
 
@@ -166,7 +216,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         transfer: requests in flight per call and the part size of concurrent ranged reads.
         write: part size, parts in flight and strategy of streamed writes (``compression`` must be
             ``None``: files are stored as written; fsspec's own ``compression=`` compresses them).
-        **storage_options: fsspec's own (``asynchronous``, ``loop``, ``skip_instance_cache``, ...).
+        **storage_options: fsspec's own (``asynchronous``, ``loop``, ``skip_instance_cache``, ...), and
+            gcsfs's where they mean something here, so that ``storage_options`` written for gcsfs work
+            unchanged: ``token`` (``"anon"``, ``"google_default"``, ``"cloud"`` or ``None``, a credentials
+            file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
+            ``requester_pays`` (``True``: bill ``project``; or the project to bill) and ``consistency``
+            (every read is checked by crc32c whatever it says). Any other gcsfs argument raises
+            ``TypeError`` naming it, rather than being ignored.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -195,6 +251,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         write: WriteConfig | None = None,
         **storage_options: Any,
     ) -> None:
+        client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
         super().__init__(**storage_options)

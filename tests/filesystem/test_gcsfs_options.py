@@ -1,0 +1,55 @@
+"""gcsfs's constructor arguments, as ``storage_options`` written for gcsfs pass them: honoured where they mean
+something here, refused with a ``TypeError`` naming them otherwise, never ignored."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from torchdata_gcs.fsspec import GCSFileSystem
+from torchdata_gcs.testing import Emulator, GCSFront
+
+
+def test_endpoint_url_and_anonymous_token_send_requests_where_asked(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    with GCSFront(gcs_emulator.endpoint) as front:
+        fs = GCSFileSystem(endpoint_url=front.endpoint, token="anon", project="demo", skip_instance_cache=True)
+        fs.pipe_file(f"gs://{gcs_bucket}/a.txt", b"alpha")
+        assert fs.cat(f"gs://{gcs_bucket}/a.txt") == b"alpha"
+        assert front.counts["upload"] == 1 and (fs.client.endpoint, fs.client.anonymous) == (front.endpoint, True)
+        again = pickle.loads(pickle.dumps(fs))
+        assert again.client.endpoint == front.endpoint and again.cat(f"gs://{gcs_bucket}/a.txt") == b"alpha"
+
+
+@pytest.mark.parametrize("name", ["session_kwargs", "kms_key_name", "cache_timeout", "version_aware", "timeout"])
+def test_gcsfs_arguments_not_honoured_are_refused_by_name(name: str) -> None:
+    with pytest.raises(TypeError, match=name):
+        GCSFileSystem(skip_instance_cache=True, **{name: None})
+
+
+def test_requester_pays_bills_the_project_named() -> None:
+    paying = GCSFileSystem(requester_pays=True, project="payer", token="anon", skip_instance_cache=True)
+    assert paying.client.user_project == "payer"
+    other = GCSFileSystem(requester_pays="billed", token="anon", skip_instance_cache=True)
+    assert other.client.user_project == "billed"
+    with pytest.raises(ValueError, match="project"):
+        GCSFileSystem(requester_pays=True, skip_instance_cache=True)
+
+
+def test_tokens_are_taken_as_gcsfs_takes_them(tmp_path: Path) -> None:
+    key = tmp_path / "key.json"
+    key.write_text("{}")
+    assert GCSFileSystem(token=str(key), skip_instance_cache=True).client.credentials_file == str(key)
+    assert not GCSFileSystem(token="google_default", skip_instance_cache=True).client.anonymous
+    with pytest.raises(ValueError, match="credentials file"):
+        GCSFileSystem(token=str(tmp_path / "missing.json"), skip_instance_cache=True)
+    with pytest.raises(TypeError, match="token"):
+        GCSFileSystem(token={"type": "authorized_user"}, skip_instance_cache=True)
+    with pytest.raises(ValueError, match="consistency"):
+        GCSFileSystem(consistency="sha1", skip_instance_cache=True)
+
+
+def test_client_and_gcsfs_arguments_together_are_refused(gcs_emulator: Emulator) -> None:
+    with pytest.raises(TypeError, match="either client= or gcsfs's endpoint_url"):
+        GCSFileSystem(client=gcs_emulator.client_config, endpoint_url=gcs_emulator.endpoint, skip_instance_cache=True)
