@@ -373,7 +373,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return any([page.get("prefixes") async for page in _pages(job, bucket, params)])
 
     @_on_io_loop
-    async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+    async def _ls(self, path: str, detail: bool = False, **kwargs: Any) -> list[Any]:
         bucket, name = self.split_path(path)
         prefix = f"{name}/" if name else ""
         params: dict[str, Any] = {

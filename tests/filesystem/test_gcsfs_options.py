@@ -53,3 +53,11 @@ def test_tokens_are_taken_as_gcsfs_takes_them(tmp_path: Path) -> None:
 def test_client_and_gcsfs_arguments_together_are_refused(gcs_emulator: Emulator) -> None:
     with pytest.raises(TypeError, match="either client= or gcsfs's endpoint_url"):
         GCSFileSystem(client=gcs_emulator.client_config, endpoint_url=gcs_emulator.endpoint, skip_instance_cache=True)
+
+
+def test_ls_names_entries_unless_asked_for_details(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """gcsfs's ``ls`` (and fsspec's local one) answers names by default."""
+    fs = GCSFileSystem(client=gcs_emulator.client_config, skip_instance_cache=True)
+    fs.pipe_file(f"gs://{gcs_bucket}/d/a.txt", b"a")
+    assert fs.ls(f"gs://{gcs_bucket}/d") == [f"{gcs_bucket}/d/a.txt"]
+    assert fs.ls(f"gs://{gcs_bucket}/d", detail=True)[0]["name"] == f"{gcs_bucket}/d/a.txt"

@@ -61,7 +61,7 @@ def test_empty_folders_are_listed_as_directories(gcs_emulator: Emulator, hns_fro
         f"{gcs_bucket}/logs/empty",
         f"{gcs_bucket}/logs/left",
     ]
-    entries = {entry["name"]: entry["type"] for entry in fs.ls(f"gs://{gcs_bucket}/logs")}
+    entries = {entry["name"]: entry["type"] for entry in fs.ls(f"gs://{gcs_bucket}/logs", detail=True)}
     assert entries[f"{gcs_bucket}/logs/empty"] == entries[f"{gcs_bucket}/logs/left"] == "directory"
     assert fs.ls(f"gs://{gcs_bucket}/logs/empty") == []  # an empty directory, not a missing one
 
