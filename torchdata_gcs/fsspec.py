@@ -92,7 +92,7 @@ from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
 
-__all__ = ["GCSFile", "GCSFileSystem", "PublishingTransaction", "StagedWriter", "register"]
+__all__ = ["GCSFile", "GCSFileSystem", "InvalidPathError", "PublishingTransaction", "StagedWriter", "register"]
 
 T = TypeVar("T")
 
@@ -108,6 +108,11 @@ WRITE_MODES = ("overwrite", "create")
 
 _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("listed", default=None)
 """Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
+
+
+class InvalidPathError(InvalidURIError, OSError):
+    """A path GCS would refuse (no bucket, a bad bucket or object name): an ``InvalidURIError`` (a
+    ``ValueError``) that is an ``OSError`` too, as fsspec's callers expect of a filesystem's errors."""
 
 
 def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
@@ -280,7 +285,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         text (``None``, a number, bytes) is refused with a ``TypeError`` saying so."""
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
-        return super()._strip_protocol(_path_text(path))
+        return super()._strip_protocol(_path_text(path)).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
 
     async def _expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
         if not isinstance(path, (str, os.PathLike)):  # several paths: fsspec takes any iterable of them
@@ -306,9 +311,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
         bucket, _, name = self._strip_protocol(path).partition("/")
         if not bucket:
-            raise InvalidURIError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
-        validate_bucket(bucket)
-        validate_object_name(name, allow_empty=True)
+            raise InvalidPathError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
+        try:
+            validate_bucket(bucket)
+            validate_object_name(name, allow_empty=True)
+        except InvalidURIError as exc:
+            raise InvalidPathError(str(exc), url=exc.url) from exc
         return bucket, name
 
     def _object(self, path: str) -> tuple[str, str, str]:
@@ -339,6 +347,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return {"name": path.rstrip("/"), "type": "directory", "size": 0}
 
     # -- metadata and listing --------------------------------------------------------------------
+
+    async def _exists(self, path: str, **kwargs: Any) -> bool:
+        """fsspec's, and a path GCS would refuse does not exist (``isdir`` says so already)."""
+        try:
+            return await super()._exists(path, **kwargs)  # type: ignore[no-any-return]
+        except InvalidPathError:
+            return False
 
     @_on_io_loop
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
@@ -482,6 +497,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             os.makedirs(lpath, exist_ok=True)
             return
         await asyncio.to_thread(_write_local, data, lpath, callback)
+
+    def open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
+        """fsspec's; a text writer (``"w"``, ``"x"``) publishes nothing when its ``with`` block is left
+        by an exception, as a binary one does."""
+        if "b" in mode or "r" in mode:
+            return super().open(path, mode, **kwargs)
+        text = {key: kwargs.pop(key) for key in ("encoding", "errors", "newline") if key in kwargs}
+        return _TextWriter(super().open(path, mode.replace("t", "") + "b", **kwargs), **text)
 
     def _open(
         self,
@@ -740,6 +763,18 @@ class StagedWriter(io.RawIOBase):
 
     def discard(self) -> None:
         self._writer.abort()
+
+
+class _TextWriter(io.TextIOWrapper):
+    """Text over a binary writer that, left by an exception, aborts the writer instead of publishing it."""
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        if exc_type is None or not isinstance(self.buffer, PublishingWriter):
+            return super().__exit__(exc_type, exc, traceback)  # type: ignore[no-any-return]
+        self.buffer.abort()
+        with contextlib.suppress(Exception):  # the text still pending has nowhere to go: the write failed
+            self.close()
+        return None
 
 
 async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
