@@ -498,8 +498,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copy one object server-side; a directory (met by a recursive ``copy`` or ``mv``) has nothing to copy
+        but its objects, which are copied on their own, as fsspec's filesystems make a directory there."""
         source, destination = self._object(path1), self._object(path2)
-        await rewrite_object(self._job(), source[:2], destination[:2])
+        try:
+            await rewrite_object(self._job(), source[:2], destination[:2])
+        except NotFoundError:
+            if not await self._is_directory(self._job(), *source[:2]):
+                raise
 
     # -- removing and directories ----------------------------------------------------------------
 
@@ -529,7 +535,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         job = self._job()
         objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
         deleted = await self._delete_objects(job, objects, listed)
+        named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
+        if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
+            missed = [p for p in missed if p in named or not await self._isdir(p)]
         if missed and not recursive:
             if await self._isdir(missed[0]):
                 raise IsADirectoryError(f"{missed[0]} is a directory: remove it with recursive=True")
