@@ -521,7 +521,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> None:
         """Delete every object ``path`` expands to; directories go with their objects (a directory without
         ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and no ``maxdepth`` the
-        folders of a hierarchical namespace go too. Buckets are never deleted.
+        folders of a hierarchical namespace go too. Buckets are never deleted: a bucket named without ``recursive=True`` raises
+        ``IsADirectoryError`` (gcsfs would delete it if empty), a glob skips the directories it matches.
 
         One object goes by a plain delete; more go in batch requests of up to 100 deletes, each only if the
         object is still the generation its listing found (else its live generation is asked first), and an
@@ -534,6 +535,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _LISTED.reset(watching)
         job = self._job()
         objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
+        buckets = [p for p in paths if not self.split_path(p)[1]]
+        if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
+            await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
+            raise IsADirectoryError(f"{buckets[0]} is a bucket: rm does not delete buckets")
         deleted = await self._delete_objects(job, objects, listed)
         named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]

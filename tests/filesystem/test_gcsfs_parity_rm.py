@@ -53,3 +53,12 @@ def test_rm_of_a_missing_path_raises_file_not_found(fs: GCSFileSystem, gcs_bucke
 def test_rm_of_a_glob_that_matches_nothing_raises_file_not_found(fs: GCSFileSystem, gcs_bucket: str) -> None:
     with pytest.raises(FileNotFoundError):
         fs.rm(f"{gcs_bucket}/nothing/*")
+
+
+def test_rm_of_a_bucket_is_refused_and_removes_nothing(fs: GCSFileSystem, gcs_bucket: str) -> None:
+    fs.pipe_file(f"{gcs_bucket}/kept.txt", b"x")
+    with pytest.raises(IsADirectoryError):
+        fs.rm(f"gs://{gcs_bucket}")
+    with pytest.raises(FileNotFoundError):
+        fs.rm(f"gs://{gcs_bucket}-missing")
+    assert fs.cat_file(f"{gcs_bucket}/kept.txt") == b"x"
