@@ -521,8 +521,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> None:
         """Delete every object ``path`` expands to; directories go with their objects (a directory without
         ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and no ``maxdepth`` the
-        folders of a hierarchical namespace go too. Buckets are never deleted: a bucket named without ``recursive=True`` raises
-        ``IsADirectoryError`` (gcsfs would delete it if empty), a glob skips the directories it matches.
+        folders of a hierarchical namespace go too; a glob without it skips the directories it matches. Buckets
+        are never deleted: one named without ``recursive=True`` raises ``IsADirectoryError`` (gcsfs deletes an
+        empty one).
 
         One object goes by a plain delete; more go in batch requests of up to 100 deletes, each only if the
         object is still the generation its listing found (else its live generation is asked first), and an
