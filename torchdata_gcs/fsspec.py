@@ -578,8 +578,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copy one object server-side; a directory (met by a recursive ``copy`` or ``mv``) has nothing to copy
+        but its objects, which are copied on their own, as fsspec's filesystems make a directory there."""
         source, destination = self._object(path1), self._object(path2)
-        await rewrite_object(self._job(), source[:2], destination[:2])
+        try:
+            await rewrite_object(self._job(), source[:2], destination[:2])
+        except NotFoundError:
+            if not await self._is_directory(self._job(), *source[:2]):
+                raise
 
     # -- removing and directories ----------------------------------------------------------------
 
@@ -595,7 +601,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> None:
         """Delete every object ``path`` expands to; directories go with their objects (a directory without
         ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and no ``maxdepth`` the
-        folders of a hierarchical namespace go too. Buckets are never deleted.
+        folders of a hierarchical namespace go too; a glob without it skips the directories it matches. Buckets
+        are never deleted: one named without ``recursive=True`` raises ``IsADirectoryError`` (gcsfs deletes an
+        empty one).
 
         One object goes by a plain delete; more go in batch requests of up to 100 deletes, each only if the
         object is still the generation its listing found (else its live generation is asked first), and an
@@ -608,8 +616,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _LISTED.reset(watching)
         job = self._job()
         objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
+        buckets = [p for p in paths if not self.split_path(p)[1]]
+        if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
+            await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
+            raise IsADirectoryError(f"{buckets[0]} is a bucket: rm does not delete buckets")
         deleted = await self._delete_objects(job, objects, listed)
+        named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
+        if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
+            missed = [p for p in missed if p in named or not await self._isdir(p)]
         if missed and not recursive:
             if await self._isdir(missed[0]):
                 raise IsADirectoryError(f"{missed[0]} is a directory: remove it with recursive=True")
