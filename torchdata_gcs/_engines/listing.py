@@ -27,10 +27,12 @@ def list_objects(
     stats: ListingStats | None = None,
     after: str | None = None,
     match_glob: str | None = None,
+    item_fields: str | None = ITEM_FIELDS,
 ) -> Iterator[list[tuple[str, dict[str, Any]]]]:
     """Expand ``gs://bucket/name`` into batches of ``(url, resource)`` pairs in GCS's name order.
 
-    ``resource`` holds the fields ``ObjectInfo.from_json`` reads.
+    ``resource`` holds ``item_fields``: by default those ``ObjectInfo.from_json`` reads (``None``: all of
+    them but the ACL).
 
     An empty name or one ending in ``/`` is a prefix: every object under it. Any other name is an
     object and a folder: the object of that exact name (if it exists), then everything under
@@ -47,11 +49,12 @@ def list_objects(
     prefix = name
     if name and not name.endswith("/"):
         prefix = name + "/"
-        exact = client.head(bucket, name, ITEM_FIELDS) if after is None or name > after else None
+        exact = client.head(bucket, name, item_fields) if after is None or name > after else None
         if exact is not None:
             yield [(base + name, exact)]
     hidden = "" if prefix.startswith(TEMPORARY_PREFIX) else TEMPORARY_PREFIX  # another job's composites
-    for page in list_prefix_parallel(client, bucket, prefix, page_size, concurrency, stats, after, match_glob):
+    pages = list_prefix_parallel(client, bucket, prefix, page_size, concurrency, stats, after, match_glob, item_fields)
+    for page in pages:
         yield [
             (base + item["name"], item)
             for item in page

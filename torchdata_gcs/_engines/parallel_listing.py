@@ -158,10 +158,18 @@ class _Listing:
     """The shared state of one parallel listing, guarded by one condition variable."""
 
     def __init__(
-        self, client: Client, bucket: str, prefix: str, page_size: int, after: str | None, match_glob: str | None
+        self,
+        client: Client,
+        bucket: str,
+        prefix: str,
+        page_size: int,
+        after: str | None,
+        match_glob: str | None,
+        item_fields: str | None = ITEM_FIELDS,
     ) -> None:
         self.client = client
         self.match_glob = match_glob
+        self.items = f"items({item_fields})" if item_fields is not None else "items"
         self.bucket = bucket
         self.prefix = prefix
         self.page_size = page_size
@@ -250,7 +258,7 @@ class _Listing:
                         "startOffset": owned.after if owned.after is not None else owned.start,
                         "maxResults": self.page_size,
                         "projection": "noAcl",
-                        "fields": f"items({ITEM_FIELDS}),nextPageToken",
+                        "fields": f"{self.items},nextPageToken",
                     }
                     if owned.end is not None:
                         owned.query["endOffset"] = owned.end
@@ -333,14 +341,16 @@ def list_prefix_parallel(
     stats: ListingStats | None = None,
     after: str | None = None,
     match_glob: str | None = None,
+    item_fields: str | None = ITEM_FIELDS,
 ) -> Iterator[list[dict[str, Any]]]:
     """The object resources under ``prefix`` (after ``after``, if given), in name order, in batches;
-    with ``match_glob``, only those GCS finds that glob selects (GCS's ``matchGlob``).
+    with ``match_glob``, only those GCS finds that glob selects (GCS's ``matchGlob``). Each resource holds
+    ``item_fields`` (``None``: all its fields but its ACL).
 
     ``concurrency`` threads list; each batch is what became ready in order since the last one.
     ``stats``, when given, is updated as the listing goes (requests, splits, objects).
     """
-    listing = _Listing(client, bucket, prefix, page_size, after, match_glob)
+    listing = _Listing(client, bucket, prefix, page_size, after, match_glob, item_fields)
     if stats is not None:
         listing.stats = stats
     workers = [

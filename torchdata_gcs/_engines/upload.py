@@ -38,6 +38,7 @@ from xml.sax.saxutils import escape
 
 import google_crc32c
 
+from .._ops.attributes import ObjectAttributes
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
 from .._ops.objects import (
@@ -145,7 +146,8 @@ def _new_part(size: int) -> memoryview:
 class StreamingWriter(PublishingWriter):
     """Write one object as it is produced; publish it on a clean close, never otherwise. With
     ``only_if_new``, publishing fails with ``PreconditionFailedError`` (a ``FileExistsError``) where
-    the object already exists, and nothing is replaced.
+    the object already exists, and nothing is replaced. The object carries ``attributes`` (content type,
+    metadata), whichever way it is published.
 
     Subclasses say how parts are started, uploaded, assembled and discarded.
     """
@@ -162,10 +164,13 @@ class StreamingWriter(PublishingWriter):
         max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
         parts_per_size: int = PARTS_PER_SIZE,
         only_if_new: bool = False,
+        attributes: ObjectAttributes | None = None,
     ) -> None:
         super().__init__()
         self.check_settings(part_size, max_parts_in_flight)
         self._only_if_new = only_if_new
+        self.attributes = attributes or ObjectAttributes()
+        """The published object's content type and metadata."""
         self.url = url
         self._bucket, self._name = parse_url(url, allow_prefix=False)
         if self._name.endswith("/"):
@@ -254,7 +259,12 @@ class StreamingWriter(PublishingWriter):
             self.prepare()
             if not self._started:
                 self.generation = self._client.create(
-                    self._bucket, self._name, bytes(self._buffer[: self._filled]), if_generation_match=self._replaced()
+                    self._bucket,
+                    self._name,
+                    bytes(self._buffer[: self._filled]),
+                    if_generation_match=self._replaced(),
+                    content_type=self.attributes.content_type,
+                    fields=self.attributes.fields(),
                 )
             else:
                 self.generation = self._publish()
@@ -411,6 +421,13 @@ class MultipartWriter(StreamingWriter):
                 "GCS's XML API multipart uploads take no preconditions: write with CompositeWriter for only_if_new"
             )
         super().__init__(url, **settings)
+        headers = self.attributes.xml_headers()
+        if headers is None:
+            raise ValueError(
+                f"{url}: metadata that XML API headers cannot carry (a value not printable ASCII, or a key not a "
+                "lower-case header token): write with CompositeWriter"
+            )
+        self._headers = headers
         self._xml_path = self._client.session.xml_path(self._bucket, self._name)
         self._upload_id: str | None = None
         self._marker: tuple[str, int] | None = None  # (name, generation) of the upload's marker object
@@ -421,8 +438,9 @@ class MultipartWriter(StreamingWriter):
 
     def _start(self) -> None:
         reaper.start_soon()  # while the upload starts
-        headers = {"Content-Type": "application/octet-stream"}
-        _, body = self._run(_send(self._job, self.url, self._xml_path, "POST", {"uploads": None}, headers=headers))
+        _, body = self._run(
+            _send(self._job, self.url, self._xml_path, "POST", {"uploads": None}, headers=dict(self._headers))
+        )
         try:
             self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
         except ElementTree.ParseError:
@@ -626,15 +644,26 @@ class CompositeWriter(StreamingWriter):
             )
             sources = [(name, info.generation) for name, info in zip(names, composed)]
             self._intermediates.update(sources)
-        return await self._compose(self._name, sources, if_generation_match=replaced)
+        return await self._compose(self._name, sources, if_generation_match=replaced, final=True)
 
     async def _compose(
-        self, name: str, sources: list[tuple[str, int | None]], *, if_generation_match: int, unique_name: bool = False
+        self,
+        name: str,
+        sources: list[tuple[str, int | None]],
+        *,
+        if_generation_match: int,
+        unique_name: bool = False,
+        final: bool = False,
     ) -> Any:
         """Compose ``sources`` (temporaries of this writer) into ``name``, having GCS delete them as it composes:
         they then leave no soft-deleted or noncurrent copy and no early-deletion charge. Where GCS refuses that
         (sources under a hold or retention policy, an identity without ``storage.objects.delete``), this and
-        every later compose of the writer go without, and the temporaries are deleted afterwards."""
+        every later compose of the writer go without, and the temporaries are deleted afterwards. The ``final``
+        compose, the object's, gives it the writer's attributes."""
+        attributes = {
+            "content_type": self.attributes.content_type if final else "application/octet-stream",
+            "fields": self.attributes.fields() if final else None,
+        }
         if self._delete_sources:
             self._sources_maybe_gone = True
             try:
@@ -646,6 +675,7 @@ class CompositeWriter(StreamingWriter):
                     if_generation_match=if_generation_match,
                     unique_name=unique_name,
                     delete_sources=True,
+                    **attributes,
                 )
             except GCSError as exc:
                 if exc.status not in (400, 403):
@@ -654,7 +684,13 @@ class CompositeWriter(StreamingWriter):
                     self._delete_sources = False
                     logger.info("%s: composing without deleting the parts, which GCS refused: %s", self.url, exc)
         return await compose_object(
-            self._job, self._bucket, name, sources, if_generation_match=if_generation_match, unique_name=unique_name
+            self._job,
+            self._bucket,
+            name,
+            sources,
+            if_generation_match=if_generation_match,
+            unique_name=unique_name,
+            **attributes,
         )
 
     async def _leftovers(self) -> dict[str, int] | None:
@@ -791,14 +827,23 @@ def multipart_served(client: Client, bucket: str) -> bool:
 
 
 def new_writer(
-    url: str, client: ClientConfig, retry: RetryConfig, write: WriteConfig, *, only_if_new: bool = False
+    url: str,
+    client: ClientConfig,
+    retry: RetryConfig,
+    write: WriteConfig,
+    *,
+    only_if_new: bool = False,
+    attributes: ObjectAttributes | None = None,
 ) -> StreamingWriter:
     """A writer of ``url`` with ``write``'s part size, parts in flight and strategy (compression is the
-    caller's). ``"multipart"`` writes as ``"compose"`` where the endpoint serves no XML API multipart
-    upload, and where ``only_if_new`` asks for a precondition, which only a compose can carry."""
+    caller's), publishing an object with ``attributes``. ``"multipart"`` writes as ``"compose"`` where the
+    endpoint serves no XML API multipart upload, where ``only_if_new`` asks for a precondition, which only a
+    compose can carry, and where the attributes are more than XML API headers can carry."""
     strategy = write.strategy
     if strategy == "multipart" and (
-        only_if_new or not multipart_served(Client(client, retry), parse_url(url, allow_prefix=False)[0])
+        only_if_new
+        or (attributes is not None and attributes.xml_headers() is None)
+        or not multipart_served(Client(client, retry), parse_url(url, allow_prefix=False)[0])
     ):
         strategy = "compose"
     writer = MultipartWriter if strategy == "multipart" else CompositeWriter
@@ -809,6 +854,7 @@ def new_writer(
         part_size=write.part_size,
         max_parts_in_flight=write.max_parts_in_flight,
         only_if_new=only_if_new,
+        attributes=attributes,
     )
 
 

@@ -3,7 +3,7 @@ verbs of :mod:`.objects` as blocking methods (run on the process's I/O loop, lik
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .._transport.context import LoadStats, RequestContext, new_context
@@ -59,9 +59,9 @@ class Client:
         return self.run(objects.bucket_resource, bucket, fields)
 
     def head(
-        self, bucket: str, name: str, fields: str, *, generation: int | None = None, missing_ok: bool = True
+        self, bucket: str, name: str, fields: str | None, *, generation: int | None = None, missing_ok: bool = True
     ) -> dict[str, Any] | None:
-        """The object's metadata trimmed to ``fields``; ``None`` if it does not exist (``NotFoundError``
+        """The object's metadata trimmed to ``fields`` (``None``: all but its ACL); ``None`` if it does not exist (``NotFoundError``
         unless ``missing_ok``)."""
         return self.run(objects.object_resource, bucket, name, fields, generation=generation, missing_ok=missing_ok)
 
@@ -78,9 +78,11 @@ class Client:
         if_generation_match: int | None = None,
         content_type: str = "application/octet-stream",
         storage_class: str | None = None,
+        fields: Mapping[str, Any] | None = None,
     ) -> int:
         """Write ``data`` as ``name`` in one request (retried only with ``if_generation_match``), in
-        ``storage_class`` if given, else the bucket's default; the new generation."""
+        ``storage_class`` if given, else the bucket's default, with the resource ``fields`` given; the new
+        generation."""
         return self.run(
             objects.create_object,
             bucket,
@@ -89,6 +91,7 @@ class Client:
             if_generation_match=if_generation_match,
             content_type=content_type,
             storage_class=storage_class,
+            fields=fields,
         )
 
     def live_generation(self, bucket: str, name: str) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -39,6 +40,7 @@ __all__ = [
     "live_generation",
     "multipart_body",
     "object_resource",
+    "patch_object",
     "read_object",
     "rewrite_object",
     "storage_layout",
@@ -105,16 +107,16 @@ async def object_resource(
     job: RequestContext,
     bucket: str,
     name: str,
-    fields: str,
+    fields: str | None,
     *,
     generation: int | None = None,
     required: Sequence[str] = (),
     missing_ok: bool = True,
 ) -> dict[str, Any] | None:
-    """The object's JSON resource (of ``generation``, else the live one) trimmed to ``fields``, or
-    ``None`` if it does not exist (``NotFoundError`` unless ``missing_ok``; always if its bucket does
-    not); an answer that lacks a ``required`` field is retried."""
-    params: dict[str, Any] = {"fields": fields}
+    """The object's JSON resource (of ``generation``, else the live one) trimmed to ``fields`` (``None``: all
+    of it but its ACL), or ``None`` if it does not exist (``NotFoundError`` unless ``missing_ok``; always if
+    its bucket does not); an answer that lacks a ``required`` field is retried."""
+    params: dict[str, Any] = {"fields": fields} if fields is not None else {"projection": "noAcl"}
     if generation is not None:
         params["generation"] = generation
     try:
@@ -151,14 +153,15 @@ def multipart_body(
     content_type: str = "application/octet-stream",
     crc32c: int | None = None,
     storage_class: str | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
     """The body (as pieces, ``data`` itself among them, never copied) and headers of a JSON API multipart
     upload of ``data`` as ``name``, its crc32c in the metadata so that GCS refuses bytes damaged on the
     way (computed from bytes; a bytearray or memoryview must come with it), in ``storage_class`` if given
-    (else the bucket's default)."""
+    (else the bucket's default), with the resource ``fields`` given (user metadata, cache control...)."""
     boundary = uuid.uuid4().hex
     checksum = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
-    resource = {"name": name, "crc32c": checksum, "contentType": content_type}
+    resource = {**(fields or {}), "name": name, "crc32c": checksum, "contentType": content_type}
     if storage_class is not None:
         resource["storageClass"] = storage_class
     metadata = json.dumps(resource)
@@ -227,10 +230,11 @@ async def create_object(
     content_type: str = "application/octet-stream",
     crc32c: int | None = None,
     storage_class: str | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> int:
     """Write ``data`` (bytes, or a bytearray or memoryview with its ``crc32c``) in one multipart upload and return
     the new generation; the body is sent in pieces, ``data`` never copied. The object takes ``storage_class``
-    if given, else the bucket's default.
+    if given, else the bucket's default, and the resource ``fields`` given (see ``ObjectAttributes.fields``).
 
     The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way, and
     the crc32c GCS reports for what it stored must be the same (see :func:`check_published`). With
@@ -241,7 +245,7 @@ async def create_object(
     is looked at before failing, and one of exactly these bytes, not the version replaced, is ours too.
     """
     url = format_url(bucket, name)
-    body, headers = multipart_body(name, data, content_type, crc32c, storage_class)
+    body, headers = multipart_body(name, data, content_type, crc32c, storage_class, fields)
     expected = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
     # The name in the query as well as in the metadata (GCS takes either): request lines then say what they write.
     params: dict[str, Any] = {"uploadType": "multipart", "name": name, "fields": "generation,crc32c"}
@@ -317,6 +321,8 @@ async def compose_object(
     if_generation_match: int | None,
     unique_name: bool = False,
     delete_sources: bool = False,
+    content_type: str = "application/octet-stream",
+    fields: Mapping[str, Any] | None = None,
 ) -> ObjectInfo:
     """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
     compose call, only if ``name`` is at ``if_generation_match`` (0: does not exist); retried only with
@@ -325,7 +331,8 @@ async def compose_object(
 
     ``delete_sources`` has GCS delete the sources for good as part of the compose (``deleteSourceObjects``:
     no soft-deleted or noncurrent copy, no early-deletion charge, no DELETE of ours); a retry after a lost
-    answer then finds them gone (404), which, for a ``unique_name``, is answered by the composite as for 412."""
+    answer then finds them gone (404), which, for a ``unique_name``, is answered by the composite as for 412.
+    The composite takes ``content_type`` and the resource ``fields`` given (user metadata, cache control...)."""
     url = format_url(bucket, name)
     body: dict[str, Any] = {
         "sourceObjects": [
@@ -338,7 +345,7 @@ async def compose_object(
             }
             for source, generation in sources
         ],
-        "destination": {"contentType": "application/octet-stream"},
+        "destination": {**(fields or {}), "contentType": content_type},
     }
     if delete_sources:
         body["deleteSourceObjects"] = True
@@ -448,8 +455,8 @@ def is_delete_answer(content_type: str | None, body: bytes) -> bool:
     return True
 
 
-DELETE_TRIES = 3
-"""Deletes of the live version, each found anew, before an object replaced again and again is given up."""
+LIVE_TRIES = 3
+"""Deletes or patches of the live version, each found anew, before an object changed again and again is given up."""
 
 
 async def delete_object(
@@ -489,7 +496,7 @@ async def _delete_live(job: RequestContext, bucket: str, name: str) -> bool:
         try:
             return await delete_object(job, bucket, name, if_generation_match=live)
         except PreconditionFailedError:
-            if tries == DELETE_TRIES:
+            if tries == LIVE_TRIES:
                 raise
             tries += 1
 
@@ -498,3 +505,67 @@ async def delete_folder(job: RequestContext, bucket: str, folder: str) -> bool:
     """Delete an empty folder of a bucket with a hierarchical namespace; ``False`` if there was none."""
     path = f"{job.session.bucket_path(bucket)}/folders/{quote(folder, safe='')}"
     return await delete_request(job, format_url(bucket, folder), path, {}, repeatable=False)
+
+
+async def patch_object(job: RequestContext, bucket: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Update the live object's metadata by ``patch`` (resource fields; ``None`` clears one, and in
+    ``metadata`` removes the key) and return its resource (without ACL).
+
+    The patch is conditional on the generation and metageneration read just before (``ifGenerationMatch``,
+    ``ifMetagenerationMatch``), which makes it a request GCS applies at most once, so one that may be retried.
+    A retry answered 412 finds the object patched by an earlier attempt whose answer was lost if the same
+    generation holds every value patched; any other 412 (changed meanwhile) reads the object again and sends
+    the patch anew (up to ``LIVE_TRIES`` times)."""
+    url = format_url(bucket, name)
+    path = job.session.object_path(bucket, name)
+    tries = 1
+    while True:
+        live = await object_resource(
+            job, bucket, name, "generation,metageneration", required=("generation", "metageneration"), missing_ok=False
+        )
+        assert live is not None
+        params = {
+            "ifGenerationMatch": live["generation"],
+            "ifMetagenerationMatch": live["metageneration"],
+            "projection": "noAcl",
+        }
+
+        async def send_once(params: dict[str, Any] = params) -> dict[str, Any]:
+            async with job.session.send("PATCH", url, path, params, json=dict(patch)) as answer:
+                return await job.session.json_answer(answer, url, ("generation",))  # type: ignore[no-any-return]
+
+        async def earlier_won(error: GCSError, generation: str = live["generation"]) -> dict[str, Any]:
+            now = await object_resource(job, bucket, name, None)
+            if not isinstance(error, PreconditionFailedError) or now is None or now["generation"] != generation:
+                raise error
+            if not _holds_patch(now, patch):
+                raise error
+            return now
+
+        try:
+            return await _write(job, url, send_once, repeatable=True, earlier_won=earlier_won)
+        except PreconditionFailedError:
+            if tries == LIVE_TRIES:
+                raise
+            tries += 1
+
+
+def _holds_patch(resource: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether ``resource`` holds every value ``patch`` sets (a time compared as the time it names)."""
+    for field, value in patch.items():
+        if field == "metadata":
+            held = resource.get("metadata") or {}
+            if value is None and held:
+                return False
+            if any(held.get(key) != wanted for key, wanted in (value or {}).items()):
+                return False
+        elif field == "customTime" and value is not None and field in resource:
+            if _instant(resource[field]) != _instant(value):
+                return False
+        elif resource.get(field) != value and not (value is None and not resource.get(field)):
+            return False
+    return True
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -36,6 +36,7 @@ from ._gcs_rules import GCSRules, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
+from ._patches import MetadataPatches
 from ._process import LocalService
 from ._soft_delete import BucketOverlay
 from ._stuck_pages import continues_listing, stuck_page
@@ -299,7 +300,9 @@ class GCSFront(LocalService):
     under a default event-based hold are held (their delete refused with 403), and a JSON multipart upload
     whose metadata names no storage class takes the bucket's. A compose with ``deleteSourceObjects``
     (which the emulator ignores) deletes its sources for good once done, or is refused with 403 if one
-    of them is held.
+    of them is held. An object metadata patch (``PATCH``) is carried out as GCS does (see ``_patches``): its
+    ``ifGenerationMatch``/``ifMetagenerationMatch`` (and ``NotMatch``) checked (412), a metadata key set to
+    ``null`` removed, the ``metageneration`` moved on, all of which the emulator lacks.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -406,6 +409,7 @@ class GCSFront(LocalService):
         self._unconditional_resends: list[str] = []
         self.bucket_overlay = BucketOverlay(self._ask)
         self.folders = Folders(hierarchical, self._ask)
+        self.patches = MetadataPatches(lambda method, path, body: self._ask(path, method, body))
         self.ignore_range = ignore_range
         self._abandoned = 0
         self.set_faults(faults)
@@ -625,12 +629,12 @@ class GCSFront(LocalService):
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
 
-    def _ask(self, path: str, method: str = "GET") -> tuple[int, bytes]:
-        """The status and body of a request (a GET by default) of ``path`` upstream, for the front's own
-        checks and acts."""
+    def _ask(self, path: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
+        """The status and body of a request (a GET by default, with a JSON ``body`` if given) of ``path``
+        upstream, for the front's own checks and acts."""
         connection, _ = self._pool.get()
         try:
-            connection.request(method, path)
+            connection.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
             response = connection.getresponse()
             answer = response.read()
         except (OSError, http.client.HTTPException):
@@ -745,6 +749,15 @@ def _compose_request(data: bytes) -> tuple[list[dict[str, Any]], bool]:
     return ([source for source in sources if isinstance(source, dict)] if isinstance(sources, list) else []), deleting
 
 
+def _destination_custom_time(data: bytes) -> str | None:
+    """The ``destination.customTime`` of a compose request body, if it gives one."""
+    try:
+        time = json.loads(data).get("destination", {}).get("customTime")
+    except (ValueError, AttributeError):
+        return None
+    return time if isinstance(time, str) else None
+
+
 def _flip_one_byte(chunks: Iterator[bytes]) -> Iterator[bytes]:
     """``chunks`` with one bit of the middle byte of the first non-empty chunk flipped."""
     for chunk in chunks:
@@ -766,6 +779,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     compose_class: str | None = None  # the storage class of the sources of the compose being forwarded
+    compose_custom_time: str | None = None  # the custom time the compose being forwarded gives its object
     sources_to_delete: Sequence[tuple[str, int]] = ()  # its sources, with their generations, if it deletes them
     stuck = False  # the request's answer names its own page token as the next one ("repeat_token")
 
@@ -869,6 +883,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = b"".join(body or ())
             body = iter([data])
             sources, deletes_sources = _compose_request(data)
+            self.compose_custom_time = _destination_custom_time(data)
         content_length = None
         if kind == "upload" and body is not None:
             body, longer = front.bucket_overlay.upload_body(self.path, self.headers.get("Content-Type", ""), body)
@@ -895,6 +910,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind == "list" and "matchGlob" in params and self._answer_match_glob(path, params):
             return
+        patched = front.patches.target(self.command, path)
+        if patched is not None:  # preconditions, removed keys and metagenerations, which the emulator lacks
+            data = b"".join(body or ())
+            with front.rules.writes:
+                answer = front.patches.patch(*patched, params, data)
+            if isinstance(answer, tuple):
+                self._answer_error(*answer)
+                return
+            if answer is not None:
+                self._answer_json(json.loads(answer))
+                return
+            body = iter([data])
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
@@ -1252,7 +1279,11 @@ class _Handler(BaseHTTPRequestHandler):
                     for source, source_generation in self.sources_to_delete:  # for good: no soft-deleted copy
                         path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(source, safe='')}"
                         front._ask(f"{path}?generation={source_generation}", "DELETE")
-            data = front.bucket_overlay.answer(self.path, rules.rewrite_resources(data))
+                    if self.compose_custom_time is not None:  # the emulator's compose drops it; GCS keeps it
+                        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+                        front._ask(path, "PATCH", json.dumps({"customTime": self.compose_custom_time}).encode())
+                        data = front._ask(f"{path}?generation={generation}&projection=noAcl")[1]
+            data = front.bucket_overlay.answer(self.path, front.patches.rewrite(rules.rewrite_resources(data)))
             data = front.folders.describe_bucket(self.path, data)
             data = stuck_page(self.path, data) if self.stuck else data
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked

@@ -7,7 +7,9 @@ list) and abort (``DELETE ?uploadId=ID``), with GCS's XML error answers: ``NoSuc
 ``InvalidPart`` (unknown part or ETag), ``EntityTooSmall`` (a part other than the last under the
 minimum) and ``BadDigest`` (a part whose ``x-goog-hash`` or ``Content-MD5`` does not match its body),
 all 400. Parts are kept in files; a completed upload is written to the emulator in one streamed
-upload with the ``Content-Type`` and ``x-goog-meta-*`` headers given at initiation, so the object
+upload with the ``Content-Type``, ``x-goog-meta-*`` and fixed-key metadata headers (``Cache-Control``,
+``Content-Disposition``, ``Content-Encoding``, ``Content-Language``, ``x-goog-custom-time``) given at
+initiation, so the object
 appears whole or not at all, and it is then described as GCS describes it: no MD5, a component
 count.
 
@@ -78,8 +80,19 @@ class _Upload:
     folder: str
     content_type: str = "application/octet-stream"
     metadata: dict[str, str] = field(default_factory=dict)  # x-goog-meta-* given at initiation
+    fixed: dict[str, str] = field(default_factory=dict)  # resource field -> value, from the fixed-key headers
     parts: dict[int, tuple[str, int]] = field(default_factory=dict)  # number -> (etag, size)
     initiated: float = field(default_factory=time.time)
+
+
+_FIXED_HEADERS = {
+    "Cache-Control": "cacheControl",
+    "Content-Disposition": "contentDisposition",
+    "Content-Encoding": "contentEncoding",
+    "Content-Language": "contentLanguage",
+    "x-goog-custom-time": "customTime",
+}
+"""The XML API request headers that set an object's fixed-key metadata, and the resource fields they set."""
 
 
 def _xml(root: str, fields: list[tuple[str, str]], inner: str = "") -> bytes:
@@ -195,11 +208,12 @@ class MultipartUploads:
             for key, value in headers.items()
             if key.lower().startswith("x-goog-meta-")
         }
+        fixed = {field: headers[header] for header, field in _FIXED_HEADERS.items() if header in headers}
         with self._lock:
             self._folder = self._folder or tempfile.mkdtemp(prefix="torchdata-gcs-multipart-")
             folder = os.path.join(self._folder, upload_id)
             os.mkdir(folder)
-            self._uploads[upload_id] = _Upload(bucket, name, folder, content_type, metadata)
+            self._uploads[upload_id] = _Upload(bucket, name, folder, content_type, metadata, fixed)
         return _ok(_xml("InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", name), ("UploadId", upload_id)]))
 
     def _list_uploads(self, bucket: str, params: dict[str, str]) -> Answer:
@@ -330,7 +344,12 @@ class MultipartUploads:
         initiation (a JSON API multipart upload, streamed); returns its resource."""
         path = f"/upload/storage/v1/b/{quote(upload.bucket, safe='')}/o?uploadType=multipart"
         boundary = secrets.token_hex(16)
-        resource = {"name": upload.name, "contentType": upload.content_type, "metadata": upload.metadata}
+        resource = {
+            **upload.fixed,
+            "name": upload.name,
+            "contentType": upload.content_type,
+            "metadata": upload.metadata,
+        }
         head = (
             f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps(resource)}\r\n"
             f"--{boundary}\r\nContent-Type: {upload.content_type}\r\n\r\n"
