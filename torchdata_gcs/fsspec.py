@@ -44,6 +44,7 @@ import contextvars
 import functools
 import io
 import logging
+import mimetypes
 import os
 import shutil
 import sys
@@ -51,10 +52,11 @@ import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 import google.auth.credentials
-from fsspec.asyn import AsyncFileSystem
+from fsspec.asyn import AsyncFileSystem, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile
@@ -68,6 +70,7 @@ from ._engines.listing import list_objects
 from ._engines.memory_file import FilledBytes
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
+from ._ops.attributes import ObjectAttributes, fixed_fields, user_metadata
 from ._ops.batch import delete_objects
 from ._ops.checksums import check_crc32c, crc32c_base64
 from ._ops.client import Client
@@ -80,6 +83,7 @@ from ._ops.objects import (
     list_page,
     live_generation,
     object_resource,
+    patch_object,
     rewrite_object,
     storage_layout,
 )
@@ -98,8 +102,11 @@ T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
-FILE_FIELDS = "name,size,generation,crc32c,updated"
-"""What an ``info`` of a file holds, beyond its ``type``."""
+LS_FIELDS = "items,prefixes,nextPageToken"
+"""What ``ls`` asks of a listing: every object's whole resource (but its ACL, which listings leave out), as
+``info`` and gcsfs give it."""
+WRITE_OPTIONS = ("content_type", "metadata", "fixed_key_metadata")
+"""The keyword arguments of ``open(..., "wb")``, ``pipe`` and ``put``, beyond fsspec's own."""
 
 LISTING_CONCURRENCY = 8
 """List requests at once for ``find`` (and the ``rm``, ``copy`` and ``get`` built on it)."""
@@ -333,14 +340,24 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @staticmethod
     def _file(bucket: str, resource: dict[str, Any]) -> dict[str, Any]:
-        return {
+        """The ``info`` of an object: its JSON resource as GCS gives it (``contentType``, ``md5Hash``,
+        ``metadata``, ``timeCreated``, ``etag``...), as gcsfs returns it, with ``name`` the path, ``type``,
+        ``size``, ``generation`` and ``metageneration`` as ints, and ``mtime``/``ctime``, aware datetimes of
+        ``updated``/``timeCreated``."""
+        entry = {
+            **resource,
             "name": f"{bucket}/{resource['name']}",
             "type": "file",
             "size": int(resource["size"]),
             "generation": int(resource["generation"]),
             "crc32c": resource.get("crc32c"),
-            "updated": resource.get("updated"),
         }
+        if "metageneration" in resource:
+            entry["metageneration"] = int(resource["metageneration"])
+        for field, key in (("updated", "mtime"), ("timeCreated", "ctime")):
+            if field in resource:
+                entry[key] = _timestamp(resource[field])
+        return entry
 
     @staticmethod
     def _directory(path: str) -> dict[str, Any]:
@@ -362,7 +379,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not name:
             await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
-        resource = await object_resource(job, bucket, name, FILE_FIELDS)
+        resource = await object_resource(job, bucket, name, None)
         if resource is not None:
             return self._file(bucket, resource)
         if await self._is_directory(job, bucket, name):
@@ -396,7 +413,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "delimiter": "/",
             "includeFoldersAsPrefixes": "true",  # folders of a hierarchical namespace, empty ones too
             "maxResults": MAX_PAGE_SIZE,
-            "fields": f"items({FILE_FIELDS}),prefixes,nextPageToken",
+            "fields": LS_FIELDS,
         }
         job = self._job()
         entries: list[dict[str, Any]] = []
@@ -416,6 +433,54 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 entries = []
         entries.sort(key=lambda entry: entry["name"])
         return entries if detail else [entry["name"] for entry in entries]
+
+    def created(self, path: str) -> datetime:
+        """When the object was created (its ``timeCreated``), timezone-aware, as gcsfs gives it."""
+        return self._file_time(path, "ctime")
+
+    def modified(self, path: str) -> datetime:
+        """When the object or its metadata last changed (its ``updated``), timezone-aware, as gcsfs gives it."""
+        return self._file_time(path, "mtime")
+
+    def _file_time(self, path: str, key: str) -> datetime:
+        info = self.info(path)
+        if info["type"] != "file":
+            raise IsADirectoryError(f"{path} is a directory: GCS keeps times for objects only")
+        return info[key]  # type: ignore[no-any-return]
+
+    async def _getxattr(self, path: str, attr: str) -> str:
+        """The user metadata value ``attr`` of an object; ``KeyError`` if it has none, as gcsfs raises."""
+        return (await self._info(path)).get("metadata", {})[attr]  # type: ignore[no-any-return]
+
+    getxattr = sync_wrapper(_getxattr)
+
+    @_on_io_loop
+    async def _setxattrs(
+        self,
+        path: str,
+        content_type: str | None = None,
+        content_encoding: str | None = None,
+        fixed_key_metadata: dict[str, str | None] | None = None,
+        **metadata: str | None,
+    ) -> dict[str, str]:
+        """Change an object's metadata in place, as gcsfs's ``setxattrs``: the user metadata ``metadata``
+        (a key given ``None`` is removed; others are kept), ``content_type``, ``content_encoding`` and the
+        ``fixed_key_metadata`` (``cache_control``, ``content_disposition``, ``content_encoding``,
+        ``content_language``, ``custom_time``; ``None`` clears one). Returns the user metadata after it.
+
+        One PATCH, conditional on the generation and metageneration read first, so retried safely; an object
+        changed meanwhile is read again and patched anew."""
+        bucket, name, _ = self._object(path)
+        patch: dict[str, Any] = {"metadata": user_metadata(metadata, removable=True)}
+        patch.update(fixed_fields(fixed_key_metadata, removable=True))
+        if content_encoding is not None:
+            patch.update(fixed_fields({"content_encoding": content_encoding}))
+        if content_type is not None:
+            patch["contentType"] = ObjectAttributes.of(content_type).content_type
+        resource = await patch_object(self._job(), bucket, name, patch)
+        return resource.get("metadata", {})  # type: ignore[no-any-return]
+
+    setxattrs = sync_wrapper(_setxattrs)
 
     async def _glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
         """fsspec's glob, with GCS asked for the names it may select only (``matchGlob``, see ``_find``)."""
@@ -439,7 +504,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         bucket, name = self.split_path(path)
         client = Client(self.client, self.retry)
         batches = await asyncio.to_thread(
-            lambda: list(list_objects(client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY, match_glob=match_glob))
+            lambda: list(
+                list_objects(
+                    client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY, match_glob=match_glob, item_fields=None
+                )
+            )
         )
         found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, item) for _, item in batch)}
         if withdirs:
@@ -504,7 +573,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if "b" in mode or "r" in mode:
             return super().open(path, mode, **kwargs)
         text = {key: kwargs.pop(key) for key in ("encoding", "errors", "newline") if key in kwargs}
-        return _TextWriter(super().open(path, mode.replace("t", "") + "b", **kwargs), **text)
+        writer = _TextWriter(super().open(path, mode.replace("t", "") + "b", **kwargs), **text)
+        writer.mode = mode  # as open() gives a text file its mode; its name is its buffer's
+        return writer
 
     def _open(
         self,
@@ -517,15 +588,26 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> GCSFile | PublishingWriter | StagedWriter:
         """A seekable reader (``"rb"``), or a writer that publishes on a clean close (``"wb"``; ``"xb"``
-        only if the object does not exist); within ``fs.transaction``, writers publish when it commits."""
+        only if the object does not exist); within ``fs.transaction``, writers publish when it commits.
+        A writer takes ``content_type`` (else guessed from the name's extension, as gcsfs does, or
+        ``application/octet-stream``), ``metadata`` (user metadata, str to str) and ``fixed_key_metadata``
+        (gcsfs's: ``cache_control``, ``content_disposition``, ``content_encoding``, ``content_language``,
+        ``custom_time``); any other keyword raises ``TypeError`` naming it. It has ``fs``, ``path``, ``name``
+        and ``mode``, as fsspec's files do."""
         if mode == "rb":
             return GCSFile(self, path, block_size=block_size, cache_type=cache_type, cache_options=cache_options)
         if mode in ("wb", "xb"):
             _, _, url = self._object(path)
+            attributes = _attributes(kwargs, path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
-            writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb")
-            return writer if autocommit else StagedWriter(writer)
+            writer = new_writer(
+                url, self.client, self.retry, self.write, only_if_new=mode == "xb", attributes=attributes
+            )
+            opened = writer if autocommit else StagedWriter(writer)
+            # what fsspec's buffered files tell of themselves
+            opened.fs, opened.path, opened.name, opened.mode = self, path, path, mode
+            return opened
         raise NotImplementedError(
             f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
         )
@@ -534,24 +616,37 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        """Write ``value`` as one object; ``kwargs``: what ``open(path, "wb")`` takes (see ``_open``)."""
         bucket, name, url = self._object(path)
         only_if_new = _only_if_new(mode)
+        attributes = _attributes(kwargs, path)
         data = bytes(value)
         if len(data) <= self.write.part_size and not self._intrans:
             job = self._job()
             replaced = 0 if only_if_new else await live_generation(job, bucket, name)
-            await create_object(job, bucket, name, data, if_generation_match=replaced)
+            await create_object(
+                job,
+                bucket,
+                name,
+                data,
+                if_generation_match=replaced,
+                content_type=attributes.content_type,
+                fields=attributes.fields(),
+            )
         else:
-            await asyncio.to_thread(self._write_chunks, url, [data], only_if_new)
+            await asyncio.to_thread(self._write_chunks, url, [data], only_if_new, attributes)
 
     @_on_io_loop
     async def _put_file(
         self, lpath: str, rpath: str, mode: str = "overwrite", callback: Callback = DEFAULT_CALLBACK, **kwargs: Any
     ) -> None:
+        """Upload one file; ``kwargs``: what ``open(path, "wb")`` takes (see ``_open``), the content type
+        guessed from the local file's name, as gcsfs does."""
         if os.path.isdir(lpath):
             return  # GCS has no directories: the files under one carry it
         _, _, url = self._object(rpath)
         only_if_new = _only_if_new(mode)
+        attributes = _attributes(kwargs, lpath)
         callback.set_size(os.path.getsize(lpath))
 
         def chunks() -> Iterable[bytes]:
@@ -560,11 +655,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                     yield chunk
                     callback.relative_update(len(chunk))
 
-        await asyncio.to_thread(self._write_chunks, url, chunks(), only_if_new)
+        await asyncio.to_thread(self._write_chunks, url, chunks(), only_if_new, attributes)
 
-    def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
+    def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool, attributes: ObjectAttributes) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
-        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new)
+        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new, attributes=attributes)
         try:
             for chunk in chunks:
                 writer.write(chunk)
@@ -819,6 +914,21 @@ def _resolve(offset: int | None, size: int) -> int:
     if offset is None:
         return 0
     return max(0, size + offset) if offset < 0 else min(offset, size)
+
+
+def _attributes(options: dict[str, Any], name: str) -> ObjectAttributes:
+    """The attributes a write's keyword arguments ``options`` give the object (see ``_open``), its content
+    type guessed from ``name`` if not given; ``TypeError`` naming any other keyword."""
+    unknown = sorted(set(options) - set(WRITE_OPTIONS))
+    if unknown:
+        raise TypeError(f"GCSFileSystem writes take {', '.join(WRITE_OPTIONS)}; got {', '.join(unknown)}")
+    content_type = options.get("content_type") or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return ObjectAttributes.of(content_type, options.get("metadata"), options.get("fixed_key_metadata"))
+
+
+def _timestamp(text: str) -> datetime:
+    """A timezone-aware datetime of a GCS RFC 3339 time (``2026-11-26T19:24:13.719Z``)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _only_if_new(mode: str) -> bool:
