@@ -23,6 +23,7 @@ multipart uploads are not wanted). Both share :class:`StreamingWriter`'s behavio
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import logging
 import mmap
@@ -660,38 +661,28 @@ class CompositeWriter(StreamingWriter):
         (sources under a hold or retention policy, an identity without ``storage.objects.delete``), this and
         every later compose of the writer go without, and the temporaries are deleted afterwards. The ``final``
         compose, the object's, gives it the writer's attributes."""
-        attributes = {
-            "content_type": self.attributes.content_type if final else "application/octet-stream",
-            "fields": self.attributes.fields() if final else None,
-        }
-        if self._delete_sources:
-            self._sources_maybe_gone = True
-            try:
-                return await compose_object(
-                    self._job,
-                    self._bucket,
-                    name,
-                    sources,
-                    if_generation_match=if_generation_match,
-                    unique_name=unique_name,
-                    delete_sources=True,
-                    **attributes,
-                )
-            except GCSError as exc:
-                if exc.status not in (400, 403):
-                    raise
-                if self._delete_sources:
-                    self._delete_sources = False
-                    logger.info("%s: composing without deleting the parts, which GCS refused: %s", self.url, exc)
-        return await compose_object(
+        compose = functools.partial(
+            compose_object,
             self._job,
             self._bucket,
             name,
             sources,
             if_generation_match=if_generation_match,
             unique_name=unique_name,
-            **attributes,
+            content_type=self.attributes.content_type if final else "application/octet-stream",
+            fields=self.attributes.fields() if final else None,
         )
+        if self._delete_sources:
+            self._sources_maybe_gone = True
+            try:
+                return await compose(delete_sources=True)
+            except GCSError as exc:
+                if exc.status not in (400, 403):
+                    raise
+                if self._delete_sources:
+                    self._delete_sources = False
+                    logger.info("%s: composing without deleting the parts, which GCS refused: %s", self.url, exc)
+        return await compose()
 
     async def _leftovers(self) -> dict[str, int] | None:
         """The temporaries still there (name -> generation), from a listing of the writer's prefix; ``None``

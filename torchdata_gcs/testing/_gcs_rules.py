@@ -25,6 +25,7 @@ __all__ = [
     "Refusal",
     "bucket_permission",
     "denied",
+    "object_resources",
     "split_hash_lines",
 ]
 
@@ -100,6 +101,18 @@ def denied(permission: str, resource: str) -> Refusal:
     what = "the Google Cloud Storage bucket" if resource == "bucket" else "the Google Cloud project"
     words = f"Permission '{permission}' denied on resource (or it may not exist)."
     return 403, "Forbidden", f"{OBJECT_ONLY_PRINCIPAL} does not have {permission} access to {what}. {words}"
+
+
+def object_resources(body: bytes) -> tuple[dict[str, Any], list[Any]] | None:
+    """A JSON API answer's document and the object resources in it (its ``items``, or itself), or ``None``
+    if it is not a JSON object."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    return document, document.get("items", []) if "items" in document else [document]
 
 
 def _holds(wanted: str, live: int | None) -> bool:
@@ -220,13 +233,10 @@ class GCSRules:
     def rewrite_resources(self, body: bytes) -> bytes:
         """A JSON API answer with composite objects described as GCS describes them: no ``md5Hash``,
         a ``componentCount``, their sources' ``storageClass``."""
-        try:
-            document = json.loads(body)
-        except ValueError:
+        parsed = object_resources(body)
+        if parsed is None:
             return body
-        if not isinstance(document, dict):
-            return body
-        resources = document.get("items", []) if "items" in document else [document]
+        document, resources = parsed
         changed = False
         for resource in resources:
             if not isinstance(resource, dict) or "bucket" not in resource or "generation" not in resource:

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
+from ._gcs_rules import Refusal, object_resources
+
 __all__ = ["MetadataPatches"]
 
 Ask = Callable[[str, str, bytes | None], tuple[int, bytes]]
 """``(method, path, body) -> (status, body)`` of a request upstream."""
-Refusal = tuple[int, str, str]
 
 _PRECONDITIONS = ("ifGenerationMatch", "ifGenerationNotMatch", "ifMetagenerationMatch", "ifMetagenerationNotMatch")
 
@@ -96,12 +97,10 @@ class MetadataPatches:
         """A JSON API answer with every object resource in it described as the patches left it."""
         if not self._versions:
             return body
-        try:
-            document = json.loads(body)
-        except ValueError:
+        parsed = object_resources(body)
+        if parsed is None:
             return body
-        if not isinstance(document, dict):
-            return body
-        for resource in document.get("items", []) if "items" in document else [document]:
+        document, resources = parsed
+        for resource in resources:
             self.describe(resource)
         return json.dumps(document).encode()
