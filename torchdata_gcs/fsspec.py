@@ -70,7 +70,7 @@ from ._engines.listing import list_objects
 from ._engines.memory_file import FilledBytes
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
-from ._ops.attributes import ObjectAttributes, fixed_fields, user_metadata
+from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
 from ._ops.checksums import check_crc32c, crc32c_base64
 from ._ops.client import Client
@@ -105,7 +105,7 @@ logger = logging.getLogger(__name__)
 LS_FIELDS = "items,prefixes,nextPageToken"
 """What ``ls`` asks of a listing: every object's whole resource (but its ACL, which listings leave out), as
 ``info`` and gcsfs give it."""
-WRITE_OPTIONS = ("content_type", "metadata", "fixed_key_metadata")
+WRITE_OPTIONS = ("content_type", "metadata", "fixed_key_metadata", "kms_key_name")
 """The keyword arguments of ``open(..., "wb")``, ``pipe`` and ``put``, beyond fsspec's own."""
 
 LISTING_CONCURRENCY = 8
@@ -233,8 +233,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             unchanged: ``token`` (``"anon"``, ``"google_default"``, ``"cloud"`` or ``None``, a credentials
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
             ``requester_pays`` (``True``: bill ``project``; or the project to bill) and ``consistency``
-            (every read is checked by crc32c whatever it says). Any other gcsfs argument raises
-            ``TypeError`` naming it, rather than being ignored.
+            (every read is checked by crc32c whatever it says); and ``kms_key_name``, the Cloud KMS key
+            every write and ``cp`` encrypts with unless the write names its own (gcsfs takes it per file).
+            Any other gcsfs argument raises ``TypeError`` naming it, rather than being ignored.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -263,6 +264,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         write: WriteConfig | None = None,
         **storage_options: Any,
     ) -> None:
+        kms_key_name = storage_options.pop("kms_key_name", None)
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -275,6 +277,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise ValueError(
                 "GCSFileSystem stores files as written: pass compression= to fsspec.open instead of WriteConfig"
             )
+        self.kms_key_name = kms_key(kms_key_name)
+        """The Cloud KMS key every write (``cp`` too) encrypts with unless it names its own; ``None``: the
+        bucket's default encryption."""
         self.stats = LoadStats()
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
 
@@ -598,7 +603,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return GCSFile(self, path, block_size=block_size, cache_type=cache_type, cache_options=cache_options)
         if mode in ("wb", "xb"):
             _, _, url = self._object(path)
-            attributes = _attributes(kwargs, path)
+            attributes = self._attributes(kwargs, path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
             writer = new_writer(
@@ -619,7 +624,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """Write ``value`` as one object; ``kwargs``: what ``open(path, "wb")`` takes (see ``_open``)."""
         bucket, name, url = self._object(path)
         only_if_new = _only_if_new(mode)
-        attributes = _attributes(kwargs, path)
+        attributes = self._attributes(kwargs, path)
         data = bytes(value)
         if len(data) <= self.write.part_size and not self._intrans:
             job = self._job()
@@ -632,6 +637,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 if_generation_match=replaced,
                 content_type=attributes.content_type,
                 fields=attributes.fields(),
+                kms_key_name=attributes.kms_key_name,
             )
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new, attributes)
@@ -646,7 +652,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return  # GCS has no directories: the files under one carry it
         _, _, url = self._object(rpath)
         only_if_new = _only_if_new(mode)
-        attributes = _attributes(kwargs, lpath)
+        attributes = self._attributes(kwargs, lpath)
         callback.set_size(os.path.getsize(lpath))
 
         def chunks() -> Iterable[bytes]:
@@ -656,6 +662,21 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                     callback.relative_update(len(chunk))
 
         await asyncio.to_thread(self._write_chunks, url, chunks(), only_if_new, attributes)
+
+    def _attributes(self, options: dict[str, Any], name: str) -> ObjectAttributes:
+        """The attributes a write's keyword arguments ``options`` give the object (see ``_open``), its content
+        type guessed from ``name`` if not given, its KMS key the filesystem's if not given; ``TypeError``
+        naming any other keyword."""
+        unknown = sorted(set(options) - set(WRITE_OPTIONS))
+        if unknown:
+            raise TypeError(f"GCSFileSystem writes take {', '.join(WRITE_OPTIONS)}; got {', '.join(unknown)}")
+        content_type = options.get("content_type") or mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return ObjectAttributes.of(
+            content_type,
+            options.get("metadata"),
+            options.get("fixed_key_metadata"),
+            options.get("kms_key_name", self.kms_key_name),
+        )
 
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool, attributes: ObjectAttributes) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
@@ -677,7 +698,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         but its objects, which are copied on their own, as fsspec's filesystems make a directory there."""
         source, destination = self._object(path1), self._object(path2)
         try:
-            await rewrite_object(self._job(), source[:2], destination[:2])
+            await rewrite_object(self._job(), source[:2], destination[:2], kms_key_name=self.kms_key_name)
         except NotFoundError:
             if not await self._is_directory(self._job(), *source[:2]):
                 raise
@@ -914,16 +935,6 @@ def _resolve(offset: int | None, size: int) -> int:
     if offset is None:
         return 0
     return max(0, size + offset) if offset < 0 else min(offset, size)
-
-
-def _attributes(options: dict[str, Any], name: str) -> ObjectAttributes:
-    """The attributes a write's keyword arguments ``options`` give the object (see ``_open``), its content
-    type guessed from ``name`` if not given; ``TypeError`` naming any other keyword."""
-    unknown = sorted(set(options) - set(WRITE_OPTIONS))
-    if unknown:
-        raise TypeError(f"GCSFileSystem writes take {', '.join(WRITE_OPTIONS)}; got {', '.join(unknown)}")
-    content_type = options.get("content_type") or mimetypes.guess_type(name)[0] or "application/octet-stream"
-    return ObjectAttributes.of(content_type, options.get("metadata"), options.get("fixed_key_metadata"))
 
 
 def _timestamp(text: str) -> datetime:

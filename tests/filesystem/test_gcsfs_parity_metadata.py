@@ -209,7 +209,8 @@ def test_metadata_an_xml_header_cannot_carry_is_written_whole_by_compose(front: 
     ("options", "named"),
     [
         ({"acl": "publicRead"}, "acl"),
-        ({"kms_key_name": "projects/p/keys/k", "consistency": "md5"}, "consistency, kms_key_name"),
+        ({"consistency": "md5", "block_until": 1}, "block_until, consistency"),
+        ({"kms_key_name": 7}, "kms_key_name"),
         ({"metadata": {"n": 1}}, "metadata['n']"),
         ({"fixed_key_metadata": {"storage_class": "COLDLINE"}}, "storage_class"),
         ({"content_type": 7}, "content_type"),
@@ -231,6 +232,50 @@ def test_a_write_with_an_unknown_or_bad_keyword_raises_type_error_and_writes_not
         with pytest.raises(TypeError, match=named.replace("[", r"\[").replace("]", r"\]")):
             attempt()
     assert not fs.exists(path)
+
+
+# -- customer-managed encryption keys ---------------------------------------------------------------
+
+KEY = "projects/p/locations/global/keyRings/r/cryptoKeys/k"
+OTHER_KEY = "projects/p/locations/global/keyRings/r/cryptoKeys/other"
+
+
+@pytest.mark.parametrize(
+    ("how", "write", "size"),
+    [
+        ("pipe", WriteConfig(), 10),
+        ("open", WriteConfig(), 10),
+        ("open", WriteConfig(strategy="compose", part_size=256 * 1024), 600 * 1024),
+        ("open", WriteConfig(strategy="multipart", part_size=5 * MiB), 6 * MiB),
+    ],
+)
+def test_kms_key_name_encrypts_the_object_and_its_parts_on_every_write_path(
+    front: GCSFront, gcs_bucket: str, how: str, write: WriteConfig, size: int
+) -> None:
+    fs = GCSFileSystem(client=front.client_config, write=write, kms_key_name=KEY, skip_instance_cache=True)
+    path = f"{gcs_bucket}/cmek/data.bin"
+    start = len(front.recorded)
+    _written(fs, path, how, b"k" * size)
+    assert fs.info(path)["kmsKeyName"].startswith(f"{KEY}/cryptoKeyVersions/")
+    writes = [r for r in front.recorded[start:] if r.method in ("POST", "PUT")]
+    json_writes = [r for r in writes if urlsplit(r.target).path.startswith(("/upload/", "/storage/"))]
+    xml_starts = [r for r in writes if "uploads" in _query(r.target)]
+    assert json_writes and all(_query(r.target).get("kmsKeyName") == KEY for r in json_writes)  # parts, marker too
+    assert all(r.header("x-goog-encryption-kms-key-name") == [KEY] for r in xml_starts)
+    assert bool(xml_starts) == (write.strategy == "multipart" and size > write.part_size)
+
+
+def test_a_write_names_its_own_kms_key_and_cp_keeps_the_filesystems(front: GCSFront, gcs_bucket: str) -> None:
+    fs = GCSFileSystem(client=front.client_config, kms_key_name=KEY, skip_instance_cache=True)
+    fs.pipe_file(f"{gcs_bucket}/cmek/own.bin", b"o", kms_key_name=OTHER_KEY)
+    assert fs.info(f"{gcs_bucket}/cmek/own.bin")["kmsKeyName"].startswith(f"{OTHER_KEY}/")
+    fs.cp(f"{gcs_bucket}/cmek/own.bin", f"{gcs_bucket}/cmek/copy.bin")
+    assert fs.info(f"{gcs_bucket}/cmek/copy.bin")["kmsKeyName"].startswith(f"{KEY}/")
+    plain = GCSFileSystem(client=front.client_config, skip_instance_cache=True)
+    plain.pipe_file(f"{gcs_bucket}/cmek/plain.bin", b"p")
+    assert "kmsKeyName" not in plain.info(f"{gcs_bucket}/cmek/plain.bin")
+    with pytest.raises(TypeError, match="kms_key_name"):
+        GCSFileSystem(client=front.client_config, kms_key_name=5, skip_instance_cache=True)
 
 
 # -- setxattrs and getxattr ---------------------------------------------------------------------------

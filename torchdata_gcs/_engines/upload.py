@@ -266,6 +266,7 @@ class StreamingWriter(PublishingWriter):
                     if_generation_match=self._replaced(),
                     content_type=self.attributes.content_type,
                     fields=self.attributes.fields(),
+                    kms_key_name=self.attributes.kms_key_name,
                 )
             else:
                 self.generation = self._publish()
@@ -461,6 +462,7 @@ class MultipartWriter(StreamingWriter):
                 if_generation_match=0,
                 content_type="text/plain",
                 storage_class=TEMPORARY_CLASS,
+                kms_key_name=self.attributes.kms_key_name,  # where a policy asks every object for a key
             )
             self._marker = (name, generation)
         except GCSError as exc:
@@ -606,7 +608,7 @@ class CompositeWriter(StreamingWriter):
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
         self._temporaries.add(name)
-        return _create_part(self._job, self._bucket, name, number, data, crc32c)
+        return _create_part(self._job, self._bucket, name, number, data, crc32c, self.attributes.kms_key_name)
 
     def _assemble(self) -> tuple[int | None, str | None]:
         sources: list[tuple[str, int | None]] = [self._parts[number] for number in sorted(self._parts)]
@@ -671,6 +673,7 @@ class CompositeWriter(StreamingWriter):
             unique_name=unique_name,
             content_type=self.attributes.content_type if final else "application/octet-stream",
             fields=self.attributes.fields() if final else None,
+            kms_key_name=self.attributes.kms_key_name,  # the parts hold the same bytes: encrypted alike
         )
         if self._delete_sources:
             self._sources_maybe_gone = True
@@ -784,12 +787,26 @@ async def _put_part(
 
 
 async def _create_part(
-    job: RequestContext, bucket: str, name: str, number: int, data: memoryview, crc32c: int
+    job: RequestContext,
+    bucket: str,
+    name: str,
+    number: int,
+    data: memoryview,
+    crc32c: int,
+    kms_key_name: str | None = None,
 ) -> tuple[int, tuple[str, int]]:
     """Upload one part as the object ``name``, a name of its own, so only if it does not exist (GCS checks its
-    crc32c; a retry finds the part of an earlier attempt whose answer was lost); ``(number, (name, generation))``."""
+    crc32c; a retry finds the part of an earlier attempt whose answer was lost), encrypted by ``kms_key_name``
+    if given; ``(number, (name, generation))``."""
     generation = await create_object(
-        job, bucket, name, data, if_generation_match=0, crc32c=crc32c, storage_class=TEMPORARY_CLASS
+        job,
+        bucket,
+        name,
+        data,
+        if_generation_match=0,
+        crc32c=crc32c,
+        storage_class=TEMPORARY_CLASS,
+        kms_key_name=kms_key_name,
     )
     return number, (name, generation)
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FIXED_KEYS", "ObjectAttributes", "fixed_fields", "user_metadata"]
+__all__ = ["FIXED_KEYS", "ObjectAttributes", "fixed_fields", "kms_key", "user_metadata"]
 
 FIXED_KEYS = {
     "cache_control": "cacheControl",
@@ -59,6 +59,14 @@ def user_metadata(metadata: Mapping[str, Any] | None, *, removable: bool = False
     return dict(metadata)
 
 
+def kms_key(name: Any) -> str | None:
+    """A Cloud KMS key's resource name (``projects/P/locations/L/keyRings/R/cryptoKeys/K``) as given, or
+    ``None``; ``TypeError`` for anything but a non-empty str or ``None``."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"kms_key_name must be a non-empty str or None, got {name!r}")
+    return name
+
+
 def _check_values(what: str, values: Mapping[Any, Any], removable: bool) -> None:
     for key, value in values.items():
         if not isinstance(key, str) or not key:
@@ -70,11 +78,13 @@ def _check_values(what: str, values: Mapping[Any, Any], removable: bool) -> None
 
 @dataclass(frozen=True)
 class ObjectAttributes:
-    """A new object's content type, user ``metadata`` and fixed-key ``fixed`` (resource field names)."""
+    """A new object's content type, user ``metadata``, fixed-key ``fixed`` (resource field names), and the
+    Cloud KMS key that encrypts it (``kms_key_name``, a key's resource name; ``None``: the bucket's default)."""
 
     content_type: str = "application/octet-stream"
     metadata: Mapping[str, str] = field(default_factory=dict)
     fixed: Mapping[str, str] = field(default_factory=dict)
+    kms_key_name: str | None = None
 
     @classmethod
     def of(
@@ -82,11 +92,17 @@ class ObjectAttributes:
         content_type: str,
         metadata: Mapping[str, Any] | None = None,
         fixed_key_metadata: Mapping[str, Any] | None = None,
+        kms_key_name: str | None = None,
     ) -> ObjectAttributes:
         """Checked attributes; ``TypeError`` for what GCS would not take (see :func:`user_metadata`)."""
         if not isinstance(content_type, str) or not content_type:
             raise TypeError(f"content_type must be a non-empty str, got {content_type!r}")
-        return cls(content_type, user_metadata(metadata), fixed_fields(fixed_key_metadata))  # type: ignore[arg-type]
+        return cls(
+            content_type,
+            user_metadata(metadata),  # type: ignore[arg-type]
+            fixed_fields(fixed_key_metadata),  # type: ignore[arg-type]
+            kms_key(kms_key_name),
+        )
 
     def fields(self) -> dict[str, Any]:
         """The JSON resource fields these attributes set, but ``contentType``."""
@@ -101,6 +117,8 @@ class ObjectAttributes:
         headers = {"Content-Type": self.content_type}
         headers.update({_XML_HEADERS[key]: value for key, value in self.fixed.items()})
         headers.update({f"x-goog-meta-{key}": value for key, value in self.metadata.items()})
+        if self.kms_key_name is not None:
+            headers["x-goog-encryption-kms-key-name"] = self.kms_key_name
         if not all(value.isascii() and value.isprintable() for value in headers.values()):
             return None
         return headers

@@ -79,10 +79,11 @@ class Client:
         content_type: str = "application/octet-stream",
         storage_class: str | None = None,
         fields: Mapping[str, Any] | None = None,
+        kms_key_name: str | None = None,
     ) -> int:
         """Write ``data`` as ``name`` in one request (retried only with ``if_generation_match``), in
-        ``storage_class`` if given, else the bucket's default, with the resource ``fields`` given; the new
-        generation."""
+        ``storage_class`` if given, else the bucket's default, with the resource ``fields`` given, encrypted
+        by ``kms_key_name`` if given; the new generation."""
         return self.run(
             objects.create_object,
             bucket,
@@ -92,6 +93,7 @@ class Client:
             content_type=content_type,
             storage_class=storage_class,
             fields=fields,
+            kms_key_name=kms_key_name,
         )
 
     def live_generation(self, bucket: str, name: str) -> int:

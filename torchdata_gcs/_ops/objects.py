@@ -231,10 +231,12 @@ async def create_object(
     crc32c: int | None = None,
     storage_class: str | None = None,
     fields: Mapping[str, Any] | None = None,
+    kms_key_name: str | None = None,
 ) -> int:
     """Write ``data`` (bytes, or a bytearray or memoryview with its ``crc32c``) in one multipart upload and return
     the new generation; the body is sent in pieces, ``data`` never copied. The object takes ``storage_class``
-    if given, else the bucket's default, and the resource ``fields`` given (see ``ObjectAttributes.fields``).
+    if given, else the bucket's default, and the resource ``fields`` given (see ``ObjectAttributes.fields``),
+    encrypted by the Cloud KMS key ``kms_key_name`` if given (``kmsKeyName``), else as the bucket encrypts.
 
     The crc32c (computed unless given) travels in the metadata, so GCS refuses bytes damaged on the way, and
     the crc32c GCS reports for what it stored must be the same (see :func:`check_published`). With
@@ -249,6 +251,8 @@ async def create_object(
     expected = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
     # The name in the query as well as in the metadata (GCS takes either): request lines then say what they write.
     params: dict[str, Any] = {"uploadType": "multipart", "name": name, "fields": "generation,crc32c"}
+    if kms_key_name is not None:
+        params["kmsKeyName"] = kms_key_name
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     path = job.session.upload_path(bucket)
@@ -323,6 +327,7 @@ async def compose_object(
     delete_sources: bool = False,
     content_type: str = "application/octet-stream",
     fields: Mapping[str, Any] | None = None,
+    kms_key_name: str | None = None,
 ) -> ObjectInfo:
     """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
     compose call, only if ``name`` is at ``if_generation_match`` (0: does not exist); retried only with
@@ -332,7 +337,8 @@ async def compose_object(
     ``delete_sources`` has GCS delete the sources for good as part of the compose (``deleteSourceObjects``:
     no soft-deleted or noncurrent copy, no early-deletion charge, no DELETE of ours); a retry after a lost
     answer then finds them gone (404), which, for a ``unique_name``, is answered by the composite as for 412.
-    The composite takes ``content_type`` and the resource ``fields`` given (user metadata, cache control...)."""
+    The composite takes ``content_type`` and the resource ``fields`` given (user metadata, cache control...),
+    and is encrypted by the Cloud KMS key ``kms_key_name`` if given (``kmsKeyName``)."""
     url = format_url(bucket, name)
     body: dict[str, Any] = {
         "sourceObjects": [
@@ -350,6 +356,8 @@ async def compose_object(
     if delete_sources:
         body["deleteSourceObjects"] = True
     params: dict[str, Any] = {"fields": "size,generation,crc32c"}
+    if kms_key_name is not None:
+        params["kmsKeyName"] = kms_key_name
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     path = job.session.object_path(bucket, name) + "/compose"
@@ -370,11 +378,17 @@ async def compose_object(
 
 
 async def rewrite_object(
-    job: RequestContext, source: tuple[str, str], destination: tuple[str, str], *, only_if_new: bool = False
+    job: RequestContext,
+    source: tuple[str, str],
+    destination: tuple[str, str],
+    *,
+    only_if_new: bool = False,
+    kms_key_name: str | None = None,
 ) -> ObjectInfo:
     """Copy the object ``source`` (bucket, name) to ``destination`` inside GCS, by as many rewrite calls
     as GCS asks for (large objects across locations or storage classes take several; each returns a
-    token to continue with); ``only_if_new`` never replaces an existing object.
+    token to continue with); ``only_if_new`` never replaces an existing object. The copy is encrypted by the
+    Cloud KMS key ``kms_key_name`` if given (``destinationKmsKeyName``), else as its bucket encrypts.
 
     Each call is conditional on the destination's generation as found first, so it is retried; a retry
     answered 412 by a destination that holds the source's bytes is the lost answer of an earlier
@@ -388,6 +402,8 @@ async def rewrite_object(
         "fields": "done,rewriteToken,resource(size,generation,crc32c)",
         "ifGenerationMatch": 0 if only_if_new else await live_generation(job, *destination),
     }
+    if kms_key_name is not None:
+        params["destinationKmsKeyName"] = kms_key_name
 
     async def send_once() -> dict[str, Any]:
         async with job.session.send("POST", url, path, params, json={}) as answer:

@@ -98,6 +98,7 @@ _STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
+_DESCRIBED = ("metadata", "list", "compose", "upload")  # kinds whose JSON answers describe objects
 _MAX_RESULTS = re.compile(r"(?:^|&)maxResults=(\d+)")
 
 
@@ -302,7 +303,9 @@ class GCSFront(LocalService):
     (which the emulator ignores) deletes its sources for good once done, or is refused with 403 if one
     of them is held. An object metadata patch (``PATCH``) is carried out as GCS does (see ``_patches``): its
     ``ifGenerationMatch``/``ifMetagenerationMatch`` (and ``NotMatch``) checked (412), a metadata key set to
-    ``null`` removed, the ``metageneration`` moved on, all of which the emulator lacks.
+    ``null`` removed, the ``metageneration`` moved on, all of which the emulator lacks. An object written with a
+    Cloud KMS key (``kmsKeyName`` on an upload or compose, ``x-goog-encryption-kms-key-name`` on an XML
+    multipart upload) is described with its ``kmsKeyName``, which the emulator drops.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -947,6 +950,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
 
+    def _note_kms_key(self, kind: str, answer: bytes) -> None:
+        """Record the Cloud KMS key an upload or compose (``kmsKeyName``) or a finished rewrite
+        (``destinationKmsKeyName``) wrote its object with, which the emulator ignores, so the object's
+        resources name it as GCS's do."""
+        params = dict(parse_qsl(self.path.partition("?")[2]))
+        written = json.loads(answer)
+        if "/rewriteTo/" in self.path:
+            key, written = params.get("destinationKmsKeyName"), written.get("resource") if written.get("done") else None
+        else:
+            key = params.get("kmsKeyName") if kind in ("upload", "compose") else None
+        if key is not None and written is not None:
+            self.server.front.rules.add_kms_key(written["bucket"], written["name"], int(written["generation"]), key)
+
     def _answer_multipart(self, body: Iterator[bytes] | None, *, truncate: bool) -> None:
         """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
         request out but cuts the answer's body in half (an answer lost on the way)."""
@@ -1269,7 +1285,8 @@ class _Handler(BaseHTTPRequestHandler):
         source: io.BufferedIOBase | http.client.HTTPResponse = response
         length = response.length  # None: chunked or until close
         json_answer = response.getheader("Content-Type", "").startswith("application/json")
-        if has_body and response.status == 200 and json_answer and kind in ("metadata", "list", "compose", "upload"):
+        rewrite = "/rewriteTo/" in self.path
+        if has_body and response.status == 200 and json_answer and (kind in _DESCRIBED or rewrite):
             data = response.read()  # object resources are small: rewritten whole
             if kind == "compose" and bucket is not None and name is not None:
                 generation = json.loads(data).get("generation")
@@ -1283,6 +1300,7 @@ class _Handler(BaseHTTPRequestHandler):
                         path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
                         front._ask(path, "PATCH", json.dumps({"customTime": self.compose_custom_time}).encode())
                         data = front._ask(f"{path}?generation={generation}&projection=noAcl")[1]
+            self._note_kms_key(kind, data)
             data = front.bucket_overlay.answer(self.path, front.patches.rewrite(rules.rewrite_resources(data)))
             data = front.folders.describe_bucket(self.path, data)
             data = stuck_page(self.path, data) if self.stuck else data

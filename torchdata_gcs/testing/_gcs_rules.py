@@ -144,6 +144,7 @@ class GCSRules:
         self._also_sent = frozenset(name.lower() for name in also_send)
         self._composites: dict[tuple[str, str], tuple[int, int]] = {}  # -> (generation, component count)
         self._classes: dict[tuple[str, str, int], str] = {}  # composite version -> its sources' storage class
+        self._keys: dict[tuple[str, str, int], str] = {}  # object version -> the Cloud KMS key it was written with
         self._lock = threading.Lock()
         self.writes = threading.Lock()
         """Held by the front while it checks a write's precondition and carries the write out."""
@@ -230,9 +231,18 @@ class GCSRules:
         """A compose's component count: each source counts its own components, or one."""
         return sum(self.component_count(bucket, str(source.get("name", ""))) or 1 for source in sources)
 
+    # -- customer-managed encryption keys -----------------------------------------------------------
+
+    def add_kms_key(self, bucket: str, name: str, generation: int, key: str) -> None:
+        """Record that a version was written with the Cloud KMS ``key`` (``kmsKeyName``, which the emulator
+        ignores): its resource names it, as GCS names it, with the key version used."""
+        with self._lock:
+            self._keys[(bucket, name, generation)] = f"{key}/cryptoKeyVersions/1"
+
     def rewrite_resources(self, body: bytes) -> bytes:
         """A JSON API answer with composite objects described as GCS describes them: no ``md5Hash``,
-        a ``componentCount``, their sources' ``storageClass``."""
+        a ``componentCount``, their sources' ``storageClass``; and a ``kmsKeyName`` for an object written
+        with one."""
         parsed = object_resources(body)
         if parsed is None:
             return body
@@ -241,7 +251,13 @@ class GCSRules:
         for resource in resources:
             if not isinstance(resource, dict) or "bucket" not in resource or "generation" not in resource:
                 continue
-            count = self.component_count(resource["bucket"], resource.get("name", ""), int(resource["generation"]))
+            version = (resource["bucket"], resource.get("name", ""), int(resource["generation"]))
+            with self._lock:
+                key = self._keys.get(version)
+            if key is not None:
+                resource["kmsKeyName"] = key
+                changed = True
+            count = self.component_count(*version)
             if count is not None:
                 resource.pop("md5Hash", None)
                 resource["componentCount"] = count

@@ -9,7 +9,8 @@ minimum) and ``BadDigest`` (a part whose ``x-goog-hash`` or ``Content-MD5`` does
 all 400. Parts are kept in files; a completed upload is written to the emulator in one streamed
 upload with the ``Content-Type``, ``x-goog-meta-*`` and fixed-key metadata headers (``Cache-Control``,
 ``Content-Disposition``, ``Content-Encoding``, ``Content-Language``, ``x-goog-custom-time``) given at
-initiation, so the object
+initiation, so the object (written with the Cloud KMS key of ``x-goog-encryption-kms-key-name``, if
+given: its resources then name it)
 appears whole or not at all, and it is then described as GCS describes it: no MD5, a component
 count.
 
@@ -81,6 +82,7 @@ class _Upload:
     content_type: str = "application/octet-stream"
     metadata: dict[str, str] = field(default_factory=dict)  # x-goog-meta-* given at initiation
     fixed: dict[str, str] = field(default_factory=dict)  # resource field -> value, from the fixed-key headers
+    kms_key_name: str | None = None  # x-goog-encryption-kms-key-name given at initiation
     parts: dict[int, tuple[str, int]] = field(default_factory=dict)  # number -> (etag, size)
     initiated: float = field(default_factory=time.time)
 
@@ -213,7 +215,9 @@ class MultipartUploads:
             self._folder = self._folder or tempfile.mkdtemp(prefix="torchdata-gcs-multipart-")
             folder = os.path.join(self._folder, upload_id)
             os.mkdir(folder)
-            self._uploads[upload_id] = _Upload(bucket, name, folder, content_type, metadata, fixed)
+            self._uploads[upload_id] = _Upload(
+                bucket, name, folder, content_type, metadata, fixed, headers.get("x-goog-encryption-kms-key-name")
+            )
         return _ok(_xml("InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", name), ("UploadId", upload_id)]))
 
     def _list_uploads(self, bucket: str, params: dict[str, str]) -> Answer:
@@ -324,6 +328,8 @@ class MultipartUploads:
             return _error(503, "Service Unavailable", "ServiceUnavailable", str(exc))
         self._forget(upload_id)
         self._rules.add_composite(upload.bucket, upload.name, int(resource["generation"]), len(numbers))
+        if upload.kms_key_name is not None:
+            self._rules.add_kms_key(upload.bucket, upload.name, int(resource["generation"]), upload.kms_key_name)
         headers = self._rules.answer_headers(
             [
                 ("x-goog-generation", resource["generation"]),
