@@ -265,12 +265,16 @@ def test_kms_key_name_encrypts_the_object_and_its_parts_on_every_write_path(
     assert bool(xml_starts) == (write.strategy == "multipart" and size > write.part_size)
 
 
-def test_a_write_names_its_own_kms_key_and_cp_keeps_the_filesystems(front: GCSFront, gcs_bucket: str) -> None:
+def test_a_write_names_its_own_kms_key_and_cp_mv_merge_take_the_filesystems(front: GCSFront, gcs_bucket: str) -> None:
     fs = GCSFileSystem(client=front.client_config, kms_key_name=KEY, skip_instance_cache=True)
     fs.pipe_file(f"{gcs_bucket}/cmek/own.bin", b"o", kms_key_name=OTHER_KEY)
     assert fs.info(f"{gcs_bucket}/cmek/own.bin")["kmsKeyName"].startswith(f"{OTHER_KEY}/")
     fs.cp(f"{gcs_bucket}/cmek/own.bin", f"{gcs_bucket}/cmek/copy.bin")
-    assert fs.info(f"{gcs_bucket}/cmek/copy.bin")["kmsKeyName"].startswith(f"{KEY}/")
+    fs.mv_file(f"{gcs_bucket}/cmek/copy.bin", f"{gcs_bucket}/cmek/moved.bin")
+    fs.merge(f"{gcs_bucket}/cmek/merged.txt", [f"{gcs_bucket}/cmek/own.bin", f"{gcs_bucket}/cmek/moved.bin"])
+    for made in ("moved.bin", "merged.txt"):  # a copy, a move (mv_file) and a merge: the filesystem's key
+        assert fs.info(f"{gcs_bucket}/cmek/{made}")["kmsKeyName"].startswith(f"{KEY}/")
+    assert fs.info(f"{gcs_bucket}/cmek/merged.txt")["contentType"] == "text/plain"
     plain = GCSFileSystem(client=front.client_config, skip_instance_cache=True)
     plain.pipe_file(f"{gcs_bucket}/cmek/plain.bin", b"p")
     assert "kmsKeyName" not in plain.info(f"{gcs_bucket}/cmek/plain.bin")
