@@ -43,11 +43,13 @@ import contextlib
 import contextvars
 import functools
 import io
+import itertools
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
@@ -171,6 +173,24 @@ CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 """gcsfs's ``consistency`` values; reads here are always checked by crc32c, which covers them all."""
 
 
+def _listings_cache_options(options: dict[str, Any]) -> None:
+    """gcsfs's ``cache_timeout`` in ``options`` as fsspec's listings cache options: ``None`` (gcsfs's
+    default) caches listings until invalidated, seconds expire them, 0 or less caches none."""
+    if "cache_timeout" not in options:
+        return
+    timeout = options.pop("cache_timeout")
+    if "listings_expiry_time" in options:
+        raise TypeError("give either gcsfs's cache_timeout or fsspec's listings_expiry_time, not both")
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"cache_timeout must be seconds or None, got {timeout!r}")
+    if timeout <= 0:
+        options["use_listings_cache"] = False
+    else:
+        options["listings_expiry_time"] = timeout
+
+
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
     """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
     that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
@@ -225,9 +245,17 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             gcsfs's where they mean something here, so that ``storage_options`` written for gcsfs work
             unchanged: ``token`` (``"anon"``, ``"google_default"``, ``"cloud"`` or ``None``, a credentials
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
-            ``requester_pays`` (``True``: bill ``project``; or the project to bill) and ``consistency``
-            (every read is checked by crc32c whatever it says). Any other gcsfs argument raises
+            ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
+            (every read is checked by crc32c whatever it says) and ``cache_timeout`` (seconds a listing
+            is kept, as ``listings_expiry_time``; 0 or less keeps none). Any other gcsfs argument raises
             ``TypeError`` naming it, rather than being ignored.
+
+    Directory listings are cached as gcsfs caches them (fsspec's ``use_listings_cache``, default on,
+    ``listings_expiry_time``, default never, and ``max_paths``): ``ls`` keeps each directory's listing in
+    ``dircache``, and ``info``, ``exists``, ``isdir`` and ``ls`` answer from the cached listing of a path's
+    parent. Writes and deletes through this filesystem drop the listings they change, so it never lists
+    stale what it changed itself; what another process writes shows once the listing expires, after
+    ``invalidate_cache()``, or with ``ls(..., refresh=True)``. Reads (``open``, ``cat``) always ask GCS.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -256,6 +284,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         write: WriteConfig | None = None,
         **storage_options: Any,
     ) -> None:
+        _listings_cache_options(storage_options)
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -270,6 +299,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             )
         self.stats = LoadStats()
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
+        self._invalidations = itertools.count()
+        self._epoch = next(self._invalidations)  # changes with every invalidation of the listings cache
+        self._writers: dict[int, weakref.ref[StreamingWriter]] = {}  # writers of this filesystem not closed yet
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -346,6 +378,71 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     def _directory(path: str) -> dict[str, Any]:
         return {"name": path.rstrip("/"), "type": "directory", "size": 0}
 
+    # -- the listings cache ----------------------------------------------------------------------
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Forget the listings cached for ``path``, its parents and every directory under it (all of them if
+        ``None``): the next ``ls``, ``info`` or ``exists`` there asks GCS. Writes and deletes through this
+        filesystem do it themselves; call it after another process wrote, or pass ``refresh=True`` to ``ls``."""
+        if path is None:
+            self.dircache.clear()
+            self._epoch = next(self._invalidations)
+        else:
+            self._drop_listings([path])
+
+    def _drop_listings(self, paths: Iterable[str]) -> None:
+        """:meth:`invalidate_cache` of several paths at once, in one pass over the cache."""
+        keys = {self._strip_protocol(path).rstrip("/") for path in paths}
+        doomed: set[str] = set()
+        for key in keys:
+            while key and key not in doomed:
+                doomed.add(key)
+                key = key.rpartition("/")[0]
+        for cached in list(self.dircache):
+            above = cached.rpartition("/")[0]
+            while above and above not in keys:
+                above = above.rpartition("/")[0]
+            if above:
+                doomed.add(cached)
+        for key in doomed:
+            self.dircache.pop(key, None)
+        self._epoch = next(self._invalidations)
+
+    def _track(self, writer: StreamingWriter) -> StreamingWriter:
+        """Note ``writer`` until it closes: the listings over its object are dropped now, and none is kept
+        while it is open, as its object appears when it closes (which the writer tells no one)."""
+        for number, ref in list(self._writers.items()):
+            if (noted := ref()) is None or noted.closed:
+                self._writers.pop(number, None)
+        self._writers[id(writer)] = weakref.ref(writer)
+        self.invalidate_cache(writer.url)
+        return writer
+
+    def _writing_under(self, key: str) -> bool:
+        """Whether a writer of this filesystem that has not closed yet writes under the directory ``key``."""
+        for ref in list(self._writers.values()):
+            writer = ref()
+            if writer is not None and not writer.closed and self._strip_protocol(writer.url).startswith(f"{key}/"):
+                return True
+        return False
+
+    def _cached_entries(self, key: str) -> list[dict[str, Any]] | None:
+        """Copies of the entries named ``key`` (a file, a directory or both) in the cached listing of its
+        parent; ``None`` if that listing is not cached; ``FileNotFoundError`` if it is and names neither."""
+        parent = key.rpartition("/")[0]
+        listing = self.dircache.get(parent) if parent and not key.endswith("/") else None
+        if listing is None:
+            return None
+        entries = [dict(entry) for entry in listing if entry["name"] == key]
+        if not entries:
+            url = format_url(*self.split_path(key))
+            raise NotFoundError(
+                f"{url}: no such object or directory in the cached listing of gs://{parent}/ (refresh=True or "
+                "invalidate_cache() asks GCS again)",
+                url=url,
+            )
+        return entries
+
     # -- metadata and listing --------------------------------------------------------------------
 
     async def _exists(self, path: str, **kwargs: Any) -> bool:
@@ -356,8 +453,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return False
 
     @_on_io_loop
-    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+    async def _info(self, path: str, refresh: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """What ``path`` is: from the cached listing of its parent if there is one (as gcsfs answers), else
+        from GCS; ``refresh=True`` always asks GCS (reads do: they need the live version)."""
         bucket, name = self.split_path(path)
+        cached = None if refresh or not name else self._cached_entries(f"{bucket}/{name}")
+        if cached:
+            return next((entry for entry in cached if entry["type"] == "file"), cached[0])
         job = self._job()
         if not name:
             await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
@@ -388,8 +490,23 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return any([page.get("prefixes") async for page in _pages(job, bucket, params)])
 
     @_on_io_loop
-    async def _ls(self, path: str, detail: bool = False, **kwargs: Any) -> list[Any]:
+    async def _ls(self, path: str, detail: bool = False, refresh: bool = False, **kwargs: Any) -> list[Any]:
+        """The entries one level under ``path`` (a file lists as itself). A directory's listing is kept in
+        ``dircache`` (fsspec's options ``use_listings_cache``, ``listings_expiry_time``, ``max_paths``) and
+        answers later calls until it expires or is invalidated; ``refresh=True`` drops it and lists anew."""
         bucket, name = self.split_path(path)
+        key = f"{bucket}/{name}".rstrip("/")
+        cacheable = not name.endswith("/")
+        if refresh:
+            self.invalidate_cache(key)
+        cached = self.dircache.get(key) if cacheable else None
+        if cached is None and cacheable:
+            itself = self._cached_entries(key)  # a file lists as itself; a name its parent lacks raises
+            cached = itself if itself and all(entry["type"] == "file" for entry in itself) else None
+        if cached is not None:
+            return [dict(entry) for entry in cached] if detail else [entry["name"] for entry in cached]
+        keep = cacheable and not self._writing_under(key)  # an open writer's object appears when it closes
+        epoch = self._epoch  # an invalidation while listing: the listing may not hold what was changed
         prefix = f"{name}/" if name else ""
         params: dict[str, Any] = {
             "prefix": prefix,
@@ -410,11 +527,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 else:
                     entries.append(self._file(bucket, item))
         entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
+        entries.sort(key=lambda entry: entry["name"])
+        if entries and keep and self._epoch == epoch:
+            self.dircache[key] = [dict(entry) for entry in entries]
         if not entries and name and not placeholder:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
                 entries = []
-        entries.sort(key=lambda entry: entry["name"])
         return entries if detail else [entry["name"] for entry in entries]
 
     async def _glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
@@ -429,21 +548,41 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         withdirs: bool = False,
         detail: bool = False,
         match_glob: str | None = None,
+        prefix: str = "",
         **kwargs: Any,
     ) -> Any:
         """Everything under ``path`` (and ``path`` itself if it is an object) from one parallel flat listing,
         at most ``maxdepth`` levels below ``path`` if given (as gcsfs does: a missing bucket raises).
-        ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing (the caller still filters)."""
+        ``prefix``, as gcsfs's: only the names under ``path`` that start with ``path/prefix``, which GCS
+        selects (its ``prefix`` parameter); ``path`` itself is not among them, and with ``withdirs`` only the
+        directories that start so are. ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing
+        (the caller still filters). It neither reads nor fills the listings cache."""
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__} {brief(prefix)}")
         bucket, name = self.split_path(path)
+        within = name
+        if prefix:
+            within = (name if not name or name.endswith("/") else f"{name}/") + prefix
+            self.split_path(f"{bucket}/{within}")  # a prefix GCS would refuse raises InvalidPathError
         client = Client(self.client, self.retry)
         batches = await asyncio.to_thread(
-            lambda: list(list_objects(client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY, match_glob=match_glob))
+            lambda: list(
+                list_objects(
+                    client,
+                    bucket,
+                    within,
+                    MAX_PAGE_SIZE,
+                    LISTING_CONCURRENCY,
+                    match_glob=match_glob,
+                    as_prefix=bool(prefix),
+                )
+            )
         )
         found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, item) for _, item in batch)}
         if withdirs:
-            top = f"{bucket}/{name}".rstrip("/")
+            top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
                 parent = entry_name.rpartition("/")[0]
                 while parent.startswith(top) and parent not in found:
@@ -466,7 +605,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
             data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
-        info = await self._info(path)
+        info = await self._info(path, refresh=True)
         if info["type"] != "file":
             raise IsADirectoryError(f"{url} is a directory")
         size = info["size"]
@@ -524,7 +663,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _, _, url = self._object(path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
-            writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb")
+            writer = self._track(new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb"))
             return writer if autocommit else StagedWriter(writer)
         raise NotImplementedError(
             f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
@@ -540,7 +679,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if len(data) <= self.write.part_size and not self._intrans:
             job = self._job()
             replaced = 0 if only_if_new else await live_generation(job, bucket, name)
-            await create_object(job, bucket, name, data, if_generation_match=replaced)
+            try:
+                await create_object(job, bucket, name, data, if_generation_match=replaced)
+            finally:  # a failed request may have written all the same
+                self.invalidate_cache(path)
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new)
 
@@ -564,7 +706,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
-        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new)
+        writer = self._track(new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new))
         try:
             for chunk in chunks:
                 writer.write(chunk)
@@ -586,13 +728,19 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         except NotFoundError:
             if not await self._is_directory(self._job(), *source[:2]):
                 raise
+        finally:
+            self.invalidate_cache(path2)
 
     # -- removing and directories ----------------------------------------------------------------
 
     @_on_io_loop
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
         bucket, name, url = self._object(path)
-        if not await delete_object(self._job(), bucket, name):
+        try:
+            deleted = await delete_object(self._job(), bucket, name)
+        finally:
+            self.invalidate_cache(path)
+        if not deleted:
             raise NotFoundError(f"{url}: no such object", url=url)
 
     @_in_bulk_on_io_loop
@@ -620,7 +768,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
             await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
             raise IsADirectoryError(f"{buckets[0]} is a bucket: rm does not delete buckets")
-        deleted = await self._delete_objects(job, objects, listed)
+        try:
+            deleted = await self._delete_objects(job, objects, listed)
+        finally:
+            self._drop_listings(p for p, _, _ in objects)
         named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
@@ -664,6 +815,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             logger.warning(
                 "the objects under %s are removed, its empty folders stay: %s", format_url(bucket, name), exc
             )
+        finally:
+            self.invalidate_cache(f"{bucket}/{name}")
         return removed
 
     @staticmethod
@@ -708,6 +861,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             await self._info(self.split_path(path)[0])
         except AccessDeniedError:
             pass
+        self.invalidate_cache(path)
 
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
         await self._mkdir(path)
@@ -734,7 +888,7 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
         cache_type: str = "readahead",
         cache_options: dict[str, Any] | None = None,
     ) -> None:
-        info = fs.info(path)
+        info = fs.info(path, refresh=True)  # the live version, whatever a cached listing says
         if info["type"] != "file":
             raise IsADirectoryError(f"{path} is a directory")
         super().__init__(
