@@ -742,8 +742,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         generation = await live_generation(job, bucket, name)
         if not generation:
             raise NotFoundError(f"{url}: no such object", url=url)
-        await rewrite_object(job, (bucket, name), destination[:2])
-        await delete_object(job, bucket, name, generation=generation)
+        try:
+            await rewrite_object(job, (bucket, name), destination[:2])
+            await delete_object(job, bucket, name, generation=generation)
+        finally:
+            self._drop_listings([path1, path2])
 
     mv_file = sync_wrapper(_mv_file)
 
@@ -781,14 +784,17 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             )
         )
         pieces = [(crc32c_value(resource["crc32c"]), int(resource["size"])) for resource in found if resource]
-        await compose_object(
-            job,
-            bucket,
-            name,
-            [(source, int(resource["generation"])) for (_, source, _), resource in zip(sources, found) if resource],
-            if_generation_match=await live_generation(job, bucket, name),
-            composite=(sum(size for _, size in pieces), crc32c_base64(crc32c_of_concatenation(pieces))),
-        )
+        try:
+            await compose_object(
+                job,
+                bucket,
+                name,
+                [(source, int(resource["generation"])) for (_, source, _), resource in zip(sources, found) if resource],
+                if_generation_match=await live_generation(job, bucket, name),
+                composite=(sum(size for _, size in pieces), crc32c_base64(crc32c_of_concatenation(pieces))),
+            )
+        finally:
+            self.invalidate_cache(path)
 
     # -- removing and directories ----------------------------------------------------------------
 
