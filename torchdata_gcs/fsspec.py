@@ -390,17 +390,19 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             self.dircache.clear()
             self._epoch = next(self._invalidations)
         else:
-            self._drop_listings([path])
+            self._drop_listings([path], under=True)
 
-    def _drop_listings(self, paths: Iterable[str]) -> None:
-        """:meth:`invalidate_cache` of several paths at once, in one pass over the cache."""
+    def _drop_listings(self, paths: Iterable[str], under: bool = False) -> None:
+        """Forget the listings cached for ``paths`` and their parents, which an object written or deleted at
+        one of them changes; with ``under``, those of every directory under them too (a tree removed), in
+        one pass over the cache."""
         keys = {self._strip_protocol(path).rstrip("/") for path in paths}
         doomed: set[str] = set()
         for key in keys:
             while key and key not in doomed:
                 doomed.add(key)
                 key = key.rpartition("/")[0]
-        for cached in list(self.dircache):
+        for cached in list(self.dircache) if under else []:
             above = cached.rpartition("/")[0]
             while above and above not in keys:
                 above = above.rpartition("/")[0]
@@ -417,7 +419,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if (noted := ref()) is None or noted.closed:
                 self._writers.pop(number, None)
         self._writers[id(writer)] = weakref.ref(writer)
-        self.invalidate_cache(writer.url)
+        self._drop_listings([writer.url])
         return writer
 
     def _writing_under(self, key: str) -> bool:
@@ -684,7 +686,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             try:
                 await create_object(job, bucket, name, data, if_generation_match=replaced)
             finally:  # a failed request may have written all the same
-                self.invalidate_cache(path)
+                self._drop_listings([path])
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new)
 
@@ -731,7 +733,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if not await self._is_directory(self._job(), *source[:2]):
                 raise
         finally:
-            self.invalidate_cache(path2)
+            self._drop_listings([path2])
 
     @_on_io_loop
     async def _mv_file(self, path1: str, path2: str) -> None:
@@ -794,7 +796,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 composite=(sum(size for _, size in pieces), crc32c_base64(crc32c_of_concatenation(pieces))),
             )
         finally:
-            self.invalidate_cache(path)
+            self._drop_listings([path])
 
     # -- removing and directories ----------------------------------------------------------------
 
@@ -804,7 +806,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         try:
             deleted = await delete_object(self._job(), bucket, name)
         finally:
-            self.invalidate_cache(path)
+            self._drop_listings([path])
         if not deleted:
             raise NotFoundError(f"{url}: no such object", url=url)
 
