@@ -303,7 +303,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
         self._invalidations = itertools.count()
         self._epoch = next(self._invalidations)  # changes with every invalidation of the listings cache
-        self._writers: dict[int, weakref.ref[StreamingWriter]] = {}  # writers of this filesystem not closed yet
+        self._writers: dict[int, weakref.ref[StreamingWriter]] = {}  # writers opened here, until seen closed
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

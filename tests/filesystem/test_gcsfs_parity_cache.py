@@ -198,13 +198,13 @@ def test_a_listing_made_while_a_writer_is_open_is_not_kept(front: GCSFront, gcs_
 
 def test_listings_expire_as_told_and_are_not_kept_when_off(front: GCSFront, gcs_bucket: str) -> None:
     _fs(front).pipe_file(f"{gcs_bucket}/d/a.txt", b"alpha")
-    for options in ({"listings_expiry_time": 0.5}, {"cache_timeout": 0.5}):
+    for options in ({"listings_expiry_time": 1.0}, {"cache_timeout": 1.0}):
         fs = _fs(front, **options)
         front.reset_counts()
         fs.ls(f"{gcs_bucket}/d")
         fs.ls(f"{gcs_bucket}/d")
         assert _lists(front) == 1, options
-        time.sleep(0.6)
+        time.sleep(1.1)
         fs.ls(f"{gcs_bucket}/d")
         assert _lists(front) == 2, options
     for options in ({"use_listings_cache": False}, {"cache_timeout": 0}, {"cache_timeout": -1}):
