@@ -280,12 +280,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
-        """fsspec's, for paths that are text only. Every call with a path passes here, or through
-        :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any request: a path that is not
-        text (``None``, a number, bytes) is refused with a ``TypeError`` saying so."""
+        """fsspec's, for paths that are text only, keeping a trailing ``/`` below the bucket as gcsfs does
+        (``bucket/x/``: written, the object ``x/``; read or listed, the directory ``x``). Every call with a
+        path passes here, or through :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any
+        request: a path that is not text (``None``, a number, bytes) is refused with a ``TypeError``."""
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
-        return super()._strip_protocol(_path_text(path)).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        text = _path_text(path)
+        stripped = super()._strip_protocol(text).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        return f"{stripped}/" if text.endswith("/") and "/" in stripped else stripped
 
     async def _expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
         if not isinstance(path, (str, os.PathLike)):  # several paths: fsspec takes any iterable of them
@@ -308,8 +311,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return await super()._copy(path1, path2, *args, **kwargs)
 
     def split_path(self, path: str) -> tuple[str, str]:
-        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
-        bucket, _, name = self._strip_protocol(path).partition("/")
+        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket), and has
+        no trailing ``/``: ``x/`` and ``x`` name the same directory (:meth:`_object` keeps it, for objects)."""
+        bucket, _, name = self._strip_protocol(path).rstrip("/").partition("/")
         if not bucket:
             raise InvalidPathError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
         try:
@@ -320,10 +324,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return bucket, name
 
     def _object(self, path: str) -> tuple[str, str, str]:
-        """``(bucket, name, url)`` of a path that must name an object."""
+        """``(bucket, name, url)`` of a path that must name an object; ``bucket/x/`` names the object ``x/``
+        (a folder's placeholder, such as ``touch("bucket/x/")`` writes), never ``x``."""
         bucket, name = self.split_path(path)
         if not name:
             raise IsADirectoryError(f"{path!r} is a bucket, not an object")
+        name += "/" if self._strip_protocol(path).endswith("/") else ""
         return bucket, name, format_url(bucket, name)
 
     def _job(self, budget: int | None = None) -> RequestContext:
@@ -362,7 +368,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not name:
             await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
-        resource = await object_resource(job, bucket, name, FILE_FIELDS)
+        directory_only = self._strip_protocol(path).endswith("/")  # "f.txt/" is not the object f.txt
+        resource = None if directory_only else await object_resource(job, bucket, name, FILE_FIELDS)
         if resource is not None:
             return self._file(bucket, resource)
         if await self._is_directory(job, bucket, name):
@@ -374,6 +381,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """Whether ``name/`` holds objects, or is a folder of a bucket with a hierarchical namespace (empty
         ones too), with ``storage.objects.list`` alone: a listing of ``name``'s level from ``name/`` to
         ``name0`` (``0`` follows ``/``) holds at most that one prefix."""
+        name = name.rstrip("/")
         parent = name.rpartition("/")[0]
         params: dict[str, Any] = {
             "prefix": f"{parent}/" if parent else "",
@@ -524,7 +532,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _, _, url = self._object(path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
-            writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb")
+            writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb", folder_name=True)
             return writer if autocommit else StagedWriter(writer)
         raise NotImplementedError(
             f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
@@ -564,7 +572,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
-        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new)
+        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new, folder_name=True)
         try:
             for chunk in chunks:
                 writer.write(chunk)
@@ -615,13 +623,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         finally:
             _LISTED.reset(watching)
         job = self._job()
-        objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
+        objects = [(p, *self._object(p)[:2]) for p in paths if self.split_path(p)[1]]
         buckets = [p for p in paths if not self.split_path(p)[1]]
         if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
             await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
             raise IsADirectoryError(f"{buckets[0]} is a bucket: rm does not delete buckets")
         deleted = await self._delete_objects(job, objects, listed)
-        named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
+        named = {self._strip_protocol(p) for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
             missed = [p for p in missed if p in named or not await self._isdir(p)]
