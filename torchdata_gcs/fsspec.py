@@ -54,7 +54,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import google.auth.credentials
-from fsspec.asyn import AsyncFileSystem
+from fsspec.asyn import AsyncFileSystem, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile
@@ -74,9 +74,12 @@ from ._ops.client import Client
 from ._ops.objects import (
     MAX_PAGE_SIZE,
     check_bucket,
+    create_bucket,
     create_object,
+    delete_bucket,
     delete_folder,
     delete_object,
+    list_buckets,
     list_page,
     live_generation,
     object_resource,
@@ -90,9 +93,18 @@ from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.deadline import call_deadline
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
+from .errors import AccessDeniedError, GCSError, InvalidURIError, NotFoundError, PreconditionFailedError
 
-__all__ = ["GCSFile", "GCSFileSystem", "InvalidPathError", "PublishingTransaction", "StagedWriter", "register"]
+__all__ = [
+    "BucketExistsError",
+    "BucketNotEmptyError",
+    "GCSFile",
+    "GCSFileSystem",
+    "InvalidPathError",
+    "PublishingTransaction",
+    "StagedWriter",
+    "register",
+]
 
 T = TypeVar("T")
 
@@ -113,6 +125,15 @@ _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
 class InvalidPathError(InvalidURIError, OSError):
     """A path GCS would refuse (no bucket, a bad bucket or object name): an ``InvalidURIError`` (a
     ``ValueError``) that is an ``OSError`` too, as fsspec's callers expect of a filesystem's errors."""
+
+
+class BucketExistsError(GCSError, FileExistsError):
+    """``mkdir`` of a bucket whose name is taken (GCS answers 409): bucket names are global, so a bucket of
+    another project takes the name as well."""
+
+
+class BucketNotEmptyError(GCSError, OSError):
+    """``rmdir`` of a bucket that holds objects (GCS answers 409): GCS deletes only empty buckets."""
 
 
 def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
@@ -180,7 +201,7 @@ def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, A
     unknown = sorted(set(options) - FSSPEC_OPTIONS)
     if unknown:
         raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")
-    if not gcsfs:
+    if not gcsfs.keys() - {"project"}:  # the project alone is the filesystem's (its buckets), not the client's
         return client
     if client is not None:
         raise TypeError(f"give either client= or gcsfs's {', '.join(sorted(gcsfs))}, not both")
@@ -227,7 +248,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
             ``requester_pays`` (``True``: bill ``project``; or the project to bill) and ``consistency``
             (every read is checked by crc32c whatever it says). Any other gcsfs argument raises
-            ``TypeError`` naming it, rather than being ignored.
+            ``TypeError`` naming it, rather than being ignored. ``project`` (with ``client=`` too) is also
+            the project whose buckets ``ls("")`` lists and ``mkdir("bucket")`` creates, in
+            ``default_location`` if given (else GCS's default, the ``US`` multi-region).
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -256,6 +279,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         write: WriteConfig | None = None,
         **storage_options: Any,
     ) -> None:
+        self.project: str | None = storage_options.get("project")
+        self.default_location: str | None = storage_options.pop("default_location", None)
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -315,7 +340,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         no trailing ``/``: ``x/`` and ``x`` name the same directory (:meth:`_object` keeps it, for objects)."""
         bucket, _, name = self._strip_protocol(path).rstrip("/").partition("/")
         if not bucket:
-            raise InvalidPathError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
+            raise InvalidPathError(f"{path!r} names no bucket")
         try:
             validate_bucket(bucket)
             validate_object_name(name, allow_empty=True)
@@ -397,6 +422,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _ls(self, path: str, detail: bool = False, **kwargs: Any) -> list[Any]:
+        if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
+            buckets = await list_buckets(self._job(), self._project("list buckets"))
+            found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
+            return found if detail else [b["name"] for b in found]
         bucket, name = self.split_path(path)
         prefix = f"{name}/" if name else ""
         params: dict[str, Any] = {
@@ -708,17 +737,67 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 deleted[bucket, name] = outcome
         return [deleted[bucket, name] for _, bucket, name in objects]
 
-    async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        """Nothing to make (GCS has no directories); a bucket that does not exist raises ``FileNotFoundError``
-        (buckets are not created here). An identity that may write objects but not list them (Storage Object
-        Creator) cannot tell whether the bucket exists: it passes, and its first write will say."""
+    @_on_io_loop
+    async def _mkdir(self, path: str, create_parents: bool = False, location: str | None = None, **kwargs: Any) -> None:
+        """As gcsfs's: ``mkdir("bucket")`` creates the bucket in ``project`` (in ``location``, else
+        ``default_location``, else GCS's default) unless it exists (``BucketExistsError`` if its name is taken
+        elsewhere). A deeper path has nothing to make (GCS has no directories) but its bucket: a missing one
+        is created with ``create_parents=True`` and raises ``FileNotFoundError`` otherwise. An identity that
+        may write objects but not list them (Storage Object Creator) cannot tell whether the bucket exists:
+        a deeper path passes, and its first write will say."""
+        bucket, name = self.split_path(path)
+        exists = await self._bucket_exists(bucket)
+        if exists or (exists is None and name):
+            return
+        if name and not create_parents:
+            url = format_url(bucket)
+            raise NotFoundError(f"bucket {bucket!r} does not exist: mkdir creates it with create_parents=True", url=url)
         try:
-            await self._info(self.split_path(path)[0])
-        except AccessDeniedError:
-            pass
+            await create_bucket(
+                self._job(), self._project("create a bucket"), bucket, location or self.default_location
+            )
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketExistsError(f"a bucket named {bucket!r} exists already: {exc}", url=exc.url) from None
 
+    @_on_io_loop
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
-        await self._mkdir(path)
+        """Nothing to make (GCS has no directories; buckets are made by ``mkdir``); a bucket that does not
+        exist raises ``FileNotFoundError``."""
+        with contextlib.suppress(AccessDeniedError):  # listing refused: its first write will say
+            await check_bucket(self._job(), self.split_path(path)[0])  # NotFoundError if missing
+
+    @_on_io_loop
+    async def _rmdir(self, path: str) -> None:
+        """As gcsfs's: delete the bucket ``path`` names, if empty (``BucketNotEmptyError`` otherwise); a deeper
+        path has nothing to delete (GCS has no directories)."""
+        bucket, name = self.split_path(path)
+        if name:
+            return
+        try:
+            await delete_bucket(self._job(), bucket)
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketNotEmptyError(f"bucket {bucket!r} holds objects: {exc}", url=exc.url) from None
+
+    rmdir = sync_wrapper(_rmdir)  # fsspec makes no blocking twin of _rmdir itself
+
+    async def _bucket_exists(self, bucket: str) -> bool | None:
+        """Whether the bucket exists, asked with ``storage.objects.list`` alone; ``None`` if listing is refused."""
+        try:
+            await check_bucket(self._job(), bucket)
+        except NotFoundError:
+            return False
+        except AccessDeniedError:
+            return None
+        return True
+
+    def _project(self, purpose: str) -> str:
+        if not self.project:
+            raise ValueError(f"to {purpose}, GCSFileSystem needs project=: the Google Cloud project they belong to")
+        return self.project
 
 
 class GCSFile(AbstractBufferedFile):  # type: ignore[misc]

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 from .._ops.objects import MAX_PAGE_SIZE
 from ._batch import BATCH_PATH, answer_batch, batch_calls
 from ._folders import Content, Folders
-from ._gcs_rules import GCSRules, bucket_permission, denied
+from ._gcs_rules import GCSRules, bucket_call_refusal, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
@@ -625,6 +625,10 @@ class GCSFront(LocalService):
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
 
+    def _holds_objects(self, bucket: str) -> bool:
+        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o?maxResults=1")
+        return status == 200 and bool(json.loads(answer).get("items"))
+
     def _ask(self, path: str, method: str = "GET") -> tuple[int, bytes]:
         """The status and body of a request (a GET by default) of ``path`` upstream, for the front's own
         checks and acts."""
@@ -898,6 +902,7 @@ class _Handler(BaseHTTPRequestHandler):
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
+            refusal = refusal or bucket_call_refusal(self.command, path, params, front._holds_objects)
             deleting = kind == "delete" and refusal is None
             deletion = front.bucket_overlay.deletion(*_object_of(path), params) if deleting else None
             refusal = refusal or (deletion.refusal if deletion is not None else None)
