@@ -125,3 +125,12 @@ def test_rmdir_deletes_an_empty_bucket_and_refuses_one_with_objects(
     assert not fs.exists(new_bucket) and new_bucket not in fs.ls("")
     with pytest.raises(FileNotFoundError):
         fs.rmdir(new_bucket)
+
+
+def test_rmdir_whose_answer_is_lost_finds_the_bucket_deleted(gcs_emulator: Emulator, new_bucket: str) -> None:
+    gcs_emulator.create_bucket(new_bucket)
+    with GCSFront(gcs_emulator.endpoint, lose_write_answers=True) as front:
+        fs = GCSFileSystem(client=front.client_config, project=PROJECT, skip_instance_cache=True)
+        fs.rmdir(new_bucket)  # carried out, answered 503, sent again: 404
+        assert front.faults_injected["lost_answer"] == 1 and front.unconditional_resends == []
+        assert not fs.exists(new_bucket)

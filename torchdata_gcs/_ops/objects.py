@@ -138,11 +138,23 @@ async def create_bucket(job: RequestContext, project: str, bucket: str, location
 
 
 async def delete_bucket(job: RequestContext, bucket: str) -> None:
-    """Delete an empty bucket (``storage.buckets.delete``); ``NotFoundError`` if there is none, and
-    ``GCSError`` with status 409 if it holds objects (GCS deletes only empty buckets)."""
+    """Delete an empty bucket (``storage.buckets.delete``, which GCS deems idempotent); ``NotFoundError`` if
+    there is none, and ``GCSError`` with status 409 if it holds objects (GCS deletes only empty buckets). A
+    retry answered 404 finds the bucket deleted by an earlier attempt whose answer was lost."""
     url = format_url(bucket)
-    if not await delete_request(job, url, job.session.bucket_path(bucket), {}, repeatable=True):
-        raise missing_bucket(bucket, url)
+    attempts = 0
+
+    async def send_once() -> None:
+        nonlocal attempts
+        attempts += 1
+        try:
+            async with job.session.send("DELETE", url, job.session.bucket_path(bucket), {}) as response:
+                await response.read()
+        except NotFoundError:
+            if attempts == 1:
+                raise missing_bucket(bucket, url) from None
+
+    await with_retry(job, url, send_once)
 
 
 async def object_resource(

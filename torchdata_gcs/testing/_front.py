@@ -94,6 +94,7 @@ _HOP_BY_HOP = frozenset(
 _LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
 _COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
 _STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
+_BUCKET = re.compile(r"/storage/v1/b/[^/]+")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
@@ -169,8 +170,8 @@ def is_write(method: str, target: str) -> bool:
 
 def repeatable(method: str, target: str, headers: Any = None) -> bool:
     """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the
-    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``,
-    or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
+    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``
+    or of a bucket, or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
     and the others are bound to their upload ID (a part PUT overwrites the same part number, a repeated
     completion or abort finds the upload gone).
 
@@ -182,6 +183,8 @@ def repeatable(method: str, target: str, headers: Any = None) -> bool:
     """
     params = dict(parse_qsl(target.partition("?")[2], keep_blank_values=True))
     if "ifGenerationMatch" in params or (method == "DELETE" and "generation" in params):
+        return True
+    if method == "DELETE" and _BUCKET.fullmatch(target.partition("?")[0]):  # GCS: bucket deletes are idempotent
         return True
     if headers is not None and headers.get("x-goog-if-generation-match") is not None:
         return True
