@@ -677,22 +677,24 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _remove_folders(self, job: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder ``name/`` of a bucket with a hierarchical namespace and every folder under it,
         deepest first, once their objects are gone (GCS deletes only empty folders, and keeps them otherwise);
-        returns how many went. A flat bucket pays one listing: only if something is left under ``name/`` is
-        the bucket's storage layout asked (once per bucket). Without ``storage.folders.delete`` the folders
-        stay, with a warning: the objects are gone, which is what removing them asked."""
+        returns how many went, folder placeholders included. A flat bucket pays one listing: only if something
+        is left under ``name/`` are its placeholders looked for and the bucket's storage layout asked (once per
+        bucket). Without ``storage.folders.delete`` the folders stay, with a warning: the objects are gone,
+        which is what removing them asked."""
         if not name or not await self._is_directory(job, bucket, name):
             return 0
+        placeholders = await self._remove_placeholders(job, bucket, name)
         if bucket not in self._hierarchical:
             layout = await storage_layout(job, bucket)
             self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
         if not self._hierarchical[bucket]:
-            return 0
+            return placeholders
         level, folders = [f"{name}/"], [f"{name}/"]
         while level:
             below = await asyncio.gather(*(self._subfolders(job, bucket, folder) for folder in level))
             level = [folder for found in below for folder in found]
             folders += level
-        removed = 0
+        removed = placeholders
         try:
             for depth in sorted({folder.count("/") for folder in folders}, reverse=True):
                 at_depth = [folder for folder in folders if folder.count("/") == depth]
@@ -702,6 +704,24 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 "the objects under %s are removed, its empty folders stay: %s", format_url(bucket, name), exc
             )
         return removed
+
+    @staticmethod
+    async def _remove_placeholders(job: RequestContext, bucket: str, name: str) -> int:
+        """Delete the folder placeholders under ``name/`` (zero-byte ``.../`` objects, such as ``touch("dir/")``
+        writes, which ``find`` skips), each only while it is the generation listed; how many went."""
+        params = {
+            "prefix": f"{name}/",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": "items(name,size,generation),nextPageToken",
+        }
+        left = [
+            (item["name"], int(item["generation"]))
+            async for page in _pages(job, bucket, params)
+            for item in page.get("items", [])
+            if item["name"].endswith("/") and int(item["size"]) == 0
+        ]
+        gone = await asyncio.gather(*(delete_object(job, bucket, n, if_generation_match=g) for n, g in left))
+        return sum(gone)
 
     @staticmethod
     async def _subfolders(job: RequestContext, bucket: str, folder: str) -> list[str]:

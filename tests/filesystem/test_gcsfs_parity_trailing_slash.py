@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import fsspec
 import pytest
 from fsspec.registry import _registry
 
 from torchdata_gcs.fsspec import GCSFileSystem
-from torchdata_gcs.testing import Emulator
+from torchdata_gcs.testing import Emulator, GCSFront
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -18,6 +18,13 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def fs(gcs_emulator: Emulator) -> GCSFileSystem:
     return GCSFileSystem(client=gcs_emulator.client_config, skip_instance_cache=True)
+
+
+@pytest.fixture
+def front_fs(gcs_emulator: Emulator) -> Iterator[GCSFileSystem]:
+    """Through the front, which answers the storage layout a recursive ``rm`` asks for (the emulator lacks it)."""
+    with GCSFront(gcs_emulator.endpoint) as front:
+        yield GCSFileSystem(client=front.client_config, skip_instance_cache=True)
 
 
 def _open_and_close(fs: GCSFileSystem, path: str) -> None:
@@ -68,3 +75,13 @@ def test_rm_of_a_path_ending_in_slash_removes_that_placeholder(
     gcs_emulator.upload(gcs_bucket, "empty.txt", b"kept")
     fs.rm(f"gs://{gcs_bucket}/empty/")
     assert gcs_emulator.names(gcs_bucket) == ["empty.txt"] and not fs.exists(f"gs://{gcs_bucket}/empty")
+
+
+def test_a_recursive_rm_removes_the_placeholders_below(
+    front_fs: GCSFileSystem, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    front_fs.touch(f"gs://{gcs_bucket}/empty/")
+    front_fs.rm(f"gs://{gcs_bucket}/empty", recursive=True)  # an empty directory, made as gcsfs makes one
+    front_fs.pipe({f"{gcs_bucket}/d/a.txt": b"a", f"{gcs_bucket}/d/sub/": b"", f"{gcs_bucket}/d/sub/deep/": b""})
+    front_fs.rm(f"gs://{gcs_bucket}/d", recursive=True)
+    assert gcs_emulator.names(gcs_bucket) == [] and not front_fs.exists(f"gs://{gcs_bucket}/d")
