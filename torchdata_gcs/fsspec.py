@@ -680,8 +680,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         returns how many went, folder placeholders included. A flat bucket pays one listing: only if something
         is left under ``name/`` are its placeholders looked for and the bucket's storage layout asked (once per
         bucket). Without ``storage.folders.delete`` the folders stay, with a warning: the objects are gone,
-        which is what removing them asked."""
-        if not name or not await self._is_directory(job, bucket, name):
+        which is what removing them asked. A whole bucket (``name`` empty) pays one listing, for placeholders."""
+        if not name:
+            return await self._remove_placeholders(job, bucket, name)
+        if not await self._is_directory(job, bucket, name):
             return 0
         placeholders = await self._remove_placeholders(job, bucket, name)
         if bucket not in self._hierarchical:
@@ -707,10 +709,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @staticmethod
     async def _remove_placeholders(job: RequestContext, bucket: str, name: str) -> int:
-        """Delete the folder placeholders under ``name/`` (zero-byte ``.../`` objects, such as ``touch("dir/")``
-        writes, which ``find`` skips), each only while it is the generation listed; how many went."""
+        """Delete the folder placeholders under ``name/`` (the whole bucket if ``name`` is empty): zero-byte
+        ``.../`` objects, such as ``touch("dir/")`` writes, which ``find`` skips; each only while it is the
+        generation listed. How many went."""
         params = {
-            "prefix": f"{name}/",
+            "prefix": f"{name}/" if name else "",
             "maxResults": MAX_PAGE_SIZE,
             "fields": "items(name,size,generation),nextPageToken",
         }

@@ -134,3 +134,12 @@ def test_rmdir_whose_answer_is_lost_finds_the_bucket_deleted(gcs_emulator: Emula
         fs.rmdir(new_bucket)  # carried out, answered 503, sent again: 404
         assert front.faults_injected["lost_answer"] == 1 and front.unconditional_resends == []
         assert not fs.exists(new_bucket)
+
+
+def test_a_bucket_emptied_by_a_recursive_rm_can_be_deleted(fs: GCSFileSystem, new_bucket: str) -> None:
+    fs.mkdir(new_bucket)
+    fs.pipe({f"{new_bucket}/a.txt": b"a", f"{new_bucket}/empty/": b"", f"{new_bucket}/d/sub/": b""})
+    fs.rm(new_bucket, recursive=True)  # the objects go, folder placeholders included; the bucket stays
+    assert fs.exists(new_bucket) and fs.ls(new_bucket) == []
+    fs.rmdir(new_bucket)
+    assert new_bucket not in fs.ls("")
