@@ -78,9 +78,12 @@ from ._ops.objects import (
     MAX_PAGE_SIZE,
     check_bucket,
     compose_object,
+    create_bucket,
     create_object,
+    delete_bucket,
     delete_folder,
     delete_object,
+    list_buckets,
     list_page,
     live_generation,
     object_resource,
@@ -94,9 +97,18 @@ from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.deadline import call_deadline
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
+from .errors import AccessDeniedError, GCSError, InvalidURIError, NotFoundError, PreconditionFailedError
 
-__all__ = ["GCSFile", "GCSFileSystem", "InvalidPathError", "PublishingTransaction", "StagedWriter", "register"]
+__all__ = [
+    "BucketExistsError",
+    "BucketNotEmptyError",
+    "GCSFile",
+    "GCSFileSystem",
+    "InvalidPathError",
+    "PublishingTransaction",
+    "StagedWriter",
+    "register",
+]
 
 T = TypeVar("T")
 
@@ -117,6 +129,15 @@ _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
 class InvalidPathError(InvalidURIError, OSError):
     """A path GCS would refuse (no bucket, a bad bucket or object name): an ``InvalidURIError`` (a
     ``ValueError``) that is an ``OSError`` too, as fsspec's callers expect of a filesystem's errors."""
+
+
+class BucketExistsError(GCSError, FileExistsError):
+    """``mkdir`` of a bucket whose name is taken (GCS answers 409): bucket names are global, so a bucket of
+    another project takes the name as well."""
+
+
+class BucketNotEmptyError(GCSError, OSError):
+    """``rmdir`` of a bucket that holds objects (GCS answers 409): GCS deletes only empty buckets."""
 
 
 def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
@@ -202,7 +223,7 @@ def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, A
     unknown = sorted(set(options) - FSSPEC_OPTIONS)
     if unknown:
         raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")
-    if not gcsfs:
+    if not gcsfs.keys() - {"project"}:  # the project alone is the filesystem's (its buckets), not the client's
         return client
     if client is not None:
         raise TypeError(f"give either client= or gcsfs's {', '.join(sorted(gcsfs))}, not both")
@@ -250,7 +271,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
             (every read is checked by crc32c whatever it says) and ``cache_timeout`` (seconds a listing
             is kept, as ``listings_expiry_time``; 0 or less keeps none). Any other gcsfs argument raises
-            ``TypeError`` naming it, rather than being ignored.
+            ``TypeError`` naming it, rather than being ignored. ``project`` (with ``client=`` too) is also
+            the project whose buckets ``ls("")`` lists and ``mkdir("bucket")`` creates, in
+            ``default_location`` if given (else GCS's default, the ``US`` multi-region).
 
     Directory listings are cached as gcsfs caches them (fsspec's ``use_listings_cache``, default on,
     ``listings_expiry_time``, default never, and ``max_paths``): ``ls`` keeps each directory's listing in
@@ -287,6 +310,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         **storage_options: Any,
     ) -> None:
         _listings_cache_options(storage_options)
+        self.project: str | None = storage_options.get("project")
+        self.default_location: str | None = storage_options.pop("default_location", None)
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -314,12 +339,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
-        """fsspec's, for paths that are text only. Every call with a path passes here, or through
-        :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any request: a path that is not
-        text (``None``, a number, bytes) is refused with a ``TypeError`` saying so."""
+        """fsspec's, for paths that are text only, keeping a trailing ``/`` below the bucket as gcsfs does
+        (``bucket/x/``: written, the object ``x/``; read or listed, the directory ``x``). Every call with a
+        path passes here, or through :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any
+        request: a path that is not text (``None``, a number, bytes) is refused with a ``TypeError``."""
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
-        return super()._strip_protocol(_path_text(path)).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        text = _path_text(path)
+        stripped = super()._strip_protocol(text).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        return f"{stripped}/" if text.endswith("/") and "/" in stripped else stripped
 
     async def _expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
         if not isinstance(path, (str, os.PathLike)):  # several paths: fsspec takes any iterable of them
@@ -342,10 +370,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return await super()._copy(path1, path2, *args, **kwargs)
 
     def split_path(self, path: str) -> tuple[str, str]:
-        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
-        bucket, _, name = self._strip_protocol(path).partition("/")
+        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket), and has
+        no trailing ``/``: ``x/`` and ``x`` name the same directory (:meth:`_object` keeps it, for objects)."""
+        bucket, _, name = self._strip_protocol(path).rstrip("/").partition("/")
         if not bucket:
-            raise InvalidPathError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
+            raise InvalidPathError(f"{path!r} names no bucket")
         try:
             validate_bucket(bucket)
             validate_object_name(name, allow_empty=True)
@@ -354,10 +383,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return bucket, name
 
     def _object(self, path: str) -> tuple[str, str, str]:
-        """``(bucket, name, url)`` of a path that must name an object."""
+        """``(bucket, name, url)`` of a path that must name an object; ``bucket/x/`` names the object ``x/``
+        (a folder's placeholder, such as ``touch("bucket/x/")`` writes), never ``x``."""
         bucket, name = self.split_path(path)
         if not name:
             raise IsADirectoryError(f"{path!r} is a bucket, not an object")
+        name += "/" if self._strip_protocol(path).endswith("/") else ""
         return bucket, name, format_url(bucket, name)
 
     def _job(self, budget: int | None = None) -> RequestContext:
@@ -468,7 +499,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not name:
             await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
-        resource = await object_resource(job, bucket, name, FILE_FIELDS)
+        directory_only = self._strip_protocol(path).endswith("/")  # "f.txt/" is not the object f.txt
+        resource = None if directory_only else await object_resource(job, bucket, name, FILE_FIELDS)
         if resource is not None:
             return self._file(bucket, resource)
         if await self._is_directory(job, bucket, name):
@@ -480,6 +512,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """Whether ``name/`` holds objects, or is a folder of a bucket with a hierarchical namespace (empty
         ones too), with ``storage.objects.list`` alone: a listing of ``name``'s level from ``name/`` to
         ``name0`` (``0`` follows ``/``) holds at most that one prefix."""
+        name = name.rstrip("/")
         parent = name.rpartition("/")[0]
         params: dict[str, Any] = {
             "prefix": f"{parent}/" if parent else "",
@@ -498,18 +531,21 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """The entries one level under ``path`` (a file lists as itself). A directory's listing is kept in
         ``dircache`` (fsspec's options ``use_listings_cache``, ``listings_expiry_time``, ``max_paths``) and
         answers later calls until it expires or is invalidated; ``refresh=True`` drops it and lists anew."""
+        if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
+            buckets = await list_buckets(self._job(), self._project("list buckets"))
+            found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
+            return found if detail else [b["name"] for b in found]
         bucket, name = self.split_path(path)
         key = f"{bucket}/{name}".rstrip("/")
-        cacheable = not name.endswith("/")
         if refresh:
             self.invalidate_cache(key)
-        cached = self.dircache.get(key) if cacheable else None
-        if cached is None and cacheable:
+        cached = self.dircache.get(key)
+        if cached is None:
             itself = self._cached_entries(key)  # a file lists as itself; a name its parent lacks raises
             cached = itself if itself and all(entry["type"] == "file" for entry in itself) else None
         if cached is not None:
             return [dict(entry) for entry in cached] if detail else [entry["name"] for entry in cached]
-        keep = cacheable and not self._writing_under(key)  # an open writer's object appears when it closes
+        keep = not self._writing_under(key)  # an open writer's object appears when it closes
         epoch = self._epoch  # an invalidation while listing: the listing may not hold what was changed
         prefix = f"{name}/" if name else ""
         params: dict[str, Any] = {
@@ -667,7 +703,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _, _, url = self._object(path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
-            writer = self._track(new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb"))
+            writer = self._track(
+                new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb", folder_name=True)
+            )
             return writer if autocommit else StagedWriter(writer)
         raise NotImplementedError(
             f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
@@ -710,7 +748,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
-        writer = self._track(new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new))
+        writer = self._track(
+            new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new, folder_name=True)
+        )
         try:
             for chunk in chunks:
                 writer.write(chunk)
@@ -830,7 +870,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         finally:
             _LISTED.reset(watching)
         job = self._job()
-        objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
+        objects = [(p, *self._object(p)[:2]) for p in paths if self.split_path(p)[1]]
         buckets = [p for p in paths if not self.split_path(p)[1]]
         if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
             await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
@@ -839,7 +879,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             deleted = await self._delete_objects(job, objects, listed)
         finally:
             self._drop_listings(p for p, _, _ in objects)
-        named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
+        named = {self._strip_protocol(p) for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
             missed = [p for p in missed if p in named or not await self._isdir(p)]
@@ -858,22 +898,26 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _remove_folders(self, job: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder ``name/`` of a bucket with a hierarchical namespace and every folder under it,
         deepest first, once their objects are gone (GCS deletes only empty folders, and keeps them otherwise);
-        returns how many went. A flat bucket pays one listing: only if something is left under ``name/`` is
-        the bucket's storage layout asked (once per bucket). Without ``storage.folders.delete`` the folders
-        stay, with a warning: the objects are gone, which is what removing them asked."""
-        if not name or not await self._is_directory(job, bucket, name):
+        returns how many went, folder placeholders included. A flat bucket pays one listing: only if something
+        is left under ``name/`` are its placeholders looked for and the bucket's storage layout asked (once per
+        bucket). Without ``storage.folders.delete`` the folders stay, with a warning: the objects are gone,
+        which is what removing them asked. A whole bucket (``name`` empty) pays one listing, for placeholders."""
+        if not name:
+            return await self._remove_placeholders(job, bucket, name)
+        if not await self._is_directory(job, bucket, name):
             return 0
+        placeholders = await self._remove_placeholders(job, bucket, name)
         if bucket not in self._hierarchical:
             layout = await storage_layout(job, bucket)
             self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
         if not self._hierarchical[bucket]:
-            return 0
+            return placeholders
         level, folders = [f"{name}/"], [f"{name}/"]
         while level:
             below = await asyncio.gather(*(self._subfolders(job, bucket, folder) for folder in level))
             level = [folder for found in below for folder in found]
             folders += level
-        removed = 0
+        removed = placeholders
         try:
             for depth in sorted({folder.count("/") for folder in folders}, reverse=True):
                 at_depth = [folder for folder in folders if folder.count("/") == depth]
@@ -885,6 +929,25 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         finally:
             self.invalidate_cache(f"{bucket}/{name}")
         return removed
+
+    @staticmethod
+    async def _remove_placeholders(job: RequestContext, bucket: str, name: str) -> int:
+        """Delete the folder placeholders under ``name/`` (the whole bucket if ``name`` is empty): zero-byte
+        ``.../`` objects, such as ``touch("dir/")`` writes, which ``find`` skips; each only while it is the
+        generation listed. How many went."""
+        params = {
+            "prefix": f"{name}/" if name else "",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": "items(name,size,generation),nextPageToken",
+        }
+        left = [
+            (item["name"], int(item["generation"]))
+            async for page in _pages(job, bucket, params)
+            for item in page.get("items", [])
+            if item["name"].endswith("/") and int(item["size"]) == 0
+        ]
+        gone = await asyncio.gather(*(delete_object(job, bucket, n, if_generation_match=g) for n, g in left))
+        return sum(gone)
 
     @staticmethod
     async def _subfolders(job: RequestContext, bucket: str, folder: str) -> list[str]:
@@ -920,18 +983,70 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 deleted[bucket, name] = outcome
         return [deleted[bucket, name] for _, bucket, name in objects]
 
-    async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        """Nothing to make (GCS has no directories); a bucket that does not exist raises ``FileNotFoundError``
-        (buckets are not created here). An identity that may write objects but not list them (Storage Object
-        Creator) cannot tell whether the bucket exists: it passes, and its first write will say."""
+    @_on_io_loop
+    async def _mkdir(self, path: str, create_parents: bool = False, location: str | None = None, **kwargs: Any) -> None:
+        """As gcsfs's: ``mkdir("bucket")`` creates the bucket in ``project`` (in ``location``, else
+        ``default_location``, else GCS's default) unless it exists (``BucketExistsError`` if its name is taken
+        elsewhere). A deeper path has nothing to make (GCS has no directories) but its bucket: a missing one
+        is created with ``create_parents=True`` and raises ``FileNotFoundError`` otherwise. An identity that
+        may write objects but not list them (Storage Object Creator) cannot tell whether the bucket exists:
+        a deeper path passes, and its first write will say."""
+        bucket, name = self.split_path(path)
+        exists = await self._bucket_exists(bucket)
+        if exists or (exists is None and name):
+            return
+        if name and not create_parents:
+            url = format_url(bucket)
+            raise NotFoundError(f"bucket {bucket!r} does not exist: mkdir creates it with create_parents=True", url=url)
         try:
-            await self._info(self.split_path(path)[0])
-        except AccessDeniedError:
-            pass
-        self.invalidate_cache(path)
+            await create_bucket(
+                self._job(), self._project("create a bucket"), bucket, location or self.default_location
+            )
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketExistsError(f"a bucket named {bucket!r} exists already: {exc}", url=exc.url) from None
+        self.invalidate_cache(bucket)
 
+    @_on_io_loop
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
-        await self._mkdir(path)
+        """Nothing to make (GCS has no directories; buckets are made by ``mkdir``); a bucket that does not
+        exist raises ``FileNotFoundError``."""
+        with contextlib.suppress(AccessDeniedError):  # listing refused: its first write will say
+            await check_bucket(self._job(), self.split_path(path)[0])  # NotFoundError if missing
+
+    @_on_io_loop
+    async def _rmdir(self, path: str) -> None:
+        """As gcsfs's: delete the bucket ``path`` names, if empty (``BucketNotEmptyError`` otherwise); a deeper
+        path has nothing to delete (GCS has no directories)."""
+        bucket, name = self.split_path(path)
+        if name:
+            return
+        try:
+            await delete_bucket(self._job(), bucket)
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketNotEmptyError(f"bucket {bucket!r} holds objects: {exc}", url=exc.url) from None
+        finally:
+            self.invalidate_cache(bucket)
+
+    rmdir = sync_wrapper(_rmdir)  # fsspec makes no blocking twin of _rmdir itself
+
+    async def _bucket_exists(self, bucket: str) -> bool | None:
+        """Whether the bucket exists, asked with ``storage.objects.list`` alone; ``None`` if listing is refused."""
+        try:
+            await check_bucket(self._job(), bucket)
+        except NotFoundError:
+            return False
+        except AccessDeniedError:
+            return None
+        return True
+
+    def _project(self, purpose: str) -> str:
+        if not self.project:
+            raise ValueError(f"to {purpose}, GCSFileSystem needs project=: the Google Cloud project they belong to")
+        return self.project
 
 
 class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
