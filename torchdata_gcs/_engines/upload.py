@@ -150,6 +150,9 @@ class StreamingWriter(PublishingWriter):
     the object already exists, and nothing is replaced. The object carries ``attributes`` (content type,
     metadata), whichever way it is published.
 
+    A name ending in ``/`` (a folder's placeholder) is refused, as a path meant as a folder usually is by
+    mistake, unless ``folder_name`` says it is meant (fsspec's ``touch("dir/")``).
+
     Subclasses say how parts are started, uploaded, assembled and discarded.
     """
 
@@ -166,6 +169,7 @@ class StreamingWriter(PublishingWriter):
         parts_per_size: int = PARTS_PER_SIZE,
         only_if_new: bool = False,
         attributes: ObjectAttributes | None = None,
+        folder_name: bool = False,
     ) -> None:
         super().__init__()
         self.check_settings(part_size, max_parts_in_flight)
@@ -174,7 +178,7 @@ class StreamingWriter(PublishingWriter):
         """The published object's content type and metadata."""
         self.url = url
         self._bucket, self._name = parse_url(url, allow_prefix=False)
-        if self._name.endswith("/"):
+        if self._name.endswith("/") and not folder_name:
             raise InvalidURIError(f"{brief(url)} names a folder: write to an object name that does not end in '/'")
         client = client or ClientConfig()
         self._retry = retry or RetryConfig()
@@ -842,11 +846,13 @@ def new_writer(
     *,
     only_if_new: bool = False,
     attributes: ObjectAttributes | None = None,
+    folder_name: bool = False,
 ) -> StreamingWriter:
     """A writer of ``url`` with ``write``'s part size, parts in flight and strategy (compression is the
-    caller's), publishing an object with ``attributes``. ``"multipart"`` writes as ``"compose"`` where the
-    endpoint serves no XML API multipart upload, where ``only_if_new`` asks for a precondition, which only a
-    compose can carry, and where the attributes are more than XML API headers can carry."""
+    caller's; ``folder_name``: see ``StreamingWriter``), publishing an object with ``attributes``.
+    ``"multipart"`` writes as ``"compose"`` where the endpoint serves no XML API multipart upload, where
+    ``only_if_new`` asks for a precondition, which only a compose can carry, and where the attributes are
+    more than XML API headers can carry."""
     strategy = write.strategy
     if strategy == "multipart" and (
         only_if_new
@@ -863,6 +869,7 @@ def new_writer(
         max_parts_in_flight=write.max_parts_in_flight,
         only_if_new=only_if_new,
         attributes=attributes,
+        folder_name=folder_name,
     )
 
 
