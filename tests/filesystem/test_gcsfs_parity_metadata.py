@@ -289,6 +289,7 @@ def test_setxattrs_patches_metadata_in_place_and_none_removes_a_key(front_fs: GC
     path = f"{gcs_bucket}/x/attrs.bin"
     front_fs.pipe_file(path, b"payload", metadata={"keep": "1", "drop": "2"})
     generation = front_fs.info(path)["generation"]
+    assert front_fs.ls(f"{gcs_bucket}/x", detail=True)[0]["metadata"] == {"keep": "1", "drop": "2"}  # cached
     after = front_fs.setxattrs(
         path, drop=None, added="3", content_type="text/plain", fixed_key_metadata={"cache_control": "no-cache"}
     )
