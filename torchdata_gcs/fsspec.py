@@ -508,8 +508,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing (the caller still filters)."""
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
-        bucket, name = self.split_path(path)
-        if kwargs.get("versions"):  # every version of every object, each named name#<generation>, as gcsfs does
+        bucket, name, generation = self._split_version(path)
+        if generation is not None:  # one version: itself alone, never the live object or what is under its name
+            version = self._strip_protocol(path)
+            try:
+                found = {version: {**await self._info(path), "name": version}}
+            except FileNotFoundError:
+                found = {}
+        elif kwargs.get("versions"):  # every version of every object, each named name#<generation>, as gcsfs does
             found = {entry["name"]: entry for entry in await self._versions(self._job(), bucket, name)}
         else:
             client = Client(self.client, self.retry)
@@ -767,6 +773,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"gs://{missed[0]}: no such object", url=f"gs://{missed[0]}")
         if recursive:
             tops = [] if maxdepth is not None else [path] if isinstance(path, str) else path  # deeper ones stay
+            tops = [top for top in tops if self._split_version(top)[2] is None]  # a version is no folder
             folders = await asyncio.gather(
                 *(self._remove_folders(job, *self.split_path(top)) for top in tops if not has_magic(top))
             )

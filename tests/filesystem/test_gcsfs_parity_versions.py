@@ -229,6 +229,27 @@ def test_rm_of_a_version_deletes_that_version_by_its_generation(
     assert [parse_qs(d.query) for d in deletes] == [{"generation": [str(old)]}]
 
 
+def test_a_recursive_rm_or_find_of_a_version_touches_that_version_alone(
+    versioned: GCSFileSystem, versioned_bucket: str, proxy: RecordingProxy
+) -> None:
+    """``o#G`` names one version: neither the live ``o`` nor what lies under ``o/`` is found or deleted."""
+    path = f"{versioned_bucket}/o"
+    versioned.pipe({path: b"old", f"{path}/under": b"u"})
+    old = _gen(versioned, path)
+    versioned.pipe_file(path, b"new")
+    assert versioned.find(f"{path}#{old}") == [f"{path}#{old}"]
+    assert versioned.find(f"{path}#{old + 1}") == []
+    through_proxy = GCSFileSystem(
+        client=ClientConfig(endpoint=proxy.endpoint), version_aware=True, skip_instance_cache=True
+    )
+    through_proxy.rm(f"{path}#{old}", recursive=True)
+    deletes = [urlsplit(target) for method, target, _ in proxy.requests if method == "DELETE"]
+    assert [(unquote(d.path).rpartition("/o/")[2], parse_qs(d.query)) for d in deletes] == [
+        ("o", {"generation": [str(old)]})
+    ]
+    assert versioned.cat_file(f"{path}/under") == b"u"
+
+
 def test_a_hash_is_part_of_the_name_unless_version_aware(
     fs: GCSFileSystem, versioned: GCSFileSystem, gcs_bucket: str
 ) -> None:
