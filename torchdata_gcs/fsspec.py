@@ -56,7 +56,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import google.auth.credentials
-from fsspec.asyn import AsyncFileSystem
+from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import register_implementation
 from fsspec.spec import AbstractBufferedFile
@@ -65,17 +65,19 @@ from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
+from ._engines.compose import MAX_SOURCES
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
 from ._engines.memory_file import FilledBytes
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
 from ._ops.batch import delete_objects
-from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64
+from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._ops.client import Client
 from ._ops.objects import (
     MAX_PAGE_SIZE,
     check_bucket,
+    compose_object,
     create_object,
     delete_folder,
     delete_object,
@@ -728,6 +730,63 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         except NotFoundError:
             if not await self._is_directory(self._job(), *source[:2]):
                 raise
+
+    @_on_io_loop
+    async def _mv_file(self, path1: str, path2: str) -> None:
+        """Move one object: copy it in GCS, then delete the generation copied. A source replaced in between
+        is not deleted (its new bytes were not moved)."""
+        (bucket, name, url), destination = self._object(path1), self._object(path2)
+        job = self._job()
+        generation = await live_generation(job, bucket, name)
+        if not generation:
+            raise NotFoundError(f"{url}: no such object", url=url)
+        await rewrite_object(job, (bucket, name), destination[:2])
+        await delete_object(job, bucket, name, generation=generation)
+
+    mv_file = sync_wrapper(_mv_file)
+
+    def merge(self, path: str, paths: list[str]) -> None:
+        """Write ``path`` as the concatenation of the objects ``paths``, in their order, by one compose in
+        GCS: no bytes pass through this process. The sources must be in ``path``'s bucket and at most
+        ``MAX_SOURCES`` (GCS's limit for one compose); an existing ``path`` is replaced.
+
+        Example:
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.create_bucket("demo")
+            ...     fs = GCSFileSystem(client=emulator.client_config)
+            ...     _ = fs.pipe({"demo/a": b"al", "demo/b": b"pha"})
+            ...     fs.merge("demo/ab", ["demo/a", "demo/b"])
+            ...     fs.cat("demo/ab")
+            b'alpha'
+        """
+        sync(self.loop, self._merge, path, paths)
+
+    @_on_io_loop
+    async def _merge(self, path: str, paths: list[str]) -> None:
+        bucket, name, url = self._object(path)
+        sources = [self._object(source) for source in paths]
+        if not sources or len(sources) > MAX_SOURCES:
+            raise ValueError(f"merge takes 1 to {MAX_SOURCES} objects (one GCS compose), got {len(sources)}")
+        elsewhere = [source_url for source_bucket, _, source_url in sources if source_bucket != bucket]
+        if elsewhere:
+            raise ValueError(f"merge composes objects of {url}'s bucket only, not {elsewhere[0]}")
+        job = self._job()
+        found = await asyncio.gather(
+            *(
+                object_resource(job, bucket, source, "size,generation,crc32c", missing_ok=False)
+                for _, source, _ in sources
+            )
+        )
+        pieces = [(crc32c_value(resource["crc32c"]), int(resource["size"])) for resource in found if resource]
+        await compose_object(
+            job,
+            bucket,
+            name,
+            [(source, int(resource["generation"])) for (_, source, _), resource in zip(sources, found) if resource],
+            if_generation_match=await live_generation(job, bucket, name),
+            composite=(sum(size for _, size in pieces), crc32c_base64(crc32c_of_concatenation(pieces))),
+        )
 
     # -- removing and directories ----------------------------------------------------------------
 

@@ -317,11 +317,13 @@ async def compose_object(
     if_generation_match: int | None,
     unique_name: bool = False,
     delete_sources: bool = False,
+    composite: tuple[int, str] | None = None,
 ) -> ObjectInfo:
     """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
     compose call, only if ``name`` is at ``if_generation_match`` (0: does not exist); retried only with
     it. A ``unique_name`` is written by this compose alone: a retry answered 412 finds the composite
-    of an earlier attempt whose answer was lost, and returns it.
+    of an earlier attempt whose answer was lost, and returns it; so does one that finds at ``name`` the
+    ``composite`` (size, crc32c) this compose makes, as a replacement's retry finds its bytes.
 
     ``delete_sources`` has GCS delete the sources for good as part of the compose (``deleteSourceObjects``:
     no soft-deleted or noncurrent copy, no early-deletion charge, no DELETE of ours); a retry after a lost
@@ -356,10 +358,13 @@ async def compose_object(
         sources_taken = delete_sources and isinstance(error, NotFoundError)
         if not (isinstance(error, PreconditionFailedError) or sources_taken) or live is None:
             raise error
+        if composite is not None and (int(live["size"]), live.get("crc32c")) != composite:
+            raise error
         return ObjectInfo.from_json(live)
 
     repeatable = if_generation_match is not None
-    return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won if unique_name else None)
+    recognised = unique_name or composite is not None
+    return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won if recognised else None)
 
 
 async def rewrite_object(
