@@ -14,6 +14,7 @@ import pytest
 import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from google.auth import impersonated_credentials
 from google.cloud import storage
 from google.oauth2 import service_account
 
@@ -130,13 +131,18 @@ def test_sign_takes_a_moment_to_expire_at_and_refuses_what_gcs_would(signer: ser
         fs.sign("bucket-1/o", virtual_hosted_style=True)
 
 
-def test_sign_without_a_private_key_raises_access_denied(gcs_emulator: Emulator) -> None:
+def test_sign_without_a_private_key_raises_access_denied(signer: service_account.Credentials) -> None:
     anonymous = GCSFileSystem(token="anon", endpoint_url=GCS, skip_instance_cache=True)
     with pytest.raises(AccessDeniedError, match="anonymous"):
         anonymous.sign("bucket-1/o")
     user = google.oauth2.credentials.Credentials(token="a-token")  # a user's token: nothing to sign with
-    with pytest.raises(AccessDeniedError, match="private key"):
-        GCSFileSystem(token=user, endpoint_url=GCS, skip_instance_cache=True).sign("bucket-1/o")
+    # these would sign by a request to the IAM API of their own, which no deadline of ours bounds
+    impersonated = impersonated_credentials.Credentials(
+        source_credentials=signer, target_principal="other@demo-project.iam.gserviceaccount.com", target_scopes=[]
+    )
+    for credentials in (user, impersonated):
+        with pytest.raises(AccessDeniedError, match="private key"):
+            GCSFileSystem(token=credentials, endpoint_url=GCS, skip_instance_cache=True).sign("bucket-1/o")
 
 
 def test_a_signed_url_fetches_the_object(

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import google.auth.credentials
+import google.auth.crypt
 
 from ..errors import AccessDeniedError
 
@@ -60,9 +61,11 @@ def signed_url(
     ``Host``, signed too) and ``query`` (``generation``, ``response-content-type``, ...), valid for
     ``expiration`` from ``now`` (the current time if ``None``; a naive one is UTC).
 
-    ``credentials`` must hold a private key (a service account's: ``google.auth.credentials.Signing``);
-    others raise ``AccessDeniedError``, since nothing else can sign."""
-    if not isinstance(credentials, google.auth.credentials.Signing):
+    ``credentials`` must hold an RSA private key, as a service account's key file does; others raise
+    ``AccessDeniedError``: user credentials cannot sign, and those that sign through the IAM API (impersonated,
+    metadata server) would send a request of their own, with no deadline of ours."""
+    signer = getattr(credentials, "signer", None) if isinstance(credentials, google.auth.credentials.Signing) else None
+    if not isinstance(signer, google.auth.crypt.RSASigner):
         raise AccessDeniedError(
             f"cannot sign a URL with {type(credentials).__name__}: V4 signing needs a service account's "
             "private key (token=, ClientConfig.credentials or credentials_file of a service-account key)"
@@ -100,5 +103,5 @@ def signed_url(
     string_to_sign = "\n".join(
         [ALGORITHM, timestamp, scope, hashlib.sha256(canonical_request.encode("utf-8")).hexdigest()]
     )
-    signature = credentials.signer.sign(string_to_sign.encode("utf-8")).hex()
+    signature = signer.sign(string_to_sign.encode("utf-8")).hex()
     return f"{endpoint.rstrip('/')}{resource}?{canonical_query}&X-Goog-Signature={signature}"
