@@ -246,7 +246,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             gcsfs argument raises ``TypeError`` naming it, rather than being ignored.
 
     With ``version_aware=True`` (as gcsfs) a path ``bucket/name#<generation>`` names that version of the object,
-    noncurrent ones too: ``info``, ``exists``, ``cat``, ``open`` and ``get`` read it, ``rm`` deletes it for good;
+    noncurrent ones too: ``info``, ``exists``, ``cat``, ``open``, ``get`` and ``cp`` read it, ``rm`` deletes it for good;
     ``ls`` and ``find`` with ``versions=True`` list every version so named. Without it, ``#`` is part of a name.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
@@ -358,12 +358,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def _object(self, path: str, *, version: bool = False) -> tuple[str, str, str]:
         """``(bucket, name, url)`` of a path that must name an object; one naming a version of it is refused
-        unless ``version`` (the caller reads or deletes it): a write always makes a new version."""
+        unless ``version`` (the caller reads, copies or deletes it): a write always makes a new version."""
         bucket, name, generation = self._split_version(path)
         if not name:
             raise IsADirectoryError(f"{path!r} is a bucket, not an object")
         if generation is not None and not version:
-            raise InvalidPathError(f"{path!r} names one version of an object: only reads and rm take one", url=path)
+            raise InvalidPathError(
+                f"{path!r} names one version of an object: only reads, rm and a copy from it take one", url=path
+            )
         return bucket, name, format_url(bucket, name)
 
     async def _pinned(self, path: str) -> ObjectInfo | None:
@@ -722,13 +724,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        """Copy one object server-side; a directory (met by a recursive ``copy`` or ``mv``) has nothing to copy
-        but its objects, which are copied on their own, as fsspec's filesystems make a directory there."""
-        source, destination = self._object(path1), self._object(path2)
+        """Copy one object server-side (the version a ``name#<generation>`` source names, if it does); a
+        directory (met by a recursive ``copy`` or ``mv``) has nothing to copy but its objects, which are copied
+        on their own, as fsspec's filesystems make a directory there."""
+        source, destination = self._object(path1, version=True), self._object(path2)
+        generation = self._split_version(path1)[2]
         try:
-            await rewrite_object(self._job(), source[:2], destination[:2])
+            await rewrite_object(self._job(), source[:2], destination[:2], source_generation=generation)
         except NotFoundError:
-            if not await self._is_directory(self._job(), *source[:2]):
+            if generation is not None or not await self._is_directory(self._job(), *source[:2]):
                 raise
 
     @_on_io_loop

@@ -177,12 +177,27 @@ def test_version_aware_paths_read_a_noncurrent_version(versioned: GCSFileSystem,
     versioned.pipe_file(path, b"second")
     assert versioned.cat_file(f"gs://{path}#{first}") == b"first version"
     assert versioned.cat_file(f"{path}#{first}", start=6, end=13) == b"version"
+    assert versioned.cat_file(f"{path}?generation={first}") == b"first version"  # gcsfs's other spelling
     with versioned.open(f"{path}#{first}", "rb") as f:
         assert f.read() == b"first version"
     info = versioned.info(f"{path}#{first}")
     assert (info["generation"], info["size"], info["name"]) == (first, 13, path)
     assert versioned.exists(f"{path}#{first}") and not versioned.exists(f"{path}#{first + 1}")
     assert versioned.cat_file(path) == b"second"
+
+
+def test_cp_of_a_version_copies_that_version(versioned: GCSFileSystem, versioned_bucket: str) -> None:
+    path = f"{versioned_bucket}/o"
+    versioned.pipe_file(path, b"old bytes")
+    old = _gen(versioned, path)
+    versioned.pipe_file(path, b"new")
+    versioned.cp(f"gs://{path}#{old}", f"{versioned_bucket}/restored")
+    assert versioned.cat_file(f"{versioned_bucket}/restored") == b"old bytes"
+    with pytest.raises(FileNotFoundError):
+        versioned.cp(f"{path}#{old + 1}", f"{versioned_bucket}/never")
+    with pytest.raises(ValueError, match="one version"):
+        versioned.cp(path, f"{versioned_bucket}/restored#{old}")
+    assert not versioned.exists(f"{versioned_bucket}/never")
 
 
 def test_ls_and_find_with_versions_name_every_version(versioned: GCSFileSystem, versioned_bucket: str) -> None:
