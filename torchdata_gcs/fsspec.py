@@ -245,9 +245,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             (every read is checked by crc32c whatever it says), ``version_aware`` (see below). Any other
             gcsfs argument raises ``TypeError`` naming it, rather than being ignored.
 
-    With ``version_aware=True`` (as gcsfs) a path ``bucket/name#<generation>`` names that version of the object,
-    noncurrent ones too: ``info``, ``exists``, ``cat``, ``open``, ``get`` and ``cp`` read it, ``rm`` deletes it for good;
-    ``ls`` and ``find`` with ``versions=True`` list every version so named. Without it, ``#`` is part of a name.
+    With ``version_aware=True`` (as gcsfs) a path ``bucket/name#<generation>`` names that version of the
+    object, noncurrent ones too: ``info``, ``exists``, ``cat``, ``open``, ``get`` and ``cp`` read it, ``rm``
+    deletes it for good; ``ls`` and ``find`` with ``versions=True`` list every version so named. Without it,
+    ``#`` is part of a name.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
