@@ -39,6 +39,7 @@ from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
 from ._soft_delete import BucketOverlay
 from ._stuck_pages import continues_listing, stuck_page
+from ._versions import Versions
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -302,7 +303,9 @@ class GCSFront(LocalService):
     under a default event-based hold are held (their delete refused with 403), and a JSON multipart upload
     whose metadata names no storage class takes the bucket's. A compose with ``deleteSourceObjects``
     (which the emulator ignores) deletes its sources for good once done, or is refused with 403 if one
-    of them is held.
+    of them is held. A JSON API delete of a version by its ``generation`` removes that version for good, live or
+    noncurrent, and one of a version that does not exist is answered 404 (the emulator deletes the live
+    object whatever the generation; see ``_versions``).
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -409,6 +412,7 @@ class GCSFront(LocalService):
         self._unconditional_resends: list[str] = []
         self.bucket_overlay = BucketOverlay(self._ask)
         self.folders = Folders(hierarchical, self._ask)
+        self._versions = Versions(self._ask)
         self.ignore_range = ignore_range
         self._abandoned = 0
         self.set_faults(faults)
@@ -902,6 +906,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind == "list" and "matchGlob" in params and self._answer_match_glob(path, params):
             return
+        if self._answer_version(kind, path, params):
+            return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
@@ -969,6 +975,28 @@ class _Handler(BaseHTTPRequestHandler):
         if front._pause(front.latency):
             self._answer_json(page)
         return True
+
+    def _answer_version(self, kind: str, path: str, params: dict[str, str]) -> bool:
+        """Answer as GCS does a JSON API read or delete of a version by its ``generation`` where the emulator
+        would not (see ``_versions``); False when the request is to go upstream."""
+        bucket, name = _object_of(path)
+        if "generation" not in params or bucket is None or name is None or not params["generation"].isdigit():
+            return False
+        versions, generation = self.server.front._versions, int(params["generation"])
+        if kind == "delete":
+            with self.server.front.rules.writes:
+                outcome = versions.delete(bucket, name, generation)
+            if outcome is True:
+                return False
+            if outcome is False:
+                self.wfile.write(_head(204, "No Content", []))
+            else:
+                self._answer_error(*outcome)
+            return True
+        if self.command == "GET" and versions.gone(bucket, name, generation):
+            self._answer_error(404, "Not Found", f"No such object: {bucket}/{name}#{generation}")
+            return True
+        return False
 
     def _answer_match_glob(self, path: str, params: dict[str, str]) -> bool:
         """Answer a JSON API list request with ``matchGlob`` as GCS does (the emulator ignores it); 400 if
@@ -1261,6 +1289,7 @@ class _Handler(BaseHTTPRequestHandler):
                         path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(source, safe='')}"
                         front._ask(f"{path}?generation={source_generation}", "DELETE")
             data = front.bucket_overlay.answer(self.path, rules.rewrite_resources(data))
+            data = front._versions.listing(bucket, data) if kind == "list" and bucket is not None else data
             data = front.folders.describe_bucket(self.path, data)
             data = stuck_page(self.path, data) if self.stuck else data
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
