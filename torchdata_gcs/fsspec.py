@@ -41,12 +41,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import functools
 import io
 import itertools
 import logging
 import mimetypes
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -75,7 +77,7 @@ from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
-from ._ops.checksums import check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
+from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._ops.client import Client
 from ._ops.objects import (
     MAX_PAGE_SIZE,
@@ -96,10 +98,13 @@ from ._ops.objects import (
 )
 from ._ops.paging import PageTrail
 from ._ops.patterns import has_magic, tree_glob
+from ._ops.signing import signed_url
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.deadline import call_deadline
+from ._transport.http import credentials_for, resolve_endpoint
 from ._transport.loop import io_loop, on_io_loop, run
+from ._transport.session import media_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import AccessDeniedError, GCSError, InvalidURIError, NotFoundError, PreconditionFailedError
 
@@ -128,6 +133,15 @@ LISTING_CONCURRENCY = 8
 """List requests at once for ``find`` (and the ``rm``, ``copy`` and ``get`` built on it)."""
 
 WRITE_MODES = ("overwrite", "create")
+
+VERSION = re.compile(r"(?s)(.*)(?:#|\?generation=)(\d+)")
+"""A path naming one version of an object, ``name#<generation>`` (or gcsfs's ``name?generation=<generation>``)."""
+
+SIGN_OPTIONS = frozenset(
+    {"method", "content_md5", "content_type", "response_type", "response_disposition", "generation", "headers",
+     "query_parameters", "version"}
+)  # fmt: skip
+"""The arguments of google-cloud-storage's ``generate_signed_url`` that :meth:`GCSFileSystem.sign` takes."""
 
 _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("listed", default=None)
 """Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
@@ -276,11 +290,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             unchanged: ``token`` (``"anon"``, ``"google_default"``, ``"cloud"`` or ``None``, a credentials
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
             ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
-            (every read is checked by crc32c whatever it says), ``cache_timeout`` (seconds a listing
-            is kept, as ``listings_expiry_time``; 0 or less keeps none) and ``kms_key_name``, the Cloud KMS
-            key every write (and what ``cp``, ``mv_file`` and ``merge`` make) is encrypted with unless the write
-            names its own (gcsfs takes it per file). Any other gcsfs argument raises ``TypeError`` naming it,
-            rather than being ignored. ``project`` (with ``client=`` too) is also
+            (every read is checked by crc32c whatever it says), ``version_aware`` (see below), ``cache_timeout``
+            (seconds a listing is kept, as ``listings_expiry_time``; 0 or less keeps none) and ``kms_key_name``,
+            the Cloud KMS key every write (and what ``cp``, ``mv_file`` and ``merge`` make) is encrypted with
+            unless the write names its own (gcsfs takes it per file). Any other gcsfs argument raises
+            ``TypeError`` naming it, rather than being ignored. ``project`` (with ``client=`` too) is also
             the project whose buckets ``ls("")`` lists and ``mkdir("bucket")`` creates, in
             ``default_location`` if given (else GCS's default, the ``US`` multi-region).
 
@@ -290,6 +304,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     parent. Writes and deletes through this filesystem drop the listings they change, so it never lists
     stale what it changed itself; what another process writes shows once the listing expires, after
     ``invalidate_cache()``, or with ``ls(..., refresh=True)``. Reads (``open``, ``cat``) always ask GCS.
+
+    With ``version_aware=True`` (as gcsfs) a path ``bucket/name#<generation>`` names that version of the
+    object, noncurrent ones too: ``info``, ``exists``, ``cat``, ``open``, ``get`` and ``cp`` read it, ``rm``
+    deletes it for good; ``ls`` and ``find`` with ``versions=True`` list every version so named. Without it,
+    ``#`` is part of a name.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -322,6 +341,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         _listings_cache_options(storage_options)
         self.project: str | None = storage_options.get("project")
         self.default_location: str | None = storage_options.pop("default_location", None)
+        version_aware = bool(storage_options.pop("version_aware", False))
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -338,6 +358,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """The Cloud KMS key every write (``cp`` too) encrypts with unless it names its own; ``None``: the
         bucket's default encryption."""
         self.stats = LoadStats()
+        self.version_aware = version_aware
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
         self._invalidations = itertools.count()
         self._epoch = next(self._invalidations)  # changes with every invalidation of the listings cache
@@ -382,10 +403,25 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _path_text(name)
         return await super()._copy(path1, path2, *args, **kwargs)
 
+    @classmethod
+    def _get_kwargs_from_urls(cls, path: str) -> dict[str, Any]:
+        """``version_aware=True`` for a URL naming a version (``gs://b/o#<generation>``), as gcsfs does."""
+        name = cls._strip_protocol(path).partition("/")[2]
+        return {"version_aware": True} if VERSION.fullmatch(name) else {}
+
     def split_path(self, path: str) -> tuple[str, str]:
         """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket), and has
         no trailing ``/``: ``x/`` and ``x`` name the same directory (:meth:`_object` keeps it, for objects)."""
+        return self._split_version(path)[:2]
+
+    def _split_version(self, path: str) -> tuple[str, str, int | None]:
+        """``(bucket, name, generation)``: with ``version_aware``, a name ending ``#<generation>`` (or
+        ``?generation=<generation>``) names that version; else ``generation`` is ``None``."""
         bucket, _, name = self._strip_protocol(path).rstrip("/").partition("/")
+        generation = None
+        version = VERSION.fullmatch(name) if self.version_aware else None
+        if version:
+            name, generation = version[1], int(version[2])
         if not bucket:
             raise InvalidPathError(f"{path!r} names no bucket")
         try:
@@ -393,16 +429,28 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             validate_object_name(name, allow_empty=True)
         except InvalidURIError as exc:
             raise InvalidPathError(str(exc), url=exc.url) from exc
-        return bucket, name
+        return bucket, name, generation
 
-    def _object(self, path: str) -> tuple[str, str, str]:
+    def _object(self, path: str, *, version: bool = False) -> tuple[str, str, str]:
         """``(bucket, name, url)`` of a path that must name an object; ``bucket/x/`` names the object ``x/``
-        (a folder's placeholder, such as ``touch("bucket/x/")`` writes), never ``x``."""
-        bucket, name = self.split_path(path)
+        (a folder's placeholder, such as ``touch("bucket/x/")`` writes), never ``x``. One naming a version of
+        it is refused unless ``version`` (the caller reads, copies or deletes it): a write makes a new version."""
+        bucket, name, generation = self._split_version(path)
         if not name:
             raise IsADirectoryError(f"{path!r} is a bucket, not an object")
         name += "/" if self._strip_protocol(path).endswith("/") else ""
+        if generation is not None and not version:
+            raise InvalidPathError(
+                f"{path!r} names one version of an object: only reads, rm and a copy from it take one", url=path
+            )
         return bucket, name, format_url(bucket, name)
+
+    async def _pinned(self, path: str) -> ObjectInfo | None:
+        """The version a ``name#<generation>`` path names, to read it; ``None`` for the live one."""
+        if self._split_version(path)[2] is None:
+            return None
+        info = await self._info(path)
+        return ObjectInfo(info["size"], info["generation"], info["crc32c"])
 
     def _job(self, budget: int | None = None) -> RequestContext:
         """A request context for one call (``budget``: bytes it may hold ahead, if not the transfer's)."""
@@ -410,14 +458,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return new_context(self.client, transfer, self.retry, self.stats)
 
     @staticmethod
-    def _file(bucket: str, resource: dict[str, Any]) -> dict[str, Any]:
+    def _file(bucket: str, resource: dict[str, Any], versions: bool = False) -> dict[str, Any]:
         """The ``info`` of an object: its JSON resource as GCS gives it (``contentType``, ``md5Hash``,
-        ``metadata``, ``timeCreated``, ``etag``...), as gcsfs returns it, with ``name`` the path, ``type``,
-        ``size``, ``generation`` and ``metageneration`` as ints, and ``mtime``/``ctime``, aware datetimes of
+        ``metadata``, ``timeCreated``, ``etag``...), as gcsfs returns it, with ``name`` the path (with
+        ``versions``, ``name#<generation>``, as listings of versions name them), ``type``, ``size``,
+        ``generation`` and ``metageneration`` as ints, and ``mtime``/``ctime``, aware datetimes of
         ``updated``/``timeCreated``."""
         entry = {
             **resource,
-            "name": f"{bucket}/{resource['name']}",
+            "name": f"{bucket}/{resource['name']}" + (f"#{resource['generation']}" if versions else ""),
             "type": "file",
             "size": int(resource["size"]),
             "generation": int(resource["generation"]),
@@ -514,8 +563,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _info(self, path: str, refresh: bool = False, **kwargs: Any) -> dict[str, Any]:
         """What ``path`` is: from the cached listing of its parent if there is one (as gcsfs answers), else
         from GCS; ``refresh=True`` always asks GCS (reads do: they need the live version)."""
-        bucket, name = self.split_path(path)
-        cached = None if refresh or not name else self._cached_entries(f"{bucket}/{name}")
+        bucket, name, generation = self._split_version(path)
+        cached = None if refresh or not name or generation is not None else self._cached_entries(f"{bucket}/{name}")
         if cached:
             return next((entry for entry in cached if entry["type"] == "file"), cached[0])
         job = self._job()
@@ -523,12 +572,33 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
         directory_only = self._strip_protocol(path).endswith("/")  # "f.txt/" is not the object f.txt
-        resource = None if directory_only else await object_resource(job, bucket, name, None)
+        resource = None if directory_only else await object_resource(job, bucket, name, None, generation=generation)
         if resource is not None:
             return self._file(bucket, resource)
+        if generation is not None:
+            url = f"{format_url(bucket, name)}#{generation}"
+            raise NotFoundError(f"{url}: no such object version", url=url)
         if await self._is_directory(job, bucket, name):
             return self._directory(f"{bucket}/{name}")
         raise NotFoundError(f"{format_url(bucket, name)}: no such object or directory", url=format_url(bucket, name))
+
+    async def _versions(self, job: RequestContext, bucket: str, name: str) -> list[dict[str, Any]]:
+        """Every version, noncurrent ones too, of the object ``name`` and of the objects under ``name/`` (all
+        of the bucket's for an empty name), each named ``name#<generation>``, in name order."""
+        params = {
+            "prefix": name,
+            "versions": "true",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": "items,nextPageToken",  # every version's whole resource, as info gives it
+        }
+        under = f"{name.rstrip('/')}/" if name else ""
+        entries = [
+            self._file(bucket, item, versions=True)
+            async for page in _pages(job, bucket, params)
+            for item in page.get("items", [])
+            if item["name"] == name or item["name"].startswith(under)
+        ]
+        return sorted(entries, key=lambda entry: entry["name"])
 
     @staticmethod
     async def _is_directory(job: RequestContext, bucket: str, name: str) -> bool:
@@ -550,10 +620,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return any([page.get("prefixes") async for page in _pages(job, bucket, params)])
 
     @_on_io_loop
-    async def _ls(self, path: str, detail: bool = False, refresh: bool = False, **kwargs: Any) -> list[Any]:
+    async def _ls(
+        self, path: str, detail: bool = False, refresh: bool = False, versions: bool = False, **kwargs: Any
+    ) -> list[Any]:
         """The entries one level under ``path`` (a file lists as itself). A directory's listing is kept in
         ``dircache`` (fsspec's options ``use_listings_cache``, ``listings_expiry_time``, ``max_paths``) and
-        answers later calls until it expires or is invalidated; ``refresh=True`` drops it and lists anew."""
+        answers later calls until it expires or is invalidated; ``refresh=True`` drops it and lists anew.
+        ``versions``: every version of each file, noncurrent ones too, each named ``name#<generation>``, as
+        gcsfs lists them (never cached)."""
         if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
             buckets = await list_buckets(self._job(), self._project("list buckets"))
             found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
@@ -562,13 +636,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         key = f"{bucket}/{name}".rstrip("/")
         if refresh:
             self.invalidate_cache(key)
-        cached = self.dircache.get(key)
-        if cached is None:
+        cached = None if versions else self.dircache.get(key)
+        if cached is None and not versions:
             itself = self._cached_entries(key)  # a file lists as itself; a name its parent lacks raises
             cached = itself if itself and all(entry["type"] == "file" for entry in itself) else None
         if cached is not None:
             return [dict(entry) for entry in cached] if detail else [entry["name"] for entry in cached]
-        keep = not self._writing_under(key)  # an open writer's object appears when it closes
+        keep = not versions and not self._writing_under(key)  # an open writer's object shows when it closes
         epoch = self._epoch  # an invalidation while listing: the listing may not hold what was changed
         prefix = f"{name}/" if name else ""
         params: dict[str, Any] = {
@@ -577,6 +651,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "includeFoldersAsPrefixes": "true",  # folders of a hierarchical namespace, empty ones too
             "maxResults": MAX_PAGE_SIZE,
             "fields": LS_FIELDS,
+            **({"versions": "true"} if versions else {}),
         }
         job = self._job()
         entries: list[dict[str, Any]] = []
@@ -588,7 +663,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 if item["name"] == prefix:
                     placeholder = True
                 else:
-                    entries.append(self._file(bucket, item))
+                    entries.append(self._file(bucket, item, versions))
         entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
         entries.sort(key=lambda entry: entry["name"])
         if entries and keep and self._epoch == epoch:
@@ -597,6 +672,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
                 entries = []
+            elif versions:  # each of its versions
+                entries = await self._versions(job, bucket, name)
         return entries if detail else [entry["name"] for entry in entries]
 
     def created(self, path: str) -> datetime:
@@ -675,27 +752,40 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise ValueError("maxdepth must be at least 1")
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__} {brief(prefix)}")
-        bucket, name = self.split_path(path)
+        bucket, name, generation = self._split_version(path)
         within = name
         if prefix:
             within = (name if not name or name.endswith("/") else f"{name}/") + prefix
             self.split_path(f"{bucket}/{within}")  # a prefix GCS would refuse raises InvalidPathError
-        client = Client(self.client, self.retry)
-        batches = await asyncio.to_thread(
-            lambda: list(
-                list_objects(
-                    client,
-                    bucket,
-                    within,
-                    MAX_PAGE_SIZE,
-                    LISTING_CONCURRENCY,
-                    match_glob=match_glob,
-                    as_prefix=bool(prefix),
-                    item_fields=None,
+        if generation is not None:  # one version: itself alone, never the live object or what is under its name
+            version = self._strip_protocol(path)
+            try:
+                found = {version: {**await self._info(path), "name": version}}
+            except FileNotFoundError:
+                found = {}
+        elif kwargs.get("versions"):  # every version of every object, each named name#<generation>, as gcsfs does
+            found = {
+                entry["name"]: entry
+                for entry in await self._versions(self._job(), bucket, name)
+                if entry["name"].startswith(f"{bucket}/{within}")
+            }
+        else:
+            client = Client(self.client, self.retry)
+            batches = await asyncio.to_thread(
+                lambda: list(
+                    list_objects(
+                        client,
+                        bucket,
+                        within,
+                        MAX_PAGE_SIZE,
+                        LISTING_CONCURRENCY,
+                        match_glob=match_glob,
+                        as_prefix=bool(prefix),
+                        item_fields=None,
+                    )
                 )
             )
-        )
-        found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, item) for _, item in batch)}
+            found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for _, b in batch)}
         if withdirs:
             top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
@@ -712,13 +802,71 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
 
+    # -- URLs ------------------------------------------------------------------------------------
+
+    def url(self, path: str, generation: int | None = None) -> str:
+        """The JSON API URL of the object's bytes on the configured endpoint (of ``generation``, or of the one
+        a ``name#<generation>`` path names), as gcsfs gives it, but with the name's ``/`` percent-encoded as
+        GCS's JSON API asks. Reading it needs credentials, unless the object is public."""
+        bucket, name, _ = self._object(path, version=True)
+        generation = _one_generation(path, generation, self._split_version(path)[2])
+        url = f"{media_url(resolve_endpoint(self.client)[0], bucket, name)}?alt=media"
+        return url if generation is None else f"{url}&generation={generation}"
+
+    def sign(
+        self,
+        path: str,
+        expiration: int | datetime.timedelta | datetime.datetime = 100,
+        *,
+        now: datetime.datetime | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """A V4 signed URL of the object on the configured endpoint: whoever holds it may make that one request
+        (``GET`` unless ``method=``) without credentials, for ``expiration`` (seconds, a ``timedelta``, or the
+        moment it ends; seven days at most) from ``now`` (the current time if ``None``).
+
+        Signed with the private key of the filesystem's service-account credentials (``token=`` a key file or
+        ``service_account.Credentials``); others raise ``AccessDeniedError``. Takes the arguments gcsfs passes
+        on to google-cloud-storage's ``generate_signed_url``: ``method`` (``"RESUMABLE"`` starts a resumable
+        upload), ``content_md5``, ``content_type``, ``response_type``, ``response_disposition``,
+        ``generation`` (or a ``name#<generation>`` path), ``headers``, ``query_parameters``, and ``version``,
+        which must be ``"v4"`` (gcsfs's default is V2, which GCS keeps for old keys only); any other raises
+        ``TypeError`` naming it."""
+        unknown = sorted(set(kwargs) - SIGN_OPTIONS)
+        if unknown:
+            raise TypeError(f"sign() got arguments it does not take: {', '.join(unknown)}")
+        if kwargs.get("version", "v4") != "v4":
+            raise ValueError(f"only V4 signed URLs are made here, not {kwargs['version']!r}")
+        bucket, name, _ = self._object(path, version=True)
+        generation = _one_generation(path, kwargs.get("generation"), self._split_version(path)[2])
+        headers = dict(kwargs.get("headers") or {})
+        headers.update({key: kwargs[arg] for arg, key in _SIGNED_HEADERS.items() if kwargs.get(arg) is not None})
+        query = dict(kwargs.get("query_parameters") or {})
+        query.update({key: kwargs[arg] for arg, key in _SIGNED_QUERY.items() if kwargs.get(arg) is not None})
+        if generation is not None:
+            query["generation"] = generation
+        if self.client.anonymous:
+            raise AccessDeniedError("an anonymous filesystem cannot sign URLs: it holds no private key")
+        return signed_url(
+            credentials_for(self.client),
+            resolve_endpoint(self.client)[0],
+            bucket,
+            name,
+            expiration=expiration,
+            method=kwargs.get("method", "GET"),
+            headers=headers,
+            query=query,
+            now=now,
+        )
+
     # -- reading ---------------------------------------------------------------------------------
 
     @_on_io_loop
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        _, _, url = self._object(path)
+        _, _, url = self._object(path, version=True)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
-            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0, in_one_buffer=True)
+            pinned = await self._pinned(path)
+            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, pinned, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
         info = await self._info(path, refresh=True)
         if info["type"] != "file":
@@ -742,9 +890,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
         """Download one object to ``lpath``; an object larger than a few parts streams through, read ahead
         while it is written. ``lpath`` is replaced only once every byte arrived and checked."""
-        _, _, url = self._object(rpath)
+        _, _, url = self._object(rpath, version=True)
         try:
-            data, _ = await fetch_object(self._job(budget=4 * self.transfer.part_size), url, None, 0)
+            pinned = await self._pinned(rpath)
+            data, _ = await fetch_object(self._job(budget=4 * self.transfer.part_size), url, pinned, 0)
         except NotFoundError:
             if not await self._isdir(rpath):  # a recursive get hands directories over too
                 raise
@@ -895,13 +1044,17 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        """Copy one object server-side; a directory (met by a recursive ``copy`` or ``mv``) has nothing to copy
-        but its objects, which are copied on their own, as fsspec's filesystems make a directory there."""
-        source, destination = self._object(path1), self._object(path2)
+        """Copy one object server-side (the version a ``name#<generation>`` source names, if it does); a
+        directory (met by a recursive ``copy`` or ``mv``) has nothing to copy but its objects, which are copied
+        on their own, as fsspec's filesystems make a directory there."""
+        source, destination = self._object(path1, version=True), self._object(path2)
+        generation = self._split_version(path1)[2]
         try:
-            await rewrite_object(self._job(), source[:2], destination[:2], kms_key_name=self.kms_key_name)
+            await rewrite_object(
+                self._job(), source[:2], destination[:2], source_generation=generation, kms_key_name=self.kms_key_name
+            )
         except NotFoundError:
-            if not await self._is_directory(self._job(), *source[:2]):
+            if generation is not None or not await self._is_directory(self._job(), *source[:2]):
                 raise
         finally:
             self._drop_listings([path2])
@@ -976,9 +1129,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
-        bucket, name, url = self._object(path)
+        bucket, name, url = self._object(path, version=True)
         try:
-            deleted = await delete_object(self._job(), bucket, name)
+            deleted = await delete_object(self._job(), bucket, name, generation=self._split_version(path)[2])
         finally:
             self._drop_listings([path])
         if not deleted:
@@ -1004,7 +1157,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         finally:
             _LISTED.reset(watching)
         job = self._job()
-        objects = [(p, *self._object(p)[:2]) for p in paths if self.split_path(p)[1]]
+        objects = [(p, *self._object(p, version=True)[:2]) for p in paths if self.split_path(p)[1]]
         buckets = [p for p in paths if not self.split_path(p)[1]]
         if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
             await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
@@ -1023,6 +1176,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"gs://{missed[0]}: no such object", url=f"gs://{missed[0]}")
         if recursive:
             tops = [] if maxdepth is not None else [path] if isinstance(path, str) else path  # deeper ones stay
+            tops = [top for top in tops if self._split_version(top)[2] is None]  # a version is no folder
             folders = await asyncio.gather(
                 *(self._remove_folders(job, *self.split_path(top)) for top in tops if not has_magic(top))
             )
@@ -1101,8 +1255,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> list[bool]:
         """Delete ``objects`` (path, bucket, name), those of ``listed`` paths by that generation; whether each
         was there to delete."""
-        if len(objects) == 1:
-            return [await delete_object(job, *objects[0][1:])]
+        pinned = {p: g for p, _, _ in objects if (g := self._split_version(p)[2]) is not None}
+        if len(objects) == 1 or pinned:  # a version named by its generation goes for good, by a delete of its own
+            deletes = (delete_object(job, bucket, name, generation=pinned.get(p)) for p, bucket, name in objects)
+            return list(await asyncio.gather(*deletes))
         unknown = [(bucket, name) for p, bucket, name in objects if p not in listed]
         found = await asyncio.gather(*(live_generation(job, bucket, name) for bucket, name in unknown))
         generations = {**dict(zip(unknown, found)), **{(b, n): listed[p] for p, b, n in objects if p in listed}}
@@ -1273,6 +1429,20 @@ async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> As
         if token is None:
             return
         params["pageToken"] = token
+
+
+_SIGNED_HEADERS = {"content_type": "Content-Type", "content_md5": "Content-MD5"}
+"""``sign`` arguments that are headers the signed request must carry."""
+_SIGNED_QUERY = {"response_type": "response-content-type", "response_disposition": "response-content-disposition"}
+"""``sign`` arguments that are query parameters of the signed URL."""
+
+
+def _one_generation(path: str, *generations: int | str | None) -> int | None:
+    """The one generation given (as an argument, in the path), or ``None``; two that differ raise ``ValueError``."""
+    given = {int(generation) for generation in generations if generation is not None}
+    if len(given) > 1:
+        raise ValueError(f"{path!r}: two different generations given, {sorted(given)}")
+    return given.pop() if given else None
 
 
 def _path_text(path: Any) -> str:

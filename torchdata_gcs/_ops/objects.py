@@ -444,12 +444,14 @@ async def rewrite_object(
     destination: tuple[str, str],
     *,
     only_if_new: bool = False,
+    source_generation: int | None = None,
     kms_key_name: str | None = None,
 ) -> ObjectInfo:
-    """Copy the object ``source`` (bucket, name) to ``destination`` inside GCS, by as many rewrite calls
-    as GCS asks for (large objects across locations or storage classes take several; each returns a
-    token to continue with); ``only_if_new`` never replaces an existing object. The copy is encrypted by the
-    Cloud KMS key ``kms_key_name`` if given (``destinationKmsKeyName``), else as its bucket encrypts.
+    """Copy the object ``source`` (bucket, name; its version ``source_generation`` if given, noncurrent ones
+    too, else the live one) to ``destination`` inside GCS, by as many rewrite calls as GCS asks for (large
+    objects across locations or storage classes take several; each returns a token to continue with);
+    ``only_if_new`` never replaces an existing object. The copy is encrypted by the Cloud KMS key
+    ``kms_key_name`` if given (``destinationKmsKeyName``), else as its bucket encrypts.
 
     Each call is conditional on the destination's generation as found first, so it is retried; a retry
     answered 412 by a destination that holds the source's bytes is the lost answer of an earlier
@@ -457,12 +459,16 @@ async def rewrite_object(
     """
     url = format_url(*destination)
     path = f"{job.session.object_path(*source)}/rewriteTo/b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
-    copied = await object_resource(job, *source, "size,crc32c", required=("size",), missing_ok=False)
+    copied = await object_resource(
+        job, *source, "size,crc32c", generation=source_generation, required=("size",), missing_ok=False
+    )
     assert copied is not None
     params: dict[str, Any] = {
         "fields": "done,rewriteToken,resource(size,generation,crc32c)",
         "ifGenerationMatch": 0 if only_if_new else await live_generation(job, *destination),
     }
+    if source_generation is not None:
+        params["sourceGeneration"] = source_generation
     if kms_key_name is not None:
         params["destinationKmsKeyName"] = kms_key_name
 

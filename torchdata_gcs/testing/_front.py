@@ -40,6 +40,7 @@ from ._patches import MetadataPatches
 from ._process import LocalService
 from ._soft_delete import BucketOverlay
 from ._stuck_pages import continues_listing, stuck_page
+from ._versions import Versions
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -304,11 +305,14 @@ class GCSFront(LocalService):
     under a default event-based hold are held (their delete refused with 403), and a JSON multipart upload
     whose metadata names no storage class takes the bucket's. A compose with ``deleteSourceObjects``
     (which the emulator ignores) deletes its sources for good once done, or is refused with 403 if one
-    of them is held. An object metadata patch (``PATCH``) is carried out as GCS does (see ``_patches``): its
-    ``ifGenerationMatch``/``ifMetagenerationMatch`` (and ``NotMatch``) checked (412), a metadata key set to
-    ``null`` removed, the ``metageneration`` moved on, all of which the emulator lacks. An object written with a
-    Cloud KMS key (``kmsKeyName`` on an upload or compose, ``x-goog-encryption-kms-key-name`` on an XML
-    multipart upload) is described with its ``kmsKeyName``, which the emulator drops.
+    of them is held. A JSON API delete of a version by its ``generation`` removes that version for good, live or
+    noncurrent, and one of a version that does not exist is answered 404 (the emulator deletes the live
+    object whatever the generation; see ``_versions``). An object metadata patch (``PATCH``) is carried out as
+    GCS does (see ``_patches``): its ``ifGenerationMatch``/``ifMetagenerationMatch`` (and ``NotMatch``) checked
+    (412), a metadata key set to ``null`` removed, the ``metageneration`` moved on, all of which the emulator
+    lacks. An object written with a Cloud KMS key (``kmsKeyName`` on an upload or compose,
+    ``x-goog-encryption-kms-key-name`` on an XML multipart upload) is described with its ``kmsKeyName``, which
+    the emulator drops.
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -416,6 +420,7 @@ class GCSFront(LocalService):
         self.bucket_overlay = BucketOverlay(self._ask)
         self.folders = Folders(hierarchical, self._ask)
         self.patches = MetadataPatches(lambda method, path, body: self._ask(path, method, body))
+        self._versions = Versions(self._ask)
         self.ignore_range = ignore_range
         self._abandoned = 0
         self.set_faults(faults)
@@ -920,6 +925,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind == "list" and "matchGlob" in params and self._answer_match_glob(path, params):
             return
+        if self._answer_version(kind, path, params):
+            return
         patched = front.patches.target(self.command, path)
         if patched is not None:  # preconditions, removed keys and metagenerations, which the emulator lacks
             data = b"".join(body or ())
@@ -1012,6 +1019,28 @@ class _Handler(BaseHTTPRequestHandler):
         if front._pause(front.latency):
             self._answer_json(page)
         return True
+
+    def _answer_version(self, kind: str, path: str, params: dict[str, str]) -> bool:
+        """Answer as GCS does a JSON API read or delete of a version by its ``generation`` where the emulator
+        would not (see ``_versions``); False when the request is to go upstream."""
+        bucket, name = _object_of(path)
+        if "generation" not in params or bucket is None or name is None or not params["generation"].isdigit():
+            return False
+        versions, generation = self.server.front._versions, int(params["generation"])
+        if kind == "delete":
+            with self.server.front.rules.writes:
+                outcome = versions.delete(bucket, name, generation)
+            if outcome is True:
+                return False
+            if outcome is False:
+                self.wfile.write(_head(204, "No Content", []))
+            else:
+                self._answer_error(*outcome)
+            return True
+        if self.command == "GET" and versions.gone(bucket, name, generation):
+            self._answer_error(404, "Not Found", f"No such object: {bucket}/{name}#{generation}")
+            return True
+        return False
 
     def _answer_match_glob(self, path: str, params: dict[str, str]) -> bool:
         """Answer a JSON API list request with ``matchGlob`` as GCS does (the emulator ignores it); 400 if
@@ -1310,6 +1339,7 @@ class _Handler(BaseHTTPRequestHandler):
                         data = front._ask(f"{path}?generation={generation}&projection=noAcl")[1]
             self._note_kms_key(kind, data)
             data = front.bucket_overlay.answer(self.path, front.patches.rewrite(rules.rewrite_resources(data)))
+            data = front._versions.listing(bucket, data) if kind == "list" and bucket is not None else data
             data = front.folders.describe_bucket(self.path, data)
             data = stuck_page(self.path, data) if self.stuck else data
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
