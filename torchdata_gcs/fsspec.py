@@ -56,7 +56,6 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
-from datetime import datetime
 from typing import Any, TypeVar
 
 import google.auth.credentials
@@ -676,15 +675,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 entries = await self._versions(job, bucket, name)
         return entries if detail else [entry["name"] for entry in entries]
 
-    def created(self, path: str) -> datetime:
+    def created(self, path: str) -> datetime.datetime:
         """When the object was created (its ``timeCreated``), timezone-aware, as gcsfs gives it."""
         return self._file_time(path, "ctime")
 
-    def modified(self, path: str) -> datetime:
+    def modified(self, path: str) -> datetime.datetime:
         """When the object or its metadata last changed (its ``updated``), timezone-aware, as gcsfs gives it."""
         return self._file_time(path, "mtime")
 
-    def _file_time(self, path: str, key: str) -> datetime:
+    def _file_time(self, path: str, key: str) -> datetime.datetime:
         info = self.info(path)
         if info["type"] != "file":
             raise IsADirectoryError(f"{path} is a directory: GCS keeps times for objects only")
@@ -1461,9 +1460,9 @@ def _resolve(offset: int | None, size: int) -> int:
     return max(0, size + offset) if offset < 0 else min(offset, size)
 
 
-def _timestamp(text: str) -> datetime:
+def _timestamp(text: str) -> datetime.datetime:
     """A timezone-aware datetime of a GCS RFC 3339 time (``2026-11-26T19:24:13.719Z``)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _only_if_new(mode: str) -> bool:
