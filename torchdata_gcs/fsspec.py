@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 import google.auth.credentials
 from fsspec.asyn import AsyncFileSystem
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
-from fsspec.registry import register_implementation
+from fsspec.registry import available_protocols, register_implementation
 from fsspec.spec import AbstractBufferedFile
 from fsspec.transaction import Transaction
 from fsspec.utils import stringify_path
@@ -174,9 +174,13 @@ CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
     """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
     that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
-    send requests elsewhere than meant."""
+    send requests elsewhere than meant. An argument named after another fsspec protocol holds that protocol's
+    options (fsspec's form for chained URLs; Hugging Face ``datasets`` adds ``hf`` to the options it is given)
+    and is dropped, as gcsfs leaves it unused."""
     gcsfs = {key: options.pop(key) for key in ("token", "endpoint_url", "project", "requester_pays", "consistency")
              if key in options}  # fmt: skip
+    for protocol in set(options) & (set(available_protocols()) - {"gs", "gcs"}):
+        del options[protocol]
     unknown = sorted(set(options) - FSSPEC_OPTIONS)
     if unknown:
         raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")

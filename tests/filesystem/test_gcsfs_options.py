@@ -28,6 +28,19 @@ def test_gcsfs_arguments_not_honoured_are_refused_by_name(name: str) -> None:
         GCSFileSystem(skip_instance_cache=True, **{name: None})
 
 
+def test_another_protocols_options_are_left_to_it(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """fsspec hands a filesystem the options keyed by other protocols' names (meant for the other hops of a
+    chained URL), and Hugging Face ``datasets`` adds ``hf`` to the options it is given: gcsfs leaves them be."""
+    with GCSFront(gcs_emulator.endpoint) as front:
+        fs = GCSFileSystem(
+            endpoint_url=front.endpoint, token="anon", hf={"token": None}, s3={"anon": True}, skip_instance_cache=True
+        )
+        fs.pipe_file(f"gs://{gcs_bucket}/a.txt", b"alpha")
+        assert front.counts["upload"] == 1 and fs.client.endpoint == front.endpoint
+    with pytest.raises(TypeError, match="does not take: gs$"):
+        GCSFileSystem(gs={}, skip_instance_cache=True)
+
+
 def test_requester_pays_bills_the_project_named() -> None:
     paying = GCSFileSystem(requester_pays=True, project="payer", token="anon", skip_instance_cache=True)
     assert paying.client.user_project == "payer"
