@@ -35,8 +35,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def options(gcs_front: GCSFront) -> Iterator[dict[str, Any]]:
-    """gcsfs's arguments for the front; no filesystem made with them outlives the test."""
+def options(registered: None, gcs_front: GCSFront) -> Iterator[dict[str, Any]]:  # noqa: F811
+    """gcsfs's arguments for the front, and gs:// served by ``GCSFileSystem`` (gcsfs installed or not); no
+    filesystem made with them outlives the test."""
     GCSFileSystem.clear_instance_cache()
     yield {"endpoint_url": gcs_front.endpoint, "token": "anon"}
     GCSFileSystem.clear_instance_cache()
