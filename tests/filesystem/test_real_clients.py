@@ -5,6 +5,7 @@ Options are given the way gcsfs takes them (``endpoint_url``, ``token="anon"``) 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,10 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-import zarr
 from lightning.pytorch.callbacks import ModelCheckpoint
 from pandas.testing import assert_frame_equal
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from zarr.storage import FsspecStore
 
 from tests.checkpoint.test_lightning import assert_same_tensors, loader, tiny_module, trainer
 from tests.filesystem.test_filesystem import registered  # noqa: F401 - the fixture
@@ -157,9 +156,13 @@ def test_hugging_face_save_to_disk_and_load_from_disk_on_gs(
     assert_frame_equal(back.to_pandas(), frame())
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="zarr 3 needs Python 3.11")
 def test_zarr_v3_sharded_array_in_an_fsspec_store(options: dict[str, Any], fs: GCSFileSystem, gcs_bucket: str) -> None:
     """zarr's fsspec store drives the asynchronous API; a sharded array's chunks are read as ranges of a shard,
     its index as the shard's last bytes."""
+    import zarr
+    from zarr.storage import FsspecStore
+
     values = np.arange(4000, dtype="float32").reshape(40, 100)
     store = FsspecStore(GCSFileSystem(asynchronous=True, **options), path=f"{gcs_bucket}/zarr/grid.zarr")
     array = zarr.create_array(
