@@ -174,13 +174,15 @@ CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
     """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
     that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
-    send requests elsewhere than meant. An argument named after another fsspec protocol holds that protocol's
-    options (fsspec's form for chained URLs; Hugging Face ``datasets`` adds ``hf`` to the options it is given)
-    and is dropped, as gcsfs leaves it unused."""
+    send requests elsewhere than meant. Dropped, as gcsfs leaves them unused: an argument named after another
+    fsspec protocol, which holds that protocol's options (fsspec's form for chained URLs; Hugging Face
+    ``datasets`` adds ``hf`` to the options it is given), and ``client_kwargs``, an HTTP client's settings that
+    ``datasets`` hands every filesystem it opens a compressed file on (here proxies always come from the
+    environment)."""
     gcsfs = {key: options.pop(key) for key in ("token", "endpoint_url", "project", "requester_pays", "consistency")
              if key in options}  # fmt: skip
-    for protocol in set(options) & (set(available_protocols()) - {"gs", "gcs"}):
-        del options[protocol]
+    for key in set(options) & ({"client_kwargs"} | (set(available_protocols()) - {"gs", "gcs"})):
+        del options[key]
     unknown = sorted(set(options) - FSSPEC_OPTIONS)
     if unknown:
         raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")

@@ -28,12 +28,18 @@ def test_gcsfs_arguments_not_honoured_are_refused_by_name(name: str) -> None:
         GCSFileSystem(skip_instance_cache=True, **{name: None})
 
 
-def test_another_protocols_options_are_left_to_it(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+def test_other_protocols_options_and_client_kwargs_are_left_unused(gcs_emulator: Emulator, gcs_bucket: str) -> None:
     """fsspec hands a filesystem the options keyed by other protocols' names (meant for the other hops of a
-    chained URL), and Hugging Face ``datasets`` adds ``hf`` to the options it is given: gcsfs leaves them be."""
+    chained URL), Hugging Face ``datasets`` adds ``hf`` to the options it is given and passes ``client_kwargs``
+    to any filesystem beneath a compressed file: gcsfs leaves them unused."""
     with GCSFront(gcs_emulator.endpoint) as front:
         fs = GCSFileSystem(
-            endpoint_url=front.endpoint, token="anon", hf={"token": None}, s3={"anon": True}, skip_instance_cache=True
+            endpoint_url=front.endpoint,
+            token="anon",
+            hf={"token": None},
+            s3={"anon": True},
+            client_kwargs={"trust_env": True},
+            skip_instance_cache=True,
         )
         fs.pipe_file(f"gs://{gcs_bucket}/a.txt", b"alpha")
         assert front.counts["upload"] == 1 and fs.client.endpoint == front.endpoint

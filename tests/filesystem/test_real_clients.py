@@ -5,6 +5,8 @@ Options are given the way gcsfs takes them (``endpoint_url``, ``token="anon"``) 
 
 from __future__ import annotations
 
+import gzip
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,6 +144,21 @@ def test_hugging_face_load_dataset_from_gs_parquet(
         streaming=True,
     )  # fmt: skip
     assert [row["step"] for row in streamed] == list(range(300))
+
+
+def test_hugging_face_streams_compressed_json_lines_from_gs(
+    offline_hf: Path, options: dict[str, Any], fs: GCSFileSystem, gcs_bucket: str
+) -> None:
+    """A compressed file is opened through ``datasets``' own filesystem, which hands the one beneath it
+    ``client_kwargs`` (meant for an HTTP client), as it does for every protocol."""
+    rows = [{"step": step, "run": "ab"[step % 2]} for step in range(50)]
+    fs.pipe_file(
+        f"{gcs_bucket}/hf/rows.jsonl.gz", gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode())
+    )
+    streamed = datasets.load_dataset(
+        "json", data_files=f"gs://{gcs_bucket}/hf/*.jsonl.gz", storage_options=options, split="train", streaming=True
+    )
+    assert list(streamed) == rows
 
 
 def test_hugging_face_save_to_disk_and_load_from_disk_on_gs(
