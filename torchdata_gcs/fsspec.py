@@ -231,9 +231,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             gcsfs's where they mean something here, so that ``storage_options`` written for gcsfs work
             unchanged: ``token`` (``"anon"``, ``"google_default"``, ``"cloud"`` or ``None``, a credentials
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
-            ``requester_pays`` (``True``: bill ``project``; or the project to bill) and ``consistency``
-            (every read is checked by crc32c whatever it says). Any other gcsfs argument raises
-            ``TypeError`` naming it, rather than being ignored.
+            ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
+            (every read is checked by crc32c whatever it says) and ``block_size`` (how far ahead
+            ``open()``'s readers read: 4 MiB by default, ``0`` only what is asked). Any other gcsfs
+            argument raises ``TypeError`` naming it, rather than being ignored.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -262,6 +263,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         write: WriteConfig | None = None,
         **storage_options: Any,
     ) -> None:
+        self.block_size: int | None = storage_options.pop("block_size", None)  # gcsfs's; open()'s default
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -525,6 +527,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """A seekable reader (``"rb"``), or a writer that publishes on a clean close (``"wb"``; ``"xb"``
         only if the object does not exist); within ``fs.transaction``, writers publish when it commits."""
         if mode == "rb":
+            block_size = self.block_size if block_size is None else block_size
             return GCSFile(self, path, block_size=block_size, cache_type=cache_type, cache_options=cache_options)
         if mode in ("wb", "xb"):
             _, _, url = self._object(path)

@@ -47,6 +47,24 @@ def test_other_protocols_options_and_client_kwargs_are_left_unused(gcs_emulator:
         GCSFileSystem(gs={}, skip_instance_cache=True)
 
 
+@pytest.mark.parametrize(("block_size", "fetched"), [(None, 2**20), (0, 10), (2**16, 10 + 2**16)])
+def test_block_size_is_how_far_ahead_readers_read(
+    block_size: int | None, fetched: int, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    """gcsfs's ``block_size`` is the default of ``open()``'s readers (4 MiB without it); an ``open()`` may
+    still give its own."""
+    fs = GCSFileSystem(client=gcs_emulator.client_config, block_size=block_size, skip_instance_cache=True)
+    data = bytes(range(256)) * 4096  # 1 MiB
+    fs.pipe_file(f"gs://{gcs_bucket}/a.bin", data)
+    before = fs.stats.bytes
+    with fs.open(f"gs://{gcs_bucket}/a.bin", "rb") as f:
+        assert f.read(10) == data[:10]
+    assert fs.stats.bytes - before == fetched
+    with fs.open(f"gs://{gcs_bucket}/a.bin", "rb", block_size=100) as f:
+        assert f.read(10) == data[:10]
+    assert fs.stats.bytes - before == fetched + 110
+
+
 def test_requester_pays_bills_the_project_named() -> None:
     paying = GCSFileSystem(requester_pays=True, project="payer", token="anon", skip_instance_cache=True)
     assert paying.client.user_project == "payer"

@@ -6,8 +6,10 @@ Options are given the way gcsfs takes them (``endpoint_url``, ``token="anon"``) 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,26 @@ def test_hugging_face_streams_compressed_json_lines_from_gs(
         "json", data_files=f"gs://{gcs_bucket}/hf/*.jsonl.gz", storage_options=options, split="train", streaming=True
     )
     assert list(streamed) == rows
+
+
+def test_hugging_face_streams_webdataset_shards_from_gs(
+    offline_hf: Path, options: dict[str, Any], fs: GCSFileSystem, gcs_bucket: str
+) -> None:
+    """Tar shards read as they stream, opened with ``block_size=0`` among the filesystem's options."""
+    for shard in range(2):
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            for key in range(shard * 3, shard * 3 + 3):
+                for extension, data in (("json", json.dumps({"step": key}).encode()), ("txt", f"text {key}".encode())):
+                    member = tarfile.TarInfo(f"{key:06d}.{extension}")
+                    member.size = len(data)
+                    tar.addfile(member, io.BytesIO(data))
+        fs.pipe_file(f"{gcs_bucket}/shards/train-{shard}.tar", archive.getvalue())
+    streamed = datasets.load_dataset(
+        "webdataset", data_files=f"gs://{gcs_bucket}/shards/*.tar", storage_options=options, split="train",
+        streaming=True,
+    )  # fmt: skip
+    assert [(row["json"]["step"], row["txt"]) for row in streamed] == [(key, f"text {key}") for key in range(6)]
 
 
 def test_hugging_face_save_to_disk_and_load_from_disk_on_gs(
