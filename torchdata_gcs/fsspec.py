@@ -234,7 +234,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
             (every read is checked by crc32c whatever it says) and ``block_size`` (how far ahead
             ``open()``'s readers read: 4 MiB by default, ``0`` only what is asked). Any other gcsfs
-            argument raises ``TypeError`` naming it, rather than being ignored.
+            argument raises ``TypeError`` naming it, rather than being ignored. ``encoding``, ``errors``
+            and ``newline`` are the defaults of text-mode ``open()`` (Hugging Face ``datasets`` passes a
+            file's encoding so when it streams).
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -264,6 +266,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         **storage_options: Any,
     ) -> None:
         self.block_size: int | None = storage_options.pop("block_size", None)  # gcsfs's; open()'s default
+        self._text = {
+            key: storage_options.pop(key) for key in ("encoding", "errors", "newline") if key in storage_options
+        }
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -508,7 +513,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
         """fsspec's; a text writer (``"w"``, ``"x"``) publishes nothing when its ``with`` block is left
-        by an exception, as a binary one does."""
+        by an exception, as a binary one does. Text modes take the filesystem's ``encoding``, ``errors``
+        and ``newline`` unless given their own."""
+        if "b" not in mode:
+            kwargs = {**self._text, **kwargs}
         if "b" in mode or "r" in mode:
             return super().open(path, mode, **kwargs)
         text = {key: kwargs.pop(key) for key in ("encoding", "errors", "newline") if key in kwargs}

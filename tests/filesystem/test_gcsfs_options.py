@@ -65,6 +65,19 @@ def test_block_size_is_how_far_ahead_readers_read(
     assert fs.stats.bytes - before == fetched + 110
 
 
+def test_encoding_errors_and_newline_are_the_defaults_of_text_modes(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    fs = GCSFileSystem(client=gcs_emulator.client_config, encoding="latin-1", newline="\r\n", skip_instance_cache=True)
+    with fs.open(f"gs://{gcs_bucket}/notes.txt", "w") as f:
+        f.write("café\n")
+    assert fs.cat(f"gs://{gcs_bucket}/notes.txt") == "café\r\n".encode("latin-1")
+    with fs.open(f"gs://{gcs_bucket}/notes.txt", "r", newline="") as f:
+        assert f.read() == "café\r\n"
+    with pytest.raises(UnicodeDecodeError), fs.open(f"gs://{gcs_bucket}/notes.txt", "r", encoding="utf-8") as f:
+        f.read()
+    with fs.open(f"gs://{gcs_bucket}/notes.txt", "rb") as f:
+        assert f.read() == "café\r\n".encode("latin-1")
+
+
 def test_requester_pays_bills_the_project_named() -> None:
     paying = GCSFileSystem(requester_pays=True, project="payer", token="anon", skip_instance_cache=True)
     assert paying.client.user_project == "payer"

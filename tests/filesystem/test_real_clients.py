@@ -163,6 +163,18 @@ def test_hugging_face_streams_compressed_json_lines_from_gs(
     assert list(streamed) == rows
 
 
+def test_hugging_face_streams_text_in_the_encoding_asked(
+    offline_hf: Path, options: dict[str, Any], fs: GCSFileSystem, gcs_bucket: str
+) -> None:
+    """Streaming, ``datasets`` opens a text file with its encoding among the filesystem's options."""
+    fs.pipe_file(f"{gcs_bucket}/text/notes.txt", "café\nnaïve\n".encode("latin-1"))
+    streamed = datasets.load_dataset(
+        "text", data_files=f"gs://{gcs_bucket}/text/*.txt", encoding="latin-1", storage_options=options,
+        split="train", streaming=True,
+    )  # fmt: skip
+    assert [row["text"] for row in streamed] == ["café", "naïve"]
+
+
 def test_hugging_face_streams_webdataset_shards_from_gs(
     offline_hf: Path, options: dict[str, Any], fs: GCSFileSystem, gcs_bucket: str
 ) -> None:
