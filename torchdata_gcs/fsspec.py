@@ -43,18 +43,20 @@ import contextlib
 import contextvars
 import functools
 import io
+import itertools
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import google.auth.credentials
-from fsspec.asyn import AsyncFileSystem
+from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import available_protocols, register_implementation
 from fsspec.spec import AbstractBufferedFile
@@ -63,20 +65,25 @@ from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
+from ._engines.compose import MAX_SOURCES
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
 from ._engines.memory_file import FilledBytes
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
 from ._ops.batch import delete_objects
-from ._ops.checksums import check_crc32c, crc32c_base64
+from ._ops.checksums import check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._ops.client import Client
 from ._ops.objects import (
     MAX_PAGE_SIZE,
     check_bucket,
+    compose_object,
+    create_bucket,
     create_object,
+    delete_bucket,
     delete_folder,
     delete_object,
+    list_buckets,
     list_page,
     live_generation,
     object_resource,
@@ -90,9 +97,18 @@ from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.deadline import call_deadline
 from ._transport.loop import io_loop, on_io_loop, run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
+from .errors import AccessDeniedError, GCSError, InvalidURIError, NotFoundError, PreconditionFailedError
 
-__all__ = ["GCSFile", "GCSFileSystem", "InvalidPathError", "PublishingTransaction", "StagedWriter", "register"]
+__all__ = [
+    "BucketExistsError",
+    "BucketNotEmptyError",
+    "GCSFile",
+    "GCSFileSystem",
+    "InvalidPathError",
+    "PublishingTransaction",
+    "StagedWriter",
+    "register",
+]
 
 T = TypeVar("T")
 
@@ -113,6 +129,15 @@ _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
 class InvalidPathError(InvalidURIError, OSError):
     """A path GCS would refuse (no bucket, a bad bucket or object name): an ``InvalidURIError`` (a
     ``ValueError``) that is an ``OSError`` too, as fsspec's callers expect of a filesystem's errors."""
+
+
+class BucketExistsError(GCSError, FileExistsError):
+    """``mkdir`` of a bucket whose name is taken (GCS answers 409): bucket names are global, so a bucket of
+    another project takes the name as well."""
+
+
+class BucketNotEmptyError(GCSError, OSError):
+    """``rmdir`` of a bucket that holds objects (GCS answers 409): GCS deletes only empty buckets."""
 
 
 def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
@@ -171,6 +196,24 @@ CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 """gcsfs's ``consistency`` values; reads here are always checked by crc32c, which covers them all."""
 
 
+def _listings_cache_options(options: dict[str, Any]) -> None:
+    """gcsfs's ``cache_timeout`` in ``options`` as fsspec's listings cache options: ``None`` (gcsfs's
+    default) caches listings until invalidated, seconds expire them, 0 or less caches none."""
+    if "cache_timeout" not in options:
+        return
+    timeout = options.pop("cache_timeout")
+    if "listings_expiry_time" in options:
+        raise TypeError("give either gcsfs's cache_timeout or fsspec's listings_expiry_time, not both")
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"cache_timeout must be seconds or None, got {timeout!r}")
+    if timeout <= 0:
+        options["use_listings_cache"] = False
+    else:
+        options["listings_expiry_time"] = timeout
+
+
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
     """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
     that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
@@ -186,7 +229,7 @@ def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, A
     unknown = sorted(set(options) - FSSPEC_OPTIONS)
     if unknown:
         raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")
-    if not gcsfs:
+    if not gcsfs.keys() - {"project"}:  # the project alone is the filesystem's (its buckets), not the client's
         return client
     if client is not None:
         raise TypeError(f"give either client= or gcsfs's {', '.join(sorted(gcsfs))}, not both")
@@ -232,11 +275,21 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             unchanged: ``token`` (``"anon"``, ``"google_default"``, ``"cloud"`` or ``None``, a credentials
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
             ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
-            (every read is checked by crc32c whatever it says) and ``block_size`` (how far ahead
+            (every read is checked by crc32c whatever it says), ``cache_timeout`` (seconds a listing
+            is kept, as ``listings_expiry_time``; 0 or less keeps none) and ``block_size`` (how far ahead
             ``open()``'s readers read: 4 MiB by default, ``0`` only what is asked). Any other gcsfs
             argument raises ``TypeError`` naming it, rather than being ignored. ``encoding``, ``errors``
             and ``newline`` are the defaults of text-mode ``open()`` (Hugging Face ``datasets`` passes a
-            file's encoding so when it streams).
+            file's encoding so when it streams). ``project`` (with ``client=`` too) is also
+            the project whose buckets ``ls("")`` lists and ``mkdir("bucket")`` creates, in
+            ``default_location`` if given (else GCS's default, the ``US`` multi-region).
+
+    Directory listings are cached as gcsfs caches them (fsspec's ``use_listings_cache``, default on,
+    ``listings_expiry_time``, default never, and ``max_paths``): ``ls`` keeps each directory's listing in
+    ``dircache``, and ``info``, ``exists``, ``isdir`` and ``ls`` answer from the cached listing of a path's
+    parent. Writes and deletes through this filesystem drop the listings they change, so it never lists
+    stale what it changed itself; what another process writes shows once the listing expires, after
+    ``invalidate_cache()``, or with ``ls(..., refresh=True)``. Reads (``open``, ``cat``) always ask GCS.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -265,6 +318,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         write: WriteConfig | None = None,
         **storage_options: Any,
     ) -> None:
+        _listings_cache_options(storage_options)
+        self.project: str | None = storage_options.get("project")
+        self.default_location: str | None = storage_options.pop("default_location", None)
         self.block_size: int | None = storage_options.pop("block_size", None)  # gcsfs's; open()'s default
         self._text = {
             key: storage_options.pop(key) for key in ("encoding", "errors", "newline") if key in storage_options
@@ -283,6 +339,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             )
         self.stats = LoadStats()
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
+        self._invalidations = itertools.count()
+        self._epoch = next(self._invalidations)  # changes with every invalidation of the listings cache
+        self._writers: dict[int, weakref.ref[StreamingWriter]] = {}  # writers opened here, until seen closed
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -293,12 +352,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
-        """fsspec's, for paths that are text only. Every call with a path passes here, or through
-        :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any request: a path that is not
-        text (``None``, a number, bytes) is refused with a ``TypeError`` saying so."""
+        """fsspec's, for paths that are text only, keeping a trailing ``/`` below the bucket as gcsfs does
+        (``bucket/x/``: written, the object ``x/``; read or listed, the directory ``x``). Every call with a
+        path passes here, or through :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any
+        request: a path that is not text (``None``, a number, bytes) is refused with a ``TypeError``."""
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
-        return super()._strip_protocol(_path_text(path)).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        text = _path_text(path)
+        stripped = super()._strip_protocol(text).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        return f"{stripped}/" if text.endswith("/") and "/" in stripped else stripped
 
     async def _expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
         if not isinstance(path, (str, os.PathLike)):  # several paths: fsspec takes any iterable of them
@@ -321,10 +383,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return await super()._copy(path1, path2, *args, **kwargs)
 
     def split_path(self, path: str) -> tuple[str, str]:
-        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
-        bucket, _, name = self._strip_protocol(path).partition("/")
+        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket), and has
+        no trailing ``/``: ``x/`` and ``x`` name the same directory (:meth:`_object` keeps it, for objects)."""
+        bucket, _, name = self._strip_protocol(path).rstrip("/").partition("/")
         if not bucket:
-            raise InvalidPathError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
+            raise InvalidPathError(f"{path!r} names no bucket")
         try:
             validate_bucket(bucket)
             validate_object_name(name, allow_empty=True)
@@ -333,10 +396,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return bucket, name
 
     def _object(self, path: str) -> tuple[str, str, str]:
-        """``(bucket, name, url)`` of a path that must name an object."""
+        """``(bucket, name, url)`` of a path that must name an object; ``bucket/x/`` names the object ``x/``
+        (a folder's placeholder, such as ``touch("bucket/x/")`` writes), never ``x``."""
         bucket, name = self.split_path(path)
         if not name:
             raise IsADirectoryError(f"{path!r} is a bucket, not an object")
+        name += "/" if self._strip_protocol(path).endswith("/") else ""
         return bucket, name, format_url(bucket, name)
 
     def _job(self, budget: int | None = None) -> RequestContext:
@@ -359,6 +424,73 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     def _directory(path: str) -> dict[str, Any]:
         return {"name": path.rstrip("/"), "type": "directory", "size": 0}
 
+    # -- the listings cache ----------------------------------------------------------------------
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Forget the listings cached for ``path``, its parents and every directory under it (all of them if
+        ``None``): the next ``ls``, ``info`` or ``exists`` there asks GCS. Writes and deletes through this
+        filesystem do it themselves; call it after another process wrote, or pass ``refresh=True`` to ``ls``."""
+        if path is None:
+            self.dircache.clear()
+            self._epoch = next(self._invalidations)
+        else:
+            self._drop_listings([path], under=True)
+
+    def _drop_listings(self, paths: Iterable[str], under: bool = False) -> None:
+        """Forget the listings cached for ``paths`` and their parents, which an object written or deleted at
+        one of them changes; with ``under``, those of every directory under them too (a tree removed), in
+        one pass over the cache."""
+        keys = {self._strip_protocol(path).rstrip("/") for path in paths}
+        doomed: set[str] = set()
+        for key in keys:
+            while key and key not in doomed:
+                doomed.add(key)
+                key = key.rpartition("/")[0]
+        for cached in list(self.dircache) if under else []:
+            above = cached.rpartition("/")[0]
+            while above and above not in keys:
+                above = above.rpartition("/")[0]
+            if above:
+                doomed.add(cached)
+        for key in doomed:
+            self.dircache.pop(key, None)
+        self._epoch = next(self._invalidations)
+
+    def _track(self, writer: StreamingWriter) -> StreamingWriter:
+        """Note ``writer`` until it closes: the listings over its object are dropped now, and none is kept
+        while it is open, as its object appears when it closes (which the writer tells no one)."""
+        for number, ref in list(self._writers.items()):
+            if (noted := ref()) is None or noted.closed:
+                self._writers.pop(number, None)
+        self._writers[id(writer)] = weakref.ref(writer)
+        self._drop_listings([writer.url])
+        return writer
+
+    def _writing_under(self, key: str) -> bool:
+        """Whether a writer of this filesystem that has not closed yet writes under the directory ``key``."""
+        for ref in list(self._writers.values()):
+            writer = ref()
+            if writer is not None and not writer.closed and self._strip_protocol(writer.url).startswith(f"{key}/"):
+                return True
+        return False
+
+    def _cached_entries(self, key: str) -> list[dict[str, Any]] | None:
+        """Copies of the entries named ``key`` (a file, a directory or both) in the cached listing of its
+        parent; ``None`` if that listing is not cached; ``FileNotFoundError`` if it is and names neither."""
+        parent = key.rpartition("/")[0]
+        listing = self.dircache.get(parent) if parent and not key.endswith("/") else None
+        if listing is None:
+            return None
+        entries = [dict(entry) for entry in listing if entry["name"] == key]
+        if not entries:
+            url = format_url(*self.split_path(key))
+            raise NotFoundError(
+                f"{url}: no such object or directory in the cached listing of gs://{parent}/ (refresh=True or "
+                "invalidate_cache() asks GCS again)",
+                url=url,
+            )
+        return entries
+
     # -- metadata and listing --------------------------------------------------------------------
 
     async def _exists(self, path: str, **kwargs: Any) -> bool:
@@ -369,13 +501,19 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return False
 
     @_on_io_loop
-    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+    async def _info(self, path: str, refresh: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """What ``path`` is: from the cached listing of its parent if there is one (as gcsfs answers), else
+        from GCS; ``refresh=True`` always asks GCS (reads do: they need the live version)."""
         bucket, name = self.split_path(path)
+        cached = None if refresh or not name else self._cached_entries(f"{bucket}/{name}")
+        if cached:
+            return next((entry for entry in cached if entry["type"] == "file"), cached[0])
         job = self._job()
         if not name:
             await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
-        resource = await object_resource(job, bucket, name, FILE_FIELDS)
+        directory_only = self._strip_protocol(path).endswith("/")  # "f.txt/" is not the object f.txt
+        resource = None if directory_only else await object_resource(job, bucket, name, FILE_FIELDS)
         if resource is not None:
             return self._file(bucket, resource)
         if await self._is_directory(job, bucket, name):
@@ -387,6 +525,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """Whether ``name/`` holds objects, or is a folder of a bucket with a hierarchical namespace (empty
         ones too), with ``storage.objects.list`` alone: a listing of ``name``'s level from ``name/`` to
         ``name0`` (``0`` follows ``/``) holds at most that one prefix."""
+        name = name.rstrip("/")
         parent = name.rpartition("/")[0]
         params: dict[str, Any] = {
             "prefix": f"{parent}/" if parent else "",
@@ -401,8 +540,26 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return any([page.get("prefixes") async for page in _pages(job, bucket, params)])
 
     @_on_io_loop
-    async def _ls(self, path: str, detail: bool = False, **kwargs: Any) -> list[Any]:
+    async def _ls(self, path: str, detail: bool = False, refresh: bool = False, **kwargs: Any) -> list[Any]:
+        """The entries one level under ``path`` (a file lists as itself). A directory's listing is kept in
+        ``dircache`` (fsspec's options ``use_listings_cache``, ``listings_expiry_time``, ``max_paths``) and
+        answers later calls until it expires or is invalidated; ``refresh=True`` drops it and lists anew."""
+        if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
+            buckets = await list_buckets(self._job(), self._project("list buckets"))
+            found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
+            return found if detail else [b["name"] for b in found]
         bucket, name = self.split_path(path)
+        key = f"{bucket}/{name}".rstrip("/")
+        if refresh:
+            self.invalidate_cache(key)
+        cached = self.dircache.get(key)
+        if cached is None:
+            itself = self._cached_entries(key)  # a file lists as itself; a name its parent lacks raises
+            cached = itself if itself and all(entry["type"] == "file" for entry in itself) else None
+        if cached is not None:
+            return [dict(entry) for entry in cached] if detail else [entry["name"] for entry in cached]
+        keep = not self._writing_under(key)  # an open writer's object appears when it closes
+        epoch = self._epoch  # an invalidation while listing: the listing may not hold what was changed
         prefix = f"{name}/" if name else ""
         params: dict[str, Any] = {
             "prefix": prefix,
@@ -423,11 +580,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 else:
                     entries.append(self._file(bucket, item))
         entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
+        entries.sort(key=lambda entry: entry["name"])
+        if entries and keep and self._epoch == epoch:
+            self.dircache[key] = [dict(entry) for entry in entries]
         if not entries and name and not placeholder:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
                 entries = []
-        entries.sort(key=lambda entry: entry["name"])
         return entries if detail else [entry["name"] for entry in entries]
 
     async def _glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
@@ -442,21 +601,41 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         withdirs: bool = False,
         detail: bool = False,
         match_glob: str | None = None,
+        prefix: str = "",
         **kwargs: Any,
     ) -> Any:
         """Everything under ``path`` (and ``path`` itself if it is an object) from one parallel flat listing,
         at most ``maxdepth`` levels below ``path`` if given (as gcsfs does: a missing bucket raises).
-        ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing (the caller still filters)."""
+        ``prefix``, as gcsfs's: only the names under ``path`` that start with ``path/prefix``, which GCS
+        selects (its ``prefix`` parameter); ``path`` itself is not among them, and with ``withdirs`` only the
+        directories that start so are. ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing
+        (the caller still filters). It neither reads nor fills the listings cache."""
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__} {brief(prefix)}")
         bucket, name = self.split_path(path)
+        within = name
+        if prefix:
+            within = (name if not name or name.endswith("/") else f"{name}/") + prefix
+            self.split_path(f"{bucket}/{within}")  # a prefix GCS would refuse raises InvalidPathError
         client = Client(self.client, self.retry)
         batches = await asyncio.to_thread(
-            lambda: list(list_objects(client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY, match_glob=match_glob))
+            lambda: list(
+                list_objects(
+                    client,
+                    bucket,
+                    within,
+                    MAX_PAGE_SIZE,
+                    LISTING_CONCURRENCY,
+                    match_glob=match_glob,
+                    as_prefix=bool(prefix),
+                )
+            )
         )
         found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, item) for _, item in batch)}
         if withdirs:
-            top = f"{bucket}/{name}".rstrip("/")
+            top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
                 parent = entry_name.rpartition("/")[0]
                 while parent.startswith(top) and parent not in found:
@@ -479,7 +658,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
             data, _ = await fetch_object(self._job(budget=sys.maxsize), url, None, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
-        info = await self._info(path)
+        info = await self._info(path, refresh=True)
         if info["type"] != "file":
             raise IsADirectoryError(f"{url} is a directory")
         size = info["size"]
@@ -541,7 +720,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _, _, url = self._object(path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
-            writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb")
+            writer = self._track(
+                new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb", folder_name=True)
+            )
             return writer if autocommit else StagedWriter(writer)
         raise NotImplementedError(
             f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
@@ -557,7 +738,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if len(data) <= self.write.part_size and not self._intrans:
             job = self._job()
             replaced = 0 if only_if_new else await live_generation(job, bucket, name)
-            await create_object(job, bucket, name, data, if_generation_match=replaced)
+            try:
+                await create_object(job, bucket, name, data, if_generation_match=replaced)
+            finally:  # a failed request may have written all the same
+                self._drop_listings([path])
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new)
 
@@ -581,7 +765,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
-        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new)
+        writer = self._track(
+            new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new, folder_name=True)
+        )
         try:
             for chunk in chunks:
                 writer.write(chunk)
@@ -603,13 +789,82 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         except NotFoundError:
             if not await self._is_directory(self._job(), *source[:2]):
                 raise
+        finally:
+            self._drop_listings([path2])
+
+    @_on_io_loop
+    async def _mv_file(self, path1: str, path2: str) -> None:
+        """Move one object: copy it in GCS, then delete the generation copied. A source replaced in between
+        is not deleted (its new bytes were not moved)."""
+        (bucket, name, url), destination = self._object(path1), self._object(path2)
+        job = self._job()
+        generation = await live_generation(job, bucket, name)
+        if not generation:
+            raise NotFoundError(f"{url}: no such object", url=url)
+        try:
+            await rewrite_object(job, (bucket, name), destination[:2])
+            await delete_object(job, bucket, name, generation=generation)
+        finally:
+            self._drop_listings([path1, path2])
+
+    mv_file = sync_wrapper(_mv_file)
+
+    def merge(self, path: str, paths: list[str]) -> None:
+        """Write ``path`` as the concatenation of the objects ``paths``, in their order, by one compose in
+        GCS: no bytes pass through this process. The sources must be in ``path``'s bucket and at most
+        ``MAX_SOURCES`` (GCS's limit for one compose); an existing ``path`` is replaced.
+
+        Example:
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.create_bucket("demo")
+            ...     fs = GCSFileSystem(client=emulator.client_config)
+            ...     _ = fs.pipe({"demo/a": b"al", "demo/b": b"pha"})
+            ...     fs.merge("demo/ab", ["demo/a", "demo/b"])
+            ...     fs.cat("demo/ab")
+            b'alpha'
+        """
+        sync(self.loop, self._merge, path, paths)
+
+    @_on_io_loop
+    async def _merge(self, path: str, paths: list[str]) -> None:
+        bucket, name, url = self._object(path)
+        sources = [self._object(source) for source in paths]
+        if not sources or len(sources) > MAX_SOURCES:
+            raise ValueError(f"merge takes 1 to {MAX_SOURCES} objects (one GCS compose), got {len(sources)}")
+        elsewhere = [source_url for source_bucket, _, source_url in sources if source_bucket != bucket]
+        if elsewhere:
+            raise ValueError(f"merge composes objects of {url}'s bucket only, not {elsewhere[0]}")
+        job = self._job()
+        found = await asyncio.gather(
+            *(
+                object_resource(job, bucket, source, "size,generation,crc32c", missing_ok=False)
+                for _, source, _ in sources
+            )
+        )
+        pieces = [(crc32c_value(resource["crc32c"]), int(resource["size"])) for resource in found if resource]
+        try:
+            await compose_object(
+                job,
+                bucket,
+                name,
+                [(source, int(resource["generation"])) for (_, source, _), resource in zip(sources, found) if resource],
+                if_generation_match=await live_generation(job, bucket, name),
+                composite=(sum(size for _, size in pieces), crc32c_base64(crc32c_of_concatenation(pieces))),
+            )
+        finally:
+            self._drop_listings([path])
 
     # -- removing and directories ----------------------------------------------------------------
 
     @_on_io_loop
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
         bucket, name, url = self._object(path)
-        if not await delete_object(self._job(), bucket, name):
+        try:
+            deleted = await delete_object(self._job(), bucket, name)
+        finally:
+            self._drop_listings([path])
+        if not deleted:
             raise NotFoundError(f"{url}: no such object", url=url)
 
     @_in_bulk_on_io_loop
@@ -632,13 +887,16 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         finally:
             _LISTED.reset(watching)
         job = self._job()
-        objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
+        objects = [(p, *self._object(p)[:2]) for p in paths if self.split_path(p)[1]]
         buckets = [p for p in paths if not self.split_path(p)[1]]
         if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
             await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
             raise IsADirectoryError(f"{buckets[0]} is a bucket: rm does not delete buckets")
-        deleted = await self._delete_objects(job, objects, listed)
-        named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
+        try:
+            deleted = await self._delete_objects(job, objects, listed)
+        finally:
+            self._drop_listings(p for p, _, _ in objects)
+        named = {self._strip_protocol(p) for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
             missed = [p for p in missed if p in named or not await self._isdir(p)]
@@ -657,22 +915,26 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _remove_folders(self, job: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder ``name/`` of a bucket with a hierarchical namespace and every folder under it,
         deepest first, once their objects are gone (GCS deletes only empty folders, and keeps them otherwise);
-        returns how many went. A flat bucket pays one listing: only if something is left under ``name/`` is
-        the bucket's storage layout asked (once per bucket). Without ``storage.folders.delete`` the folders
-        stay, with a warning: the objects are gone, which is what removing them asked."""
-        if not name or not await self._is_directory(job, bucket, name):
+        returns how many went, folder placeholders included. A flat bucket pays one listing: only if something
+        is left under ``name/`` are its placeholders looked for and the bucket's storage layout asked (once per
+        bucket). Without ``storage.folders.delete`` the folders stay, with a warning: the objects are gone,
+        which is what removing them asked. A whole bucket (``name`` empty) pays one listing, for placeholders."""
+        if not name:
+            return await self._remove_placeholders(job, bucket, name)
+        if not await self._is_directory(job, bucket, name):
             return 0
+        placeholders = await self._remove_placeholders(job, bucket, name)
         if bucket not in self._hierarchical:
             layout = await storage_layout(job, bucket)
             self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
         if not self._hierarchical[bucket]:
-            return 0
+            return placeholders
         level, folders = [f"{name}/"], [f"{name}/"]
         while level:
             below = await asyncio.gather(*(self._subfolders(job, bucket, folder) for folder in level))
             level = [folder for found in below for folder in found]
             folders += level
-        removed = 0
+        removed = placeholders
         try:
             for depth in sorted({folder.count("/") for folder in folders}, reverse=True):
                 at_depth = [folder for folder in folders if folder.count("/") == depth]
@@ -681,7 +943,28 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             logger.warning(
                 "the objects under %s are removed, its empty folders stay: %s", format_url(bucket, name), exc
             )
+        finally:
+            self.invalidate_cache(f"{bucket}/{name}")
         return removed
+
+    @staticmethod
+    async def _remove_placeholders(job: RequestContext, bucket: str, name: str) -> int:
+        """Delete the folder placeholders under ``name/`` (the whole bucket if ``name`` is empty): zero-byte
+        ``.../`` objects, such as ``touch("dir/")`` writes, which ``find`` skips; each only while it is the
+        generation listed. How many went."""
+        params = {
+            "prefix": f"{name}/" if name else "",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": "items(name,size,generation),nextPageToken",
+        }
+        left = [
+            (item["name"], int(item["generation"]))
+            async for page in _pages(job, bucket, params)
+            for item in page.get("items", [])
+            if item["name"].endswith("/") and int(item["size"]) == 0
+        ]
+        gone = await asyncio.gather(*(delete_object(job, bucket, n, if_generation_match=g) for n, g in left))
+        return sum(gone)
 
     @staticmethod
     async def _subfolders(job: RequestContext, bucket: str, folder: str) -> list[str]:
@@ -717,17 +1000,70 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 deleted[bucket, name] = outcome
         return [deleted[bucket, name] for _, bucket, name in objects]
 
-    async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        """Nothing to make (GCS has no directories); a bucket that does not exist raises ``FileNotFoundError``
-        (buckets are not created here). An identity that may write objects but not list them (Storage Object
-        Creator) cannot tell whether the bucket exists: it passes, and its first write will say."""
+    @_on_io_loop
+    async def _mkdir(self, path: str, create_parents: bool = False, location: str | None = None, **kwargs: Any) -> None:
+        """As gcsfs's: ``mkdir("bucket")`` creates the bucket in ``project`` (in ``location``, else
+        ``default_location``, else GCS's default) unless it exists (``BucketExistsError`` if its name is taken
+        elsewhere). A deeper path has nothing to make (GCS has no directories) but its bucket: a missing one
+        is created with ``create_parents=True`` and raises ``FileNotFoundError`` otherwise. An identity that
+        may write objects but not list them (Storage Object Creator) cannot tell whether the bucket exists:
+        a deeper path passes, and its first write will say."""
+        bucket, name = self.split_path(path)
+        exists = await self._bucket_exists(bucket)
+        if exists or (exists is None and name):
+            return
+        if name and not create_parents:
+            url = format_url(bucket)
+            raise NotFoundError(f"bucket {bucket!r} does not exist: mkdir creates it with create_parents=True", url=url)
         try:
-            await self._info(self.split_path(path)[0])
-        except AccessDeniedError:
-            pass
+            await create_bucket(
+                self._job(), self._project("create a bucket"), bucket, location or self.default_location
+            )
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketExistsError(f"a bucket named {bucket!r} exists already: {exc}", url=exc.url) from None
+        self.invalidate_cache(bucket)
 
+    @_on_io_loop
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
-        await self._mkdir(path)
+        """Nothing to make (GCS has no directories; buckets are made by ``mkdir``); a bucket that does not
+        exist raises ``FileNotFoundError``."""
+        with contextlib.suppress(AccessDeniedError):  # listing refused: its first write will say
+            await check_bucket(self._job(), self.split_path(path)[0])  # NotFoundError if missing
+
+    @_on_io_loop
+    async def _rmdir(self, path: str) -> None:
+        """As gcsfs's: delete the bucket ``path`` names, if empty (``BucketNotEmptyError`` otherwise); a deeper
+        path has nothing to delete (GCS has no directories)."""
+        bucket, name = self.split_path(path)
+        if name:
+            return
+        try:
+            await delete_bucket(self._job(), bucket)
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketNotEmptyError(f"bucket {bucket!r} holds objects: {exc}", url=exc.url) from None
+        finally:
+            self.invalidate_cache(bucket)
+
+    rmdir = sync_wrapper(_rmdir)  # fsspec makes no blocking twin of _rmdir itself
+
+    async def _bucket_exists(self, bucket: str) -> bool | None:
+        """Whether the bucket exists, asked with ``storage.objects.list`` alone; ``None`` if listing is refused."""
+        try:
+            await check_bucket(self._job(), bucket)
+        except NotFoundError:
+            return False
+        except AccessDeniedError:
+            return None
+        return True
+
+    def _project(self, purpose: str) -> str:
+        if not self.project:
+            raise ValueError(f"to {purpose}, GCSFileSystem needs project=: the Google Cloud project they belong to")
+        return self.project
 
 
 class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
@@ -751,7 +1087,7 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
         cache_type: str = "readahead",
         cache_options: dict[str, Any] | None = None,
     ) -> None:
-        info = fs.info(path)
+        info = fs.info(path, refresh=True)  # the live version, whatever a cached listing says
         if info["type"] != "file":
             raise IsADirectoryError(f"{path} is a directory")
         super().__init__(

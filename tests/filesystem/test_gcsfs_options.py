@@ -22,7 +22,7 @@ def test_endpoint_url_and_anonymous_token_send_requests_where_asked(gcs_emulator
         assert again.client.endpoint == front.endpoint and again.cat(f"gs://{gcs_bucket}/a.txt") == b"alpha"
 
 
-@pytest.mark.parametrize("name", ["session_kwargs", "kms_key_name", "cache_timeout", "version_aware", "timeout"])
+@pytest.mark.parametrize("name", ["session_kwargs", "kms_key_name", "version_aware", "timeout"])
 def test_gcsfs_arguments_not_honoured_are_refused_by_name(name: str) -> None:
     with pytest.raises(TypeError, match=name):
         GCSFileSystem(skip_instance_cache=True, **{name: None})

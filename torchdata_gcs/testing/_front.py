@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 from .._ops.objects import MAX_PAGE_SIZE
 from ._batch import BATCH_PATH, answer_batch, batch_calls
 from ._folders import Content, Folders
-from ._gcs_rules import GCSRules, bucket_permission, denied
+from ._gcs_rules import GCSRules, bucket_call_refusal, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
@@ -94,6 +94,7 @@ _HOP_BY_HOP = frozenset(
 _LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
 _COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
 _STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
+_BUCKET = re.compile(r"/storage/v1/b/[^/]+")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
@@ -169,8 +170,8 @@ def is_write(method: str, target: str) -> bool:
 
 def repeatable(method: str, target: str, headers: Any = None) -> bool:
     """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the
-    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``,
-    or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
+    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``
+    or of a bucket, or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
     and the others are bound to their upload ID (a part PUT overwrites the same part number, a repeated
     completion or abort finds the upload gone).
 
@@ -182,6 +183,8 @@ def repeatable(method: str, target: str, headers: Any = None) -> bool:
     """
     params = dict(parse_qsl(target.partition("?")[2], keep_blank_values=True))
     if "ifGenerationMatch" in params or (method == "DELETE" and "generation" in params):
+        return True
+    if method == "DELETE" and _BUCKET.fullmatch(target.partition("?")[0]):  # GCS: bucket deletes are idempotent
         return True
     if headers is not None and headers.get("x-goog-if-generation-match") is not None:
         return True
@@ -625,6 +628,10 @@ class GCSFront(LocalService):
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
 
+    def _holds_objects(self, bucket: str) -> bool:
+        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o?maxResults=1")
+        return status == 200 and bool(json.loads(answer).get("items"))
+
     def _ask(self, path: str, method: str = "GET") -> tuple[int, bytes]:
         """The status and body of a request (a GET by default) of ``path`` upstream, for the front's own
         checks and acts."""
@@ -898,6 +905,7 @@ class _Handler(BaseHTTPRequestHandler):
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
+            refusal = refusal or bucket_call_refusal(self.command, path, params, front._holds_objects)
             deleting = kind == "delete" and refusal is None
             deletion = front.bucket_overlay.deletion(*_object_of(path), params) if deleting else None
             refusal = refusal or (deletion.refusal if deletion is not None else None)
