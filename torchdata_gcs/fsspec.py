@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 import google.auth.credentials
 from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
-from fsspec.registry import register_implementation
+from fsspec.registry import available_protocols, register_implementation
 from fsspec.spec import AbstractBufferedFile
 from fsspec.transaction import Transaction
 from fsspec.utils import stringify_path
@@ -237,9 +237,15 @@ def _listings_cache_options(options: dict[str, Any]) -> None:
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
     """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
     that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
-    send requests elsewhere than meant."""
+    send requests elsewhere than meant. Dropped, as gcsfs leaves them unused: an argument named after another
+    fsspec protocol, which holds that protocol's options (fsspec's form for chained URLs; Hugging Face
+    ``datasets`` adds ``hf`` to the options it is given), and ``client_kwargs``, an HTTP client's settings that
+    ``datasets`` hands every filesystem it opens a compressed file on (here proxies always come from the
+    environment)."""
     gcsfs = {key: options.pop(key) for key in ("token", "endpoint_url", "project", "requester_pays", "consistency")
              if key in options}  # fmt: skip
+    for key in set(options) & ({"client_kwargs"} | (set(available_protocols()) - {"gs", "gcs"})):
+        del options[key]
     unknown = sorted(set(options) - FSSPEC_OPTIONS)
     if unknown:
         raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")
@@ -290,10 +296,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
             ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
             (every read is checked by crc32c whatever it says), ``version_aware`` (see below), ``cache_timeout``
-            (seconds a listing is kept, as ``listings_expiry_time``; 0 or less keeps none) and ``kms_key_name``,
-            the Cloud KMS key every write (and what ``cp``, ``mv_file`` and ``merge`` make) is encrypted with
-            unless the write names its own (gcsfs takes it per file). Any other gcsfs argument raises
-            ``TypeError`` naming it, rather than being ignored. ``project`` (with ``client=`` too) is also
+            (seconds a listing is kept, as ``listings_expiry_time``; 0 or less keeps none), ``block_size`` (how
+            far ahead ``open()``'s readers read: 4 MiB by default, ``0`` only what is asked) and
+            ``kms_key_name``, the Cloud KMS key every write (and what ``cp``, ``mv_file`` and ``merge`` make) is
+            encrypted with unless the write names its own (gcsfs takes it per file). Any other gcsfs argument
+            raises ``TypeError`` naming it, rather than being ignored. ``encoding``, ``errors``
+            and ``newline`` are the defaults of text-mode ``open()`` (Hugging Face ``datasets`` passes a
+            file's encoding so when it streams). ``project`` (with ``client=`` too) is also
             the project whose buckets ``ls("")`` lists and ``mkdir("bucket")`` creates, in
             ``default_location`` if given (else GCS's default, the ``US`` multi-region).
 
@@ -341,6 +350,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         self.project: str | None = storage_options.get("project")
         self.default_location: str | None = storage_options.pop("default_location", None)
         version_aware = bool(storage_options.pop("version_aware", False))
+        self.block_size: int | None = storage_options.pop("block_size", None)  # gcsfs's; open()'s default
+        self._text = {
+            key: storage_options.pop(key) for key in ("encoding", "errors", "newline") if key in storage_options
+        }
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -902,7 +915,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
         """fsspec's; a text writer (``"w"``, ``"x"``) publishes nothing when its ``with`` block is left
-        by an exception, as a binary one does."""
+        by an exception, as a binary one does. Text modes take the filesystem's ``encoding``, ``errors``
+        and ``newline`` unless given their own."""
+        if "b" not in mode:
+            kwargs = {**self._text, **kwargs}
         if "b" in mode or "r" in mode:
             return super().open(path, mode, **kwargs)
         text = {key: kwargs.pop(key) for key in ("encoding", "errors", "newline") if key in kwargs}
@@ -925,9 +941,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         A writer takes ``content_type`` (else guessed from the name's extension, as gcsfs does, or
         ``application/octet-stream``), ``metadata`` (user metadata, str to str) and ``fixed_key_metadata``
         (gcsfs's: ``cache_control``, ``content_disposition``, ``content_encoding``, ``content_language``,
-        ``custom_time``); any other keyword raises ``TypeError`` naming it. It has ``fs``, ``path``, ``name``
-        and ``mode``, as fsspec's files do."""
+        ``custom_time``) and ``kms_key_name`` (else the filesystem's); any other keyword raises ``TypeError``
+        naming it. It has ``fs``, ``path``, ``name`` and ``mode``, as fsspec's files do."""
         if mode == "rb":
+            block_size = self.block_size if block_size is None else block_size
             return GCSFile(self, path, block_size=block_size, cache_type=cache_type, cache_options=cache_options)
         if mode in ("wb", "xb"):
             _, _, url = self._object(path)
