@@ -463,6 +463,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     # -- reading ---------------------------------------------------------------------------------
 
+    @_in_bulk_on_io_loop
     async def _cat(self, path: Any, *args: Any, **kwargs: Any) -> Any:
         """fsspec's; the paths' reads share one request context: at most ``TransferConfig.max_in_flight``
         requests at once, on the connections the earlier ones leave open."""
