@@ -41,42 +41,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime
 import functools
 import io
+import itertools
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import google.auth.credentials
-from fsspec.asyn import AsyncFileSystem
+from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
-from fsspec.registry import register_implementation
+from fsspec.registry import available_protocols, register_implementation
 from fsspec.spec import AbstractBufferedFile
 from fsspec.transaction import Transaction
 from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
+from ._engines.compose import MAX_SOURCES
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
 from ._engines.memory_file import FilledBytes
 from ._engines.streams import PartStream
 from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
 from ._ops.batch import delete_objects
-from ._ops.checksums import check_crc32c, crc32c_base64
+from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._ops.client import Client
 from ._ops.objects import (
     MAX_PAGE_SIZE,
     check_bucket,
+    compose_object,
+    create_bucket,
     create_object,
+    delete_bucket,
     delete_folder,
     delete_object,
+    list_buckets,
     list_page,
     live_generation,
     object_resource,
@@ -85,14 +94,26 @@ from ._ops.objects import (
 )
 from ._ops.paging import PageTrail
 from ._ops.patterns import has_magic, tree_glob
+from ._ops.signing import signed_url
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext, new_context
 from ._transport.deadline import call_deadline
+from ._transport.http import credentials_for, resolve_endpoint
 from ._transport.loop import io_loop, on_io_loop, run
+from ._transport.session import media_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import AccessDeniedError, InvalidURIError, NotFoundError, PreconditionFailedError
+from .errors import AccessDeniedError, GCSError, InvalidURIError, NotFoundError, PreconditionFailedError
 
-__all__ = ["GCSFile", "GCSFileSystem", "InvalidPathError", "PublishingTransaction", "StagedWriter", "register"]
+__all__ = [
+    "BucketExistsError",
+    "BucketNotEmptyError",
+    "GCSFile",
+    "GCSFileSystem",
+    "InvalidPathError",
+    "PublishingTransaction",
+    "StagedWriter",
+    "register",
+]
 
 T = TypeVar("T")
 
@@ -106,6 +127,15 @@ LISTING_CONCURRENCY = 8
 
 WRITE_MODES = ("overwrite", "create")
 
+VERSION = re.compile(r"(?s)(.*)(?:#|\?generation=)(\d+)")
+"""A path naming one version of an object, ``name#<generation>`` (or gcsfs's ``name?generation=<generation>``)."""
+
+SIGN_OPTIONS = frozenset(
+    {"method", "content_md5", "content_type", "response_type", "response_disposition", "generation", "headers",
+     "query_parameters", "version"}
+)  # fmt: skip
+"""The arguments of google-cloud-storage's ``generate_signed_url`` that :meth:`GCSFileSystem.sign` takes."""
+
 _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("listed", default=None)
 """Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
 _CAT_JOB: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("cat_job", default=None)
@@ -116,6 +146,15 @@ _CAT_JOB: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar
 class InvalidPathError(InvalidURIError, OSError):
     """A path GCS would refuse (no bucket, a bad bucket or object name): an ``InvalidURIError`` (a
     ``ValueError``) that is an ``OSError`` too, as fsspec's callers expect of a filesystem's errors."""
+
+
+class BucketExistsError(GCSError, FileExistsError):
+    """``mkdir`` of a bucket whose name is taken (GCS answers 409): bucket names are global, so a bucket of
+    another project takes the name as well."""
+
+
+class BucketNotEmptyError(GCSError, OSError):
+    """``rmdir`` of a bucket that holds objects (GCS answers 409): GCS deletes only empty buckets."""
 
 
 def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
@@ -174,16 +213,40 @@ CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 """gcsfs's ``consistency`` values; reads here are always checked by crc32c, which covers them all."""
 
 
+def _listings_cache_options(options: dict[str, Any]) -> None:
+    """gcsfs's ``cache_timeout`` in ``options`` as fsspec's listings cache options: ``None`` (gcsfs's
+    default) caches listings until invalidated, seconds expire them, 0 or less caches none."""
+    if "cache_timeout" not in options:
+        return
+    timeout = options.pop("cache_timeout")
+    if "listings_expiry_time" in options:
+        raise TypeError("give either gcsfs's cache_timeout or fsspec's listings_expiry_time, not both")
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"cache_timeout must be seconds or None, got {timeout!r}")
+    if timeout <= 0:
+        options["use_listings_cache"] = False
+    else:
+        options["listings_expiry_time"] = timeout
+
+
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
     """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
     that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
-    send requests elsewhere than meant."""
+    send requests elsewhere than meant. Dropped, as gcsfs leaves them unused: an argument named after another
+    fsspec protocol, which holds that protocol's options (fsspec's form for chained URLs; Hugging Face
+    ``datasets`` adds ``hf`` to the options it is given), and ``client_kwargs``, an HTTP client's settings that
+    ``datasets`` hands every filesystem it opens a compressed file on (here proxies always come from the
+    environment)."""
     gcsfs = {key: options.pop(key) for key in ("token", "endpoint_url", "project", "requester_pays", "consistency")
              if key in options}  # fmt: skip
+    for key in set(options) & ({"client_kwargs"} | (set(available_protocols()) - {"gs", "gcs"})):
+        del options[key]
     unknown = sorted(set(options) - FSSPEC_OPTIONS)
     if unknown:
         raise TypeError(f"GCSFileSystem got arguments it does not take: {', '.join(unknown)}")
-    if not gcsfs:
+    if not gcsfs.keys() - {"project"}:  # the project alone is the filesystem's (its buckets), not the client's
         return client
     if client is not None:
         raise TypeError(f"give either client= or gcsfs's {', '.join(sorted(gcsfs))}, not both")
@@ -228,9 +291,27 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             gcsfs's where they mean something here, so that ``storage_options`` written for gcsfs work
             unchanged: ``token`` (``"anon"``, ``"google_default"``, ``"cloud"`` or ``None``, a credentials
             file path, or a ``google.auth`` ``Credentials``), ``endpoint_url``, ``project``,
-            ``requester_pays`` (``True``: bill ``project``; or the project to bill) and ``consistency``
-            (every read is checked by crc32c whatever it says). Any other gcsfs argument raises
-            ``TypeError`` naming it, rather than being ignored.
+            ``requester_pays`` (``True``: bill ``project``; or the project to bill), ``consistency``
+            (every read is checked by crc32c whatever it says), ``version_aware`` (see below), ``cache_timeout`` (seconds a listing
+            is kept, as ``listings_expiry_time``; 0 or less keeps none) and ``block_size`` (how far ahead
+            ``open()``'s readers read: 4 MiB by default, ``0`` only what is asked). Any other gcsfs
+            argument raises ``TypeError`` naming it, rather than being ignored. ``encoding``, ``errors``
+            and ``newline`` are the defaults of text-mode ``open()`` (Hugging Face ``datasets`` passes a
+            file's encoding so when it streams). ``project`` (with ``client=`` too) is also
+            the project whose buckets ``ls("")`` lists and ``mkdir("bucket")`` creates, in
+            ``default_location`` if given (else GCS's default, the ``US`` multi-region).
+
+    Directory listings are cached as gcsfs caches them (fsspec's ``use_listings_cache``, default on,
+    ``listings_expiry_time``, default never, and ``max_paths``): ``ls`` keeps each directory's listing in
+    ``dircache``, and ``info``, ``exists``, ``isdir`` and ``ls`` answer from the cached listing of a path's
+    parent. Writes and deletes through this filesystem drop the listings they change, so it never lists
+    stale what it changed itself; what another process writes shows once the listing expires, after
+    ``invalidate_cache()``, or with ``ls(..., refresh=True)``. Reads (``open``, ``cat``) always ask GCS.
+
+    With ``version_aware=True`` (as gcsfs) a path ``bucket/name#<generation>`` names that version of the
+    object, noncurrent ones too: ``info``, ``exists``, ``cat``, ``open``, ``get`` and ``cp`` read it, ``rm``
+    deletes it for good; ``ls`` and ``find`` with ``versions=True`` list every version so named. Without it,
+    ``#`` is part of a name.
 
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
@@ -259,6 +340,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         write: WriteConfig | None = None,
         **storage_options: Any,
     ) -> None:
+        _listings_cache_options(storage_options)
+        self.project: str | None = storage_options.get("project")
+        self.default_location: str | None = storage_options.pop("default_location", None)
+        version_aware = bool(storage_options.pop("version_aware", False))
+        self.block_size: int | None = storage_options.pop("block_size", None)  # gcsfs's; open()'s default
+        self._text = {
+            key: storage_options.pop(key) for key in ("encoding", "errors", "newline") if key in storage_options
+        }
         client = _client_from_gcsfs_options(client, storage_options)
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
@@ -272,7 +361,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 "GCSFileSystem stores files as written: pass compression= to fsspec.open instead of WriteConfig"
             )
         self.stats = LoadStats()
+        self.version_aware = version_aware
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
+        self._invalidations = itertools.count()
+        self._epoch = next(self._invalidations)  # changes with every invalidation of the listings cache
+        self._writers: dict[int, weakref.ref[StreamingWriter]] = {}  # writers opened here, until seen closed
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -283,12 +376,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
-        """fsspec's, for paths that are text only. Every call with a path passes here, or through
-        :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any request: a path that is not
-        text (``None``, a number, bytes) is refused with a ``TypeError`` saying so."""
+        """fsspec's, for paths that are text only, keeping a trailing ``/`` below the bucket as gcsfs does
+        (``bucket/x/``: written, the object ``x/``; read or listed, the directory ``x``). Every call with a
+        path passes here, or through :meth:`_expand_path`, :meth:`_pipe` or :meth:`_copy`, before any
+        request: a path that is not text (``None``, a number, bytes) is refused with a ``TypeError``."""
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
-        return super()._strip_protocol(_path_text(path)).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        text = _path_text(path)
+        stripped = super()._strip_protocol(text).lstrip("/")  # "/bucket/x" is "bucket/x", as in gcsfs
+        return f"{stripped}/" if text.endswith("/") and "/" in stripped else stripped
 
     async def _expand_path(self, path: Any, *args: Any, **kwargs: Any) -> list[str]:
         if not isinstance(path, (str, os.PathLike)):  # several paths: fsspec takes any iterable of them
@@ -310,24 +406,54 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             _path_text(name)
         return await super()._copy(path1, path2, *args, **kwargs)
 
+    @classmethod
+    def _get_kwargs_from_urls(cls, path: str) -> dict[str, Any]:
+        """``version_aware=True`` for a URL naming a version (``gs://b/o#<generation>``), as gcsfs does."""
+        name = cls._strip_protocol(path).partition("/")[2]
+        return {"version_aware": True} if VERSION.fullmatch(name) else {}
+
     def split_path(self, path: str) -> tuple[str, str]:
-        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket)."""
-        bucket, _, name = self._strip_protocol(path).partition("/")
+        """``(bucket, name)`` of a path with or without ``gs://``; the name may be empty (the bucket), and has
+        no trailing ``/``: ``x/`` and ``x`` name the same directory (:meth:`_object` keeps it, for objects)."""
+        return self._split_version(path)[:2]
+
+    def _split_version(self, path: str) -> tuple[str, str, int | None]:
+        """``(bucket, name, generation)``: with ``version_aware``, a name ending ``#<generation>`` (or
+        ``?generation=<generation>``) names that version; else ``generation`` is ``None``."""
+        bucket, _, name = self._strip_protocol(path).rstrip("/").partition("/")
+        generation = None
+        version = VERSION.fullmatch(name) if self.version_aware else None
+        if version:
+            name, generation = version[1], int(version[2])
         if not bucket:
-            raise InvalidPathError(f"{path!r} names no bucket: GCSFileSystem does not list buckets")
+            raise InvalidPathError(f"{path!r} names no bucket")
         try:
             validate_bucket(bucket)
             validate_object_name(name, allow_empty=True)
         except InvalidURIError as exc:
             raise InvalidPathError(str(exc), url=exc.url) from exc
-        return bucket, name
+        return bucket, name, generation
 
-    def _object(self, path: str) -> tuple[str, str, str]:
-        """``(bucket, name, url)`` of a path that must name an object."""
-        bucket, name = self.split_path(path)
+    def _object(self, path: str, *, version: bool = False) -> tuple[str, str, str]:
+        """``(bucket, name, url)`` of a path that must name an object; ``bucket/x/`` names the object ``x/``
+        (a folder's placeholder, such as ``touch("bucket/x/")`` writes), never ``x``. One naming a version of
+        it is refused unless ``version`` (the caller reads, copies or deletes it): a write makes a new version."""
+        bucket, name, generation = self._split_version(path)
         if not name:
             raise IsADirectoryError(f"{path!r} is a bucket, not an object")
+        name += "/" if self._strip_protocol(path).endswith("/") else ""
+        if generation is not None and not version:
+            raise InvalidPathError(
+                f"{path!r} names one version of an object: only reads, rm and a copy from it take one", url=path
+            )
         return bucket, name, format_url(bucket, name)
+
+    async def _pinned(self, path: str) -> ObjectInfo | None:
+        """The version a ``name#<generation>`` path names, to read it; ``None`` for the live one."""
+        if self._split_version(path)[2] is None:
+            return None
+        info = await self._info(path)
+        return ObjectInfo(info["size"], info["generation"], info["crc32c"])
 
     def _job(self, budget: int | None = None) -> RequestContext:
         """A request context for one call (``budget``: bytes it may hold ahead, if not the transfer's)."""
@@ -335,9 +461,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return new_context(self.client, transfer, self.retry, self.stats)
 
     @staticmethod
-    def _file(bucket: str, resource: dict[str, Any]) -> dict[str, Any]:
+    def _file(bucket: str, resource: dict[str, Any], versions: bool = False) -> dict[str, Any]:
+        """The ``info`` of an object; ``versions``: named ``name#<generation>``, as listings of versions name them."""
         return {
-            "name": f"{bucket}/{resource['name']}",
+            "name": f"{bucket}/{resource['name']}" + (f"#{resource['generation']}" if versions else ""),
             "type": "file",
             "size": int(resource["size"]),
             "generation": int(resource["generation"]),
@@ -349,6 +476,73 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     def _directory(path: str) -> dict[str, Any]:
         return {"name": path.rstrip("/"), "type": "directory", "size": 0}
 
+    # -- the listings cache ----------------------------------------------------------------------
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Forget the listings cached for ``path``, its parents and every directory under it (all of them if
+        ``None``): the next ``ls``, ``info`` or ``exists`` there asks GCS. Writes and deletes through this
+        filesystem do it themselves; call it after another process wrote, or pass ``refresh=True`` to ``ls``."""
+        if path is None:
+            self.dircache.clear()
+            self._epoch = next(self._invalidations)
+        else:
+            self._drop_listings([path], under=True)
+
+    def _drop_listings(self, paths: Iterable[str], under: bool = False) -> None:
+        """Forget the listings cached for ``paths`` and their parents, which an object written or deleted at
+        one of them changes; with ``under``, those of every directory under them too (a tree removed), in
+        one pass over the cache."""
+        keys = {self._strip_protocol(path).rstrip("/") for path in paths}
+        doomed: set[str] = set()
+        for key in keys:
+            while key and key not in doomed:
+                doomed.add(key)
+                key = key.rpartition("/")[0]
+        for cached in list(self.dircache) if under else []:
+            above = cached.rpartition("/")[0]
+            while above and above not in keys:
+                above = above.rpartition("/")[0]
+            if above:
+                doomed.add(cached)
+        for key in doomed:
+            self.dircache.pop(key, None)
+        self._epoch = next(self._invalidations)
+
+    def _track(self, writer: StreamingWriter) -> StreamingWriter:
+        """Note ``writer`` until it closes: the listings over its object are dropped now, and none is kept
+        while it is open, as its object appears when it closes (which the writer tells no one)."""
+        for number, ref in list(self._writers.items()):
+            if (noted := ref()) is None or noted.closed:
+                self._writers.pop(number, None)
+        self._writers[id(writer)] = weakref.ref(writer)
+        self._drop_listings([writer.url])
+        return writer
+
+    def _writing_under(self, key: str) -> bool:
+        """Whether a writer of this filesystem that has not closed yet writes under the directory ``key``."""
+        for ref in list(self._writers.values()):
+            writer = ref()
+            if writer is not None and not writer.closed and self._strip_protocol(writer.url).startswith(f"{key}/"):
+                return True
+        return False
+
+    def _cached_entries(self, key: str) -> list[dict[str, Any]] | None:
+        """Copies of the entries named ``key`` (a file, a directory or both) in the cached listing of its
+        parent; ``None`` if that listing is not cached; ``FileNotFoundError`` if it is and names neither."""
+        parent = key.rpartition("/")[0]
+        listing = self.dircache.get(parent) if parent and not key.endswith("/") else None
+        if listing is None:
+            return None
+        entries = [dict(entry) for entry in listing if entry["name"] == key]
+        if not entries:
+            url = format_url(*self.split_path(key))
+            raise NotFoundError(
+                f"{url}: no such object or directory in the cached listing of gs://{parent}/ (refresh=True or "
+                "invalidate_cache() asks GCS again)",
+                url=url,
+            )
+        return entries
+
     # -- metadata and listing --------------------------------------------------------------------
 
     async def _exists(self, path: str, **kwargs: Any) -> bool:
@@ -359,24 +553,54 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return False
 
     @_on_io_loop
-    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        bucket, name = self.split_path(path)
+    async def _info(self, path: str, refresh: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """What ``path`` is: from the cached listing of its parent if there is one (as gcsfs answers), else
+        from GCS; ``refresh=True`` always asks GCS (reads do: they need the live version)."""
+        bucket, name, generation = self._split_version(path)
+        cached = None if refresh or not name or generation is not None else self._cached_entries(f"{bucket}/{name}")
+        if cached:
+            return next((entry for entry in cached if entry["type"] == "file"), cached[0])
         job = self._job()
         if not name:
             await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
-        resource = await object_resource(job, bucket, name, FILE_FIELDS)
+        directory_only = self._strip_protocol(path).endswith("/")  # "f.txt/" is not the object f.txt
+        resource = (
+            None if directory_only else await object_resource(job, bucket, name, FILE_FIELDS, generation=generation)
+        )
         if resource is not None:
             return self._file(bucket, resource)
+        if generation is not None:
+            url = f"{format_url(bucket, name)}#{generation}"
+            raise NotFoundError(f"{url}: no such object version", url=url)
         if await self._is_directory(job, bucket, name):
             return self._directory(f"{bucket}/{name}")
         raise NotFoundError(f"{format_url(bucket, name)}: no such object or directory", url=format_url(bucket, name))
+
+    async def _versions(self, job: RequestContext, bucket: str, name: str) -> list[dict[str, Any]]:
+        """Every version, noncurrent ones too, of the object ``name`` and of the objects under ``name/`` (all
+        of the bucket's for an empty name), each named ``name#<generation>``, in name order."""
+        params = {
+            "prefix": name,
+            "versions": "true",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": f"items({FILE_FIELDS}),nextPageToken",
+        }
+        under = f"{name.rstrip('/')}/" if name else ""
+        entries = [
+            self._file(bucket, item, versions=True)
+            async for page in _pages(job, bucket, params)
+            for item in page.get("items", [])
+            if item["name"] == name or item["name"].startswith(under)
+        ]
+        return sorted(entries, key=lambda entry: entry["name"])
 
     @staticmethod
     async def _is_directory(job: RequestContext, bucket: str, name: str) -> bool:
         """Whether ``name/`` holds objects, or is a folder of a bucket with a hierarchical namespace (empty
         ones too), with ``storage.objects.list`` alone: a listing of ``name``'s level from ``name/`` to
         ``name0`` (``0`` follows ``/``) holds at most that one prefix."""
+        name = name.rstrip("/")
         parent = name.rpartition("/")[0]
         params: dict[str, Any] = {
             "prefix": f"{parent}/" if parent else "",
@@ -391,8 +615,30 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return any([page.get("prefixes") async for page in _pages(job, bucket, params)])
 
     @_on_io_loop
-    async def _ls(self, path: str, detail: bool = False, **kwargs: Any) -> list[Any]:
+    async def _ls(
+        self, path: str, detail: bool = False, refresh: bool = False, versions: bool = False, **kwargs: Any
+    ) -> list[Any]:
+        """The entries one level under ``path`` (a file lists as itself). A directory's listing is kept in
+        ``dircache`` (fsspec's options ``use_listings_cache``, ``listings_expiry_time``, ``max_paths``) and
+        answers later calls until it expires or is invalidated; ``refresh=True`` drops it and lists anew.
+        ``versions``: every version of each file, noncurrent ones too, each named ``name#<generation>``, as
+        gcsfs lists them (never cached)."""
+        if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
+            buckets = await list_buckets(self._job(), self._project("list buckets"))
+            found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
+            return found if detail else [b["name"] for b in found]
         bucket, name = self.split_path(path)
+        key = f"{bucket}/{name}".rstrip("/")
+        if refresh:
+            self.invalidate_cache(key)
+        cached = None if versions else self.dircache.get(key)
+        if cached is None and not versions:
+            itself = self._cached_entries(key)  # a file lists as itself; a name its parent lacks raises
+            cached = itself if itself and all(entry["type"] == "file" for entry in itself) else None
+        if cached is not None:
+            return [dict(entry) for entry in cached] if detail else [entry["name"] for entry in cached]
+        keep = not versions and not self._writing_under(key)  # an open writer's object shows when it closes
+        epoch = self._epoch  # an invalidation while listing: the listing may not hold what was changed
         prefix = f"{name}/" if name else ""
         params: dict[str, Any] = {
             "prefix": prefix,
@@ -400,6 +646,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "includeFoldersAsPrefixes": "true",  # folders of a hierarchical namespace, empty ones too
             "maxResults": MAX_PAGE_SIZE,
             "fields": f"items({FILE_FIELDS}),prefixes,nextPageToken",
+            **({"versions": "true"} if versions else {}),
         }
         job = self._job()
         entries: list[dict[str, Any]] = []
@@ -411,13 +658,17 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 if item["name"] == prefix:
                     placeholder = True
                 else:
-                    entries.append(self._file(bucket, item))
+                    entries.append(self._file(bucket, item, versions))
         entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
+        entries.sort(key=lambda entry: entry["name"])
+        if entries and keep and self._epoch == epoch:
+            self.dircache[key] = [dict(entry) for entry in entries]
         if not entries and name and not placeholder:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
                 entries = []
-        entries.sort(key=lambda entry: entry["name"])
+            elif versions:  # each of its versions
+                entries = await self._versions(job, bucket, name)
         return entries if detail else [entry["name"] for entry in entries]
 
     async def _glob(self, path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
@@ -432,21 +683,54 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         withdirs: bool = False,
         detail: bool = False,
         match_glob: str | None = None,
+        prefix: str = "",
         **kwargs: Any,
     ) -> Any:
         """Everything under ``path`` (and ``path`` itself if it is an object) from one parallel flat listing,
         at most ``maxdepth`` levels below ``path`` if given (as gcsfs does: a missing bucket raises).
-        ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing (the caller still filters)."""
+        ``prefix``, as gcsfs's: only the names under ``path`` that start with ``path/prefix``, which GCS
+        selects (its ``prefix`` parameter); ``path`` itself is not among them, and with ``withdirs`` only the
+        directories that start so are. ``match_glob``: a GCS ``matchGlob`` that GCS may apply to the listing
+        (the caller still filters). It neither reads nor fills the listings cache."""
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
-        bucket, name = self.split_path(path)
-        client = Client(self.client, self.retry)
-        batches = await asyncio.to_thread(
-            lambda: list(list_objects(client, bucket, name, MAX_PAGE_SIZE, LISTING_CONCURRENCY, match_glob=match_glob))
-        )
-        found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, item) for _, item in batch)}
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__} {brief(prefix)}")
+        bucket, name, generation = self._split_version(path)
+        within = name
+        if prefix:
+            within = (name if not name or name.endswith("/") else f"{name}/") + prefix
+            self.split_path(f"{bucket}/{within}")  # a prefix GCS would refuse raises InvalidPathError
+        if generation is not None:  # one version: itself alone, never the live object or what is under its name
+            version = self._strip_protocol(path)
+            try:
+                found = {version: {**await self._info(path), "name": version}}
+            except FileNotFoundError:
+                found = {}
+        elif kwargs.get("versions"):  # every version of every object, each named name#<generation>, as gcsfs does
+            found = {
+                entry["name"]: entry
+                for entry in await self._versions(self._job(), bucket, name)
+                if entry["name"].startswith(f"{bucket}/{within}")
+            }
+        else:
+            client = Client(self.client, self.retry)
+            batches = await asyncio.to_thread(
+                lambda: list(
+                    list_objects(
+                        client,
+                        bucket,
+                        within,
+                        MAX_PAGE_SIZE,
+                        LISTING_CONCURRENCY,
+                        match_glob=match_glob,
+                        as_prefix=bool(prefix),
+                    )
+                )
+            )
+            found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for _, b in batch)}
         if withdirs:
-            top = f"{bucket}/{name}".rstrip("/")
+            top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
                 parent = entry_name.rpartition("/")[0]
                 while parent.startswith(top) and parent not in found:
@@ -460,6 +744,63 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             listed.update((n, entry["generation"]) for n, entry in found.items() if entry["type"] == "file")
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
+
+    # -- URLs ------------------------------------------------------------------------------------
+
+    def url(self, path: str, generation: int | None = None) -> str:
+        """The JSON API URL of the object's bytes on the configured endpoint (of ``generation``, or of the one
+        a ``name#<generation>`` path names), as gcsfs gives it, but with the name's ``/`` percent-encoded as
+        GCS's JSON API asks. Reading it needs credentials, unless the object is public."""
+        bucket, name, _ = self._object(path, version=True)
+        generation = _one_generation(path, generation, self._split_version(path)[2])
+        url = f"{media_url(resolve_endpoint(self.client)[0], bucket, name)}?alt=media"
+        return url if generation is None else f"{url}&generation={generation}"
+
+    def sign(
+        self,
+        path: str,
+        expiration: int | datetime.timedelta | datetime.datetime = 100,
+        *,
+        now: datetime.datetime | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """A V4 signed URL of the object on the configured endpoint: whoever holds it may make that one request
+        (``GET`` unless ``method=``) without credentials, for ``expiration`` (seconds, a ``timedelta``, or the
+        moment it ends; seven days at most) from ``now`` (the current time if ``None``).
+
+        Signed with the private key of the filesystem's service-account credentials (``token=`` a key file or
+        ``service_account.Credentials``); others raise ``AccessDeniedError``. Takes the arguments gcsfs passes
+        on to google-cloud-storage's ``generate_signed_url``: ``method`` (``"RESUMABLE"`` starts a resumable
+        upload), ``content_md5``, ``content_type``, ``response_type``, ``response_disposition``,
+        ``generation`` (or a ``name#<generation>`` path), ``headers``, ``query_parameters``, and ``version``,
+        which must be ``"v4"`` (gcsfs's default is V2, which GCS keeps for old keys only); any other raises
+        ``TypeError`` naming it."""
+        unknown = sorted(set(kwargs) - SIGN_OPTIONS)
+        if unknown:
+            raise TypeError(f"sign() got arguments it does not take: {', '.join(unknown)}")
+        if kwargs.get("version", "v4") != "v4":
+            raise ValueError(f"only V4 signed URLs are made here, not {kwargs['version']!r}")
+        bucket, name, _ = self._object(path, version=True)
+        generation = _one_generation(path, kwargs.get("generation"), self._split_version(path)[2])
+        headers = dict(kwargs.get("headers") or {})
+        headers.update({key: kwargs[arg] for arg, key in _SIGNED_HEADERS.items() if kwargs.get(arg) is not None})
+        query = dict(kwargs.get("query_parameters") or {})
+        query.update({key: kwargs[arg] for arg, key in _SIGNED_QUERY.items() if kwargs.get(arg) is not None})
+        if generation is not None:
+            query["generation"] = generation
+        if self.client.anonymous:
+            raise AccessDeniedError("an anonymous filesystem cannot sign URLs: it holds no private key")
+        return signed_url(
+            credentials_for(self.client),
+            resolve_endpoint(self.client)[0],
+            bucket,
+            name,
+            expiration=expiration,
+            method=kwargs.get("method", "GET"),
+            headers=headers,
+            query=query,
+            now=now,
+        )
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -475,12 +816,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        _, _, url = self._object(path)
+        _, _, url = self._object(path, version=True)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
+            pinned = await self._pinned(path)
             job = _CAT_JOB.get() or self._job(budget=sys.maxsize)
-            data, _ = await fetch_object(job, url, None, 0, in_one_buffer=True)
+            data, _ = await fetch_object(job, url, pinned, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
-        info = await self._info(path)
+        info = await self._info(path, refresh=True)
         if info["type"] != "file":
             raise IsADirectoryError(f"{url} is a directory")
         size = info["size"]
@@ -502,9 +844,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
         """Download one object to ``lpath``; an object larger than a few parts streams through, read ahead
         while it is written. ``lpath`` is replaced only once every byte arrived and checked."""
-        _, _, url = self._object(rpath)
+        _, _, url = self._object(rpath, version=True)
         try:
-            data, _ = await fetch_object(self._job(budget=4 * self.transfer.part_size), url, None, 0)
+            pinned = await self._pinned(rpath)
+            data, _ = await fetch_object(self._job(budget=4 * self.transfer.part_size), url, pinned, 0)
         except NotFoundError:
             if not await self._isdir(rpath):  # a recursive get hands directories over too
                 raise
@@ -514,7 +857,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
         """fsspec's; a text writer (``"w"``, ``"x"``) publishes nothing when its ``with`` block is left
-        by an exception, as a binary one does."""
+        by an exception, as a binary one does. Text modes take the filesystem's ``encoding``, ``errors``
+        and ``newline`` unless given their own."""
+        if "b" not in mode:
+            kwargs = {**self._text, **kwargs}
         if "b" in mode or "r" in mode:
             return super().open(path, mode, **kwargs)
         text = {key: kwargs.pop(key) for key in ("encoding", "errors", "newline") if key in kwargs}
@@ -533,12 +879,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """A seekable reader (``"rb"``), or a writer that publishes on a clean close (``"wb"``; ``"xb"``
         only if the object does not exist); within ``fs.transaction``, writers publish when it commits."""
         if mode == "rb":
+            block_size = self.block_size if block_size is None else block_size
             return GCSFile(self, path, block_size=block_size, cache_type=cache_type, cache_options=cache_options)
         if mode in ("wb", "xb"):
             _, _, url = self._object(path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
-            writer = new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb")
+            writer = self._track(
+                new_writer(url, self.client, self.retry, self.write, only_if_new=mode == "xb", folder_name=True)
+            )
             return writer if autocommit else StagedWriter(writer)
         raise NotImplementedError(
             f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
@@ -554,7 +903,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if len(data) <= self.write.part_size and not self._intrans:
             job = self._job()
             replaced = 0 if only_if_new else await live_generation(job, bucket, name)
-            await create_object(job, bucket, name, data, if_generation_match=replaced)
+            try:
+                await create_object(job, bucket, name, data, if_generation_match=replaced)
+            finally:  # a failed request may have written all the same
+                self._drop_listings([path])
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new)
 
@@ -578,7 +930,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
-        writer = new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new)
+        writer = self._track(
+            new_writer(url, self.client, self.retry, self.write, only_if_new=only_if_new, folder_name=True)
+        )
         try:
             for chunk in chunks:
                 writer.write(chunk)
@@ -592,21 +946,92 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        """Copy one object server-side; a directory (met by a recursive ``copy`` or ``mv``) has nothing to copy
-        but its objects, which are copied on their own, as fsspec's filesystems make a directory there."""
-        source, destination = self._object(path1), self._object(path2)
+        """Copy one object server-side (the version a ``name#<generation>`` source names, if it does); a
+        directory (met by a recursive ``copy`` or ``mv``) has nothing to copy but its objects, which are copied
+        on their own, as fsspec's filesystems make a directory there."""
+        source, destination = self._object(path1, version=True), self._object(path2)
+        generation = self._split_version(path1)[2]
         try:
-            await rewrite_object(self._job(), source[:2], destination[:2])
+            await rewrite_object(self._job(), source[:2], destination[:2], source_generation=generation)
         except NotFoundError:
-            if not await self._is_directory(self._job(), *source[:2]):
+            if generation is not None or not await self._is_directory(self._job(), *source[:2]):
                 raise
+        finally:
+            self._drop_listings([path2])
+
+    @_on_io_loop
+    async def _mv_file(self, path1: str, path2: str) -> None:
+        """Move one object: copy it in GCS, then delete the generation copied. A source replaced in between
+        is not deleted (its new bytes were not moved)."""
+        (bucket, name, url), destination = self._object(path1), self._object(path2)
+        job = self._job()
+        generation = await live_generation(job, bucket, name)
+        if not generation:
+            raise NotFoundError(f"{url}: no such object", url=url)
+        try:
+            await rewrite_object(job, (bucket, name), destination[:2])
+            await delete_object(job, bucket, name, generation=generation)
+        finally:
+            self._drop_listings([path1, path2])
+
+    mv_file = sync_wrapper(_mv_file)
+
+    def merge(self, path: str, paths: list[str]) -> None:
+        """Write ``path`` as the concatenation of the objects ``paths``, in their order, by one compose in
+        GCS: no bytes pass through this process. The sources must be in ``path``'s bucket and at most
+        ``MAX_SOURCES`` (GCS's limit for one compose); an existing ``path`` is replaced.
+
+        Example:
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.create_bucket("demo")
+            ...     fs = GCSFileSystem(client=emulator.client_config)
+            ...     _ = fs.pipe({"demo/a": b"al", "demo/b": b"pha"})
+            ...     fs.merge("demo/ab", ["demo/a", "demo/b"])
+            ...     fs.cat("demo/ab")
+            b'alpha'
+        """
+        sync(self.loop, self._merge, path, paths)
+
+    @_on_io_loop
+    async def _merge(self, path: str, paths: list[str]) -> None:
+        bucket, name, url = self._object(path)
+        sources = [self._object(source) for source in paths]
+        if not sources or len(sources) > MAX_SOURCES:
+            raise ValueError(f"merge takes 1 to {MAX_SOURCES} objects (one GCS compose), got {len(sources)}")
+        elsewhere = [source_url for source_bucket, _, source_url in sources if source_bucket != bucket]
+        if elsewhere:
+            raise ValueError(f"merge composes objects of {url}'s bucket only, not {elsewhere[0]}")
+        job = self._job()
+        found = await asyncio.gather(
+            *(
+                object_resource(job, bucket, source, "size,generation,crc32c", missing_ok=False)
+                for _, source, _ in sources
+            )
+        )
+        pieces = [(crc32c_value(resource["crc32c"]), int(resource["size"])) for resource in found if resource]
+        try:
+            await compose_object(
+                job,
+                bucket,
+                name,
+                [(source, int(resource["generation"])) for (_, source, _), resource in zip(sources, found) if resource],
+                if_generation_match=await live_generation(job, bucket, name),
+                composite=(sum(size for _, size in pieces), crc32c_base64(crc32c_of_concatenation(pieces))),
+            )
+        finally:
+            self._drop_listings([path])
 
     # -- removing and directories ----------------------------------------------------------------
 
     @_on_io_loop
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
-        bucket, name, url = self._object(path)
-        if not await delete_object(self._job(), bucket, name):
+        bucket, name, url = self._object(path, version=True)
+        try:
+            deleted = await delete_object(self._job(), bucket, name, generation=self._split_version(path)[2])
+        finally:
+            self._drop_listings([path])
+        if not deleted:
             raise NotFoundError(f"{url}: no such object", url=url)
 
     @_in_bulk_on_io_loop
@@ -629,13 +1054,16 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         finally:
             _LISTED.reset(watching)
         job = self._job()
-        objects = [(p, bucket, name) for p in paths for bucket, name in [self.split_path(p)] if name]
+        objects = [(p, *self._object(p, version=True)[:2]) for p in paths if self.split_path(p)[1]]
         buckets = [p for p in paths if not self.split_path(p)[1]]
         if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
             await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
             raise IsADirectoryError(f"{buckets[0]} is a bucket: rm does not delete buckets")
-        deleted = await self._delete_objects(job, objects, listed)
-        named = {self._strip_protocol(p).rstrip("/") for p in ([path] if isinstance(path, str) else path)}
+        try:
+            deleted = await self._delete_objects(job, objects, listed)
+        finally:
+            self._drop_listings(p for p, _, _ in objects)
+        named = {self._strip_protocol(p) for p in ([path] if isinstance(path, str) else path)}
         missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
             missed = [p for p in missed if p in named or not await self._isdir(p)]
@@ -645,6 +1073,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"gs://{missed[0]}: no such object", url=f"gs://{missed[0]}")
         if recursive:
             tops = [] if maxdepth is not None else [path] if isinstance(path, str) else path  # deeper ones stay
+            tops = [top for top in tops if self._split_version(top)[2] is None]  # a version is no folder
             folders = await asyncio.gather(
                 *(self._remove_folders(job, *self.split_path(top)) for top in tops if not has_magic(top))
             )
@@ -654,22 +1083,26 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _remove_folders(self, job: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder ``name/`` of a bucket with a hierarchical namespace and every folder under it,
         deepest first, once their objects are gone (GCS deletes only empty folders, and keeps them otherwise);
-        returns how many went. A flat bucket pays one listing: only if something is left under ``name/`` is
-        the bucket's storage layout asked (once per bucket). Without ``storage.folders.delete`` the folders
-        stay, with a warning: the objects are gone, which is what removing them asked."""
-        if not name or not await self._is_directory(job, bucket, name):
+        returns how many went, folder placeholders included. A flat bucket pays one listing: only if something
+        is left under ``name/`` are its placeholders looked for and the bucket's storage layout asked (once per
+        bucket). Without ``storage.folders.delete`` the folders stay, with a warning: the objects are gone,
+        which is what removing them asked. A whole bucket (``name`` empty) pays one listing, for placeholders."""
+        if not name:
+            return await self._remove_placeholders(job, bucket, name)
+        if not await self._is_directory(job, bucket, name):
             return 0
+        placeholders = await self._remove_placeholders(job, bucket, name)
         if bucket not in self._hierarchical:
             layout = await storage_layout(job, bucket)
             self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
         if not self._hierarchical[bucket]:
-            return 0
+            return placeholders
         level, folders = [f"{name}/"], [f"{name}/"]
         while level:
             below = await asyncio.gather(*(self._subfolders(job, bucket, folder) for folder in level))
             level = [folder for found in below for folder in found]
             folders += level
-        removed = 0
+        removed = placeholders
         try:
             for depth in sorted({folder.count("/") for folder in folders}, reverse=True):
                 at_depth = [folder for folder in folders if folder.count("/") == depth]
@@ -678,7 +1111,28 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             logger.warning(
                 "the objects under %s are removed, its empty folders stay: %s", format_url(bucket, name), exc
             )
+        finally:
+            self.invalidate_cache(f"{bucket}/{name}")
         return removed
+
+    @staticmethod
+    async def _remove_placeholders(job: RequestContext, bucket: str, name: str) -> int:
+        """Delete the folder placeholders under ``name/`` (the whole bucket if ``name`` is empty): zero-byte
+        ``.../`` objects, such as ``touch("dir/")`` writes, which ``find`` skips; each only while it is the
+        generation listed. How many went."""
+        params = {
+            "prefix": f"{name}/" if name else "",
+            "maxResults": MAX_PAGE_SIZE,
+            "fields": "items(name,size,generation),nextPageToken",
+        }
+        left = [
+            (item["name"], int(item["generation"]))
+            async for page in _pages(job, bucket, params)
+            for item in page.get("items", [])
+            if item["name"].endswith("/") and int(item["size"]) == 0
+        ]
+        gone = await asyncio.gather(*(delete_object(job, bucket, n, if_generation_match=g) for n, g in left))
+        return sum(gone)
 
     @staticmethod
     async def _subfolders(job: RequestContext, bucket: str, folder: str) -> list[str]:
@@ -698,8 +1152,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> list[bool]:
         """Delete ``objects`` (path, bucket, name), those of ``listed`` paths by that generation; whether each
         was there to delete."""
-        if len(objects) == 1:
-            return [await delete_object(job, *objects[0][1:])]
+        pinned = {p: g for p, _, _ in objects if (g := self._split_version(p)[2]) is not None}
+        if len(objects) == 1 or pinned:  # a version named by its generation goes for good, by a delete of its own
+            deletes = (delete_object(job, bucket, name, generation=pinned.get(p)) for p, bucket, name in objects)
+            return list(await asyncio.gather(*deletes))
         unknown = [(bucket, name) for p, bucket, name in objects if p not in listed]
         found = await asyncio.gather(*(live_generation(job, bucket, name) for bucket, name in unknown))
         generations = {**dict(zip(unknown, found)), **{(b, n): listed[p] for p, b, n in objects if p in listed}}
@@ -714,17 +1170,70 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 deleted[bucket, name] = outcome
         return [deleted[bucket, name] for _, bucket, name in objects]
 
-    async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        """Nothing to make (GCS has no directories); a bucket that does not exist raises ``FileNotFoundError``
-        (buckets are not created here). An identity that may write objects but not list them (Storage Object
-        Creator) cannot tell whether the bucket exists: it passes, and its first write will say."""
+    @_on_io_loop
+    async def _mkdir(self, path: str, create_parents: bool = False, location: str | None = None, **kwargs: Any) -> None:
+        """As gcsfs's: ``mkdir("bucket")`` creates the bucket in ``project`` (in ``location``, else
+        ``default_location``, else GCS's default) unless it exists (``BucketExistsError`` if its name is taken
+        elsewhere). A deeper path has nothing to make (GCS has no directories) but its bucket: a missing one
+        is created with ``create_parents=True`` and raises ``FileNotFoundError`` otherwise. An identity that
+        may write objects but not list them (Storage Object Creator) cannot tell whether the bucket exists:
+        a deeper path passes, and its first write will say."""
+        bucket, name = self.split_path(path)
+        exists = await self._bucket_exists(bucket)
+        if exists or (exists is None and name):
+            return
+        if name and not create_parents:
+            url = format_url(bucket)
+            raise NotFoundError(f"bucket {bucket!r} does not exist: mkdir creates it with create_parents=True", url=url)
         try:
-            await self._info(self.split_path(path)[0])
-        except AccessDeniedError:
-            pass
+            await create_bucket(
+                self._job(), self._project("create a bucket"), bucket, location or self.default_location
+            )
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketExistsError(f"a bucket named {bucket!r} exists already: {exc}", url=exc.url) from None
+        self.invalidate_cache(bucket)
 
+    @_on_io_loop
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
-        await self._mkdir(path)
+        """Nothing to make (GCS has no directories; buckets are made by ``mkdir``); a bucket that does not
+        exist raises ``FileNotFoundError``."""
+        with contextlib.suppress(AccessDeniedError):  # listing refused: its first write will say
+            await check_bucket(self._job(), self.split_path(path)[0])  # NotFoundError if missing
+
+    @_on_io_loop
+    async def _rmdir(self, path: str) -> None:
+        """As gcsfs's: delete the bucket ``path`` names, if empty (``BucketNotEmptyError`` otherwise); a deeper
+        path has nothing to delete (GCS has no directories)."""
+        bucket, name = self.split_path(path)
+        if name:
+            return
+        try:
+            await delete_bucket(self._job(), bucket)
+        except GCSError as exc:
+            if exc.status != 409:
+                raise
+            raise BucketNotEmptyError(f"bucket {bucket!r} holds objects: {exc}", url=exc.url) from None
+        finally:
+            self.invalidate_cache(bucket)
+
+    rmdir = sync_wrapper(_rmdir)  # fsspec makes no blocking twin of _rmdir itself
+
+    async def _bucket_exists(self, bucket: str) -> bool | None:
+        """Whether the bucket exists, asked with ``storage.objects.list`` alone; ``None`` if listing is refused."""
+        try:
+            await check_bucket(self._job(), bucket)
+        except NotFoundError:
+            return False
+        except AccessDeniedError:
+            return None
+        return True
+
+    def _project(self, purpose: str) -> str:
+        if not self.project:
+            raise ValueError(f"to {purpose}, GCSFileSystem needs project=: the Google Cloud project they belong to")
+        return self.project
 
 
 class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
@@ -748,7 +1257,7 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
         cache_type: str = "readahead",
         cache_options: dict[str, Any] | None = None,
     ) -> None:
-        info = fs.info(path)
+        info = fs.info(path, refresh=True)  # the live version, whatever a cached listing says
         if info["type"] != "file":
             raise IsADirectoryError(f"{path} is a directory")
         super().__init__(
@@ -817,6 +1326,20 @@ async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> As
         if token is None:
             return
         params["pageToken"] = token
+
+
+_SIGNED_HEADERS = {"content_type": "Content-Type", "content_md5": "Content-MD5"}
+"""``sign`` arguments that are headers the signed request must carry."""
+_SIGNED_QUERY = {"response_type": "response-content-type", "response_disposition": "response-content-disposition"}
+"""``sign`` arguments that are query parameters of the signed URL."""
+
+
+def _one_generation(path: str, *generations: int | str | None) -> int | None:
+    """The one generation given (as an argument, in the path), or ``None``; two that differ raise ``ValueError``."""
+    given = {int(generation) for generation in generations if generation is not None}
+    if len(given) > 1:
+        raise ValueError(f"{path!r}: two different generations given, {sorted(given)}")
+    return given.pop() if given else None
 
 
 def _path_text(path: Any) -> str:

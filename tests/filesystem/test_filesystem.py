@@ -237,6 +237,8 @@ def test_bad_input_is_refused_with_a_typed_error(gcs_emulator: Emulator, gcs_buc
     fs = filesystem(gcs_emulator)
     gcs_emulator.upload(gcs_bucket, "x", b"x")
     with pytest.raises(InvalidURIError, match="no bucket"):
+        fs.info("gs://")
+    with pytest.raises(ValueError, match="needs project="):  # the buckets of which project?
         fs.ls("gs://")
     with pytest.raises(InvalidURIError):
         fs.info("gs://Bad_Bucket/x")

@@ -22,10 +22,60 @@ def test_endpoint_url_and_anonymous_token_send_requests_where_asked(gcs_emulator
         assert again.client.endpoint == front.endpoint and again.cat(f"gs://{gcs_bucket}/a.txt") == b"alpha"
 
 
-@pytest.mark.parametrize("name", ["session_kwargs", "kms_key_name", "cache_timeout", "version_aware", "timeout"])
+@pytest.mark.parametrize("name", ["session_kwargs", "kms_key_name", "timeout"])
 def test_gcsfs_arguments_not_honoured_are_refused_by_name(name: str) -> None:
     with pytest.raises(TypeError, match=name):
         GCSFileSystem(skip_instance_cache=True, **{name: None})
+
+
+def test_other_protocols_options_and_client_kwargs_are_left_unused(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """fsspec hands a filesystem the options keyed by other protocols' names (meant for the other hops of a
+    chained URL), Hugging Face ``datasets`` adds ``hf`` to the options it is given and passes ``client_kwargs``
+    to any filesystem beneath a compressed file: gcsfs leaves them unused."""
+    with GCSFront(gcs_emulator.endpoint) as front:
+        fs = GCSFileSystem(
+            endpoint_url=front.endpoint,
+            token="anon",
+            hf={"token": None},
+            s3={"anon": True},
+            client_kwargs={"trust_env": True},
+            skip_instance_cache=True,
+        )
+        fs.pipe_file(f"gs://{gcs_bucket}/a.txt", b"alpha")
+        assert front.counts["upload"] == 1 and fs.client.endpoint == front.endpoint
+    with pytest.raises(TypeError, match="does not take: gs$"):
+        GCSFileSystem(gs={}, skip_instance_cache=True)
+
+
+@pytest.mark.parametrize(("block_size", "fetched"), [(None, 2**20), (0, 10), (2**16, 10 + 2**16)])
+def test_block_size_is_how_far_ahead_readers_read(
+    block_size: int | None, fetched: int, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    """gcsfs's ``block_size`` is the default of ``open()``'s readers (4 MiB without it); an ``open()`` may
+    still give its own."""
+    fs = GCSFileSystem(client=gcs_emulator.client_config, block_size=block_size, skip_instance_cache=True)
+    data = bytes(range(256)) * 4096  # 1 MiB
+    fs.pipe_file(f"gs://{gcs_bucket}/a.bin", data)
+    before = fs.stats.bytes
+    with fs.open(f"gs://{gcs_bucket}/a.bin", "rb") as f:
+        assert f.read(10) == data[:10]
+    assert fs.stats.bytes - before == fetched
+    with fs.open(f"gs://{gcs_bucket}/a.bin", "rb", block_size=100) as f:
+        assert f.read(10) == data[:10]
+    assert fs.stats.bytes - before == fetched + 110
+
+
+def test_encoding_errors_and_newline_are_the_defaults_of_text_modes(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    fs = GCSFileSystem(client=gcs_emulator.client_config, encoding="latin-1", newline="\r\n", skip_instance_cache=True)
+    with fs.open(f"gs://{gcs_bucket}/notes.txt", "w") as f:
+        f.write("café\n")
+    assert fs.cat(f"gs://{gcs_bucket}/notes.txt") == "café\r\n".encode("latin-1")
+    with fs.open(f"gs://{gcs_bucket}/notes.txt", "r", newline="") as f:
+        assert f.read() == "café\r\n"
+    with pytest.raises(UnicodeDecodeError), fs.open(f"gs://{gcs_bucket}/notes.txt", "r", encoding="utf-8") as f:
+        f.read()
+    with fs.open(f"gs://{gcs_bucket}/notes.txt", "rb") as f:
+        assert f.read() == "café\r\n".encode("latin-1")
 
 
 def test_requester_pays_bills_the_project_named() -> None:

@@ -27,6 +27,8 @@ def list_objects(
     stats: ListingStats | None = None,
     after: str | None = None,
     match_glob: str | None = None,
+    *,
+    as_prefix: bool = False,
 ) -> Iterator[list[tuple[str, dict[str, Any]]]]:
     """Expand ``gs://bucket/name`` into batches of ``(url, resource)`` pairs in GCS's name order.
 
@@ -40,12 +42,13 @@ def list_objects(
     ``concurrency`` list requests run at once; ``stats`` counts them. With ``after``, only names
     greater than it are listed (how an interrupted listing resumes). With ``match_glob`` GCS lists
     only the names under the prefix that this glob selects (``matchGlob``; the object of the exact
-    name is asked for whatever the glob).
+    name is asked for whatever the glob). With ``as_prefix``, ``name`` is a prefix of the names listed
+    whatever it ends with (``dir/ab``: ``dir/ab.txt`` and ``dir/abc/x``), with no object asked for.
     """
     stats = stats if stats is not None else ListingStats()
     base = f"gs://{bucket}/"
     prefix = name
-    if name and not name.endswith("/"):
+    if name and not name.endswith("/") and not as_prefix:
         prefix = name + "/"
         exact = client.head(bucket, name, ITEM_FIELDS) if after is None or name > after else None
         if exact is not None:

@@ -147,6 +147,9 @@ class StreamingWriter(PublishingWriter):
     ``only_if_new``, publishing fails with ``PreconditionFailedError`` (a ``FileExistsError``) where
     the object already exists, and nothing is replaced.
 
+    A name ending in ``/`` (a folder's placeholder) is refused, as a path meant as a folder usually is by
+    mistake, unless ``folder_name`` says it is meant (fsspec's ``touch("dir/")``).
+
     Subclasses say how parts are started, uploaded, assembled and discarded.
     """
 
@@ -162,13 +165,14 @@ class StreamingWriter(PublishingWriter):
         max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
         parts_per_size: int = PARTS_PER_SIZE,
         only_if_new: bool = False,
+        folder_name: bool = False,
     ) -> None:
         super().__init__()
         self.check_settings(part_size, max_parts_in_flight)
         self._only_if_new = only_if_new
         self.url = url
         self._bucket, self._name = parse_url(url, allow_prefix=False)
-        if self._name.endswith("/"):
+        if self._name.endswith("/") and not folder_name:
             raise InvalidURIError(f"{brief(url)} names a folder: write to an object name that does not end in '/'")
         client = client or ClientConfig()
         self._retry = retry or RetryConfig()
@@ -791,10 +795,16 @@ def multipart_served(client: Client, bucket: str) -> bool:
 
 
 def new_writer(
-    url: str, client: ClientConfig, retry: RetryConfig, write: WriteConfig, *, only_if_new: bool = False
+    url: str,
+    client: ClientConfig,
+    retry: RetryConfig,
+    write: WriteConfig,
+    *,
+    only_if_new: bool = False,
+    folder_name: bool = False,
 ) -> StreamingWriter:
     """A writer of ``url`` with ``write``'s part size, parts in flight and strategy (compression is the
-    caller's). ``"multipart"`` writes as ``"compose"`` where the endpoint serves no XML API multipart
+    caller's; ``folder_name``: see ``StreamingWriter``). ``"multipart"`` writes as ``"compose"`` where the endpoint serves no XML API multipart
     upload, and where ``only_if_new`` asks for a precondition, which only a compose can carry."""
     strategy = write.strategy
     if strategy == "multipart" and (
@@ -809,6 +819,7 @@ def new_writer(
         part_size=write.part_size,
         max_parts_in_flight=write.max_parts_in_flight,
         only_if_new=only_if_new,
+        folder_name=folder_name,
     )
 
 

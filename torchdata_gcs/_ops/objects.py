@@ -1,5 +1,6 @@
 """Single-request verbs of the JSON API, as coroutines retried under a request context: a bucket's
-list page and settings, an object's metadata, a small object's bytes, create, compose, delete.
+list page and settings, an object's metadata, a small object's bytes, create, compose, delete; and a
+project's buckets: list, create, delete.
 :class:`~torchdata_gcs._ops.client.Client` is their synchronous twin."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..errors import (
     TransientError,
 )
 from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc32c, verify_bytes
+from .paging import PageTrail
 from .urls import format_url
 
 __all__ = [
@@ -30,11 +32,14 @@ __all__ = [
     "check_bucket",
     "check_published",
     "compose_object",
+    "create_bucket",
     "create_object",
+    "delete_bucket",
     "delete_folder",
     "delete_object",
     "delete_request",
     "is_delete_answer",
+    "list_buckets",
     "list_page",
     "live_generation",
     "multipart_body",
@@ -99,6 +104,57 @@ async def storage_layout(job: RequestContext, bucket: str) -> dict[str, Any]:
     """The bucket's location and whether it has a hierarchical namespace (``getStorageLayout``), for callers
     that may list objects but not get the bucket: it needs ``storage.objects.list`` only."""
     return await _get_json(job, format_url(bucket), f"{job.session.bucket_path(bucket)}/storageLayout", {})
+
+
+async def list_buckets(job: RequestContext, project: str) -> list[dict[str, Any]]:
+    """The bucket resources of ``project``, every page, in name order (``storage.buckets.list`` on the
+    project, which object roles lack)."""
+    params: dict[str, Any] = {"project": project, "maxResults": MAX_PAGE_SIZE}
+    trail = PageTrail(f"the buckets of project {project}")
+    buckets: list[dict[str, Any]] = []
+    while True:
+        page = await _get_json(job, "gs://", f"{job.session.endpoint}/storage/v1/b", params)
+        buckets += page.get("items", [])
+        token = trail.follow_json(page)
+        if token is None:
+            return buckets
+        params["pageToken"] = token
+
+
+async def create_bucket(job: RequestContext, project: str, bucket: str, location: str | None = None) -> None:
+    """Create ``bucket`` in ``project`` (``storage.buckets.create``), in ``location`` if given (else GCS's
+    default, the ``US`` multi-region), with GCS's defaults for the rest, as google-cloud-storage creates one.
+    Sent once: a retry answered 409 could not tell a name taken by someone else from this very request. A
+    name taken (bucket names are global) raises ``GCSError`` with status 409."""
+    url = format_url(bucket)
+    body = {"name": bucket, **({"location": location} if location else {})}
+
+    async def send_once() -> None:
+        path = f"{job.session.endpoint}/storage/v1/b"
+        async with job.session.send("POST", url, path, {"project": project}, json=body) as response:
+            await response.read()
+
+    await _write(job, url, send_once, repeatable=False)
+
+
+async def delete_bucket(job: RequestContext, bucket: str) -> None:
+    """Delete an empty bucket (``storage.buckets.delete``, which GCS deems idempotent); ``NotFoundError`` if
+    there is none, and ``GCSError`` with status 409 if it holds objects (GCS deletes only empty buckets). A
+    retry answered 404 finds the bucket deleted by an earlier attempt whose answer was lost."""
+    url = format_url(bucket)
+    attempts = 0
+
+    async def send_once() -> None:
+        nonlocal attempts
+        attempts += 1
+        try:
+            async with job.session.send("DELETE", url, job.session.bucket_path(bucket), {}) as response:
+                await response.read()
+        except NotFoundError:
+            if attempts == 1:
+                raise missing_bucket(bucket, url) from None
+
+    await with_retry(job, url, send_once)
 
 
 async def object_resource(
@@ -317,11 +373,13 @@ async def compose_object(
     if_generation_match: int | None,
     unique_name: bool = False,
     delete_sources: bool = False,
+    composite: tuple[int, str] | None = None,
 ) -> ObjectInfo:
     """Concatenate ``sources`` (names, each pinned to its generation if given) into ``name`` in one
     compose call, only if ``name`` is at ``if_generation_match`` (0: does not exist); retried only with
     it. A ``unique_name`` is written by this compose alone: a retry answered 412 finds the composite
-    of an earlier attempt whose answer was lost, and returns it.
+    of an earlier attempt whose answer was lost, and returns it; so does one that finds at ``name`` the
+    ``composite`` (size, crc32c) this compose makes, as a replacement's retry finds its bytes.
 
     ``delete_sources`` has GCS delete the sources for good as part of the compose (``deleteSourceObjects``:
     no soft-deleted or noncurrent copy, no early-deletion charge, no DELETE of ours); a retry after a lost
@@ -356,18 +414,27 @@ async def compose_object(
         sources_taken = delete_sources and isinstance(error, NotFoundError)
         if not (isinstance(error, PreconditionFailedError) or sources_taken) or live is None:
             raise error
+        if composite is not None and (int(live["size"]), live.get("crc32c")) != composite:
+            raise error
         return ObjectInfo.from_json(live)
 
     repeatable = if_generation_match is not None
-    return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won if unique_name else None)
+    recognised = unique_name or composite is not None
+    return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won if recognised else None)
 
 
 async def rewrite_object(
-    job: RequestContext, source: tuple[str, str], destination: tuple[str, str], *, only_if_new: bool = False
+    job: RequestContext,
+    source: tuple[str, str],
+    destination: tuple[str, str],
+    *,
+    only_if_new: bool = False,
+    source_generation: int | None = None,
 ) -> ObjectInfo:
-    """Copy the object ``source`` (bucket, name) to ``destination`` inside GCS, by as many rewrite calls
-    as GCS asks for (large objects across locations or storage classes take several; each returns a
-    token to continue with); ``only_if_new`` never replaces an existing object.
+    """Copy the object ``source`` (bucket, name; its version ``source_generation`` if given, noncurrent ones
+    too, else the live one) to ``destination`` inside GCS, by as many rewrite calls as GCS asks for (large
+    objects across locations or storage classes take several; each returns a token to continue with);
+    ``only_if_new`` never replaces an existing object.
 
     Each call is conditional on the destination's generation as found first, so it is retried; a retry
     answered 412 by a destination that holds the source's bytes is the lost answer of an earlier
@@ -375,12 +442,16 @@ async def rewrite_object(
     """
     url = format_url(*destination)
     path = f"{job.session.object_path(*source)}/rewriteTo/b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
-    copied = await object_resource(job, *source, "size,crc32c", required=("size",), missing_ok=False)
+    copied = await object_resource(
+        job, *source, "size,crc32c", generation=source_generation, required=("size",), missing_ok=False
+    )
     assert copied is not None
     params: dict[str, Any] = {
         "fields": "done,rewriteToken,resource(size,generation,crc32c)",
         "ifGenerationMatch": 0 if only_if_new else await live_generation(job, *destination),
     }
+    if source_generation is not None:
+        params["sourceGeneration"] = source_generation
 
     async def send_once() -> dict[str, Any]:
         async with job.session.send("POST", url, path, params, json={}) as answer:

@@ -49,7 +49,7 @@ from .loop import io_loop
 from .retry import Unanswered
 from .throttle import Throttle
 
-__all__ = ["API_CLIENT", "USER_AGENT", "Body", "Session", "session_for"]
+__all__ = ["API_CLIENT", "USER_AGENT", "Body", "Session", "media_url", "session_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,12 @@ that sends ``Accept-Encoding: gzip``, as JSON metadata reads do (see :meth:`Sess
 API_CLIENT = f"gl-python/{platform.python_version()} {USER_AGENT}"
 """The ``x-goog-api-client`` header, as Google's own clients send it: the language and its version, then
 the library and its version (Google counts requests by client library from it)."""
+
+
+def media_url(endpoint: str, bucket: str, name: str) -> str:
+    """JSON API URL of an object's bytes on ``endpoint`` (add ``?alt=media``); bucket and name percent-encoded
+    whole, ``/`` included, as GCS's JSON API asks."""
+    return f"{endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
 
 
 def query_string(params: dict[str, Any]) -> str:
@@ -148,7 +154,7 @@ class Session:
 
     def media_path(self, bucket: str, name: str) -> str:
         """JSON API URL of an object's bytes."""
-        return f"{self.endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+        return media_url(self.endpoint, bucket, name)
 
     def bucket_path(self, bucket: str) -> str:
         """JSON API URL of a bucket (``.../o`` lists its objects)."""

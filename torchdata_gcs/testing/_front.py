@@ -32,13 +32,14 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 from .._ops.objects import MAX_PAGE_SIZE
 from ._batch import BATCH_PATH, answer_batch, batch_calls
 from ._folders import Content, Folders
-from ._gcs_rules import GCSRules, bucket_permission, denied
+from ._gcs_rules import GCSRules, bucket_call_refusal, bucket_permission, denied
 from ._list_index import ListingIndex
 from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._process import LocalService
 from ._soft_delete import BucketOverlay
 from ._stuck_pages import continues_listing, stuck_page
+from ._versions import Versions
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -94,6 +95,7 @@ _HOP_BY_HOP = frozenset(
 _LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
 _COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
 _STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
+_BUCKET = re.compile(r"/storage/v1/b/[^/]+")
 _XML_BUCKET = re.compile(r"/[^/]+/?")
 _XML_OBJECT = re.compile(r"/[^/]+/.+")
 _JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
@@ -169,8 +171,8 @@ def is_write(method: str, target: str) -> bool:
 
 def repeatable(method: str, target: str, headers: Any = None) -> bool:
     """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the
-    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``,
-    or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
+    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``
+    or of a bucket, or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
     and the others are bound to their upload ID (a part PUT overwrites the same part number, a repeated
     completion or abort finds the upload gone).
 
@@ -182,6 +184,8 @@ def repeatable(method: str, target: str, headers: Any = None) -> bool:
     """
     params = dict(parse_qsl(target.partition("?")[2], keep_blank_values=True))
     if "ifGenerationMatch" in params or (method == "DELETE" and "generation" in params):
+        return True
+    if method == "DELETE" and _BUCKET.fullmatch(target.partition("?")[0]):  # GCS: bucket deletes are idempotent
         return True
     if headers is not None and headers.get("x-goog-if-generation-match") is not None:
         return True
@@ -299,7 +303,9 @@ class GCSFront(LocalService):
     under a default event-based hold are held (their delete refused with 403), and a JSON multipart upload
     whose metadata names no storage class takes the bucket's. A compose with ``deleteSourceObjects``
     (which the emulator ignores) deletes its sources for good once done, or is refused with 403 if one
-    of them is held.
+    of them is held. A JSON API delete of a version by its ``generation`` removes that version for good, live or
+    noncurrent, and one of a version that does not exist is answered 404 (the emulator deletes the live
+    object whatever the generation; see ``_versions``).
     XML API multipart uploads, which the emulator lacks, are served by the front itself (see
     ``_multipart``; parts other than the last must reach ``min_part_size``, GCS's 5 MiB by default;
     a part whose ``x-goog-hash`` or ``Content-MD5`` does not match is refused) and written to the
@@ -407,6 +413,7 @@ class GCSFront(LocalService):
         self._unconditional_resends: list[str] = []
         self.bucket_overlay = BucketOverlay(self._ask)
         self.folders = Folders(hierarchical, self._ask)
+        self._versions = Versions(self._ask)
         self.ignore_range = ignore_range
         self._abandoned = 0
         self.set_faults(faults)
@@ -633,6 +640,10 @@ class GCSFront(LocalService):
 
     def _bucket_exists(self, bucket: str) -> bool:
         return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
+
+    def _holds_objects(self, bucket: str) -> bool:
+        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o?maxResults=1")
+        return status == 200 and bool(json.loads(answer).get("items"))
 
     def _ask(self, path: str, method: str = "GET") -> tuple[int, bytes]:
         """The status and body of a request (a GET by default) of ``path`` upstream, for the front's own
@@ -905,9 +916,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind == "list" and "matchGlob" in params and self._answer_match_glob(path, params):
             return
+        if self._answer_version(kind, path, params):
+            return
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
+            refusal = refusal or bucket_call_refusal(self.command, path, params, front._holds_objects)
             deleting = kind == "delete" and refusal is None
             deletion = front.bucket_overlay.deletion(*_object_of(path), params) if deleting else None
             refusal = refusal or (deletion.refusal if deletion is not None else None)
@@ -971,6 +985,28 @@ class _Handler(BaseHTTPRequestHandler):
         if front._pause(front.latency):
             self._answer_json(page)
         return True
+
+    def _answer_version(self, kind: str, path: str, params: dict[str, str]) -> bool:
+        """Answer as GCS does a JSON API read or delete of a version by its ``generation`` where the emulator
+        would not (see ``_versions``); False when the request is to go upstream."""
+        bucket, name = _object_of(path)
+        if "generation" not in params or bucket is None or name is None or not params["generation"].isdigit():
+            return False
+        versions, generation = self.server.front._versions, int(params["generation"])
+        if kind == "delete":
+            with self.server.front.rules.writes:
+                outcome = versions.delete(bucket, name, generation)
+            if outcome is True:
+                return False
+            if outcome is False:
+                self.wfile.write(_head(204, "No Content", []))
+            else:
+                self._answer_error(*outcome)
+            return True
+        if self.command == "GET" and versions.gone(bucket, name, generation):
+            self._answer_error(404, "Not Found", f"No such object: {bucket}/{name}#{generation}")
+            return True
+        return False
 
     def _answer_match_glob(self, path: str, params: dict[str, str]) -> bool:
         """Answer a JSON API list request with ``matchGlob`` as GCS does (the emulator ignores it); 400 if
@@ -1263,6 +1299,7 @@ class _Handler(BaseHTTPRequestHandler):
                         path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(source, safe='')}"
                         front._ask(f"{path}?generation={source_generation}", "DELETE")
             data = front.bucket_overlay.answer(self.path, rules.rewrite_resources(data))
+            data = front._versions.listing(bucket, data) if kind == "list" and bucket is not None else data
             data = front.folders.describe_bucket(self.path, data)
             data = stuck_page(self.path, data) if self.stuck else data
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked

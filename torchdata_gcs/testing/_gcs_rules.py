@@ -23,6 +23,7 @@ __all__ = [
     "PROMISED_ON_PARTS",
     "GCSRules",
     "Refusal",
+    "bucket_call_refusal",
     "bucket_permission",
     "denied",
     "split_hash_lines",
@@ -92,6 +93,29 @@ def bucket_permission(method: str, path: str) -> tuple[str, str] | None:
         return f"storage.buckets.{_BUCKET_VERBS.get(method, 'get')}", "bucket"
     if parts[5:] == ["iam"]:
         return ("storage.buckets.getIamPolicy" if method == "GET" else "storage.buckets.setIamPolicy"), "bucket"
+    return None
+
+
+def bucket_call_refusal(
+    method: str, path: str, params: dict[str, str], holds_objects: Callable[[str], bool]
+) -> Refusal | None:
+    """GCS's refusal of a JSON API bucket call that the emulator carries out or answers otherwise: listing or
+    creating buckets without ``project`` (400; the emulator needs none), deleting a bucket that
+    ``holds_objects`` (409; the emulator answers 412).
+
+    Example:
+        >>> bucket_call_refusal("GET", "/storage/v1/b", {}, lambda bucket: False)
+        (400, 'Bad Request', 'Required parameter: project')
+        >>> bucket_call_refusal("DELETE", "/storage/v1/b/bkt", {}, lambda bucket: True)
+        (409, 'Conflict', 'The bucket you tried to delete is not empty.')
+    """
+    parts = path.rstrip("/").split("/")
+    if parts[1:4] != ["storage", "v1", "b"]:
+        return None
+    if len(parts) == 4 and method in ("GET", "POST") and not params.get("project"):
+        return 400, "Bad Request", "Required parameter: project"
+    if len(parts) == 5 and method == "DELETE" and holds_objects(unquote(parts[4])):
+        return 409, "Conflict", "The bucket you tried to delete is not empty."
     return None
 
 
