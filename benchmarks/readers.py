@@ -100,8 +100,38 @@ def read_gcs_threads(spec: Spec) -> Iterator[tuple[str, bytes]]:
 
 
 def read_gcsfs_cat(spec: Spec) -> Iterator[tuple[str, bytes]]:
-    result = _gcsfs(spec).cat([f"{spec.bucket}/{name}" for name in _names(spec)])  # everything, at once
+    return _fsspec_cat(_gcsfs(spec), spec)
+
+
+def _our_fsspec(spec: Spec) -> Any:
+    """Our fsspec filesystem, made from the same storage options as gcsfs's (as a drop-in would be)."""
+    from torchdata_gcs.fsspec import GCSFileSystem
+
+    return GCSFileSystem(endpoint_url=spec.endpoint, token="anon", project="bench")
+
+
+def _fsspec_cat(fs: Any, spec: Spec) -> Iterator[tuple[str, bytes]]:
+    result = fs.cat([f"{spec.bucket}/{name}" for name in _names(spec)])  # everything, at once
     return ((path.split("/", 1)[1], data) for path, data in result.items())
+
+
+def _fsspec_open_read(fs: Any, spec: Spec) -> Iterator[tuple[str, bytes]]:
+    """Each object by ``open(path, "rb").read()``, one after the other, as a script reading files would."""
+    for name in _names(spec):
+        with fs.open(f"{spec.bucket}/{name}", "rb") as file:
+            yield name, file.read()
+
+
+def read_fsspec_cat(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    return _fsspec_cat(_our_fsspec(spec), spec)
+
+
+def read_gcsfs_open_read(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    return _fsspec_open_read(_gcsfs(spec), spec)
+
+
+def read_fsspec_open_read(spec: Spec) -> Iterator[tuple[str, bytes]]:
+    return _fsspec_open_read(_our_fsspec(spec), spec)
 
 
 def read_torchdata_fsspec(spec: Spec) -> Iterator[tuple[str, bytes]]:
@@ -272,6 +302,9 @@ READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
     "gcs_loop": read_gcs_loop,
     "gcs_threads": read_gcs_threads,
     "gcsfs_cat": read_gcsfs_cat,
+    "gcsfs_open_read": read_gcsfs_open_read,
+    "fsspec_cat": read_fsspec_cat,
+    "fsspec_open_read": read_fsspec_open_read,
     "obstore": read_obstore,
     "torchdata_fsspec": read_torchdata_fsspec,
     "dataflux_compose": read_dataflux_compose,
@@ -538,6 +571,56 @@ def measure_checkpoint(spec: Spec) -> dict[str, Any]:
     }
 
 
+SAFETENSORS_TENSORS = 40
+"""Tensors in the safetensors file of the fsspec memory workload."""
+SAFETENSORS_FILESYSTEMS: dict[str, Callable[[Spec], Any]] = {"gcsfs_cat_load": _gcsfs, "fsspec_cat_load": _our_fsspec}
+
+
+def measure_cat_load(spec: Spec) -> dict[str, Any]:
+    """``fs.cat`` of one safetensors file, then ``safetensors.torch.load`` of the bytes: seconds, and the
+    process's peak RSS growth over its RSS before the ``cat`` (after the ``cat`` alone, and after both).
+
+    Before each run the last run's bytes and tensors are dropped and the C heap trimmed, so every run
+    starts from the same memory; the largest growth of the runs is reported."""
+    import ctypes
+    import gc
+
+    import safetensors.torch
+
+    fs = SAFETENSORS_FILESYSTEMS[spec.reader](spec)
+    ((name, (size, crc)),) = spec.manifest.items()
+    trim = ctypes.CDLL("libc.so.6").malloc_trim
+    timings: list[float] = []
+    cat_timings, cat_growths, growths, cpu = [], [], [], []
+    while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:
+        gc.collect()
+        trim(0)
+        cpu_before = _cpu_seconds()
+        baseline = _reset_peak_rss()
+        started = time.perf_counter()
+        data = fs.cat(f"{spec.bucket}/{name}")
+        cat_timings.append(time.perf_counter() - started)
+        cat_growths.append((_status_kib("VmHWM") - baseline) / 1024)
+        tensors = safetensors.torch.load(data)
+        timings.append(time.perf_counter() - started)
+        growths.append((_status_kib("VmHWM") - baseline) / 1024)
+        cpu.append(_cpu_seconds() - cpu_before)
+        if len(data) != size or google_crc32c.value(data) != crc or len(tensors) != SAFETENSORS_TENSORS:
+            raise SystemExit(f"{spec.reader} returned wrong bytes or tensors for {name}")
+        del data, tensors
+    return {
+        "seconds": statistics.median(timings),
+        "all_seconds": timings,
+        "cat_seconds": statistics.median(cat_timings),
+        "bytes": size,
+        "objects": 1,
+        "first_seconds": statistics.median(cat_timings),
+        "cpu_seconds": statistics.median(cpu),
+        "cat_peak_rss_growth_mib": max(cat_growths),
+        "peak_rss_growth_mib": max(growths),
+    }
+
+
 def _tensors(value: Any) -> Iterator[Any]:
     import torch
 
@@ -574,6 +657,8 @@ def measure(spec: Spec) -> dict[str, Any]:
     """Run the reader ``spec.runs`` times, verifying each result; return medians and memory."""
     if spec.workload in ("checkpoint", "compression"):
         return measure_checkpoint(spec)
+    if spec.reader in SAFETENSORS_FILESYSTEMS:
+        return measure_cat_load(spec)
     baseline = _reset_peak_rss()
     timings: list[float] = []
     extra: dict[str, Any] = {}

@@ -3,7 +3,9 @@
     bash benchmarks/run.sh            # sets up the benchmark environment, then runs this
 
 Workloads: small objects (100 KiB) at 0 ms and at 20 ms added latency, large objects (256 MiB),
-listing (100,000 objects at 20 ms, pages served from the front's snapshot) and checkpoints (a ~512 MiB state dict saved and loaded). Each
+listing (100,000 objects at 20 ms, pages served from the front's snapshot), checkpoints (a ~512 MiB
+state dict saved and loaded) and fsspec (``cat`` of the small objects, ``open().read()`` of the large
+ones, ``cat`` + ``safetensors.torch.load`` of a 1 GiB file; our filesystem beside gcsfs). Each
 reader runs in a process of its own (so peak memory is its own) against the same emulator and the
 same HAProxy latency front; every result is verified. Writes ``results.json``, ``results.md`` and
 PNG plots to ``benchmarks/results/`` and the table into ``benchmarks/README.md``.
@@ -69,6 +71,11 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "gcs_loop": f"google-cloud-storage {gcs}: plain loop (direct API)",
         "gcs_threads": f"google-cloud-storage {gcs}: download_as_bytes in {threads} threads",
         "gcsfs_cat": f"gcsfs {fs}: cat of the whole list",
+        "gcsfs_open_read": f"gcsfs {fs}: open(path, 'rb').read(), one object after another",
+        "gcsfs_cat_load": f"gcsfs {fs}: cat, then safetensors.torch.load",
+        "fsspec_cat": f"{ours}: GCSFileSystem.cat of the whole list",
+        "fsspec_open_read": f"{ours}: GCSFileSystem open(path, 'rb').read(), one object after another",
+        "fsspec_cat_load": f"{ours}: GCSFileSystem.cat, then safetensors.torch.load",
         "obstore": f"obstore {_version('obstore')} (Rust object_store): get_async, 64 in flight",
         "gcsfs_find": f"gcsfs {fs}: find",
         "gcsfs": f"gcsfs {fs}: open + torch.save/torch.load",
@@ -111,6 +118,16 @@ class Workload:
     capped: bool = False  # through a GCSFront capped at CHECKPOINT_BANDWIDTH per connection each way
     checkpoint_mib: int = 512
     timeout: float | None = None  # seconds before a reader is given up; None: --timeout
+    make_objects: Callable[[], dict[str, bytes]] | None = None  # objects made only if the workload runs
+
+
+def safetensors_file(mib: int) -> dict[str, bytes]:
+    """One safetensors file of about ``mib`` MiB: 40 float32 tensors of random values."""
+    import safetensors.torch
+    import torch
+
+    count = mib * MiB // 40 // 4
+    return {"st/model.safetensors": safetensors.torch.save({f"t{i:02d}": torch.rand(count) for i in range(40)})}
 
 
 def build_workloads(quick: bool) -> list[Workload]:
@@ -170,6 +187,27 @@ def build_workloads(quick: bool) -> list[Workload]:
             "checkpoint 2 GiB", "bench-ckpt", "ckpt/", 0, ["ours"], 1, capped=True, checkpoint_mib=2048, timeout=600
         ),
         Workload("compression", "bench-ckpt", "ckpt/", 0, ["none", "zstd-1-plain", "zstd-1", "zstd-3"], 3, capped=True),
+        # fsspec users' calls, ours beside gcsfs's on the same objects.
+        Workload("fsspec small objects", "bench-small", "small/", 0, ["gcsfs_cat", "fsspec_cat", "ceiling"], 5, small),
+        Workload("fsspec small objects", "bench-small", "small/", 20, ["gcsfs_cat", "fsspec_cat", "ceiling"], 5, small),
+        Workload(
+            "fsspec large objects",
+            "bench-large",
+            "large/",
+            0,
+            ["gcsfs_open_read", "fsspec_open_read", "gcsfs_cat", "fsspec_cat", "ceiling"],
+            5,
+            large,
+        ),
+        Workload(
+            "fsspec safetensors",
+            "bench-safetensors",
+            "st/",
+            0,
+            ["gcsfs_cat_load", "fsspec_cat_load"],
+            3,
+            make_objects=lambda: safetensors_file(1024 // scale),
+        ),
     ]
 
 
@@ -239,6 +277,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         else:
             lines += [f"\n### {workload}, {latency} ms added latency\n"]
         direct, ceiling = _fastest(group, "gcs_loop"), _fastest(group, "ceiling")
+        fsspec = workload.startswith("fsspec")
 
         def ratio(rate: float, base: float | None) -> str:
             return f"{fmt(rate / base, 2)}x" if base else "–"
@@ -300,6 +339,30 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                     str(len(r["all_seconds"])),
                 ],
             )
+        elif workload == "fsspec safetensors":
+            columns = [
+                "filesystem",
+                "file MiB",
+                "cat + load s",
+                "cat s",
+                "peak RSS growth after cat, MiB (x file)",
+                "after cat + load, MiB (x file)",
+                "client CPU s",
+                "runs",
+            ]
+            lines += _table(
+                columns,
+                group,
+                lambda r: [
+                    fmt(r["bytes"] / MiB),
+                    fmt(r["seconds"], 2),
+                    fmt(r["cat_seconds"], 2),
+                    f"{fmt(r['cat_peak_rss_growth_mib'])} ({fmt(r['cat_peak_rss_growth_mib'] * MiB / r['bytes'], 2)}x)",
+                    f"{fmt(r['peak_rss_growth_mib'])} ({fmt(r['peak_rss_growth_mib'] * MiB / r['bytes'], 2)}x)",
+                    fmt(r["cpu_seconds"], 2),
+                    str(len(r["all_seconds"])),
+                ],
+            )
         elif workload == "listing":
             columns = [
                 "lister",
@@ -329,7 +392,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 "reader",
                 "objects/s",
                 "MB/s",
-                "vs direct",
+                "vs gcsfs" if fsspec else "vs direct",
                 "vs ceiling",
                 "seconds",
                 "first object after ms",
@@ -342,10 +405,17 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             lines += _table(
                 columns,
                 group,
-                lambda r, direct=direct, ceiling=ceiling: [
+                lambda r, direct=direct, ceiling=ceiling, group=group, fsspec=fsspec: [
                     fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
                     fmt(r["bytes"] / 1e6 / r["seconds"], 1),
-                    ratio(r["objects"] / r["seconds"], direct),
+                    ratio(
+                        r["objects"] / r["seconds"],
+                        _fastest(group, "gcsfs_" + r["reader"].removeprefix("fsspec_"))
+                        if fsspec and r["reader"].startswith("fsspec_")
+                        else None
+                        if fsspec
+                        else direct,
+                    ),
                     ratio(r["objects"] / r["seconds"], ceiling),
                     fmt(r["seconds"], 2),
                     fmt(r["first_seconds"] * 1000),
@@ -359,7 +429,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 def per_thousand(row: dict[str, Any]) -> list[str]:
     """Client and emulator CPU seconds per 1,000 objects and requests per object (small objects only)."""
-    if row["workload"] != "small objects":
+    if not row["workload"].endswith("small objects"):
         return ["–"] * 3
     return [
         fmt(row["cpu_seconds"] * 1000 / row["objects"], 3),
@@ -384,7 +454,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for (workload, latency), group in _groups(rows).items():
         ok = [r for r in group if "error" not in r]
-        if not ok:
+        if not ok or workload == "fsspec safetensors":  # one object: its table says it all
             continue
         if workload.startswith(("checkpoint", "compression")):
             labels = [r["label"] for r in ok] * 2
@@ -436,7 +506,9 @@ def update_readme(markdown: str, header: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tenth of the data, to check the rig")
-    parser.add_argument("--only", nargs="*", help="workload names to run (small, large, listing, checkpoint)")
+    parser.add_argument(
+        "--only", nargs="*", help="workload names to run (small, large, listing, checkpoint, compression, fsspec)"
+    )
     parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
     parser.add_argument("--budget", type=float, default=30.0, help="stop repeating a reader after this many seconds")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a reader is given up")
@@ -458,6 +530,8 @@ def main() -> None:
         try:
             manifests: dict[str, dict[str, list[int]]] = {}
             for workload in workloads:
+                if workload.make_objects and not workload.objects:
+                    workload.objects = workload.make_objects()
                 manifest = {name: [len(data), google_crc32c.value(data)] for name, data in workload.objects.items()}
                 if workload.bucket not in manifests:
                     seed_started = time.perf_counter()
@@ -487,7 +561,7 @@ def main() -> None:
                         )
                     if workload.indexed and "error" not in result:
                         result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
-                    if workload.name == "small objects" and workload.latency_ms and "error" not in result:
+                    if workload.name.endswith("small objects") and workload.latency_ms and "error" not in result:
                         result["requests_per_object"] = count_requests(workload, reader, index_front, manifest, args)
                     row = {
                         "workload": workload.name,

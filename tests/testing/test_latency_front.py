@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from torchdata_gcs import GCSFileLoaderIterDataPipe
-from torchdata_gcs.testing import Emulator, LatencyFront
+from torchdata_gcs.testing import Emulator, GCSFront, LatencyFront
 
 REQUIRED_ENV = "TORCHDATA_GCS_REQUIRE_HAPROXY"
 """Set by CI, which installs HAProxy: there a missing HAProxy fails these tests instead of skipping them."""
@@ -85,3 +85,12 @@ def test_bad_arguments_raise_value_error() -> None:
         LatencyFront("https://storage.googleapis.com")
     with pytest.raises(ValueError):
         LatencyFront("http://127.0.0.1:1", latency=-1)
+
+
+def test_it_starts_in_front_of_a_gcs_front(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """The benchmarks put it before a ``GCSFront``, which answers a bucket listing without a project
+    as GCS does (400): the readiness check must ask as GCS requires."""
+    gcs_emulator.seed(gcs_bucket, {"x": b"payload"})
+    with GCSFront(gcs_emulator.endpoint) as gcs_front, LatencyFront(gcs_front.endpoint, latency=0.01) as front:
+        answer = requests.get(f"{front.endpoint}/download/storage/v1/b/{gcs_bucket}/o/x?alt=media", timeout=10)
+        assert answer.content == b"payload"

@@ -396,6 +396,7 @@ class GCSFront(LocalService):
         self._counts: Counter[str] = Counter()
         self._injected: Counter[str] = Counter()
         self._connections: set[socket.socket] = set()
+        self._peak_connections = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -511,6 +512,12 @@ class GCSFront(LocalService):
             return list(self._unconditional_resends)
 
     @property
+    def peak_connections(self) -> int:
+        """The most client connections open at once since the last :meth:`reset_counts`."""
+        with self._lock:
+            return self._peak_connections
+
+    @property
     def abandoned_answers(self) -> int:
         """Answers whose client closed the connection before the front had sent all of their body."""
         with self._lock:
@@ -523,10 +530,12 @@ class GCSFront(LocalService):
             return Counter(self._injected)
 
     def reset_counts(self) -> None:
-        """Zero :attr:`counts` and :attr:`faults_injected` (``times`` allowances are kept)."""
+        """Zero :attr:`counts` and :attr:`faults_injected`, and start :attr:`peak_connections` over from the
+        connections open now (``times`` allowances are kept)."""
         with self._lock:
             self._counts.clear()
             self._injected.clear()
+            self._peak_connections = len(self._connections)
 
     def start(self) -> Self:
         """Start serving (if not already); returns ``self``."""
@@ -666,6 +675,7 @@ class GCSFront(LocalService):
         with self._lock:
             if open_:
                 self._connections.add(connection)
+                self._peak_connections = max(self._peak_connections, len(self._connections))
             else:
                 self._connections.discard(connection)
 

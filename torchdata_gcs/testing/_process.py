@@ -124,7 +124,8 @@ class ServerProcess:
                     tail = log.read()[-2000:]
                 raise EmulatorError(f"{self.name} exited with {self._process.returncode}: {tail}")
             try:
-                if requests.get(f"{endpoint}/storage/v1/b", timeout=1).ok:
+                # a bucket listing, with the project GCS requires of one (a GCSFront behind refuses it without)
+                if requests.get(f"{endpoint}/storage/v1/b", params={"project": "readiness"}, timeout=1).ok:
                     return
             except requests.RequestException:
                 pass
