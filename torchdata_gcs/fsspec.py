@@ -215,6 +215,13 @@ FSSPEC_OPTIONS = frozenset(
      "max_paths"}
 )  # fmt: skip
 """The keyword arguments fsspec's own filesystem classes take."""
+GCSFS_ONLY = frozenset(
+    {"MIN_CHUNK_SIZE_FOR_CONCURRENCY", "base", "batch_url_base", "call", "close_session", "default_block_size",
+     "grpc_client", "make_bucket_requester_pays", "on_google", "retries", "scopes", "session",
+     "sync_process_limits_to_offset_and_length"}
+)  # fmt: skip
+"""gcsfs's public names that have no counterpart here: asked for, they raise an ``AttributeError`` that
+points to the compatibility table, which says what to use instead."""
 CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 """gcsfs's ``consistency`` values; reads here are always checked by crc32c, which covers them all."""
 
@@ -378,6 +385,18 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         self._invalidations = itertools.count()
         self._epoch = next(self._invalidations)  # changes with every invalidation of the listings cache
         self._writers: dict[int, weakref.ref[StreamingWriter]] = {}  # writers opened here, until seen closed
+
+    def __getattr__(self, name: str) -> Any:
+        if name in GCSFS_ONLY:
+            raise AttributeError(
+                f"GCSFileSystem has no {name!r} (gcsfs's): docs/gcsfs-compatibility.md says what to use instead"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def buckets(self) -> list[str]:
+        """The names of ``project``'s buckets, as gcsfs's ``buckets``: ``ls("")``."""
+        return self.ls("")  # type: ignore[no-any-return]
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
