@@ -984,17 +984,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             attributes = self._attributes(kwargs, path)
             if mode == "xb" and self.exists(path):  # said at open; the publish checks again, atomically
                 raise FileExistsError(f"{url} exists")
-            writer = self._track(
-                new_writer(
-                    url,
-                    self.client,
-                    self.retry,
-                    self.write,
-                    only_if_new=mode == "xb",
-                    folder_name=True,
-                    attributes=attributes,
-                )
-            )
+            writer = self._new_writer(url, mode == "xb", attributes)
             opened = writer if autocommit else StagedWriter(writer)
             # what fsspec's buffered files tell of themselves
             opened.fs, opened.path, opened.name, opened.mode = self, path, path, mode
@@ -1067,19 +1057,16 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             options.get("kms_key_name", self.kms_key_name),
         )
 
+    def _new_writer(self, url: str, only_if_new: bool, attributes: ObjectAttributes) -> StreamingWriter:
+        """A streamed writer of ``url`` (a name ending in ``/`` is meant), tracked until it closes."""
+        writer = new_writer(
+            url, self.client, self.retry, self.write, only_if_new=only_if_new, folder_name=True, attributes=attributes
+        )
+        return self._track(writer)
+
     def _write_chunks(self, url: str, chunks: Iterable[bytes], only_if_new: bool, attributes: ObjectAttributes) -> None:
         """Stream ``chunks`` out as ``url``, published at the end, or within a transaction when it commits."""
-        writer = self._track(
-            new_writer(
-                url,
-                self.client,
-                self.retry,
-                self.write,
-                only_if_new=only_if_new,
-                folder_name=True,
-                attributes=attributes,
-            )
-        )
+        writer = self._new_writer(url, only_if_new, attributes)
         try:
             for chunk in chunks:
                 writer.write(chunk)
