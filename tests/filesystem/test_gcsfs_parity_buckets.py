@@ -20,12 +20,6 @@ PROJECT = "parity-project"
 
 
 @pytest.fixture
-def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
-    with GCSFront(gcs_emulator.endpoint, record=True) as running:
-        yield running
-
-
-@pytest.fixture
 def fs(front: GCSFront) -> GCSFileSystem:
     return GCSFileSystem(client=front.client_config, project=PROJECT, skip_instance_cache=True)
 

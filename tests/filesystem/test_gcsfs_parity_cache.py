@@ -6,7 +6,7 @@ And ``find(prefix=)``: GCS selects the names (its ``prefix`` parameter)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -18,12 +18,6 @@ from torchdata_gcs.fsspec import GCSFileSystem
 from torchdata_gcs.testing import Emulator, GCSFront
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
-    with GCSFront(gcs_emulator.endpoint, record=True) as running:
-        yield running
 
 
 def _fs(front: GCSFront, **options: Any) -> GCSFileSystem:

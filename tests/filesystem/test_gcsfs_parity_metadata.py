@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -53,12 +52,6 @@ FIXED_FIELDS = {
 @pytest.fixture
 def fs(gcs_emulator: Emulator) -> GCSFileSystem:
     return GCSFileSystem(client=gcs_emulator.client_config, skip_instance_cache=True)
-
-
-@pytest.fixture
-def front(gcs_emulator: Emulator) -> Iterator[GCSFront]:
-    with GCSFront(gcs_emulator.endpoint, record=True) as running:
-        yield running
 
 
 @pytest.fixture
