@@ -17,7 +17,7 @@ with Emulator() as e:
     urls = [f"gs://prof/s/{i:05d}" for i in range(2000)]
     client = ClientConfig(endpoint=e.endpoint)
     for _ in range(2):  # warm up: session, connections
-        for url, stream in GCSFileLoaderIterDataPipe(urls, client=client):
+        for _url, stream in GCSFileLoaderIterDataPipe(urls, client=client):
             stream.read()
     consumer, loop_profile = cProfile.Profile(), cProfile.Profile()
     loop = io_loop()
@@ -26,7 +26,7 @@ with Emulator() as e:
     done.wait()
     cpu, wall = time.process_time(), time.perf_counter()
     consumer.enable()
-    for url, stream in GCSFileLoaderIterDataPipe(urls, client=client):
+    for _url, stream in GCSFileLoaderIterDataPipe(urls, client=client):
         stream.read()
     consumer.disable()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

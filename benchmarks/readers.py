@@ -96,7 +96,7 @@ def read_gcs_threads(spec: Spec) -> Iterator[tuple[str, bytes]]:
     bucket = _gcs_bucket(spec)
     names = _names(spec)
     with ThreadPoolExecutor(spec.threads) as pool:
-        yield from zip(names, pool.map(lambda name: bucket.blob(name).download_as_bytes(), names))
+        yield from zip(names, pool.map(lambda name: bucket.blob(name).download_as_bytes(), names), strict=True)
 
 
 def read_gcsfs_cat(spec: Spec) -> Iterator[tuple[str, bytes]]:
@@ -162,7 +162,7 @@ def read_obstore(spec: Spec) -> Iterator[tuple[str, bytes]]:
 
         return await asyncio.gather(*(fetch(name) for name in names))
 
-    return zip(names, asyncio.run(main()))
+    return zip(names, asyncio.run(main()), strict=True)
 
 
 def _our_client(spec: Spec) -> Any:
@@ -218,7 +218,7 @@ def read_ceiling(spec: Spec) -> Iterable[tuple[str, bytes]]:
             bodies = threads.map(
                 lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names
             )
-            return list(zip(names, bodies))
+            return list(zip(names, bodies, strict=True))
 
     import aiohttp
 
@@ -229,7 +229,7 @@ def read_ceiling(spec: Spec) -> Iterable[tuple[str, bytes]]:
                 async with session.get(base + quote(name, safe="") + "?alt=media") as response:
                     return await response.read()
 
-            return list(zip(names, await asyncio.gather(*(fetch(name) for name in names))))
+            return list(zip(names, await asyncio.gather(*(fetch(name) for name in names)), strict=True))
 
     return asyncio.run(main())
 
@@ -250,7 +250,7 @@ def _dataflux_mapstyle(spec: Spec, compose: bool) -> Iterator[tuple[str, bytes]]
     dataset = mapstyle.DataFluxMapStyleDataset("bench", spec.bucket, config=config, storage_client=None)
     names = [name for name, _ in dataset.objects]
     loader = DataLoader(dataset, batch_size=32, num_workers=2, collate_fn=list)
-    return zip(names, (data for batch in loader for data in batch))
+    return zip(names, (data for batch in loader for data in batch), strict=True)
 
 
 def read_dataflux_compose(spec: Spec) -> Iterator[tuple[str, bytes]]:
@@ -518,7 +518,7 @@ def _same(loaded: Any, expected: Any) -> bool:
             and all(_same(loaded[key], value) for key, value in expected.items())
         )
     if isinstance(expected, (list, tuple)):
-        return len(loaded) == len(expected) and all(_same(a, b) for a, b in zip(loaded, expected))
+        return len(loaded) == len(expected) and all(_same(a, b) for a, b in zip(loaded, expected, strict=True))
     return bool(loaded == expected)
 
 

@@ -459,7 +459,9 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         if workload.startswith(("checkpoint", "compression")):
             labels = [r["label"] for r in ok] * 2
             values = [r["bytes"] / 1e6 / r["seconds"] for r in ok] + [r["bytes"] / 1e6 / r["load_seconds"] for r in ok]
-            labels = [f"save: {l}" for l in labels[: len(ok)]] + [f"load: {l}" for l in labels[len(ok) :]]
+            labels = [f"save: {label}" for label in labels[: len(ok)]] + [
+                f"load: {label}" for label in labels[len(ok) :]
+            ]
             unit = "MB/s"
         else:
             labels = [r["label"] for r in ok]

@@ -106,7 +106,7 @@ def decode(item: tuple[str, Any]) -> tuple[str, torch.Tensor, int, int]:
 
 
 def collate(batch: list[tuple[str, torch.Tensor, int, int]]) -> dict[str, Any]:
-    urls, images, labels, sizes = zip(*batch)
+    urls, images, labels, sizes = zip(*batch, strict=True)
     return {"urls": list(urls), "images": torch.stack(images), "labels": torch.tensor(labels), "bytes": sum(sizes)}
 
 

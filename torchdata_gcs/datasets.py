@@ -149,7 +149,7 @@ class _Dataset(Generic[T]):
             parse_url(url, allow_prefix=False)
         checking = Client(client or ClientConfig(), retry or RetryConfig())
         pairs, missing = [], 0
-        for url, info in zip(listed, describe_objects(checking, listed)):
+        for url, info in zip(listed, describe_objects(checking, listed), strict=True):
             if isinstance(info, ObjectInfo):
                 pairs.append((url, info))
             elif not skip_missing:

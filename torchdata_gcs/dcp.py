@@ -331,7 +331,7 @@ class _GCSFileSystem(FileSystemBase):
                 stream.abort()
                 self.failed_writes.append(url)
                 if stream.error is not None and stream.error is not exc:
-                    raise stream.error  # the cause, not what torch.save made of it
+                    raise stream.error from None  # the cause, not what torch.save made of it
                 raise
         elif mode == "rb":
             ahead = self.read_ahead
@@ -347,8 +347,8 @@ class _GCSFileSystem(FileSystemBase):
         if start == 0 and length == info.size:
             return read_into_buffer(url, info, self.client, self.transfer, self.retry, self.stats)
         buffer = bytearray(length)
-        job = new_context(self.client, self.transfer, self.retry, self.stats)
-        coroutine = read_ranges_into(job, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
+        context = new_context(self.client, self.transfer, self.retry, self.stats)
+        coroutine = read_ranges_into(context, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
         asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
         return buffer
 

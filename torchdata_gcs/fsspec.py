@@ -144,7 +144,7 @@ SIGN_OPTIONS = frozenset(
 
 _LISTED: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("listed", default=None)
 """Where ``find`` notes the generation of each file it lists, while an ``rm`` expands its paths."""
-_CAT_JOB: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("cat_job", default=None)
+_CAT_CONTEXT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("cat_context", default=None)
 """The request context the whole-object reads of one ``cat`` share, so its requests take turns for its
 ``TransferConfig.max_in_flight`` slots instead of opening a connection per path at once."""
 
@@ -486,7 +486,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         info = await self._info(path)
         return ObjectInfo(info["size"], info["generation"], info["crc32c"])
 
-    def _job(self, budget: int | None = None) -> RequestContext:
+    def _context(self, budget: int | None = None) -> RequestContext:
         """A request context for one call (``budget``: bytes it may hold ahead, if not the transfer's)."""
         transfer = self.transfer if budget is None else replace(self.transfer, max_buffered_bytes=budget)
         return new_context(self.client, transfer, self.retry, self.stats)
@@ -601,22 +601,22 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         cached = None if refresh or not name or generation is not None else self._cached_entries(f"{bucket}/{name}")
         if cached:
             return next((entry for entry in cached if entry["type"] == "file"), cached[0])
-        job = self._job()
+        context = self._context()
         if not name:
-            await check_bucket(job, bucket)  # NotFoundError, a FileNotFoundError, if missing
+            await check_bucket(context, bucket)  # NotFoundError, a FileNotFoundError, if missing
             return self._directory(bucket)
         directory_only = self._strip_protocol(path).endswith("/")  # "f.txt/" is not the object f.txt
-        resource = None if directory_only else await object_resource(job, bucket, name, None, generation=generation)
+        resource = None if directory_only else await object_resource(context, bucket, name, None, generation=generation)
         if resource is not None:
             return self._file(bucket, resource)
         if generation is not None:
             url = f"{format_url(bucket, name)}#{generation}"
             raise NotFoundError(f"{url}: no such object version", url=url)
-        if await self._is_directory(job, bucket, name):
+        if await self._is_directory(context, bucket, name):
             return self._directory(f"{bucket}/{name}")
         raise NotFoundError(f"{format_url(bucket, name)}: no such object or directory", url=format_url(bucket, name))
 
-    async def _versions(self, job: RequestContext, bucket: str, name: str) -> list[dict[str, Any]]:
+    async def _versions(self, context: RequestContext, bucket: str, name: str) -> list[dict[str, Any]]:
         """Every version, noncurrent ones too, of the object ``name`` and of the objects under ``name/`` (all
         of the bucket's for an empty name), each named ``name#<generation>``, in name order."""
         params = {
@@ -628,14 +628,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         under = f"{name.rstrip('/')}/" if name else ""
         entries = [
             self._file(bucket, item, versions=True)
-            async for page in _pages(job, bucket, params)
+            async for page in _pages(context, bucket, params)
             for item in page.get("items", [])
             if item["name"] == name or item["name"].startswith(under)
         ]
         return sorted(entries, key=lambda entry: entry["name"])
 
     @staticmethod
-    async def _is_directory(job: RequestContext, bucket: str, name: str) -> bool:
+    async def _is_directory(context: RequestContext, bucket: str, name: str) -> bool:
         """Whether ``name/`` holds objects, or is a folder of a bucket with a hierarchical namespace (empty
         ones too), with ``storage.objects.list`` alone: a listing of ``name``'s level from ``name/`` to
         ``name0`` (``0`` follows ``/``) holds at most that one prefix."""
@@ -651,7 +651,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "fields": "prefixes,nextPageToken",
         }
         # GCS may answer a page with nothing in it but a token; the range holds one prefix at most
-        return any([page.get("prefixes") async for page in _pages(job, bucket, params)])
+        return any([page.get("prefixes") async for page in _pages(context, bucket, params)])
 
     @_on_io_loop
     async def _ls(
@@ -663,7 +663,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         ``versions``: every version of each file, noncurrent ones too, each named ``name#<generation>``, as
         gcsfs lists them (never cached)."""
         if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
-            buckets = await list_buckets(self._job(), self._project("list buckets"))
+            buckets = await list_buckets(self._context(), self._project("list buckets"))
             found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
             return found if detail else [b["name"] for b in found]
         bucket, name = self.split_path(path)
@@ -687,11 +687,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "fields": LS_FIELDS,
             **({"versions": "true"} if versions else {}),
         }
-        job = self._job()
+        context = self._context()
         entries: list[dict[str, Any]] = []
         folders: set[str] = set()  # a page may name again a prefix an earlier page named
         placeholder = False  # a zero-byte "name/" object: a folder made in the console, empty or not
-        async for page in _pages(job, bucket, params):
+        async for page in _pages(context, bucket, params):
             folders.update(page.get("prefixes", []))
             for item in page.get("items", []):
                 if item["name"] == prefix:
@@ -707,7 +707,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if entries[0]["type"] == "directory":
                 entries = []
             elif versions:  # each of its versions
-                entries = await self._versions(job, bucket, name)
+                entries = await self._versions(context, bucket, name)
         return entries if detail else [entry["name"] for entry in entries]
 
     def created(self, path: str) -> datetime.datetime:
@@ -754,7 +754,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if content_type is not None:
             patch["contentType"] = ObjectAttributes.of(content_type).content_type
         try:
-            resource = await patch_object(self._job(), bucket, name, patch)
+            resource = await patch_object(self._context(), bucket, name, patch)
         finally:  # cached listings describe the object's metadata; a failed request may have patched it
             self._drop_listings([path])
         return resource.get("metadata", {})  # type: ignore[no-any-return]
@@ -800,7 +800,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         elif kwargs.get("versions"):  # every version of every object, each named name#<generation>, as gcsfs does
             found = {
                 entry["name"]: entry
-                for entry in await self._versions(self._job(), bucket, name)
+                for entry in await self._versions(self._context(), bucket, name)
                 if entry["name"].startswith(f"{bucket}/{within}")
             }
         else:
@@ -899,19 +899,19 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _cat(self, path: Any, *args: Any, **kwargs: Any) -> Any:
         """fsspec's; the paths' reads share one request context: at most ``TransferConfig.max_in_flight``
         requests at once, on the connections the earlier ones leave open."""
-        token = _CAT_JOB.set(self._job(budget=sys.maxsize))
+        token = _CAT_CONTEXT.set(self._context(budget=sys.maxsize))
         try:
             return await super()._cat(path, *args, **kwargs)
         finally:
-            _CAT_JOB.reset(token)
+            _CAT_CONTEXT.reset(token)
 
     @_on_io_loop
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         _, _, url = self._object(path, version=True)
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
             pinned = await self._pinned(path)
-            job = _CAT_JOB.get() or self._job(budget=sys.maxsize)
-            data, _ = await fetch_object(job, url, pinned, 0, in_one_buffer=True)
+            context = _CAT_CONTEXT.get() or self._context(budget=sys.maxsize)
+            data, _ = await fetch_object(context, url, pinned, 0, in_one_buffer=True)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
         info = await self._info(path, refresh=True)
         if info["type"] != "file":
@@ -926,7 +926,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if end <= start:
             return b""
         buffer = FilledBytes(end - start)  # the bytes returned, held once
-        crc = await read_ranges_into(self._job(), url, info["generation"], start, buffer.view, self.transfer.part_size)
+        crc = await read_ranges_into(
+            self._context(), url, info["generation"], start, buffer.view, self.transfer.part_size
+        )
         if start == 0 and end == info["size"]:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info["crc32c"]})
         return buffer.take()
@@ -938,7 +940,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         _, _, url = self._object(rpath, version=True)
         try:
             pinned = await self._pinned(rpath)
-            data, _ = await fetch_object(self._job(budget=4 * self.transfer.part_size), url, pinned, 0)
+            data, _ = await fetch_object(self._context(budget=4 * self.transfer.part_size), url, pinned, 0)
         except NotFoundError:
             if not await self._isdir(rpath):  # a recursive get hands directories over too
                 raise
@@ -1003,11 +1005,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         attributes = self._attributes(kwargs, path)
         data = bytes(value)
         if len(data) <= self.write.part_size and not self._intrans:
-            job = self._job()
-            replaced = 0 if only_if_new else await live_generation(job, bucket, name)
+            context = self._context()
+            replaced = 0 if only_if_new else await live_generation(context, bucket, name)
             try:
                 await create_object(
-                    job,
+                    context,
                     bucket,
                     name,
                     data,
@@ -1087,10 +1089,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         generation = self._split_version(path1)[2]
         try:
             await rewrite_object(
-                self._job(), source[:2], destination[:2], source_generation=generation, kms_key_name=self.kms_key_name
+                self._context(),
+                source[:2],
+                destination[:2],
+                source_generation=generation,
+                kms_key_name=self.kms_key_name,
             )
         except NotFoundError:
-            if generation is not None or not await self._is_directory(self._job(), *source[:2]):
+            if generation is not None or not await self._is_directory(self._context(), *source[:2]):
                 raise
         finally:
             self._drop_listings([path2])
@@ -1100,13 +1106,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """Move one object: copy it in GCS, then delete the generation copied. A source replaced in between
         is not deleted (its new bytes were not moved)."""
         (bucket, name, url), destination = self._object(path1), self._object(path2)
-        job = self._job()
-        generation = await live_generation(job, bucket, name)
+        context = self._context()
+        generation = await live_generation(context, bucket, name)
         if not generation:
             raise NotFoundError(f"{url}: no such object", url=url)
         try:
-            await rewrite_object(job, (bucket, name), destination[:2], kms_key_name=self.kms_key_name)
-            await delete_object(job, bucket, name, generation=generation)
+            await rewrite_object(context, (bucket, name), destination[:2], kms_key_name=self.kms_key_name)
+            await delete_object(context, bucket, name, generation=generation)
         finally:
             self._drop_listings([path1, path2])
 
@@ -1138,10 +1144,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         elsewhere = [source_url for source_bucket, _, source_url in sources if source_bucket != bucket]
         if elsewhere:
             raise ValueError(f"merge composes objects of {url}'s bucket only, not {elsewhere[0]}")
-        job = self._job()
+        context = self._context()
         found = await asyncio.gather(
             *(
-                object_resource(job, bucket, source, "size,generation,crc32c", missing_ok=False)
+                object_resource(context, bucket, source, "size,generation,crc32c", missing_ok=False)
                 for _, source, _ in sources
             )
         )
@@ -1149,11 +1155,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         attributes = self._attributes({}, path)
         try:
             await compose_object(
-                job,
+                context,
                 bucket,
                 name,
-                [(source, int(resource["generation"])) for (_, source, _), resource in zip(sources, found) if resource],
-                if_generation_match=await live_generation(job, bucket, name),
+                [
+                    (source, int(resource["generation"]))
+                    for (_, source, _), resource in zip(sources, found, strict=True)
+                    if resource
+                ],
+                if_generation_match=await live_generation(context, bucket, name),
                 composite=(sum(size for _, size in pieces), crc32c_base64(crc32c_of_concatenation(pieces))),
                 content_type=attributes.content_type,
                 kms_key_name=attributes.kms_key_name,
@@ -1167,7 +1177,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
         bucket, name, url = self._object(path, version=True)
         try:
-            deleted = await delete_object(self._job(), bucket, name, generation=self._split_version(path)[2])
+            deleted = await delete_object(self._context(), bucket, name, generation=self._split_version(path)[2])
         finally:
             self._drop_listings([path])
         if not deleted:
@@ -1192,18 +1202,18 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             paths = await self._expand_path(path, recursive=recursive, maxdepth=maxdepth)
         finally:
             _LISTED.reset(watching)
-        job = self._job()
+        context = self._context()
         objects = [(p, *self._object(p, version=True)[:2]) for p in paths if self.split_path(p)[1]]
         buckets = [p for p in paths if not self.split_path(p)[1]]
         if buckets and not recursive:  # gcsfs deletes an empty bucket here; buckets are not deleted by rm
-            await check_bucket(job, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
+            await check_bucket(context, buckets[0])  # NotFoundError, a FileNotFoundError, if missing
             raise IsADirectoryError(f"{buckets[0]} is a bucket: rm does not delete buckets")
         try:
-            deleted = await self._delete_objects(job, objects, listed)
+            deleted = await self._delete_objects(context, objects, listed)
         finally:
             self._drop_listings(p for p, _, _ in objects)
         named = {self._strip_protocol(p) for p in ([path] if isinstance(path, str) else path)}
-        missed = [p for (p, _, _), gone in zip(objects, deleted) if not gone]
+        missed = [p for (p, _, _), gone in zip(objects, deleted, strict=True) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
             missed = [p for p in missed if p in named or not await self._isdir(p)]
         if missed and not recursive:
@@ -1214,12 +1224,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             tops = [] if maxdepth is not None else [path] if isinstance(path, str) else path  # deeper ones stay
             tops = [top for top in tops if self._split_version(top)[2] is None]  # a version is no folder
             folders = await asyncio.gather(
-                *(self._remove_folders(job, *self.split_path(top)) for top in tops if not has_magic(top))
+                *(self._remove_folders(context, *self.split_path(top)) for top in tops if not has_magic(top))
             )
             if not any(deleted) and not any(folders):
                 raise NotFoundError(f"nothing to remove under {path}", url=str(path))
 
-    async def _remove_folders(self, job: RequestContext, bucket: str, name: str) -> int:
+    async def _remove_folders(self, context: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder ``name/`` of a bucket with a hierarchical namespace and every folder under it,
         deepest first, once their objects are gone (GCS deletes only empty folders, and keeps them otherwise);
         returns how many went, folder placeholders included. A flat bucket pays one listing: only if something
@@ -1227,25 +1237,25 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         bucket). Without ``storage.folders.delete`` the folders stay, with a warning: the objects are gone,
         which is what removing them asked. A whole bucket (``name`` empty) pays one listing, for placeholders."""
         if not name:
-            return await self._remove_placeholders(job, bucket, name)
-        if not await self._is_directory(job, bucket, name):
+            return await self._remove_placeholders(context, bucket, name)
+        if not await self._is_directory(context, bucket, name):
             return 0
-        placeholders = await self._remove_placeholders(job, bucket, name)
+        placeholders = await self._remove_placeholders(context, bucket, name)
         if bucket not in self._hierarchical:
-            layout = await storage_layout(job, bucket)
+            layout = await storage_layout(context, bucket)
             self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
         if not self._hierarchical[bucket]:
             return placeholders
         level, folders = [f"{name}/"], [f"{name}/"]
         while level:
-            below = await asyncio.gather(*(self._subfolders(job, bucket, folder) for folder in level))
+            below = await asyncio.gather(*(self._subfolders(context, bucket, folder) for folder in level))
             level = [folder for found in below for folder in found]
             folders += level
         removed = placeholders
         try:
             for depth in sorted({folder.count("/") for folder in folders}, reverse=True):
                 at_depth = [folder for folder in folders if folder.count("/") == depth]
-                removed += sum(await asyncio.gather(*(delete_folder(job, bucket, folder) for folder in at_depth)))
+                removed += sum(await asyncio.gather(*(delete_folder(context, bucket, folder) for folder in at_depth)))
         except AccessDeniedError as exc:
             logger.warning(
                 "the objects under %s are removed, its empty folders stay: %s", format_url(bucket, name), exc
@@ -1255,7 +1265,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         return removed
 
     @staticmethod
-    async def _remove_placeholders(job: RequestContext, bucket: str, name: str) -> int:
+    async def _remove_placeholders(context: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder placeholders under ``name/`` (the whole bucket if ``name`` is empty): zero-byte
         ``.../`` objects, such as ``touch("dir/")`` writes, which ``find`` skips; each only while it is the
         generation listed. How many went."""
@@ -1266,15 +1276,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         }
         left = [
             (item["name"], int(item["generation"]))
-            async for page in _pages(job, bucket, params)
+            async for page in _pages(context, bucket, params)
             for item in page.get("items", [])
             if item["name"].endswith("/") and int(item["size"]) == 0
         ]
-        gone = await asyncio.gather(*(delete_object(job, bucket, n, if_generation_match=g) for n, g in left))
+        gone = await asyncio.gather(*(delete_object(context, bucket, n, if_generation_match=g) for n, g in left))
         return sum(gone)
 
     @staticmethod
-    async def _subfolders(job: RequestContext, bucket: str, folder: str) -> list[str]:
+    async def _subfolders(context: RequestContext, bucket: str, folder: str) -> list[str]:
         """The folders (and prefixes of objects) one level under ``folder``."""
         params = {
             "prefix": folder,
@@ -1283,27 +1293,32 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             "maxResults": MAX_PAGE_SIZE,
             "fields": "prefixes,nextPageToken",
         }
-        listed = [prefix async for page in _pages(job, bucket, params) for prefix in page.get("prefixes", [])]
+        listed = [prefix async for page in _pages(context, bucket, params) for prefix in page.get("prefixes", [])]
         return list(dict.fromkeys(listed))  # a page may name again a prefix an earlier page named
 
     async def _delete_objects(
-        self, job: RequestContext, objects: list[tuple[str, str, str]], listed: dict[str, int]
+        self, context: RequestContext, objects: list[tuple[str, str, str]], listed: dict[str, int]
     ) -> list[bool]:
         """Delete ``objects`` (path, bucket, name), those of ``listed`` paths by that generation; whether each
         was there to delete."""
         pinned = {p: g for p, _, _ in objects if (g := self._split_version(p)[2]) is not None}
         if len(objects) == 1 or pinned:  # a version named by its generation goes for good, by a delete of its own
-            deletes = (delete_object(job, bucket, name, generation=pinned.get(p)) for p, bucket, name in objects)
+            deletes = (delete_object(context, bucket, name, generation=pinned.get(p)) for p, bucket, name in objects)
             return list(await asyncio.gather(*deletes))
         unknown = [(bucket, name) for p, bucket, name in objects if p not in listed]
-        found = await asyncio.gather(*(live_generation(job, bucket, name) for bucket, name in unknown))
-        generations = {**dict(zip(unknown, found)), **{(b, n): listed[p] for p, b, n in objects if p in listed}}
+        found = await asyncio.gather(*(live_generation(context, bucket, name) for bucket, name in unknown))
+        generations = {
+            **dict(zip(unknown, found, strict=True)),
+            **{(b, n): listed[p] for p, b, n in objects if p in listed},
+        }
         deleted = dict.fromkeys(generations, False)
         for bucket in {bucket for _, bucket, _ in objects}:
             versions = [(n, g) for (b, n), g in generations.items() if b == bucket and g]
-            for (name, _), outcome in zip(versions, await delete_objects(job, bucket, versions, live=True)):
+            for (name, _), outcome in zip(
+                versions, await delete_objects(context, bucket, versions, live=True), strict=True
+            ):
                 if isinstance(outcome, PreconditionFailedError):  # replaced since it was listed
-                    outcome = await delete_object(job, bucket, name)
+                    outcome = await delete_object(context, bucket, name)
                 if isinstance(outcome, BaseException):
                     raise outcome
                 deleted[bucket, name] = outcome
@@ -1326,7 +1341,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"bucket {bucket!r} does not exist: mkdir creates it with create_parents=True", url=url)
         try:
             await create_bucket(
-                self._job(), self._project("create a bucket"), bucket, location or self.default_location
+                self._context(), self._project("create a bucket"), bucket, location or self.default_location
             )
         except GCSError as exc:
             if exc.status != 409:
@@ -1339,7 +1354,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """Nothing to make (GCS has no directories; buckets are made by ``mkdir``); a bucket that does not
         exist raises ``FileNotFoundError``."""
         with contextlib.suppress(AccessDeniedError):  # listing refused: its first write will say
-            await check_bucket(self._job(), self.split_path(path)[0])  # NotFoundError if missing
+            await check_bucket(self._context(), self.split_path(path)[0])  # NotFoundError if missing
 
     @_on_io_loop
     async def _rmdir(self, path: str) -> None:
@@ -1349,7 +1364,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if name:
             return
         try:
-            await delete_bucket(self._job(), bucket)
+            await delete_bucket(self._context(), bucket)
         except GCSError as exc:
             if exc.status != 409:
                 raise
@@ -1362,7 +1377,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _bucket_exists(self, bucket: str) -> bool | None:
         """Whether the bucket exists, asked with ``storage.objects.list`` alone; ``None`` if listing is refused."""
         try:
-            await check_bucket(self._job(), bucket)
+            await check_bucket(self._context(), bucket)
         except NotFoundError:
             return False
         except AccessDeniedError:
@@ -1454,12 +1469,12 @@ class _TextWriter(io.TextIOWrapper):
         return None
 
 
-async def _pages(job: RequestContext, bucket: str, params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def _pages(context: RequestContext, bucket: str, params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """The pages of the listing ``params`` asks for, following ``nextPageToken`` (``params`` is updated)."""
     url = format_url(bucket, params.get("prefix") or params.get("startOffset", ""))
     trail = PageTrail(url)
     while True:
-        page = await list_page(job, bucket, params, url=url)
+        page = await list_page(context, bucket, params, url=url)
         yield page
         token = trail.follow_json(page)
         if token is None:

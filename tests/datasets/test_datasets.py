@@ -78,7 +78,7 @@ def test_default_items_go_through_default_collate(dataset, client, num_workers: 
     ):
         batches = list(DataLoader(ds, batch_size=7, num_workers=num_workers))
         assert all(len(urls) == len(datas) for urls, datas in batches)
-        assert_exactly_once([item for urls, datas in batches for item in zip(urls, datas)], expected)
+        assert_exactly_once([item for urls, datas in batches for item in zip(urls, datas, strict=True)], expected)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -201,19 +201,19 @@ def test_budget_given_back_reaches_a_read_that_starts_waiting_while_the_consumer
     consumer to come back."""
     small, large = os.urandom(100_000), os.urandom(950_000)  # the large one fits once the small one is out
     gcs_emulator.seed(gcs_bucket, {"given/small": small, "given/large": large})
-    job = new_context(client, TransferConfig(max_buffered_bytes=1_000_000), RetryConfig(), LoadStats())
+    context = new_context(client, TransferConfig(max_buffered_bytes=1_000_000), RetryConfig(), LoadStats())
     holding: concurrent.futures.Future[None] = concurrent.futures.Future()
 
-    async def large_once_the_small_is_held(job: RequestContext, seq: int) -> tuple[list[Any], int]:
+    async def large_once_the_small_is_held(context: RequestContext, seq: int) -> tuple[list[Any], int]:
         await asyncio.wrap_future(holding)
-        return await load_one(f"gs://{gcs_bucket}/given/large", None, job, seq)
+        return await load_one(f"gs://{gcs_bucket}/given/large", None, context, seq)
 
     units = [functools.partial(load_one, f"gs://{gcs_bucket}/given/small", None), large_once_the_small_is_held]
-    delivered = deliver_in_order(units, job, window_size=2, skip_missing=False)  # the large one is on the loop
+    delivered = deliver_in_order(units, context, window_size=2, skip_missing=False)  # the large one is on the loop
     try:
         small_stream = as_stream(*next(delivered))
         holding.set_result(None)  # the consumer holds the small object; the large one's read starts
-        received = bytes_received_within(job.stats, 1_050_000, seconds=5)
+        received = bytes_received_within(context.stats, 1_050_000, seconds=5)
         assert received == 1_050_000, "the large object waited for budget the consumer had given back"
         assert [small_stream.read(), as_stream(*next(delivered)).read()] == [small, large]
     finally:

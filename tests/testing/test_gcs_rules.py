@@ -195,6 +195,6 @@ def test_the_damaged_answer_fault_flips_one_byte(front: GCSFront, gcs_emulator: 
     gcs_emulator.seed(gcs_bucket, {"z": data})
     front.set_faults([Fault("corrupt", match="get", times=1)])
     damaged = requests.get(f"{object_url(front, gcs_bucket, 'z')}?alt=media", timeout=30).content
-    assert len(damaged) == len(data) and sum(a != b for a, b in zip(damaged, data)) == 1
+    assert len(damaged) == len(data) and sum(a != b for a, b in zip(damaged, data, strict=True)) == 1
     assert requests.get(f"{object_url(front, gcs_bucket, 'z')}?alt=media", timeout=30).content == data
     assert json.loads(json.dumps(front.faults_injected)) == {"corrupt": 1}

@@ -126,17 +126,17 @@ class Composer:
 
     def __init__(
         self,
-        job: RequestContext,
+        context: RequestContext,
         *,
         max_sources: int,
         max_bytes: int,
         reuse_prefix: str | None,
         storage_classes: Iterable[str] = COMPOSED_CLASSES,
     ) -> None:
-        self.job = job
+        self.context = context
         self.max_sources = max_sources
         self.storage_classes = frozenset(storage_classes)
-        self.max_bytes = min(max_bytes, job.budget.limit // 2)  # a composite is always held whole
+        self.max_bytes = min(max_bytes, context.budget.limit // 2)  # a composite is always held whole
         self.reuse_prefix = reuse_prefix
         self.job_id = new_job_id()
         self._names = 0
@@ -201,7 +201,7 @@ class Composer:
         pending: list[str] = []
 
         def resolve() -> Iterator[tuple[str, ObjectInfo | NotFoundError]]:
-            yield from zip(pending, run(describe(self.job, pending)))
+            yield from zip(pending, run(describe(self.context, pending)), strict=True)
             pending.clear()
 
         for url, info in items:
@@ -231,7 +231,7 @@ class Composer:
     def _prepare(self, bucket: str) -> tuple[bool, str | None]:
         """Whether composites may be written and deleted in ``bucket`` (with the reason if not): tried
         once, by writing and deleting a probe object; in reuse mode, also read the kept composites."""
-        client = Client(self.job.session.config, self.job.retry)
+        client = Client(self.context.session.config, self.context.retry)
         prefix = f"{TEMPORARY_PREFIX}{self.job_id}/"
         self._watches.append(reaper.watch(DeletePrefix(bucket, prefix, client.config, client.retry)))
         probe = f"{prefix}probe"
@@ -282,7 +282,7 @@ class Composer:
 
     # -- one group (I/O loop) --------------------------------------------------------------------
 
-    async def _load_group(self, members: list[Member], job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
+    async def _load_group(self, members: list[Member], context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
         bucket = parse_url(members[0][0], allow_prefix=False)[0]
         name = self._composite_name(members)
         expected = _composite_info(members)
@@ -290,13 +290,13 @@ class Composer:
         if kept is not None:
             self._found += 1
             if self._made_here(bucket, name, kept):
-                loaded = await self._download(bucket, name, kept, expected, members, job, seq)
+                loaded = await self._download(bucket, name, kept, expected, members, context, seq)
                 if loaded is not None:
-                    job.stats.reused += 1
+                    context.stats.reused += 1
                     return loaded
                 logger.warning("kept composite gs://%s/%s does not match its sources: rebuilding it", bucket, name)
         try:
-            composite = await self._compose(bucket, name, members, job, kept)
+            composite = await self._compose(bucket, name, members, context, kept)
         except (NotFoundError, PreconditionFailedError) as exc:  # a source changed since it was listed
             logger.info(
                 "composing %d objects into gs://%s/%s failed (%s): loading them directly",
@@ -305,25 +305,25 @@ class Composer:
                 name,
                 exc,
             )
-            return await _load_each(members, job, seq)
+            return await _load_each(members, context, seq)
         except AccessDeniedError as exc:
             warnings.warn(
                 f"compose refused in gs://{bucket}: loading directly ({exc})", ComposeFallbackWarning, stacklevel=1
             )
             self._usable[bucket] = False
-            return await _load_each(members, job, seq)
+            return await _load_each(members, context, seq)
         except GCSError as exc:  # refused for another reason (400, retries run out): this group only
             self._report_refusal(len(members), exc)
-            return await _load_each(members, job, seq)
+            return await _load_each(members, context, seq)
         if self.reuse_prefix is not None:
-            _composed[(job.session.endpoint, bucket, name)] = composite.generation
-        loaded = await self._download(bucket, name, composite, expected, members, job, seq)
-        return loaded if loaded is not None else await _load_each(members, job, seq)
+            _composed[(context.session.endpoint, bucket, name)] = composite.generation
+        loaded = await self._download(bucket, name, composite, expected, members, context, seq)
+        return loaded if loaded is not None else await _load_each(members, context, seq)
 
     def _made_here(self, bucket: str, name: str, kept: ObjectInfo) -> bool:
         """Whether the listed ``kept`` composite is the version this process composed; if not (composed
         elsewhere, or replaced since), it is composed again in its place."""
-        made = _composed.get((self.job.session.endpoint, bucket, name))
+        made = _composed.get((self.context.session.endpoint, bucket, name))
         if made == kept.generation:
             return True
         if made is None:
@@ -358,7 +358,7 @@ class Composer:
         return self.reuse_prefix + hashlib.sha256(identity.encode()).hexdigest()
 
     async def _compose(
-        self, bucket: str, name: str, members: list[Member], job: RequestContext, kept: ObjectInfo | None
+        self, bucket: str, name: str, members: list[Member], context: RequestContext, kept: ObjectInfo | None
     ) -> ObjectInfo:
         """Ask GCS to concatenate the members (each pinned to its generation) into ``name``, in place of
         the ``kept`` composite if any, else only if ``name`` does not exist (so the compose is retried)."""
@@ -366,9 +366,9 @@ class Composer:
         if new_name:
             self._unsettled.add((bucket, name))
         sources = [(source, info.generation) for _, source, info in members]
-        job.stats.composes += 1
+        context.stats.composes += 1
         replaced = 0 if kept is None else kept.generation
-        compose = compose_object(job, bucket, name, sources, if_generation_match=replaced, unique_name=new_name)
+        compose = compose_object(context, bucket, name, sources, if_generation_match=replaced, unique_name=new_name)
         # Shielded: a compose already sent may still land, so it runs to its end and close() waits for it.
         return await asyncio.shield(self._track(compose))
 
@@ -379,7 +379,7 @@ class Composer:
         composite: ObjectInfo,
         expected: ObjectInfo,
         members: list[Member],
-        job: RequestContext,
+        context: RequestContext,
         seq: int,
     ) -> tuple[list[Outcome], int] | None:
         """Read the composite and cut it into the members' bytes; ``None`` if it is gone or is not the
@@ -388,7 +388,7 @@ class Composer:
         try:
             if composite.size != expected.size or expected.crc32c not in (None, composite.crc32c):
                 raise IntegrityError(f"{url} is not the concatenation of its {len(members)} listed sources", url=url)
-            data, reserved = await fetch_object(job, url, composite, seq)  # its bytes checked against its crc32c
+            data, reserved = await fetch_object(context, url, composite, seq)  # its bytes checked against its crc32c
         except (NotFoundError, IntegrityError) as exc:
             logger.info("reading %s failed (%s)", url, exc)
             self._forget(bucket, name)
@@ -419,7 +419,7 @@ class Composer:
         self._track(self._delete(bucket, name, generation))
 
     async def _delete(self, bucket: str, name: str, generation: int | None) -> None:
-        if await delete_temporary(self.job, bucket, name, generation):
+        if await delete_temporary(self.context, bucket, name, generation):
             self._unsettled.discard((bucket, name))
 
     async def _settle(self) -> bool:
@@ -447,7 +447,7 @@ class Composer:
             for watched in self._watches:
                 reaper.release(watched)
         for bucket in self._cached_before:
-            if self.job.stats.composes and not self._found:
+            if self.context.stats.composes and not self._found:
                 warnings.warn(
                     f"no kept composite under gs://{bucket}/{self.reuse_prefix} was reused: they are reused only "
                     "when the same objects arrive in the same order (shuffle after compose_shards_by_gcs)",
@@ -456,24 +456,24 @@ class Composer:
                 )
 
 
-async def delete_temporary(job: RequestContext, bucket: str, name: str, generation: int | None) -> bool:
+async def delete_temporary(context: RequestContext, bucket: str, name: str, generation: int | None) -> bool:
     """Delete the version ``generation`` of ``name`` for good (the live one if ``None``, which object
     versioning keeps as noncurrent), retried; ``True`` once it is gone, ``False`` if deleting failed (logged)."""
     try:
-        await delete_object(job, bucket, name, generation=generation)
+        await delete_object(context, bucket, name, generation=generation)
     except Exception as exc:  # noqa: BLE001 - the caller retries later or leaves it to `clean`
         logger.debug("deleting %s failed: %r", format_url(bucket, name), exc)
         return False
     return True
 
 
-async def _missing(url: str, error: NotFoundError, job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
+async def _missing(url: str, error: NotFoundError, context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
     return [(url, error)], 0
 
 
-async def _load_each(members: list[Member], job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
+async def _load_each(members: list[Member], context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
     """The members read one request each (pinned to their listed generations), concurrently."""
-    results = await asyncio.gather(*(load_one(url, info, job, seq) for url, _, info in members))
+    results = await asyncio.gather(*(load_one(url, info, context, seq) for url, _, info in members))
     return [outcome for outcomes, _ in results for outcome in outcomes], sum(held for _, held in results)
 
 
@@ -523,12 +523,18 @@ def compose_in_order(
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, small runs of ``storage_classes``
     loaded as composites."""
-    job = new_context(config, transfer, retry, stats)
+    context = new_context(config, transfer, retry, stats)
     composer = Composer(
-        job, max_sources=max_sources, max_bytes=max_bytes, reuse_prefix=reuse_prefix, storage_classes=storage_classes
+        context,
+        max_sources=max_sources,
+        max_bytes=max_bytes,
+        reuse_prefix=reuse_prefix,
+        storage_classes=storage_classes,
     )
     try:
-        yield from deliver_in_order(composer.units(items), job, 2 * transfer.max_in_flight, skip_missing=skip_missing)
+        yield from deliver_in_order(
+            composer.units(items), context, 2 * transfer.max_in_flight, skip_missing=skip_missing
+        )
     finally:
         composer.close()
 

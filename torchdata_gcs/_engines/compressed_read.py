@@ -32,9 +32,11 @@ TAIL = 64 * 1024
 """Bytes read from an object's end to find its block table (more only if the table is longer)."""
 
 
-async def _tail(job: RequestContext, url: str, info: ObjectInfo, length: int) -> bytes:
+async def _tail(context: RequestContext, url: str, info: ObjectInfo, length: int) -> bytes:
     buffer = bytearray(min(length, info.size))
-    await read_ranges_into(job, url, info.generation, info.size - len(buffer), memoryview(buffer), max(1, len(buffer)))
+    await read_ranges_into(
+        context, url, info.generation, info.size - len(buffer), memoryview(buffer), max(1, len(buffer))
+    )
     return bytes(buffer)
 
 
@@ -46,11 +48,11 @@ def block_table_of(
     written before block tables, or by another zstd writer)."""
     if info.size == 0:
         return None
-    job = new_context(config, transfer, retry, stats)
+    context = new_context(config, transfer, retry, stats)
     rereads = Attempts(retry, url, on_retry=stats.count_retry)
     length = TAIL
     while True:
-        tail = run(_tail(job, url, info, length))
+        tail = run(_tail(context, url, info, length))
         try:
             found = read_block_table(tail, info.size, url)
         except IntegrityError as exc:  # damaged on the way (the table has its own checksum): read again
@@ -109,12 +111,12 @@ def read_decompressed_into(
     raw_size = sum(block.raw for block in blocks)
     target_bytes = max(1, transfer.part_size * info.size // max(1, raw_size))  # as many ranges as raw
     groups = _ranges(blocks, target_bytes)
-    job = new_context(config, transfer, retry, stats)
+    context = new_context(config, transfer, retry, stats)
 
     async def one(group: list[Block], pool: ThreadPoolExecutor) -> tuple[int, int]:
         start = 0 if group is groups[0] else group[0].start  # the first range also covers the format's magic
         buffer = bytearray(group[-1].frame + group[-1].compressed - start)
-        crc = await read_ranges_into(job, url, info.generation, start, memoryview(buffer), len(buffer))
+        crc = await read_ranges_into(context, url, info.generation, start, memoryview(buffer), len(buffer))
         await asyncio.get_running_loop().run_in_executor(pool, _restore, buffer, start, group, target, url)
         return crc, len(buffer)
 

@@ -120,7 +120,7 @@ def _size_in_content_range(url: str, response: Any, part_size: int) -> int:
 
 
 async def _stream_range(
-    job: RequestContext,
+    context: RequestContext,
     url: str,
     path: str,
     params: dict[str, Any],
@@ -135,19 +135,19 @@ async def _stream_range(
 
     async def attempt() -> None:
         nonlocal position
-        async with job.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
+        async with context.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
             _check_range_answer(url, response, position, end)
             async for chunk in response.content.iter_any():
                 if position + len(chunk) > end:
                     raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
                 take(position, chunk)
                 position += len(chunk)
-                job.stats.bytes += len(chunk)
+                context.stats.bytes += len(chunk)
         if position < end:
             raise IntegrityError(f"{url}: the range answer stopped at byte {position} of {end}", url=url)
 
     try:
-        await with_retry(job, url, attempt)
+        await with_retry(context, url, attempt)
     except NotFoundError as exc:
         if is_missing_bucket(exc):
             raise
@@ -155,23 +155,23 @@ async def _stream_range(
 
 
 async def _read_range(
-    job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int
+    context: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int
 ) -> list[bytes]:
     """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
     would hold them twice)."""
     chunks: list[bytes] = []
-    await _stream_range(job, url, path, params, start, length, lambda _, chunk: chunks.append(chunk))
+    await _stream_range(context, url, path, params, start, length, lambda _, chunk: chunks.append(chunk))
     return chunks
 
 
 async def _read_parts(
-    job: RequestContext, url: str, path: str, params: dict[str, Any], start: int, size: int
+    context: RequestContext, url: str, path: str, params: dict[str, Any], start: int, size: int
 ) -> list[bytes]:
     """The object's bytes from ``start`` to ``size`` (in pieces), read as concurrent ranges of ``part_size``."""
     parts = await asyncio.gather(
         *(
-            _read_range(job, url, path, params, offset, min(job.part_size, size - offset))
-            for offset in range(start, size, job.part_size)
+            _read_range(context, url, path, params, offset, min(context.part_size, size - offset))
+            for offset in range(start, size, context.part_size)
         )
     )
     return [chunk for part in parts for chunk in part]
@@ -209,13 +209,13 @@ async def _read_into(response: Any, target: memoryview, *, to_the_end: bool) -> 
 
 
 async def _learn_version(
-    job: RequestContext, url: str, params: dict[str, Any], checksums: dict[str, str | None]
+    context: RequestContext, url: str, params: dict[str, Any], checksums: dict[str, str | None]
 ) -> None:
     """Pin ``params`` to the object's generation and learn its crc32c from its metadata, for an object
     whose first answer did not report them (read in several ranges, or with no checksum known)."""
     bucket, name = parse_url(url, allow_prefix=False)
     resource = await object_resource(
-        job,
+        context,
         bucket,
         name,
         "generation,crc32c",
@@ -235,18 +235,24 @@ class VersionRanges:
     unpickled in another process reads the rest from there.
     """
 
-    def __init__(self, job: RequestContext, url: str, params: dict[str, Any]) -> None:
+    def __init__(self, context: RequestContext, url: str, params: dict[str, Any]) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
-        self._job, self._url, self._params = job, url, params
-        self._path = job.session.media_path(bucket, name)
+        self._context, self._url, self._params = context, url, params
+        self._path = context.session.media_path(bucket, name)
 
     def fetch(self, start: int, length: int) -> Future[list[bytes]]:
-        reading = _read_range(self._job, self._url, self._path, self._params, start, length)
+        reading = _read_range(self._context, self._url, self._path, self._params, start, length)
         return asyncio.run_coroutine_threadsafe(reading, io_loop())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        job = self._job
-        return _ranges_in_this_process, (job.session.config, job.retry, job.part_size, self._url, dict(self._params))
+        context = self._context
+        return _ranges_in_this_process, (
+            context.session.config,
+            context.retry,
+            context.part_size,
+            self._url,
+            dict(self._params),
+        )
 
 
 def _ranges_in_this_process(
@@ -283,7 +289,7 @@ def as_stream(url: str, data: Loaded) -> StreamWrapper:
 
 
 def fetch_object(
-    job: RequestContext, url: str, info: ObjectInfo | None, seq: int, *, in_one_buffer: bool = False
+    context: RequestContext, url: str, info: ObjectInfo | None, seq: int, *, in_one_buffer: bool = False
 ) -> Awaitable[tuple[Loaded, int]]:
     """Download one object's stored bytes, verified, pinned to one generation (the listed one, if known).
 
@@ -293,7 +299,7 @@ def fetch_object(
     or, held until verified, in one ``bytes``. Returns the bytes (or stream) and the budget reserved for
     bytes, which the consumer releases.
     """
-    return _ObjectRead(job, url, info, seq, in_one_buffer).run()
+    return _ObjectRead(context, url, info, seq, in_one_buffer).run()
 
 
 class _ObjectRead:
@@ -303,11 +309,11 @@ class _ObjectRead:
     __slots__ = (
         "buffer",
         "checksums",
+        "context",
         "filled",
         "filled_crc",
         "in_one_buffer",
         "info",
-        "job",
         "params",
         "path",
         "reserved",
@@ -315,11 +321,13 @@ class _ObjectRead:
         "url",
     )
 
-    def __init__(self, job: RequestContext, url: str, info: ObjectInfo | None, seq: int, in_one_buffer: bool) -> None:
+    def __init__(
+        self, context: RequestContext, url: str, info: ObjectInfo | None, seq: int, in_one_buffer: bool
+    ) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
-        self.job, self.url, self.info, self.seq = job, url, info, seq
+        self.context, self.url, self.info, self.seq = context, url, info, seq
         self.in_one_buffer = in_one_buffer
-        self.path = job.session.media_path(bucket, name)
+        self.path = context.session.media_path(bucket, name)
         self.params: dict[str, Any] = (
             {"alt": "media"} if info is None else {"alt": "media", "generation": info.generation}
         )
@@ -329,15 +337,15 @@ class _ObjectRead:
         self.filled = self.filled_crc = 0  # bytes the first answer put there, and their crc32c
 
     async def run(self) -> tuple[Loaded, int]:
-        job, url, info, params = self.job, self.url, self.info, self.params
+        context, url, info, params = self.context, self.url, self.info, self.params
         try:
-            if info is not None and info.size > job.part_size:
+            if info is not None and info.size > context.part_size:
                 size, parts = info.size, []
                 self.reserved = self.share(size)
-                await job.budget.acquire(self.reserved, self.seq)
+                await context.budget.acquire(self.reserved, self.seq)
             else:
                 try:
-                    first, size = await with_retry(job, url, self.first_answer)
+                    first, size = await with_retry(context, url, self.first_answer)
                 except NotFoundError as exc:
                     if info is None or is_missing_bucket(exc):
                         raise
@@ -346,14 +354,14 @@ class _ObjectRead:
                     return (first[0] if len(first) == 1 else first), self.reserved
                 parts = first
                 if "generation" not in params or self.checksums["GCS"] is None:  # the answer did not say: ask
-                    await _learn_version(job, url, params, self.checksums)
+                    await _learn_version(context, url, params, self.checksums)
             if self.streamed(size):
                 return self.stream(size, parts), self.reserved
             if self.assembled(size):
                 return await self.assemble(size), self.reserved
-            rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
+            rereads = Attempts(context.retry, url, on_retry=context.stats.count_retry)
             while True:
-                parts += await _read_parts(job, url, self.path, params, sum(map(len, parts)), size)
+                parts += await _read_parts(context, url, self.path, params, sum(map(len, parts)), size)
                 try:
                     verify_bytes(url, parts, size, self.checksums)
                     return parts, self.reserved
@@ -362,7 +370,7 @@ class _ObjectRead:
                     parts = []
         except BaseException:
             if self.reserved:
-                job.budget.release(self.reserved)
+                context.budget.release(self.reserved)
             raise
 
     async def assemble(self, size: int) -> bytes:
@@ -370,14 +378,14 @@ class _ObjectRead:
         place, read as concurrent ranges straight into place, checked against the crc32c combined from
         the ranges' own, without another pass. Damaged bytes are read again, all of them (GCS keeps no
         checksum per range to tell which range was hit), as retries allow."""
-        job, url = self.job, self.url
+        context, url = self.context, self.url
         buffer = self.buffer or FilledBytes(size)
         self.buffer = None
         start, first_crc = self.filled, self.filled_crc
-        rereads = Attempts(job.retry, url, on_retry=job.stats.count_retry)
+        rereads = Attempts(context.retry, url, on_retry=context.stats.count_retry)
         while True:
             rest = await read_ranges_into(
-                job, url, int(self.params["generation"]), start, buffer.view[start:], job.part_size
+                context, url, int(self.params["generation"]), start, buffer.view[start:], context.part_size
             )
             try:
                 crc = crc32c_of_concatenation([(first_crc, start), (rest, size - start)])
@@ -390,33 +398,35 @@ class _ObjectRead:
     def streamed(self, size: int) -> bool:
         """Whether an object of ``size`` bytes is handed out as a stream that reads ahead, not held whole
         (one larger than the budget, unless bytes are to be held until verified)."""
-        return size > self.job.budget.limit and not self.job.hold_until_verified
+        return size > self.context.budget.limit and not self.context.hold_until_verified
 
     def assembled(self, size: int) -> bool:
         """Whether an object of ``size`` bytes read in ranges is assembled in one buffer as they arrive:
         when asked to (``in_one_buffer``), and when held until verified although larger than the budget. Other
         objects within the budget stay in the chunks they came in: in a loader's mix of sizes, buffers
         of their own would add to the memory the chunks' heap keeps (measured in benchmarks/README.md)."""
-        return not self.streamed(size) and (self.in_one_buffer or size > self.job.budget.limit)
+        return not self.streamed(size) and (self.in_one_buffer or size > self.context.budget.limit)
 
     def share(self, size: int) -> int:
         """Budget to hold for an object: all of it, or a stream's read-ahead."""
-        return min(self.job.budget.limit, STREAM_AHEAD_PARTS * self.job.part_size) if self.streamed(size) else size
+        return (
+            min(self.context.budget.limit, STREAM_AHEAD_PARTS * self.context.part_size) if self.streamed(size) else size
+        )
 
     def stream(self, size: int, first: list[bytes]) -> PartStream:
-        job, loop, allowance = self.job, asyncio.get_running_loop(), self.reserved
+        context, loop, allowance = self.context, asyncio.get_running_loop(), self.reserved
 
         def give_back() -> None:
-            loop.call_soon_threadsafe(job.budget.release, allowance)
+            loop.call_soon_threadsafe(context.budget.release, allowance)
 
-        source = VersionRanges(job, self.url, self.params)
-        return PartStream(self.url, size, job.part_size, allowance, source, self.checksums, give_back, first)
+        source = VersionRanges(context, self.url, self.params)
+        return PartStream(self.url, size, context.part_size, allowance, source, self.checksums, give_back, first)
 
     async def check_whole(self, chunks: list[bytes]) -> None:
         """Check a whole object's bytes; with no checksum from GCS or the listing, ask its metadata
         first (GCS sends one with every read, so this costs a request only where an answer lacks it)."""
         if self.checksums["GCS"] is None and self.checksums["the listing"] is None:
-            await _learn_version(self.job, self.url, self.params, self.checksums)
+            await _learn_version(self.context, self.url, self.params, self.checksums)
         verify_bytes(self.url, chunks, self.info.size if self.info is not None else None, self.checksums)
 
     async def first_answer(self) -> tuple[list[bytes], int]:
@@ -427,10 +437,10 @@ class _ObjectRead:
         kept for the next request; a 416 says that there is no byte 0 (GCS's answer for an empty object);
         a 200 (something on the way ignored ``Range``) carries the whole object.
         """
-        job = self.job
-        first_part = {"Range": f"bytes=0-{job.part_size - 1}"} if self.info is None else None
+        context = self.context
+        first_part = {"Range": f"bytes=0-{context.part_size - 1}"} if self.info is None else None
         try:
-            async with job.session.read_media(self.url, self.path, self.params, first_part) as response:
+            async with context.session.read_media(self.url, self.path, self.params, first_part) as response:
                 return await self.take_first_answer(response, ranged=first_part is not None)
         except GCSError as exc:
             if first_part is None or exc.status != 416:
@@ -439,7 +449,7 @@ class _ObjectRead:
 
     async def take_first_answer(self, response: Any, *, ranged: bool) -> tuple[list[bytes], int]:
         """Read :meth:`first_answer`'s response (to a request for the first part if ``ranged``)."""
-        job = self.job
+        context = self.context
         # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing. The
         # hash of a ranged answer is the whole object's ("Hashes and ETags: best practices").
         headers = response.headers
@@ -447,21 +457,21 @@ class _ObjectRead:
         if "x-goog-generation" in headers:
             self.params.setdefault("generation", headers["x-goog-generation"])
         if response.status == 206:
-            total = _size_in_content_range(self.url, response, job.part_size)
+            total = _size_in_content_range(self.url, response, context.part_size)
         elif "Content-Length" in headers:
             total = int(headers["Content-Length"])
         else:  # size unknown until the end: read the answer whole
             chunks = await _read_at_most(response, sys.maxsize)
             received = sum(map(len, chunks))
-            job.stats.bytes += received
+            context.stats.bytes += received
             if not self.reserved:
                 self.reserved = received
-                await job.reserve_while_sending(received, self.seq)
+                await context.reserve_while_sending(received, self.seq)
             await self.check_whole(chunks)
             return chunks, received
         if not self.reserved:
             self.reserved = self.share(total)
-            await job.reserve_while_sending(self.reserved, self.seq)
+            await context.reserve_while_sending(self.reserved, self.seq)
         # The whole object, or if larger than a part its first part (the rest is then read as ranges of
         # the same generation). A 206 is read to its end (one byte more is asked to see the end), which
         # keeps its connection. A 200 to a Range came from something that ignores Range (ranges would
@@ -469,7 +479,7 @@ class _ObjectRead:
         # 200 is dropped after its first part. Chunks are kept as they came, or for an object held whole
         # and read in ranges put straight into its one buffer: joining them would hold the object twice.
         whole = response.status == 200 and ranged and not self.streamed(total)
-        expected = total if whole else min(total, job.part_size)
+        expected = total if whole else min(total, context.part_size)
         if expected < total and self.assembled(total):
             self.buffer, chunks = FilledBytes(total), []
             target = self.buffer.view[:expected]
@@ -478,7 +488,7 @@ class _ObjectRead:
         else:
             chunks = await _read_at_most(response, expected + 1 if response.status == 206 else expected)
             received = sum(map(len, chunks))
-        job.stats.bytes += received
+        context.stats.bytes += received
         if received != expected:
             raise IntegrityError(
                 f"{self.url}: the first answer held {received} bytes, expected {expected}", url=self.url
@@ -493,14 +503,14 @@ Outcome = tuple[str, "Loaded | NotFoundError"]
 """One object's result: its bytes, or the ``NotFoundError`` that the consumer raises or skips."""
 
 Unit = Callable[["RequestContext", int], Awaitable[tuple[list[Outcome], int]]]
-"""Loads a run of consecutive objects given the job and its sequence number; returns their outcomes
+"""Loads a run of consecutive objects given the request context and its sequence number; returns their outcomes
 in order and the budget to give back once they are delivered."""
 
 
-async def load_one(url: str, info: ObjectInfo | None, job: RequestContext, seq: int) -> tuple[list[Outcome], int]:
+async def load_one(url: str, info: ObjectInfo | None, context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
     """One object as a :data:`Unit`: a stream keeps its budget share until it is closed."""
     try:
-        data, reserved = await fetch_object(job, url, info, seq)
+        data, reserved = await fetch_object(context, url, info, seq)
     except NotFoundError as exc:
         if is_missing_bucket(exc):  # never a missing object to skip
             raise
@@ -509,7 +519,7 @@ async def load_one(url: str, info: ObjectInfo | None, job: RequestContext, seq: 
 
 
 def deliver_in_order(
-    units: Iterable[Unit], job: RequestContext, window_size: int, *, skip_missing: bool
+    units: Iterable[Unit], context: RequestContext, window_size: int, *, skip_missing: bool
 ) -> Iterator[tuple[str, Loaded]]:
     """Run ``units`` on the I/O loop, ``window_size`` ahead of the consumer, and yield their
     ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns.
@@ -522,7 +532,7 @@ def deliver_in_order(
     waits for it, so nothing ever waits on what the consumer holds.
     """
     handoff = Handoff()
-    stats = job.stats
+    stats = context.stats
     window: deque[Future[tuple[list[Outcome], int]]] = deque()
     delivered = 0
 
@@ -542,8 +552,8 @@ def deliver_in_order(
             outcomes, held = future.result()
         finally:
             stats.wait_seconds += time.perf_counter() - waited
-        if job.budget.give_back(held, delivered):  # a read waits for room: wake it now
-            handoff.call(job.budget.wake)
+        if context.budget.give_back(held, delivered):  # a read waits for room: wake it now
+            handoff.call(context.budget.wake)
             handoff.flush()
         keep_the_loop_busy()
         for url, data in outcomes:
@@ -558,7 +568,7 @@ def deliver_in_order(
 
     try:
         for seq, unit in enumerate(units):
-            window.append(handoff.submit(unit(job, seq)))  # type: ignore[arg-type]
+            window.append(handoff.submit(unit(context, seq)))  # type: ignore[arg-type]
             keep_the_loop_busy()
             if len(window) > window_size:
                 yield from deliver()
@@ -568,7 +578,7 @@ def deliver_in_order(
     finally:
         for future in window:
             future.cancel()
-        handoff.call(job.budget.close)
+        handoff.call(context.budget.close)
         handoff.flush()
         logger.debug("loaded %d objects: %s", stats.objects, stats)
 
@@ -584,12 +594,12 @@ def load_in_order(
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
     units = (functools.partial(load_one, url, info) for url, info in items)
-    job = new_context(config, transfer, retry, stats)
-    return deliver_in_order(units, job, 2 * transfer.max_in_flight, skip_missing=skip_missing)
+    context = new_context(config, transfer, retry, stats)
+    return deliver_in_order(units, context, 2 * transfer.max_in_flight, skip_missing=skip_missing)
 
 
 async def _read_range_into(
-    job: RequestContext, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
+    context: RequestContext, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
 ) -> int:
     """Fill ``buffer`` with the object's bytes from ``start``; returns their crc32c, computed from
     the chunks as they arrive."""
@@ -600,23 +610,23 @@ async def _read_range_into(
         buffer[position - start : position - start + len(chunk)] = chunk
         crc = google_crc32c.extend(crc, chunk)
 
-    await _stream_range(job, url, path, params, start, len(buffer), take)
+    await _stream_range(context, url, path, params, start, len(buffer), take)
     return crc
 
 
 async def read_ranges_into(
-    job: RequestContext, url: str, generation: int, start: int, buffer: memoryview, part_size: int
+    context: RequestContext, url: str, generation: int, start: int, buffer: memoryview, part_size: int
 ) -> int:
     """Fill ``buffer`` with the object's bytes from ``start`` as concurrent ranged GETs of ``part_size``, all
     pinned to ``generation``, each checked for its length and resumed if cut; their combined crc32c."""
     bucket, name = parse_url(url, allow_prefix=False)
-    path = job.session.media_path(bucket, name)
+    path = context.session.media_path(bucket, name)
     params: dict[str, Any] = {"alt": "media", "generation": generation}
     offsets = range(0, len(buffer), part_size)
     crcs = await asyncio.gather(
-        *(_read_range_into(job, url, path, params, buffer[o : o + part_size], start + o) for o in offsets)
+        *(_read_range_into(context, url, path, params, buffer[o : o + part_size], start + o) for o in offsets)
     )
-    return crc32c_of_concatenation(zip(crcs, (min(part_size, len(buffer) - o) for o in offsets)))
+    return crc32c_of_concatenation(zip(crcs, (min(part_size, len(buffer) - o) for o in offsets), strict=True))
 
 
 def read_into_buffer(
@@ -642,10 +652,10 @@ def read_into(
 
     Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
     range was hit), as retries allow."""
-    job = new_context(config, transfer, retry, stats)
+    context = new_context(config, transfer, retry, stats)
     rereads = Attempts(retry, url, on_retry=stats.count_retry)
     while True:
-        reading = read_ranges_into(job, url, info.generation, 0, target, transfer.part_size)
+        reading = read_ranges_into(context, url, info.generation, 0, target, transfer.part_size)
         crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
         try:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})

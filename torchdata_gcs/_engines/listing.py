@@ -66,14 +66,16 @@ def list_objects(
         ]
 
 
-async def describe(job: RequestContext, urls: Sequence[str]) -> list[ObjectInfo | NotFoundError]:
+async def describe(context: RequestContext, urls: Sequence[str]) -> list[ObjectInfo | NotFoundError]:
     """Each object's size, generation, crc32c and storage class (one metadata request each, as many at
-    once as ``job``'s slots allow), or the error saying it does not exist; a missing bucket raises."""
+    once as ``context``'s slots allow), or the error saying it does not exist; a missing bucket raises."""
 
     async def one(url: str) -> ObjectInfo | NotFoundError:
         bucket, name = parse_url(url, allow_prefix=False)
         try:
-            resource = await object_resource(job, bucket, name, ITEM_FIELDS, required=REQUIRED_FIELDS, missing_ok=False)
+            resource = await object_resource(
+                context, bucket, name, ITEM_FIELDS, required=REQUIRED_FIELDS, missing_ok=False
+            )
         except NotFoundError as exc:
             if is_missing_bucket(exc):  # never a missing object to skip
                 raise

@@ -91,7 +91,7 @@ class KeySpace:
         if value != 0:
             return None
         chars = []
-        for alphabet, digit in zip(self.alphabets, reversed(digits)):
+        for alphabet, digit in zip(self.alphabets, reversed(digits), strict=True):
             if digit == 0:  # the name ends here; what follows is a gap before the next name
                 break
             chars.append(alphabet[digit - 1])

@@ -58,7 +58,7 @@ class ReadAhead:
     describe: Callable[[str], ObjectInfo]  # a file's size, generation and crc32c (one metadata request)
     spans: list[Span]
     budget: int
-    job: RequestContext
+    context: RequestContext
     checksums: dict[str, list[tuple[int, int, int]]]  # per file: (offset, length, crc32c) of each item saved with one
     infos: dict[str, ObjectInfo] = field(default_factory=dict, init=False)
     fetched: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict, init=False)  # {start: (size, crc)}
@@ -78,7 +78,7 @@ class ReadAhead:
         """How much one GET reads: at most ``part_size``, and small enough that the budget's worth of
         spans goes out as :data:`RANGES_PER_BUDGET` concurrent GETs (a connection's throughput, not the
         memory allowed, then bounds how fast a load goes)."""
-        return max(MIN_RANGE, min(self.job.part_size, self.budget // RANGES_PER_BUDGET))
+        return max(MIN_RANGE, min(self.context.part_size, self.budget // RANGES_PER_BUDGET))
 
     def info(self, url: str) -> ObjectInfo:
         """The file's size, generation and crc32c, looked up once per load: every read is pinned to it."""
@@ -144,7 +144,7 @@ class ReadAhead:
             )
         span.buffer = bytearray(span.size)
         coroutine = read_ranges_into(
-            self.job, span.url, info.generation, span.start, memoryview(span.buffer), self.range_size
+            self.context, span.url, info.generation, span.start, memoryview(span.buffer), self.range_size
         )
         span.future = asyncio.run_coroutine_threadsafe(coroutine, io_loop())
 
@@ -164,7 +164,7 @@ class ReadAhead:
     def _wait(self, span: Span) -> bytearray:
         """The span's bytes, every item in it checked against the crc32c saved with it (read again while damaged,
         as retries allow): no byte reaches DCP, and so the caller's tensors, unchecked."""
-        attempts = Attempts(self.job.retry, span.url, on_retry=self.job.stats.count_retry)
+        attempts = Attempts(self.context.retry, span.url, on_retry=self.context.stats.count_retry)
         while True:
             assert span.future is not None and span.buffer is not None
             crc = span.future.result()

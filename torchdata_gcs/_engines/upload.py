@@ -183,7 +183,7 @@ class StreamingWriter(PublishingWriter):
         client = client or ClientConfig()
         self._retry = retry or RetryConfig()
         self._client = Client(client, self._retry)
-        self._job: RequestContext = new_context(
+        self._context: RequestContext = new_context(
             client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats()
         )
         self._base, self._parts_per_size, self._max_in_flight = part_size, parts_per_size, max_parts_in_flight
@@ -349,7 +349,9 @@ class StreamingWriter(PublishingWriter):
         generation, reported = self._assemble()
         if generation is None or reported is None:
             generation, reported = self._published_version(generation)
-        self._run(check_published(self._job, self._bucket, self._name, generation, reported, crc32c_base64(self._crc)))
+        self._run(
+            check_published(self._context, self._bucket, self._name, generation, reported, crc32c_base64(self._crc))
+        )
         return generation
 
     def _replaced(self) -> int:
@@ -362,7 +364,7 @@ class StreamingWriter(PublishingWriter):
         GCS (of ``generation`` if known, else the live version), or ``None``; and whether it is this
         upload's: a live version counts only if it holds exactly the bytes written."""
         resource = await object_resource(
-            self._job, self._bucket, self._name, "size,generation,crc32c", generation=generation
+            self._context, self._bucket, self._name, "size,generation,crc32c", generation=generation
         )
         ours = resource is not None and (
             generation is not None
@@ -445,7 +447,7 @@ class MultipartWriter(StreamingWriter):
     def _start(self) -> None:
         reaper.start_soon()  # while the upload starts
         _, body = self._run(
-            _send(self._job, self.url, self._xml_path, "POST", {"uploads": None}, headers=dict(self._headers))
+            _send(self._context, self.url, self._xml_path, "POST", {"uploads": None}, headers=dict(self._headers))
         )
         try:
             self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
@@ -475,10 +477,10 @@ class MultipartWriter(StreamingWriter):
     async def _unmark(self) -> None:
         marker, self._marker = self._marker, None
         if marker is not None:
-            await delete_temporary(self._job, self._bucket, *marker)
+            await delete_temporary(self._context, self._bucket, *marker)
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
-        return _put_part(self._job, self.url, self._xml_path, number, self._upload_id, data, crc32c)
+        return _put_part(self._context, self.url, self._xml_path, number, self._upload_id, data, crc32c)
 
     def _assemble(self) -> tuple[int | None, str | None]:
         parts = "".join(
@@ -506,8 +508,8 @@ class MultipartWriter(StreamingWriter):
         timeout = self._client.config.completion_timeout
         # The retries are decided here: with_retry sends it once, as a write without a precondition.
         patient = replace(self._retry, deadline=timeout)
-        once = replace(self._job, retry=replace(patient, max_attempts=1, retry_unconditional_writes=False))
-        attempts = Attempts(patient, self.url, on_retry=self._job.stats.count_retry)
+        once = replace(self._context, retry=replace(patient, max_attempts=1, retry_unconditional_writes=False))
+        attempts = Attempts(patient, self.url, on_retry=self._context.stats.count_retry)
         deadline = attempts.deadline.ends
         lost = completed = False
         while True:
@@ -553,7 +555,7 @@ class MultipartWriter(StreamingWriter):
 
     async def _abort_upload(self) -> None:
         """Abort the upload (a no-op for one already completed or aborted)."""
-        await abort_upload(self._job, self._bucket, self._upload)
+        await abort_upload(self._context, self._bucket, self._upload)
 
     async def _abort_quietly(self) -> None:
         """Abort the upload if it is still open, once its object is published: a refusal (no
@@ -612,7 +614,7 @@ class CompositeWriter(StreamingWriter):
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
         self._temporaries.add(name)
-        return _create_part(self._job, self._bucket, name, number, data, crc32c, self.attributes.kms_key_name)
+        return _create_part(self._context, self._bucket, name, number, data, crc32c, self.attributes.kms_key_name)
 
     def _assemble(self) -> tuple[int | None, str | None]:
         sources: list[tuple[str, int | None]] = [self._parts[number] for number in sorted(self._parts)]
@@ -647,9 +649,12 @@ class CompositeWriter(StreamingWriter):
             names = [f"{self._prefix}level-{level}-{n:05d}" for n in range(len(groups))]
             self._temporaries.update(names)
             composed = await asyncio.gather(
-                *(self._compose(n, g, if_generation_match=0, unique_name=True) for n, g in zip(names, groups))
+                *(
+                    self._compose(n, g, if_generation_match=0, unique_name=True)
+                    for n, g in zip(names, groups, strict=True)
+                )
             )
-            sources = [(name, info.generation) for name, info in zip(names, composed)]
+            sources = [(name, info.generation) for name, info in zip(names, composed, strict=True)]
             self._intermediates.update(sources)
         return await self._compose(self._name, sources, if_generation_match=replaced, final=True)
 
@@ -669,7 +674,7 @@ class CompositeWriter(StreamingWriter):
         compose, the object's, gives it the writer's attributes."""
         compose = functools.partial(
             compose_object,
-            self._job,
+            self._context,
             self._bucket,
             name,
             sources,
@@ -700,7 +705,7 @@ class CompositeWriter(StreamingWriter):
         trail = PageTrail(url)
         try:
             while True:
-                page = await list_page(self._job, self._bucket, params, url=url)
+                page = await list_page(self._context, self._bucket, params, url=url)
                 found.update((item["name"], int(item["generation"])) for item in page.get("items", []))
                 token = trail.follow_json(page)
                 if token is None:
@@ -721,9 +726,9 @@ class CompositeWriter(StreamingWriter):
             generations.update(left)
         names = sorted(self._temporaries)
         deleted = await asyncio.gather(
-            *(delete_temporary(self._job, self._bucket, n, generations.get(n)) for n in names)
+            *(delete_temporary(self._context, self._bucket, n, generations.get(n)) for n in names)
         )
-        self._temporaries.difference_update(n for n, gone in zip(names, deleted) if gone)
+        self._temporaries.difference_update(n for n, gone in zip(names, deleted, strict=True) if gone)
         remaining = [format_url(self._bucket, n) for n in sorted(self._temporaries)]
         if not remaining:
             reaper.release(self._watched)  # what is left stays in the reaper's hands, tried again at exit
@@ -746,7 +751,7 @@ class CompositeWriter(StreamingWriter):
 
 
 async def _send(
-    job: RequestContext,
+    context: RequestContext,
     url: str,
     path: str,
     method: str,
@@ -761,16 +766,16 @@ async def _send(
     and body. ``answer_timeout``: see ``Session.send``."""
 
     async def attempt() -> tuple[Mapping[str, str], bytes]:
-        async with job.session.send(
+        async with context.session.send(
             method, url, path, params, headers, data=data, xml_api=True, answer_timeout=answer_timeout
         ) as response:
             return response.headers.copy(), await response.read()
 
-    return await with_retry(job, url, attempt, repeatable=repeatable)
+    return await with_retry(context, url, attempt, repeatable=repeatable)
 
 
 async def _put_part(
-    job: RequestContext, url: str, path: str, number: int, upload_id: str | None, data: memoryview, crc32c: int
+    context: RequestContext, url: str, path: str, number: int, upload_id: str | None, data: memoryview, crc32c: int
 ) -> tuple[int, str]:
     """Upload part ``number`` with its crc32c, so GCS refuses it if damaged on the way (a refusal, or an
     answer reporting another crc32c, is retried); ``(number, ETag)``."""
@@ -778,7 +783,9 @@ async def _put_part(
     expected = crc32c_base64(crc32c)
 
     async def attempt() -> tuple[int, str]:
-        async with job.session.send("PUT", url, path, params, hash_header(crc32c), data=data, xml_api=True) as response:
+        async with context.session.send(
+            "PUT", url, path, params, hash_header(crc32c), data=data, xml_api=True
+        ) as response:
             await response.read()
             reported, etag = reported_crc32c(response.headers), response.headers.get("ETag")
         if reported is not None and reported != expected:
@@ -787,11 +794,11 @@ async def _put_part(
             raise UploadError(f"{url}: GCS answered part {number} without an ETag", url=url)
         return number, etag
 
-    return await with_retry(job, url, attempt)
+    return await with_retry(context, url, attempt)
 
 
 async def _create_part(
-    job: RequestContext,
+    context: RequestContext,
     bucket: str,
     name: str,
     number: int,
@@ -803,7 +810,7 @@ async def _create_part(
     crc32c; a retry finds the part of an earlier attempt whose answer was lost), encrypted by ``kms_key_name``
     if given; ``(number, (name, generation))``."""
     generation = await create_object(
-        job,
+        context,
         bucket,
         name,
         data,

@@ -58,18 +58,18 @@ class WorkerStats:
         """Share this worker's totals (the process that made the dataset is read live instead)."""
         if self._row:
             start = self._row * len(FIELDS)
-            for offset, (name, base) in enumerate(zip(FIELDS, self._base)):
+            for offset, (name, base) in enumerate(zip(FIELDS, self._base, strict=True)):
                 self._table[start + offset] = base + getattr(self._local, name)
 
     def total(self) -> LoadStats:
         """Every process's statistics summed: this process's live, the workers' as last published."""
         local = self.local()
-        sums = [base + getattr(local, name) for name, base in zip(FIELDS, self._base)]
+        sums = [base + getattr(local, name) for name, base in zip(FIELDS, self._base, strict=True)]
         for row in range(1, 1 + MAX_WORKERS):
             if row != self._row:
                 for index, value in enumerate(self._read(row)):
                     sums[index] += value
-        return LoadStats(**{name: type(getattr(local, name))(value) for name, value in zip(FIELDS, sums)})
+        return LoadStats(**{name: type(getattr(local, name))(value) for name, value in zip(FIELDS, sums, strict=True)})
 
     def _read(self, row: int) -> list[float]:
         start = row * len(FIELDS)

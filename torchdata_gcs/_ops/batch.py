@@ -124,7 +124,7 @@ def parse_batch_answer(content_type: str, body: bytes) -> list[BatchAnswer]:
 
 
 async def delete_objects(
-    job: RequestContext, bucket: str, versions: Sequence[tuple[str, int]], *, live: bool
+    context: RequestContext, bucket: str, versions: Sequence[tuple[str, int]], *, live: bool
 ) -> list[bool | GCSError]:
     """Delete each ``(name, generation)`` of ``bucket`` in batch requests of at most 100 deletes, sent
     concurrently; for each, in order: ``True`` deleted, ``False`` already gone, or the error that
@@ -134,21 +134,21 @@ async def delete_objects(
     ``live=True`` deletes the live object only while it is ``generation`` (``ifGenerationMatch``), as
     fsspec ``rm`` does; ``live=False`` deletes that version for good, live or noncurrent, as ``clean``
     does. Either way GCS applies each delete at most once, so the calls answered 408, 429 or 5xx are
-    sent again, alone, in later batches (backoff and deadline of ``job.retry``), and a resent call
+    sent again, alone, in later batches (backoff and deadline of ``context.retry``), and a resent call
     answered 404 or 412 finds the object deleted by an earlier attempt whose answer was lost. An endpoint
     that has no batch endpoint, or does not carry batched calls out, gets the deletes one by one.
     """
     outcomes: list[bool | GCSError | None] = [None] * len(versions)
     sent = [0] * len(versions)
-    attempts = Attempts(job.retry, format_url(bucket), job.stats.count_retry)
+    attempts = Attempts(context.retry, format_url(bucket), context.stats.count_retry)
     pending = list(range(len(versions)))
     while pending:
         groups = [pending[start : start + MAX_BATCH_CALLS] for start in range(0, len(pending), MAX_BATCH_CALLS)]
         rounds = await asyncio.gather(
-            *(_send(job, bucket, versions, group, sent, live=live) for group in groups), return_exceptions=True
+            *(_send(context, bucket, versions, group, sent, live=live) for group in groups), return_exceptions=True
         )
         pending, alone, failure = [], [], None
-        for group, answers in zip(groups, rounds):
+        for group, answers in zip(groups, rounds, strict=True):
             if isinstance(answers, GCSError) and answers.status in _NO_BATCH_ENDPOINT:
                 alone += group
                 continue
@@ -158,24 +158,24 @@ async def delete_objects(
                 continue
             if isinstance(answers, BaseException):
                 raise answers
-            for index, outcome in zip(group, answers):
+            for index, outcome in zip(group, answers, strict=True):
                 if outcome is None:
                     alone.append(index)
                 elif isinstance(outcome, GCSError) and is_retryable(outcome):
                     pending.append(index)
                     failure = failure or outcome
                     if outcome.status == 429:  # as with_retry counts a throttled request
-                        job.stats.throttled += 1
-                        job.session.throttle.throttled()
+                        context.stats.throttled += 1
+                        context.session.throttle.throttled()
                 outcomes[index] = outcome
         if alone:
             logger.info(
-                "%s did not carry out %d batched deletes: sending them one by one", job.session.endpoint, len(alone)
+                "%s did not carry out %d batched deletes: sending them one by one", context.session.endpoint, len(alone)
             )
             singles = await asyncio.gather(
-                *(_delete_alone(job, bucket, *versions[index], live=live) for index in alone)
+                *(_delete_alone(context, bucket, *versions[index], live=live) for index in alone)
             )
-            for index, outcome in zip(alone, singles):
+            for index, outcome in zip(alone, singles, strict=True):
                 outcomes[index] = outcome
         if failure is not None:
             try:
@@ -186,7 +186,7 @@ async def delete_objects(
 
 
 async def _send(
-    job: RequestContext,
+    context: RequestContext,
     bucket: str,
     versions: Sequence[tuple[str, int]],
     group: list[int],
@@ -196,7 +196,7 @@ async def _send(
 ) -> list[bool | GCSError | None]:
     """One batch request for the deletes ``group`` (indexes into ``versions``), retried as a whole while
     it fails as a whole; the outcome of each call."""
-    session = job.session
+    session = context.session
     calls = []
     for index in group:
         name, generation = versions[index]
@@ -222,8 +222,11 @@ async def _send(
             )
         return _in_request_order(answers, token)
 
-    answers = await with_retry(job, batch_url, attempt)
-    return [_outcome(bucket, versions[index][0], answer, sent[index] > 1) for index, answer in zip(group, answers)]
+    answers = await with_retry(context, batch_url, attempt)
+    return [
+        _outcome(bucket, versions[index][0], answer, sent[index] > 1)
+        for index, answer in zip(group, answers, strict=True)
+    ]
 
 
 def _in_request_order(answers: list[BatchAnswer], token: str) -> list[BatchAnswer]:
@@ -236,11 +239,13 @@ def _in_request_order(answers: list[BatchAnswer], token: str) -> list[BatchAnswe
     return answers
 
 
-async def _delete_alone(job: RequestContext, bucket: str, name: str, generation: int, *, live: bool) -> bool | GCSError:
+async def _delete_alone(
+    context: RequestContext, bucket: str, name: str, generation: int, *, live: bool
+) -> bool | GCSError:
     """The delete of one version by a request of its own, as :func:`delete_objects` reports it."""
     pinned = {"if_generation_match": generation} if live else {"generation": generation}
     try:
-        return await delete_object(job, bucket, name, **pinned)
+        return await delete_object(context, bucket, name, **pinned)
     except GCSError as exc:
         return exc
 

@@ -61,26 +61,26 @@ bill a minimum storage duration (30 to 365 days) to an object deleted minutes af
 
 
 async def _get_json(
-    job: RequestContext, url: str, path: str, params: dict[str, Any], required: Sequence[str] = ()
+    context: RequestContext, url: str, path: str, params: dict[str, Any], required: Sequence[str] = ()
 ) -> Any:
     async def attempt() -> Any:
         # listing pages shrink several times compressed; json_answer decompresses
-        async with job.session.send("GET", url, path, params, headers={"Accept-Encoding": "gzip"}) as response:
-            return await job.session.json_answer(response, url, required)
+        async with context.session.send("GET", url, path, params, headers={"Accept-Encoding": "gzip"}) as response:
+            return await context.session.json_answer(response, url, required)
 
-    return await with_retry(job, url, attempt)
+    return await with_retry(context, url, attempt)
 
 
-async def list_page(job: RequestContext, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
+async def list_page(context: RequestContext, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
     """One page of the bucket's object listing for the query ``params`` (``url`` names it in errors); a
     404 can only mean that the bucket does not exist, whatever the answer's words."""
     try:
-        return await _get_json(job, url, job.session.bucket_path(bucket) + "/o", params)
+        return await _get_json(context, url, context.session.bucket_path(bucket) + "/o", params)
     except NotFoundError:
         raise missing_bucket(bucket, url) from None
 
 
-async def check_bucket(job: RequestContext, bucket: str) -> None:
+async def check_bucket(context: RequestContext, bucket: str) -> None:
     """Make sure the bucket exists, with object permissions only: a listing of at most one object
     (``storage.objects.list``, which Storage Object Viewer, User and Admin hold) answers 404 for a missing
     bucket, where getting the bucket needs ``storage.buckets.get``, which no object role holds.
@@ -89,33 +89,33 @@ async def check_bucket(job: RequestContext, bucket: str) -> None:
     nothing tells whether it does)."""
     url = format_url(bucket)
     try:
-        await list_page(job, bucket, {"maxResults": 1, "fields": "kind"}, url=url)
+        await list_page(context, bucket, {"maxResults": 1, "fields": "kind"}, url=url)
     except AccessDeniedError as exc:
         raise AccessDeniedError(
             f"cannot tell whether {url} exists: that needs storage.objects.list ({exc})", url=url, status=exc.status
         ) from None
 
 
-async def bucket_resource(job: RequestContext, bucket: str, fields: str) -> dict[str, Any]:
+async def bucket_resource(context: RequestContext, bucket: str, fields: str) -> dict[str, Any]:
     """The bucket's JSON resource trimmed to ``fields`` (needs ``storage.buckets.get``, which object roles lack:
     only for what may go without, such as ``doctor``'s report of settings)."""
-    return await _get_json(job, format_url(bucket), job.session.bucket_path(bucket), {"fields": fields})
+    return await _get_json(context, format_url(bucket), context.session.bucket_path(bucket), {"fields": fields})
 
 
-async def storage_layout(job: RequestContext, bucket: str) -> dict[str, Any]:
+async def storage_layout(context: RequestContext, bucket: str) -> dict[str, Any]:
     """The bucket's location and whether it has a hierarchical namespace (``getStorageLayout``), for callers
     that may list objects but not get the bucket: it needs ``storage.objects.list`` only."""
-    return await _get_json(job, format_url(bucket), f"{job.session.bucket_path(bucket)}/storageLayout", {})
+    return await _get_json(context, format_url(bucket), f"{context.session.bucket_path(bucket)}/storageLayout", {})
 
 
-async def list_buckets(job: RequestContext, project: str) -> list[dict[str, Any]]:
+async def list_buckets(context: RequestContext, project: str) -> list[dict[str, Any]]:
     """The bucket resources of ``project``, every page, in name order (``storage.buckets.list`` on the
     project, which object roles lack)."""
     params: dict[str, Any] = {"project": project, "maxResults": MAX_PAGE_SIZE}
     trail = PageTrail(f"the buckets of project {project}")
     buckets: list[dict[str, Any]] = []
     while True:
-        page = await _get_json(job, "gs://", f"{job.session.endpoint}/storage/v1/b", params)
+        page = await _get_json(context, "gs://", f"{context.session.endpoint}/storage/v1/b", params)
         buckets += page.get("items", [])
         token = trail.follow_json(page)
         if token is None:
@@ -123,7 +123,7 @@ async def list_buckets(job: RequestContext, project: str) -> list[dict[str, Any]
         params["pageToken"] = token
 
 
-async def create_bucket(job: RequestContext, project: str, bucket: str, location: str | None = None) -> None:
+async def create_bucket(context: RequestContext, project: str, bucket: str, location: str | None = None) -> None:
     """Create ``bucket`` in ``project`` (``storage.buckets.create``), in ``location`` if given (else GCS's
     default, the ``US`` multi-region), with GCS's defaults for the rest, as google-cloud-storage creates one.
     Sent once: a retry answered 409 could not tell a name taken by someone else from this very request. A
@@ -132,14 +132,14 @@ async def create_bucket(job: RequestContext, project: str, bucket: str, location
     body = {"name": bucket, **({"location": location} if location else {})}
 
     async def send_once() -> None:
-        path = f"{job.session.endpoint}/storage/v1/b"
-        async with job.session.send("POST", url, path, {"project": project}, json=body) as response:
+        path = f"{context.session.endpoint}/storage/v1/b"
+        async with context.session.send("POST", url, path, {"project": project}, json=body) as response:
             await response.read()
 
-    await _write(job, url, send_once, repeatable=False)
+    await _write(context, url, send_once, repeatable=False)
 
 
-async def delete_bucket(job: RequestContext, bucket: str) -> None:
+async def delete_bucket(context: RequestContext, bucket: str) -> None:
     """Delete an empty bucket (``storage.buckets.delete``, which GCS deems idempotent); ``NotFoundError`` if
     there is none, and ``GCSError`` with status 409 if it holds objects (GCS deletes only empty buckets). A
     retry answered 404 finds the bucket deleted by an earlier attempt whose answer was lost."""
@@ -150,17 +150,17 @@ async def delete_bucket(job: RequestContext, bucket: str) -> None:
         nonlocal attempts
         attempts += 1
         try:
-            async with job.session.send("DELETE", url, job.session.bucket_path(bucket), {}) as response:
+            async with context.session.send("DELETE", url, context.session.bucket_path(bucket), {}) as response:
                 await response.read()
         except NotFoundError:
             if attempts == 1:
                 raise missing_bucket(bucket, url) from None
 
-    await with_retry(job, url, send_once)
+    await with_retry(context, url, send_once)
 
 
 async def object_resource(
-    job: RequestContext,
+    context: RequestContext,
     bucket: str,
     name: str,
     fields: str | None,
@@ -176,27 +176,29 @@ async def object_resource(
     if generation is not None:
         params["generation"] = generation
     try:
-        return await _get_json(job, format_url(bucket, name), job.session.object_path(bucket, name), params, required)
+        return await _get_json(
+            context, format_url(bucket, name), context.session.object_path(bucket, name), params, required
+        )
     except NotFoundError as exc:
         if not missing_ok or is_missing_bucket(exc):
             raise
         return None
 
 
-async def read_object(job: RequestContext, bucket: str, name: str) -> bytes | None:
+async def read_object(context: RequestContext, bucket: str, name: str) -> bytes | None:
     """A small object's stored bytes, checked against GCS's crc32c, or ``None`` if it does not exist
     (``NotFoundError`` if its bucket does not)."""
     url = format_url(bucket, name)
-    path = job.session.media_path(bucket, name)
+    path = context.session.media_path(bucket, name)
 
     async def attempt() -> bytes:
-        async with job.session.read_media(url, path, {"alt": "media"}) as response:
+        async with context.session.read_media(url, path, {"alt": "media"}) as response:
             data = await response.read()  # stored bytes, as the checksum covers
             verify_bytes(url, [data], None, {"GCS": reported_crc32c(response.headers)})
             return data
 
     try:
-        return await with_retry(job, url, attempt)
+        return await with_retry(context, url, attempt)
     except NotFoundError as exc:
         if is_missing_bucket(exc):
             raise
@@ -230,10 +232,10 @@ def multipart_body(
     return body, {"Content-Type": f"multipart/related; boundary={boundary}"}
 
 
-async def live_generation(job: RequestContext, bucket: str, name: str) -> int:
+async def live_generation(context: RequestContext, bucket: str, name: str) -> int:
     """The generation of the live object ``name``, 0 if there is none: as ``ifGenerationMatch``, it makes
     replacing the object a write GCS applies at most once, so one that may be retried."""
-    live = await object_resource(job, bucket, name, "generation", required=("generation",))
+    live = await object_resource(context, bucket, name, "generation", required=("generation",))
     return 0 if live is None else int(live["generation"])
 
 
@@ -247,7 +249,7 @@ class _EarlierAttemptMayHaveWon(Exception):
 
 
 async def _write(
-    job: RequestContext,
+    context: RequestContext,
     url: str,
     send_once: Callable[[], Awaitable[T]],
     *,
@@ -270,14 +272,14 @@ async def _write(
             raise _EarlierAttemptMayHaveWon(exc) from None
 
     try:
-        return await with_retry(job, url, attempt, repeatable=repeatable)
+        return await with_retry(context, url, attempt, repeatable=repeatable)
     except _EarlierAttemptMayHaveWon as outcome:
         assert earlier_won is not None
         return await earlier_won(outcome.error)
 
 
 async def create_object(
-    job: RequestContext,
+    context: RequestContext,
     bucket: str,
     name: str,
     data: bytes | bytearray | memoryview,
@@ -311,16 +313,16 @@ async def create_object(
         params["kmsKeyName"] = kms_key_name
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
-    path = job.session.upload_path(bucket)
+    path = context.session.upload_path(bucket)
 
     async def send_once() -> tuple[int, str]:
-        async with job.session.send("POST", url, path, params, headers, data=body) as response:
-            written = await job.session.json_answer(response, url, ("generation", "crc32c"))
+        async with context.session.send("POST", url, path, params, headers, data=body) as response:
+            written = await context.session.json_answer(response, url, ("generation", "crc32c"))
             return int(written["generation"]), written["crc32c"]
 
     async def ours() -> tuple[int, str] | None:
         """The live object, if it holds exactly these bytes and is not the version this write replaces."""
-        live = await object_resource(job, bucket, name, "generation,size,crc32c")
+        live = await object_resource(context, bucket, name, "generation,size,crc32c")
         if (
             live is None
             or int(live["size"]) != len(data)
@@ -338,7 +340,7 @@ async def create_object(
 
     try:
         generation, reported = await _write(
-            job, url, send_once, repeatable=if_generation_match is not None, earlier_won=earlier_won
+            context, url, send_once, repeatable=if_generation_match is not None, earlier_won=earlier_won
         )
     except NotFoundError:  # an upload creates the object: only its bucket can be missing
         raise missing_bucket(bucket, url) from None
@@ -350,12 +352,12 @@ async def create_object(
         if found is None:
             raise
         generation, reported = found
-    await check_published(job, bucket, name, generation, reported, expected)
+    await check_published(context, bucket, name, generation, reported, expected)
     return generation
 
 
 async def check_published(
-    job: RequestContext, bucket: str, name: str, generation: int, reported: str | None, expected: str
+    context: RequestContext, bucket: str, name: str, generation: int, reported: str | None, expected: str
 ) -> None:
     """Make sure the version ``generation`` just published holds the bytes written: GCS checks the crc32c
     sent with them, but a server or proxy on the way that does not would otherwise store damaged bytes
@@ -365,7 +367,7 @@ async def check_published(
     if reported == expected:
         return
     url = format_url(bucket, name)
-    await delete_object(job, bucket, name, if_generation_match=generation)
+    await delete_object(context, bucket, name, if_generation_match=generation)
     raise IntegrityError(
         f"{url}: the published object's crc32c is {reported}, the bytes written have {expected}; it was deleted",
         url=url,
@@ -373,7 +375,7 @@ async def check_published(
 
 
 async def compose_object(
-    job: RequestContext,
+    context: RequestContext,
     bucket: str,
     name: str,
     sources: Sequence[tuple[str, int | None]],
@@ -418,14 +420,14 @@ async def compose_object(
         params["kmsKeyName"] = kms_key_name
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
-    path = job.session.object_path(bucket, name) + "/compose"
+    path = context.session.object_path(bucket, name) + "/compose"
 
     async def send_once() -> ObjectInfo:
-        async with job.session.send("POST", url, path, params, json=body) as answer:
-            return ObjectInfo.from_json(await job.session.json_answer(answer, url, REQUIRED_FIELDS))
+        async with context.session.send("POST", url, path, params, json=body) as answer:
+            return ObjectInfo.from_json(await context.session.json_answer(answer, url, REQUIRED_FIELDS))
 
     async def earlier_won(error: GCSError) -> ObjectInfo:
-        live = await object_resource(job, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS)
+        live = await object_resource(context, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS)
         sources_taken = delete_sources and isinstance(error, NotFoundError)
         if not (isinstance(error, PreconditionFailedError) or sources_taken) or live is None:
             raise error
@@ -435,11 +437,11 @@ async def compose_object(
 
     repeatable = if_generation_match is not None
     recognised = unique_name or composite is not None
-    return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won if recognised else None)
+    return await _write(context, url, send_once, repeatable=repeatable, earlier_won=earlier_won if recognised else None)
 
 
 async def rewrite_object(
-    job: RequestContext,
+    context: RequestContext,
     source: tuple[str, str],
     destination: tuple[str, str],
     *,
@@ -458,14 +460,14 @@ async def rewrite_object(
     attempt; a destination replaced meanwhile by another writer raises ``PreconditionFailedError``.
     """
     url = format_url(*destination)
-    path = f"{job.session.object_path(*source)}/rewriteTo/b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
+    path = f"{context.session.object_path(*source)}/rewriteTo/b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
     copied = await object_resource(
-        job, *source, "size,crc32c", generation=source_generation, required=("size",), missing_ok=False
+        context, *source, "size,crc32c", generation=source_generation, required=("size",), missing_ok=False
     )
     assert copied is not None
     params: dict[str, Any] = {
         "fields": "done,rewriteToken,resource(size,generation,crc32c)",
-        "ifGenerationMatch": 0 if only_if_new else await live_generation(job, *destination),
+        "ifGenerationMatch": 0 if only_if_new else await live_generation(context, *destination),
     }
     if source_generation is not None:
         params["sourceGeneration"] = source_generation
@@ -473,11 +475,11 @@ async def rewrite_object(
         params["destinationKmsKeyName"] = kms_key_name
 
     async def send_once() -> dict[str, Any]:
-        async with job.session.send("POST", url, path, params, json={}) as answer:
-            return await job.session.json_answer(answer, url, ("done",))  # type: ignore[no-any-return]
+        async with context.session.send("POST", url, path, params, json={}) as answer:
+            return await context.session.json_answer(answer, url, ("done",))  # type: ignore[no-any-return]
 
     async def earlier_won(error: GCSError) -> dict[str, Any]:
-        live = await object_resource(job, *destination, "size,generation,crc32c", required=REQUIRED_FIELDS)
+        live = await object_resource(context, *destination, "size,generation,crc32c", required=REQUIRED_FIELDS)
         if (
             not isinstance(error, PreconditionFailedError)
             or live is None
@@ -487,21 +489,21 @@ async def rewrite_object(
         return {"done": True, "resource": live}
 
     while True:
-        answer = await _write(job, url, send_once, repeatable=True, earlier_won=earlier_won)
+        answer = await _write(context, url, send_once, repeatable=True, earlier_won=earlier_won)
         if answer["done"]:
             return ObjectInfo.from_json(answer["resource"])
         params["rewriteToken"] = answer["rewriteToken"]
 
 
 async def delete_request(
-    job: RequestContext, url: str, path: str, params: dict[str, Any], *, repeatable: bool, xml_api: bool = False
+    context: RequestContext, url: str, path: str, params: dict[str, Any], *, repeatable: bool, xml_api: bool = False
 ) -> bool:
     """Send a DELETE to ``path`` (``url`` names it in errors), retried if ``repeatable``; ``False`` if it
     was already gone (``NotFoundError`` if its bucket is). A retry answered 404 or 412 finds the
     target gone or replaced after an earlier attempt whose answer was lost: deleted, as asked."""
 
     async def send_once() -> bool:
-        async with job.session.send("DELETE", url, path, params, xml_api=xml_api) as response:
+        async with context.session.send("DELETE", url, path, params, xml_api=xml_api) as response:
             content_type, body = response.headers.get("Content-Type"), await response.read()
             if not is_delete_answer(content_type, body):  # never counted as done: sent again, or failed
                 raise TransientError(
@@ -516,7 +518,7 @@ async def delete_request(
         return True
 
     try:
-        return await _write(job, url, send_once, repeatable=repeatable, earlier_won=earlier_won)
+        return await _write(context, url, send_once, repeatable=repeatable, earlier_won=earlier_won)
     except NotFoundError as exc:
         if is_missing_bucket(exc):
             raise
@@ -543,7 +545,7 @@ LIVE_TRIES = 3
 
 
 async def delete_object(
-    job: RequestContext,
+    context: RequestContext,
     bucket: str,
     name: str,
     *,
@@ -559,38 +561,38 @@ async def delete_object(
     billed until a lifecycle rule removes it; deleting by ``generation`` leaves nothing behind.
     """
     if if_generation_match is None and generation is None:
-        return await _delete_live(job, bucket, name)
+        return await _delete_live(context, bucket, name)
     params: dict[str, Any] = {}
     if if_generation_match is not None:
         params["ifGenerationMatch"] = if_generation_match
     if generation is not None:
         params["generation"] = generation
-    path = job.session.object_path(bucket, name)
-    return await delete_request(job, format_url(bucket, name), path, params, repeatable=True)
+    path = context.session.object_path(bucket, name)
+    return await delete_request(context, format_url(bucket, name), path, params, repeatable=True)
 
 
-async def _delete_live(job: RequestContext, bucket: str, name: str) -> bool:
+async def _delete_live(context: RequestContext, bucket: str, name: str) -> bool:
     """Delete whatever version is live, by its generation; one replaced meanwhile is found again."""
     tries = 1
     while True:
-        live = await live_generation(job, bucket, name)
+        live = await live_generation(context, bucket, name)
         if not live:
             return False
         try:
-            return await delete_object(job, bucket, name, if_generation_match=live)
+            return await delete_object(context, bucket, name, if_generation_match=live)
         except PreconditionFailedError:
             if tries == LIVE_TRIES:
                 raise
             tries += 1
 
 
-async def delete_folder(job: RequestContext, bucket: str, folder: str) -> bool:
+async def delete_folder(context: RequestContext, bucket: str, folder: str) -> bool:
     """Delete an empty folder of a bucket with a hierarchical namespace; ``False`` if there was none."""
-    path = f"{job.session.bucket_path(bucket)}/folders/{quote(folder, safe='')}"
-    return await delete_request(job, format_url(bucket, folder), path, {}, repeatable=False)
+    path = f"{context.session.bucket_path(bucket)}/folders/{quote(folder, safe='')}"
+    return await delete_request(context, format_url(bucket, folder), path, {}, repeatable=False)
 
 
-async def patch_object(job: RequestContext, bucket: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+async def patch_object(context: RequestContext, bucket: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
     """Update the live object's metadata by ``patch`` (resource fields; ``None`` clears one, and in
     ``metadata`` removes the key) and return its resource (without ACL).
 
@@ -600,11 +602,16 @@ async def patch_object(job: RequestContext, bucket: str, name: str, patch: Mappi
     generation holds every value patched; any other 412 (changed meanwhile) reads the object again and sends
     the patch anew (up to ``LIVE_TRIES`` times)."""
     url = format_url(bucket, name)
-    path = job.session.object_path(bucket, name)
+    path = context.session.object_path(bucket, name)
     tries = 1
     while True:
         live = await object_resource(
-            job, bucket, name, "generation,metageneration", required=("generation", "metageneration"), missing_ok=False
+            context,
+            bucket,
+            name,
+            "generation,metageneration",
+            required=("generation", "metageneration"),
+            missing_ok=False,
         )
         assert live is not None
         params = {
@@ -614,11 +621,11 @@ async def patch_object(job: RequestContext, bucket: str, name: str, patch: Mappi
         }
 
         async def send_once(params: dict[str, Any] = params) -> dict[str, Any]:
-            async with job.session.send("PATCH", url, path, params, json=dict(patch)) as answer:
-                return await job.session.json_answer(answer, url, ("generation",))  # type: ignore[no-any-return]
+            async with context.session.send("PATCH", url, path, params, json=dict(patch)) as answer:
+                return await context.session.json_answer(answer, url, ("generation",))  # type: ignore[no-any-return]
 
         async def earlier_won(error: GCSError, generation: str = live["generation"]) -> dict[str, Any]:
-            now = await object_resource(job, bucket, name, None)
+            now = await object_resource(context, bucket, name, None)
             if not isinstance(error, PreconditionFailedError) or now is None or now["generation"] != generation:
                 raise error
             if not _holds_patch(now, patch):
@@ -626,7 +633,7 @@ async def patch_object(job: RequestContext, bucket: str, name: str, patch: Mappi
             return now
 
         try:
-            return await _write(job, url, send_once, repeatable=True, earlier_won=earlier_won)
+            return await _write(context, url, send_once, repeatable=True, earlier_won=earlier_won)
         except PreconditionFailedError:
             if tries == LIVE_TRIES:
                 raise

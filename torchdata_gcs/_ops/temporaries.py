@@ -108,7 +108,9 @@ class DeletePrefix(ReaperTask):
             time.sleep(1.0)
 
     def _delete(self, client: Client, versions: list[tuple[str, int]]) -> None:
-        for (name, _), outcome in zip(versions, client.run(delete_objects, self.bucket, versions, live=False)):
+        for (name, _), outcome in zip(
+            versions, client.run(delete_objects, self.bucket, versions, live=False), strict=True
+        ):
             if isinstance(outcome, GCSError):
                 logger.warning(
                     "could not delete %s (%s): a lifecycle rule or `torchdata-gcs clean` removes it",

@@ -47,8 +47,8 @@ class Upload:
     initiated: str  # RFC 3339
 
 
-async def _uploads_page(job: RequestContext, bucket: str, params: dict[str, str | None], url: str) -> bytes:
-    async with job.session.send("GET", url, job.session.xml_path(bucket), params, xml_api=True) as response:
+async def _uploads_page(context: RequestContext, bucket: str, params: dict[str, str | None], url: str) -> bytes:
+    async with context.session.send("GET", url, context.session.xml_path(bucket), params, xml_api=True) as response:
         return await response.read()
 
 
@@ -60,8 +60,8 @@ def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iter
     params = first
     trail = PageTrail(url)
 
-    async def page(job: RequestContext) -> bytes:
-        return await with_retry(job, url, lambda: _uploads_page(job, bucket, params, url))
+    async def page(context: RequestContext) -> bytes:
+        return await with_retry(context, url, lambda: _uploads_page(context, bucket, params, url))
 
     while True:
         try:
@@ -86,12 +86,12 @@ def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iter
         params = {**first, "key-marker": markers[0], "upload-id-marker": markers[1]}
 
 
-async def abort_upload(job: RequestContext, bucket: str, upload: Upload) -> bool:
+async def abort_upload(context: RequestContext, bucket: str, upload: Upload) -> bool:
     """Abort one multipart upload (its parts are dropped); ``False`` if it was already gone. Retried: the
     upload ID is used once, so a repeated abort finds it gone."""
-    path = job.session.xml_path(bucket, upload.name)
+    path = context.session.xml_path(bucket, upload.name)
     return await delete_request(
-        job, format_url(bucket, upload.name), path, {"uploadId": upload.upload_id}, repeatable=True, xml_api=True
+        context, format_url(bucket, upload.name), path, {"uploadId": upload.upload_id}, repeatable=True, xml_api=True
     )
 
 

@@ -153,30 +153,30 @@ class RequestContext:
 
 
 async def with_retry(
-    job: RequestContext, url: str, attempt_once: Callable[[], Coroutine[Any, Any, T]], *, repeatable: bool = True
+    context: RequestContext, url: str, attempt_once: Callable[[], Coroutine[Any, Any, T]], *, repeatable: bool = True
 ) -> T:
     """Run one request (``attempt_once``) under the loader's and the process's limits, retried; a write
     that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`). Its deadline (see
     :mod:`.deadline`) counts from when its first attempt got its slots, and cuts an attempt off
     whatever it is doing: sending, waiting, or reading the answer byte by byte."""
-    stats = job.stats
+    stats = context.stats
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
     clock: RequestDeadline | None = None
     while True:
         try:
-            async with job.slots, job.session.throttle:
+            async with context.slots, context.session.throttle:
                 if clock is None:
-                    clock = RequestDeadline(deadline_for(job.retry, time.monotonic()))
+                    clock = RequestDeadline(deadline_for(context.retry, time.monotonic()))
                 stats.requests += 1
                 result = await clock.attempt(attempt_once(), url, attempts.attempt if attempts else 1)
-            job.session.throttle.succeeded()
+            context.session.throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
             if getattr(exc, "status", None) == 429:
                 stats.throttled += 1
-                job.session.throttle.throttled()
+                context.session.throttle.throttled()
             if attempts is None:
-                attempts = Attempts(job.retry, url, stats.count_retry, repeatable=repeatable)
+                attempts = Attempts(context.retry, url, stats.count_retry, repeatable=repeatable)
             if clock is not None:
                 attempts.deadline = clock.deadline
             await asyncio.sleep(attempts.delay_after(exc))

@@ -149,7 +149,7 @@ def _done(action: Callable[[T], bool], items: list[T], dry_run: bool) -> list[T]
     if dry_run:
         return items
     with ThreadPoolExecutor(16) as pool:
-        return [item for item, done in zip(items, pool.map(action, items)) if done]
+        return [item for item, done in zip(items, pool.map(action, items), strict=True) if done]
 
 
 def _delete_versions(client: Client, bucket: str, versions: list[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -158,7 +158,7 @@ def _delete_versions(client: Client, bucket: str, versions: list[tuple[str, int]
     failure = next((outcome for outcome in outcomes if isinstance(outcome, GCSError)), None)
     if failure is not None:
         raise failure
-    return [version for version, outcome in zip(versions, outcomes) if outcome is True]
+    return [version for version, outcome in zip(versions, outcomes, strict=True) if outcome is True]
 
 
 def _clean(args: argparse.Namespace) -> int:

@@ -94,7 +94,7 @@ def _parts(content_type: str, body: bytes) -> list[bytes] | None:
     boundary = re.escape(match.group(1).encode("latin-1"))
     marks = list(re.finditer(rb"(?:\A|\n)--" + boundary + rb"(--)?[ \t]*(?:\r?\n|\Z)", body))
     parts = []
-    for mark, following in zip(marks, [*marks[1:], None]):
+    for mark, following in zip(marks, [*marks[1:], None], strict=True):
         if mark.group(1):  # the closing delimiter
             break
         parts.append(body[mark.end() : len(body) if following is None else following.start()])
