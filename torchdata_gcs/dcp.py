@@ -16,7 +16,6 @@ is how bytes move:
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import dataclasses
 import io
@@ -45,7 +44,7 @@ from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.client import Client
 from ._ops.urls import format_url, parse_url
 from ._transport.context import LoadStats, new_context
-from ._transport.loop import io_loop
+from ._transport.loop import run
 from .checkpoint import open_writer, write_config
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import InvalidURIError, NotFoundError, UploadError
@@ -349,7 +348,7 @@ class _GCSFileSystem(FileSystemBase):
         buffer = bytearray(length)
         context = new_context(self.client, self.transfer, self.retry, self.stats)
         coroutine = read_ranges_into(context, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
-        asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
+        run(coroutine)
         return buffer
 
 

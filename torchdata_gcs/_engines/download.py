@@ -38,8 +38,9 @@ from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.http import is_missing_bucket
-from .._transport.loop import Handoff, io_loop
+from .._transport.loop import Handoff, run, submit
 from .._transport.retry import Attempts
+from .._transport.transport import Response
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
 from .memory_file import FilledBytes
@@ -77,7 +78,7 @@ def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError
     )
 
 
-def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
+def _check_range_answer(url: str, response: Response, start: int, end: int) -> None:
     """Raise ``GCSError`` unless ``response`` is a 206 starting at ``start``: a 200 carries the whole
     object (something on the way dropped the Range or ``Accept-Encoding: gzip`` header, and GCS ignores
     Range when it decompresses a gzip-encoded object), which a new attempt would get again."""
@@ -137,7 +138,7 @@ async def _stream_range(
         nonlocal position
         async with context.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
             _check_range_answer(url, response, position, end)
-            async for chunk in response.content.iter_any():
+            async for chunk in response.chunks():
                 if position + len(chunk) > end:
                     raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
                 take(position, chunk)
@@ -177,34 +178,35 @@ async def _read_parts(
     return [chunk for part in parts for chunk in part]
 
 
-async def _read_at_most(response: Any, limit: int) -> list[bytes]:
+async def _read_at_most(response: Response, limit: int) -> list[bytes]:
     """Up to ``limit`` bytes of a response body, in the chunks they came in."""
     chunks: list[bytes] = []
     received = 0
-    while received < limit:
-        chunk = await response.content.readany()
-        if not chunk:
-            break
-        chunks.append(chunk[: limit - received])
-        received += len(chunks[-1])
+    if limit > 0:
+        async for chunk in response.chunks():
+            chunks.append(chunk[: limit - received])
+            received += len(chunks[-1])
+            if received >= limit:
+                break
     return chunks
 
 
-async def _read_into(response: Any, target: memoryview, *, to_the_end: bool) -> tuple[int, int]:
+async def _read_into(response: Response, target: memoryview, *, to_the_end: bool) -> tuple[int, int]:
     """Copy a response body into ``target`` as it arrives, until ``target`` is full or, ``to_the_end``,
     until the body ends; the bytes received (more than ``target`` holds if the body was longer) and
-    the crc32c of those put in place."""
+    the crc32c of those put in place (from the chunks: ``google_crc32c`` reads no writable buffer)."""
     received = crc = 0
-    while received < len(target) or to_the_end:
-        chunk = await response.content.readany()
-        if not chunk:
-            break
+    if len(target) == 0 and not to_the_end:
+        return received, crc
+    async for chunk in response.chunks():
         if to_the_end and received + len(chunk) > len(target):
             return received + len(chunk), crc
         piece = chunk[: len(target) - received]
         target[received : received + len(piece)] = piece
         crc = google_crc32c.extend(crc, piece)
         received += len(piece)
+        if received >= len(target) and not to_the_end:
+            break
     return received, crc
 
 
@@ -242,7 +244,7 @@ class VersionRanges:
 
     def fetch(self, start: int, length: int) -> Future[list[bytes]]:
         reading = _read_range(self._context, self._url, self._path, self._params, start, length)
-        return asyncio.run_coroutine_threadsafe(reading, io_loop())
+        return submit(reading)
 
     def __reduce__(self) -> tuple[Any, ...]:
         context = self._context
@@ -447,7 +449,7 @@ class _ObjectRead:
                 raise
             return [b""], 0
 
-    async def take_first_answer(self, response: Any, *, ranged: bool) -> tuple[list[bytes], int]:
+    async def take_first_answer(self, response: Response, *, ranged: bool) -> tuple[list[bytes], int]:
         """Read :meth:`first_answer`'s response (to a request for the first part if ``ranged``)."""
         context = self.context
         # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing. The
@@ -656,7 +658,7 @@ def read_into(
     rereads = Attempts(retry, url, on_retry=stats.count_retry)
     while True:
         reading = read_ranges_into(context, url, info.generation, 0, target, transfer.part_size)
-        crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
+        crc = run(reading)
         try:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
             return

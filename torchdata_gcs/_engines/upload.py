@@ -29,7 +29,7 @@ import logging
 import mmap
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
@@ -57,8 +57,9 @@ from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
 from .._transport.context import LoadStats, RequestContext, new_context, with_retry
 from .._transport.deadline import own_deadlines, tidying
-from .._transport.loop import io_loop, wait_unless_on_io_loop
+from .._transport.loop import run, submit, wait, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
+from .._transport.transport import Headers
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from ..errors import (
     GCSError,
@@ -319,7 +320,7 @@ class StreamingWriter(PublishingWriter):
     # -- parts -----------------------------------------------------------------------------------
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
+        return run(coroutine)
 
     def _send_part(self, data: memoryview, crc32c: int) -> None:
         if not self._started:
@@ -331,16 +332,13 @@ class StreamingWriter(PublishingWriter):
             self._collect(self._pending.popleft())
         self._sent += 1
         upload = self._upload_part(self._sent, data, crc32c)
-        self._pending.append(asyncio.run_coroutine_threadsafe(upload, io_loop()))
+        self._pending.append(submit(upload))
 
     def _collect(self, future: Future[tuple[int, Any]]) -> None:
         try:
-            number, token = future.result()
+            number, token = wait(future)  # interrupted (Ctrl-C): the part is cancelled, no longer pending
         except GCSError as exc:
             raise UploadError(f"{self.url}: a part failed ({exc}); the upload was aborted", url=self.url) from exc
-        except BaseException:  # interrupted while waiting (Ctrl-C): this part is no longer pending, so stop it here
-            future.cancel()
-            raise
         self._parts[number] = token
 
     def _publish(self) -> int:
@@ -761,15 +759,15 @@ async def _send(
     headers: dict[str, str] | None = None,
     answer_timeout: float | None = None,
     repeatable: bool = True,
-) -> tuple[Mapping[str, str], bytes]:
+) -> tuple[Headers, bytes]:
     """One XML API request, retried if ``repeatable``; its headers (case-insensitive, repeated lines kept)
     and body. ``answer_timeout``: see ``Session.send``."""
 
-    async def attempt() -> tuple[Mapping[str, str], bytes]:
+    async def attempt() -> tuple[Headers, bytes]:
         async with context.session.send(
             method, url, path, params, headers, data=data, xml_api=True, answer_timeout=answer_timeout
         ) as response:
-            return response.headers.copy(), await response.read()
+            return response.headers, await response.read()
 
     return await with_retry(context, url, attempt, repeatable=repeatable)
 
