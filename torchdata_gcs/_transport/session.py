@@ -45,7 +45,7 @@ from .loop import run
 from .throttle import Throttle
 from .transport import Body, Response, Transport
 
-__all__ = ["API_CLIENT", "USER_AGENT", "Body", "Session", "media_url", "session_for"]
+__all__ = ["API_CLIENT", "USER_AGENT", "Session", "media_url", "session_for"]
 
 logger = logging.getLogger(__name__)
 
