@@ -68,7 +68,6 @@ from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
-from ._engines.compose import MAX_SOURCES
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
 from ._engines.memory_file import FilledBytes
@@ -80,6 +79,7 @@ from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_c
 from ._ops.client import Client
 from ._ops.objects import (
     MAX_PAGE_SIZE,
+    MAX_SOURCES,
     check_bucket,
     compose_object,
     create_bucket,

@@ -30,9 +30,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
-import secrets
-import socket
 import time
 import warnings
 import weakref
@@ -43,8 +40,8 @@ from typing import Any
 
 from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE, TEMPORARY_CLASS, compose_object, delete_object
-from .._ops.temporaries import DeletePrefix, list_versions
+from .._ops.objects import MAX_PAGE_SIZE, TEMPORARY_CLASS, compose_object
+from .._ops.temporaries import DeletePrefix, delete_temporary, list_versions, new_job_id
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper
 from .._transport.context import LoadStats, RequestContext, new_context
@@ -66,20 +63,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COMPOSED_CLASSES",
-    "MAX_SOURCES",
     "Composer",
     "check_reuse_prefix",
     "check_storage_classes",
     "compose_in_order",
-    "delete_temporary",
     "leftovers",
-    "new_job_id",
     "rfc3339_seconds",
     "temporary_versions",
 ]
-
-MAX_SOURCES = 32
-"""GCS composes at most this many source objects in one call."""
 
 COMPOSED_CLASSES = ("STANDARD",)
 """Storage classes whose objects are composed by default: a composite has its sources' class, and a
@@ -110,12 +101,6 @@ def check_storage_classes(storage_classes: Iterable[str]) -> tuple[str, ...]:
     if isinstance(storage_classes, str) or not all(isinstance(n, str) and n.isupper() for n in names):
         raise ValueError(f"storage_classes must be a collection of names such as 'STANDARD', got {storage_classes!r}")
     return names
-
-
-def new_job_id() -> str:
-    """A name for one iteration's temporary composites: UTC start time, host, process and a random tag."""
-    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32] or "host"
-    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 Member = tuple[str, str, ObjectInfo]  # url, object name, listed version
@@ -454,17 +439,6 @@ class Composer:
                     ComposeFallbackWarning,
                     stacklevel=2,
                 )
-
-
-async def delete_temporary(context: RequestContext, bucket: str, name: str, generation: int | None) -> bool:
-    """Delete the version ``generation`` of ``name`` for good (the live one if ``None``, which object
-    versioning keeps as noncurrent), retried; ``True`` once it is gone, ``False`` if deleting failed (logged)."""
-    try:
-        await delete_object(context, bucket, name, generation=generation)
-    except Exception as exc:  # noqa: BLE001 - the caller retries later or leaves it to `clean`
-        logger.debug("deleting %s failed: %r", format_url(bucket, name), exc)
-        return False
-    return True
 
 
 async def _missing(url: str, error: NotFoundError, context: RequestContext, seq: int) -> tuple[list[Outcome], int]:

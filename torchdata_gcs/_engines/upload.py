@@ -43,6 +43,7 @@ from .._ops.attributes import ObjectAttributes
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
 from .._ops.objects import (
+    MAX_SOURCES,
     TEMPORARY_CLASS,
     check_published,
     compose_object,
@@ -51,7 +52,7 @@ from .._ops.objects import (
     object_resource,
 )
 from .._ops.paging import PageTrail
-from .._ops.temporaries import DeletePrefix
+from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
@@ -70,7 +71,6 @@ from ..errors import (
     TransientError,
     UploadError,
 )
-from .compose import MAX_SOURCES, delete_temporary, new_job_id
 
 logger = logging.getLogger(__name__)
 

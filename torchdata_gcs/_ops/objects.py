@@ -28,6 +28,7 @@ from .urls import format_url
 
 __all__ = [
     "MAX_PAGE_SIZE",
+    "MAX_SOURCES",
     "TEMPORARY_CLASS",
     "bucket_resource",
     "check_bucket",
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+MAX_SOURCES = 32
+"""GCS composes at most this many source objects in one call."""
 
 MAX_PAGE_SIZE = 1000
 """GCS never returns more items in one list page."""
