@@ -70,9 +70,8 @@ from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
-from ._engines.memory_file import FilledBytes
 from ._engines.publishing import PublishingWriter
-from ._engines.streams import PartStream
+from ._engines.streams import FilledBytes, PartStream
 from ._engines.upload import StreamingWriter, new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
