@@ -78,7 +78,6 @@ from ._ops.batch import delete_objects
 from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._ops.client import Client
 from ._ops.objects import (
-    MAX_PAGE_SIZE,
     MAX_SOURCES,
     check_bucket,
     compose_object,
@@ -95,7 +94,7 @@ from ._ops.objects import (
     rewrite_object,
     storage_layout,
 )
-from ._ops.paging import PageTrail
+from ._ops.paging import MAX_PAGE_SIZE, PageTrail
 from ._ops.patterns import has_magic, tree_glob
 from ._ops.signing import signed_url
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name

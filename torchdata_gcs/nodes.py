@@ -26,7 +26,8 @@ from ._engines.resume import listing_position
 from ._engines.shared_listing import Entry
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
-from ._ops.objects import MAX_PAGE_SIZE, MAX_SOURCES
+from ._ops.objects import MAX_SOURCES
+from ._ops.paging import MAX_PAGE_SIZE
 from ._ops.urls import url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer

@@ -40,7 +40,8 @@ from typing import Any
 
 from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE, TEMPORARY_CLASS, compose_object
+from .._ops.objects import TEMPORARY_CLASS, compose_object
+from .._ops.paging import MAX_PAGE_SIZE
 from .._ops.temporaries import DeletePrefix, delete_temporary, list_versions, new_job_id
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper

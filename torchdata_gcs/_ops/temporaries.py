@@ -18,8 +18,8 @@ from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError
 from .batch import delete_objects
 from .client import Client
-from .objects import MAX_PAGE_SIZE, delete_object
-from .paging import PageTrail
+from .objects import delete_object
+from .paging import MAX_PAGE_SIZE, PageTrail
 from .urls import format_url, printable
 
 __all__ = [
