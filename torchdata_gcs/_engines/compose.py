@@ -25,12 +25,10 @@ it; any other is composed again in its place first.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
 import hashlib
 import json
 import logging
-import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
@@ -42,7 +40,7 @@ from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation,
 from .._ops.client import Client
 from .._ops.objects import TEMPORARY_CLASS, compose_object
 from .._ops.paging import MAX_PAGE_SIZE
-from .._ops.temporaries import DeletePrefix, delete_temporary, list_versions, new_job_id
+from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper
 from .._transport.context import LoadStats, RequestContext, new_context
@@ -68,9 +66,6 @@ __all__ = [
     "check_reuse_prefix",
     "check_storage_classes",
     "compose_in_order",
-    "leftovers",
-    "rfc3339_seconds",
-    "temporary_versions",
 ]
 
 COMPOSED_CLASSES = ("STANDARD",)
@@ -530,30 +525,3 @@ def _any_live() -> bool:
 
 def _forget_after_fork() -> None:
     _live.clear()  # the parent's composers are the parent's to close
-
-
-# -- leftovers of killed jobs --------------------------------------------------------------------
-
-
-def temporary_versions(client: Client, bucket: str) -> list[dict[str, Any]]:
-    """Every version under ``TEMPORARY_PREFIX`` in ``bucket``, noncurrent ones included (object
-    versioning keeps deleted ones, billed), with ``name``, ``generation`` and ``timeCreated``."""
-    return list(list_versions(client, bucket, TEMPORARY_PREFIX))
-
-
-def leftovers(versions: list[dict[str, Any]], older_than: float) -> list[tuple[str, int]]:
-    """The ``versions`` created more than ``older_than`` seconds ago, as ``(name, generation)``.
-
-    Age is the version's own creation time: the job time in a name is when the job started, and a
-    long job keeps writing under it.
-    """
-    now = time.time()
-    return [
-        (item["name"], int(item["generation"]))
-        for item in versions
-        if now - rfc3339_seconds(item["timeCreated"]) >= older_than
-    ]
-
-
-def rfc3339_seconds(value: str) -> float:
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

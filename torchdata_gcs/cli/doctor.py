@@ -39,8 +39,8 @@ from ..errors import (
     TransientError,
     UploadError,
 )
-from .bench import human_size
 from .lifecycle_rules import describe_rule, lifecycle_file, missing_rules
+from .sizes import human_size
 
 __all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "bucket_settings", "doctor"]
 
