@@ -23,11 +23,11 @@ from ._engines.compressed_read import block_table_of, read_decompressed_into
 from ._engines.compression import CompressingWriter, decompress, is_compressed
 from ._engines.download import LoadStats, read_into, read_into_buffer
 from ._engines.memory_file import memory_file
-from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.streams import MemoryStream
 from ._engines.upload import StreamingWriter, library_errors_first, new_writer
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
+from ._ops.paging import ITEM_FIELDS
 from ._ops.urls import parse_url
 from ._transport.deadline import call_deadline
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd

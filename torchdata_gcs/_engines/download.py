@@ -43,8 +43,7 @@ from .._transport.retry import Attempts
 from .._transport.transport import Response
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
-from .memory_file import FilledBytes
-from .streams import MemoryStream, PartStream
+from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
 
