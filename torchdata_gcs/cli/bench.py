@@ -15,7 +15,9 @@ from typing import Any
 from .._ops.checksums import ObjectInfo
 from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from ..config import ClientConfig, TransferConfig
-from ..datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
+from ..datapipes.composing import GCSShardComposerIterDataPipe
+from ..datapipes.listing import GCSFileListerIterDataPipe
+from ..datapipes.loading import GCSFileLoaderIterDataPipe
 from ..errors import ComposeFallbackWarning, NotFoundError
 from .options import client_config
 from .sizes import human_size
