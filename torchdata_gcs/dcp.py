@@ -512,16 +512,16 @@ class GCSStorageWriter(FileSystemWriter):
 class GCSStorageReader(FileSystemReader):
     """Where ``dcp.load`` reads a checkpoint from GCS: ``path`` is the ``gs://bucket/prefix`` it was saved to.
 
-    Each rank fetches only the byte ranges of the items its load plan names (never whole files unless it
-    needs them whole), as concurrent ranged GETs of at most ``transfer.part_size`` bytes, ``transfer.max_in_flight``
-    at once, pinned to the generation of each file seen when first read: a file overwritten during the load
-    fails it rather than mixing versions. Ranges are fetched ahead of DCP, at most ``transfer.max_buffered_bytes``
-    held at once (:data:`READ_AHEAD`, 64 MiB, unless ``transfer`` is given), as 32 or more concurrent GETs. Every range is checked for its exact length, and every item against the crc32c that
-    :class:`GCSStorageWriter` saved with it in the metadata, before DCP copies it into the caller's tensors (a
-    damaged one is read again, as retries allow); a file read whole is also checked against GCS's crc32c.
-    Checkpoints saved by other writers have no item checksums: their partial reads are checked by length
-    only, as GCS keeps no checksum per range. :attr:`stats` counts the requests
-    and bytes. Files written with extensions (``ZStandard``) are decoded through ``_extension_registry``.
+    Each rank fetches only the byte ranges of the items its load plan names (never whole files unless it needs them
+    whole), as concurrent ranged GETs of at most ``transfer.part_size`` bytes, ``transfer.max_in_flight`` at once,
+    pinned to the generation of each file seen when first read: a file overwritten during the load fails it rather than
+    mixing versions. Ranges are fetched ahead of DCP, at most ``transfer.max_buffered_bytes`` held at once
+    (:data:`READ_AHEAD`, 64 MiB, unless ``transfer`` is given), as 32 or more concurrent GETs. Every range is checked
+    for its exact length, and every item against the crc32c that :class:`GCSStorageWriter` saved with it in the
+    metadata, before DCP copies it into the caller's tensors (a damaged one is read again, as retries allow); a file
+    read whole is also checked against GCS's crc32c. Checkpoints saved by other writers have no item checksums: their
+    partial reads are checked by length only, as GCS keeps no checksum per range. :attr:`stats` counts the requests and
+    bytes. Files written with extensions (``ZStandard``) are decoded through ``_extension_registry``.
 
     Example:
         >>> import warnings

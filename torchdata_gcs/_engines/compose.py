@@ -138,7 +138,7 @@ class Composer:
         lifecycle.watch_parent()
         reaper.start_soon()
 
-    # -- planning (consumer thread; preparation in a worker thread) --------------------------------------------------------------
+    # -- planning (consumer thread; preparation in a worker thread) ---------------------------------------------
 
     def units(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[Unit]:
         """Group consecutive items of one bucket and storage class into compose units; the rest become

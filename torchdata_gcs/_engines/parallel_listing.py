@@ -9,8 +9,8 @@ upper part. Names are read as numbers whose digits are the characters seen so fa
 bounded range is cut in the middle, an unbounded one a few pages' stride ahead of where it is. A
 split that lands in an empty stretch costs one request and shrinks the busy range, so the next
 split is better informed. Splits are rationed (``SPLIT_BUDGET``) so the whole listing stays within
-1.5x the requests of a sequential one; parallelism grows as full pages come back. Ranges stay in key order, and names are yielded in that
-order as soon as every earlier range is finished.
+1.5x the requests of a sequential one; parallelism grows as full pages come back. Ranges stay in key
+order, and names are yielded in that order as soon as every earlier range is finished.
 """
 
 from __future__ import annotations

@@ -392,10 +392,12 @@ class MultipartWriter(StreamingWriter):
         >>> from torchdata_gcs.testing import Emulator, GCSFront
         >>> with Emulator() as emulator, GCSFront(emulator.endpoint) as front:
         ...     emulator.create_bucket("demo")
-        ...     with MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE) as writer:
+        ...     writer = MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE)
+        ...     with writer:
         ...         _ = writer.write(b"x" * (6 * 1024 * 1024))
         ...         _ = writer.write(b"tail")
-        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads  # start, marker, 2 parts, end
+        ...     # uploads: start, marker, 2 parts, end
+        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads
         (6291460, 5, [])
     """
 

@@ -17,7 +17,8 @@ count.
 A bucket's unfinished uploads are listed by ``GET /bucket?uploads`` as GCS lists them: by object
 name, then upload ID, at most ``max-uploads`` (1,000) a page, each with its ``Initiated`` time,
 continued with ``key-marker`` and ``upload-id-marker``; ``prefix`` is honoured, ``delimiter`` and
-``encoding-type`` are refused (501), and a bucket missing upstream is ``NoSuchBucket`` (404), to a listing as to an initiation.
+``encoding-type`` are refused (501), and a bucket missing upstream is ``NoSuchBucket`` (404), to a
+listing as to an initiation.
 """
 
 from __future__ import annotations
