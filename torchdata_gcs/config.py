@@ -1,9 +1,8 @@
 """Settings for talking to GCS: frozen, validated, and safe to pickle into worker processes.
 
-Settings hold configuration, not clients: each process resolves its credentials (Application
-Default Credentials unless told otherwise) when it first makes a request. The one exception is a
-google-auth ``Credentials`` object handed to ``ClientConfig(credentials=...)``, which is pickled
-along with the settings into worker processes.
+Settings hold configuration, not clients: each process resolves its credentials (Application Default
+Credentials unless told otherwise) at its first request; only a google-auth ``Credentials`` object given
+as ``ClientConfig(credentials=...)`` is pickled along with the settings into worker processes.
 
 Example:
     >>> from torchdata_gcs import ClientConfig, TransferConfig
