@@ -103,7 +103,7 @@ def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> i
 def _new_part(size: int) -> memoryview:
     """An empty buffer for one part: an anonymous mapping of its own, which goes back to the OS as soon as the
     part is sent and dropped. Parts of megabytes on the heap raise glibc's mmap threshold and then fragment
-    the heap: a 2 GiB save grew 32 MiB past its bound that way."""
+    the heap, so a save's memory grew with its size (``benchmarks/README.md``, checkpoint memory)."""
     return memoryview(mmap.mmap(-1, size)) if size else memoryview(bytearray())
 
 
