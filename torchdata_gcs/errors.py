@@ -1,29 +1,29 @@
-"""Every exception torchdata-gcs raises, all under :class:`GCSError`, and the warnings it gives.
+"""The exception tree of torchdata-gcs, every exception and warning it raises::
+
+    Exception
+    └── GCSError                                   .url, .status
+        ├── NotFoundError          FileNotFoundError   404: no such bucket or object (version)
+        ├── AccessDeniedError      PermissionError     401, 403: these credentials may not
+        ├── PreconditionFailedError FileExistsError    412: a generation precondition did not hold
+        ├── InvalidURIError        ValueError          a URL, bucket or object name GCS would refuse
+        ├── TransientError         ConnectionError     429, 5xx, resets, timeouts: retries ran out
+        │   └── DeadlineExceededError                  RetryConfig.deadline came first
+        ├── EndpointError          ConnectionError     the endpoint cannot be reached or trusted
+        ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
+        ├── UploadError            OSError             a write failed: nothing was published
+        ├── ListingError                               pages that repeat or go back: a listing gone wrong
+        ├── ResumeError            ValueError          a saved state that does not fit what it is loaded into
+        └── NoMultipartListing                         the endpoint lists no multipart uploads
+    UserWarning
+    ├── MissingObjectWarning                           a missing object was skipped, as asked
+    └── ComposeFallbackWarning                         objects loaded one by one, not composed
 
 Each error also derives from the builtin a caller would naturally catch, so ``except
 FileNotFoundError`` works on a missing object. Errors pickle across worker processes and never carry
-credentials, request headers or payloads. The tree, with what each one means, is drawn below the imports.
+credentials, request headers or payloads.
 """
 
 from __future__ import annotations
-
-# Exception
-# └── GCSError                                   .url, .status
-#     ├── NotFoundError          FileNotFoundError   404: no such bucket or object (version)
-#     ├── AccessDeniedError      PermissionError     401, 403: these credentials may not
-#     ├── PreconditionFailedError FileExistsError    412: a generation precondition did not hold
-#     ├── InvalidURIError        ValueError          a URL, bucket or object name GCS would refuse
-#     ├── TransientError         ConnectionError     429, 5xx, resets, timeouts: retries ran out
-#     │   └── DeadlineExceededError                  RetryConfig.deadline came first
-#     ├── EndpointError          ConnectionError     the endpoint cannot be reached or trusted
-#     ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
-#     ├── UploadError            OSError             a write failed: nothing was published
-#     ├── ListingError                               pages that repeat or go back: a listing gone wrong
-#     ├── ResumeError            ValueError          a saved state that does not fit what it is loaded into
-#     └── NoMultipartListing                         the endpoint lists no multipart uploads
-# UserWarning
-# ├── MissingObjectWarning                           a missing object was skipped, as asked
-# └── ComposeFallbackWarning                         objects loaded one by one, not composed
 
 __all__ = [
     "AccessDeniedError",
