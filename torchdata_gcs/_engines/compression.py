@@ -2,36 +2,11 @@
 (:mod:`.compressing` writes it).
 
 Blocks are independent, so they compress and decompress in parallel, each into its own slice of the
-output. Two formats, all integers little-endian:
-
-- Standard zstd (the default): per block, a skippable frame that indexes it, then the block's zstd
-  frame (with its content size and checksum). ``zstd -d`` and any zstd library read it (they skip
-  skippable frames); our reader uses the index to decompress blocks in parallel::
-
-      skippable frame: INDEX_MAGIC u32, payload size u32 (8), compressed size u32, raw size u32
-      zstd frame:      compressed size bytes
-
-  then one more skippable frame, the table of every block, so that a reader can plan ranges of
-  whole blocks from the object's last bytes and decompress each range as it arrives::
-
-      TABLE_MAGIC u32, payload size u32 (entries + 12),
-      per block: compressed size u32, raw size u32,
-      blocks u32, crc32c of the per-block entries u32, TABLE_TAG (4 bytes)
-
-- Byte grouping (``Zstd(byte_grouping=True)``), smaller on float data but readable only here::
-
-      MAGIC                                   8 bytes
-      per block: compressed size  u32
-                 raw size         u32
-                 group width      u8     (1: bytes as they are; 2, 4, 8: grouped by position in words)
-                 zstd frame       compressed size bytes
-
-  A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every
-  word, and so on, for the first ``n - n % width`` bytes; the rest follow as they are. The object
-  ends with a block table as the standard format's, whose entries also hold each block's width
-  (compressed size u32, raw size u32, width u8) and whose tag is GROUPED_TABLE_TAG.
-
-Readers also accept any other zstd stream (from the ``zstd`` tool, say) and uncompressed bytes.
+output. Two formats (their layouts are beside the constants below): standard zstd, the default, which
+``zstd -d`` and any zstd library read, its blocks indexed by skippable frames so that our reader
+decompresses them in parallel; and byte grouping (``Zstd(byte_grouping=True)``), smaller on float data
+but readable only here. Readers also accept any other zstd stream (from the ``zstd`` tool, say) and
+uncompressed bytes.
 """
 
 from __future__ import annotations
@@ -66,6 +41,33 @@ __all__ = [
     "read_block_table",
 ]
 
+# The two formats, all integers little-endian.
+#
+# Standard zstd: per block, a skippable frame that indexes it, then the block's zstd frame (with its
+# content size and checksum); readers other than ours skip the skippable frames:
+#
+#     skippable frame: INDEX_MAGIC u32, payload size u32 (8), compressed size u32, raw size u32
+#     zstd frame:      compressed size bytes
+#
+# then one more skippable frame, the table of every block, so that a reader can plan ranges of whole
+# blocks from the object's last bytes and decompress each range as it arrives:
+#
+#     TABLE_MAGIC u32, payload size u32 (entries + 12),
+#     per block: compressed size u32, raw size u32,
+#     blocks u32, crc32c of the per-block entries u32, TABLE_TAG (4 bytes)
+#
+# Byte grouping:
+#
+#     MAGIC                                   8 bytes
+#     per block: compressed size  u32
+#                raw size         u32
+#                group width      u8     (1: bytes as they are; 2, 4, 8: grouped by position in words)
+#                zstd frame       compressed size bytes
+#
+# A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every word,
+# and so on, for the first ``n - n % width`` bytes; the rest follow as they are. The object ends with a
+# block table as the standard format's, whose entries also hold each block's width (compressed size
+# u32, raw size u32, width u8) and whose tag is GROUPED_TABLE_TAG.
 MAGIC = b"\x89TDGCSZ\n"
 """Starts every byte-grouped checkpoint; not a valid start of a zip archive, a pickle or a zstd frame."""
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

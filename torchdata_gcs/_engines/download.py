@@ -1,6 +1,6 @@
 """Concurrent object downloads delivered in input order, with bounded buffering and checks.
 
-Reads run as coroutines on the process's I/O loop (``_aio``); the consumer thread submits objects
+Reads run as coroutines on the process's I/O loop (``_transport/loop.py``); the consumer thread submits objects
 ahead of itself and takes them back in order. An object up to ``part_size`` is one GET; a larger
 one is read as concurrent ranges into one buffer, each range resuming from the byte it reached,
 all pinned to one generation. Every object is checked by length and crc32c. A byte budget bounds

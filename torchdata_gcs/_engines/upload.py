@@ -3,21 +3,8 @@
 Two ways to assemble the parts into one object: :class:`MultipartWriter` uses GCS's XML API
 multipart upload; :class:`CompositeWriter` uploads each part as a temporary object and composes
 them (this works wherever the JSON API does, the emulator included, and in buckets where XML
-multipart uploads are not wanted). Both share :class:`StreamingWriter`'s behaviour:
-
-- parts are uploaded on the I/O loop as they fill, at most ``max_parts_in_flight`` held at once,
-  so memory stays near ``part_size x (max_parts_in_flight + 1)`` whatever the object's size;
-- part sizes double every ``PARTS_PER_SIZE`` parts, so 10,000 parts reach past GCS's 5 TiB object
-  limit from 5 MiB parts;
-- the object is published only by a clean :meth:`StreamingWriter.close`; an exception inside
-  ``with``, a writer dropped without closing, or a part that fails after retries discards the parts,
-  and nothing is published; a process ended by a signal leaves that to its reaper, handed the undo
-  (abort the upload, delete the parts) at the first part;
-- a payload that fits one part goes out in a single request;
-- every part travels with its crc32c, so GCS refuses a part damaged on the way and it is sent again;
-- the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
-  GCS does not promise the generation and checksum headers in the answer that publishes a multipart
-  upload: when they are missing (or the answer was lost), they are asked of the object's metadata.
+multipart uploads are not wanted). Both publish the object only on a clean close, as
+:class:`StreamingWriter` says.
 """
 
 from __future__ import annotations
@@ -115,10 +102,24 @@ def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> i
 def _new_part(size: int) -> memoryview:
     """An empty buffer for one part: an anonymous mapping of its own, which goes back to the OS as soon as the
     part is sent and dropped. Parts of megabytes on the heap raise glibc's mmap threshold and then fragment
-    the heap: a 2 GiB save grew 32 MiB past its bound that way."""
+    the heap, so a save's memory grew with its size (``benchmarks/README.md``, checkpoint memory)."""
     return memoryview(mmap.mmap(-1, size)) if size else memoryview(bytearray())
 
 
+# What every StreamingWriter does, however it assembles the parts:
+# - parts are uploaded on the I/O loop as they fill, at most ``max_parts_in_flight`` held at once,
+#   so memory stays near ``part_size x (max_parts_in_flight + 1)`` whatever the object's size;
+# - part sizes double every ``PARTS_PER_SIZE`` parts, so ``MAX_PARTS`` parts reach past GCS's 5 TiB
+#   object limit from ``MIN_PART_SIZE`` parts;
+# - the object is published only by a clean close; an exception inside ``with``, a writer dropped
+#   without closing, or a part that fails after retries discards the parts, and nothing is published;
+#   a process ended by a signal leaves that to its reaper, handed the undo (abort the upload, delete
+#   the parts) at the first part;
+# - a payload that fits one part goes out in a single request;
+# - every part travels with its crc32c, so GCS refuses a part damaged on the way and it is sent again;
+# - the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
+#   GCS does not promise the generation and checksum headers in the answer that publishes a multipart
+#   upload: when they are missing (or the answer was lost), they are asked of the object's metadata.
 class StreamingWriter(PublishingWriter):
     """Write one object as it is produced; publish it on a clean close, never otherwise. With
     ``only_if_new``, publishing fails with ``PreconditionFailedError`` (a ``FileExistsError``) where
@@ -391,10 +392,12 @@ class MultipartWriter(StreamingWriter):
         >>> from torchdata_gcs.testing import Emulator, GCSFront
         >>> with Emulator() as emulator, GCSFront(emulator.endpoint) as front:
         ...     emulator.create_bucket("demo")
-        ...     with MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE) as writer:
+        ...     writer = MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE)
+        ...     with writer:
         ...         _ = writer.write(b"x" * (6 * 1024 * 1024))
         ...         _ = writer.write(b"tail")
-        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads  # start, marker, 2 parts, end
+        ...     # uploads: start, marker, 2 parts, end
+        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads
         (6291460, 5, [])
     """
 

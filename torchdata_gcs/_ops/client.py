@@ -64,8 +64,8 @@ class Client:
     def head(
         self, bucket: str, name: str, fields: str | None, *, generation: int | None = None, missing_ok: bool = True
     ) -> dict[str, Any] | None:
-        """The object's metadata trimmed to ``fields`` (``None``: all but its ACL); ``None`` if it does not exist (``NotFoundError``
-        unless ``missing_ok``)."""
+        """The object's metadata trimmed to ``fields`` (``None``: all but its ACL); ``None`` if it does not
+        exist (``NotFoundError`` unless ``missing_ok``)."""
         return self.run(objects.object_resource, bucket, name, fields, generation=generation, missing_ok=missing_ok)
 
     def read(self, bucket: str, name: str) -> bytes | None:

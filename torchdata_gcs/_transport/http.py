@@ -247,7 +247,8 @@ def _not_found(url: str | None, detail: str, message: str) -> NotFoundError:
         return NotFoundError(f"object {url} does not exist", url=url, status=404)
     if name and says_nothing:
         return NotFoundError(
-            f"{url} does not exist: no such object, or no bucket {bucket!r} (GCS answered 404: {detail or 'Not Found'})",
+            f"{url} does not exist: no such object, or no bucket {bucket!r} "
+            f"(GCS answered 404: {detail or 'Not Found'})",
             url=url,
             status=404,
         )
