@@ -10,7 +10,7 @@ import time
 import pytest
 
 from torchdata_gcs import LoadStats, RetryConfig, TransferConfig
-from torchdata_gcs._engines.download import read_into
+from torchdata_gcs._engines.ranges import read_into
 from torchdata_gcs._ops.checksums import ObjectInfo
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import run

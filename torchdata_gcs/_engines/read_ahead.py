@@ -18,7 +18,7 @@ from .._transport.context import RequestContext
 from .._transport.loop import submit, wait
 from .._transport.retry import Attempts
 from ..errors import IntegrityError
-from .download import read_ranges_into
+from .ranges import read_ranges_into
 
 __all__ = ["ReadAhead", "Span"]
 

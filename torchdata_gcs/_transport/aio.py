@@ -1,5 +1,6 @@
 """The aiohttp transport: one connection pool per session, its timeouts, proxy and trusted certificates, and
-what a connection that cannot be made means (see :class:`~.transport.Transport`)."""
+what a connection that cannot be made means (see :class:`~.transport.Transport`). It imports nothing else of
+the transport layer, so the layer stays shallow."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import re
 import ssl
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,8 +19,6 @@ import yarl
 
 from ..config import ClientConfig
 from ..errors import EndpointError, TransientError
-from .http import EMULATOR_ENV
-from .transport import Body, Headers, Unanswered
 
 __all__ = ["STREAM_SLICE", "AiohttpResponse", "AiohttpTransport", "verify_failure"]
 
@@ -32,7 +31,7 @@ class AiohttpResponse:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status: int = response.status
-        self.headers: Headers = response.headers
+        self.headers = response.headers  # case-insensitive, repeated lines kept (getall)
         self._left = memoryview(b"")  # what readinto took from the stream and did not place
 
     async def read(self) -> bytes:
@@ -61,10 +60,20 @@ class AiohttpResponse:
 
 class AiohttpTransport:
     """Requests to one endpoint over aiohttp, on the I/O loop, each with ``headers`` unless it sets them
-    itself. The pool is made at the first request."""
+    itself. The pool is made at the first request. A connection refused by an endpoint that has never
+    answered is raised as ``never_answered(EndpointError(...))``, the error naming ``endpoint_hint``
+    (where the endpoint came from)."""
 
-    def __init__(self, config: ClientConfig, endpoint: str, headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        endpoint: str,
+        headers: dict[str, str],
+        never_answered: Callable[[EndpointError], Exception],
+        endpoint_hint: str,
+    ) -> None:
         self.config, self.endpoint, self._headers = config, endpoint, headers
+        self._never_answered, self._endpoint_hint = never_answered, endpoint_hint
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
@@ -86,7 +95,7 @@ class AiohttpTransport:
         *,
         url: str,
         json: Any = None,
-        data: Body | None = None,
+        data: Any = None,  # a transport.Body
         answer_timeout: float | None = None,
     ) -> AsyncIterator[AiohttpResponse]:
         if self._session is None:
@@ -136,7 +145,7 @@ class AiohttpTransport:
     def _connection_failure(self, exc: aiohttp.ClientConnectorError) -> Exception | None:
         """What a connection that could not be made means. A certificate that fails verification is an
         ``EndpointError`` at once (no new attempt trusts it); a refused connection, a host that does not
-        resolve or a failed handshake is one after a few seconds (:class:`Unanswered`) while the endpoint has
+        resolve or a failed handshake is one after a few seconds (``never_answered``) while the endpoint has
         never answered in this process; after that, ``None``: a network fault, retried."""
         proxied = isinstance(exc, aiohttp.ClientProxyConnectionError)
         where = f"the proxy {self._proxy} for {self.endpoint}" if proxied else self.endpoint
@@ -157,15 +166,8 @@ class AiohttpTransport:
             cause = os.strerror(exc.os_error.errno).lower()  # "connection refused", "no route to host"
         else:
             cause = str(exc.os_error) or type(exc.os_error).__name__
-        check = "check HTTP_PROXY, HTTPS_PROXY and NO_PROXY" if proxied else self._where_the_endpoint_comes_from()
-        return Unanswered(EndpointError(f"cannot reach {where}: {cause}; {check}", url=self.endpoint))
-
-    def _where_the_endpoint_comes_from(self) -> str:
-        if self.config.endpoint:
-            return f"check ClientConfig(endpoint=...) (it takes precedence over {EMULATOR_ENV})"
-        if os.environ.get(EMULATOR_ENV):
-            return f"check {EMULATOR_ENV} (or pass ClientConfig(endpoint=...))"
-        return f"check the network and proxy settings (neither ClientConfig(endpoint=...) nor {EMULATOR_ENV} is set)"
+        check = "check HTTP_PROXY, HTTPS_PROXY and NO_PROXY" if proxied else self._endpoint_hint
+        return self._never_answered(EndpointError(f"cannot reach {where}: {cause}; {check}", url=self.endpoint))
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

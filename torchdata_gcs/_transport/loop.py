@@ -81,6 +81,8 @@ def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | N
     finalizer the garbage collector ran there), where waiting would wait forever, schedule it and
     return ``None``."""
     if _on_loop(io_loop()):
+        # No reference kept: a pending task is held by the loop's queue or by what it awaits (a request's
+        # socket, a timer, a lock others hold), so it is collected only if nothing could ever wake it.
         asyncio.ensure_future(coroutine)
         return None
     return wait(submit(coroutine), timeout)

@@ -33,6 +33,7 @@ from . import lifecycle
 from .aio import AiohttpTransport, verify_failure
 from .http import (
     EMULATOR_ENV,
+    Unanswered,
     credentials_for,
     error_detail,
     error_for_status,
@@ -94,7 +95,9 @@ class Session:
         self._token_request: google.auth.transport.requests.Request | None = None
         # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
         defaults = {"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT}
-        self.transport: Transport = transport or AiohttpTransport(config, self.endpoint, defaults)
+        self.transport: Transport = transport or AiohttpTransport(
+            config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(config)
+        )
         self.sent = False  # whether a request went out (there is something to close)
 
     def __repr__(self) -> str:
@@ -223,6 +226,15 @@ class Session:
 
     async def close(self) -> None:
         await self.transport.close()
+
+
+def _where_the_endpoint_comes_from(config: ClientConfig) -> str:
+    """What to check when the endpoint cannot be reached: where it was named."""
+    if config.endpoint:
+        return f"check ClientConfig(endpoint=...) (it takes precedence over {EMULATOR_ENV})"
+    if os.environ.get(EMULATOR_ENV):
+        return f"check {EMULATOR_ENV} (or pass ClientConfig(endpoint=...))"
+    return f"check the network and proxy settings (neither ClientConfig(endpoint=...) nor {EMULATOR_ENV} is set)"
 
 
 def _untrusted_token_endpoint(exc: google.auth.exceptions.TransportError) -> EndpointError | None:

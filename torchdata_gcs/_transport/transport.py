@@ -10,9 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from ..errors import EndpointError
-
-__all__ = ["Body", "Headers", "Response", "Transport", "Unanswered"]
+__all__ = ["Body", "Headers", "Response", "Transport"]
 
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 """A request body: bytes, or pieces sent in order without being joined."""
@@ -75,12 +73,3 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Close the connections; the transport is not used again."""
         ...
-
-
-class Unanswered(Exception):
-    """A connection to an endpoint that has never answered in this process was refused, or its host name
-    did not resolve: tried again for a few seconds only (see :mod:`.retry`), then :attr:`error` is raised."""
-
-    def __init__(self, error: EndpointError) -> None:
-        super().__init__(str(error))
-        self.error = error
