@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -133,3 +134,25 @@ def test_tests_use_only_what_each_module_exports() -> None:
                 if alias.name.startswith("_") or (exported is not None and alias.name not in exported):
                     borrowed.append(f"{path.name}: {node.module}.{alias.name}")
     assert borrowed == []
+
+
+DOCSTRING_LINES = 12
+LONGER_DOCSTRINGS = {"errors.py": 24}  # the exception tree, drawn whole where a reader of the errors looks
+FIGURE = re.compile(r"\d+(\.\d+)? ?(ms|µs|MB/s|GB/s|KiB|MiB|GiB)\b|\d+(\.\d+)?x\b")
+
+
+def test_each_module_opens_with_a_short_docstring_without_figures() -> None:
+    """What a module does and why fits in a few lines; reasons go beside the code, measured figures to
+    benchmarks/README.md, where they keep their provenance."""
+    found = []
+    for path in modules():
+        name = str(path.relative_to(PACKAGE))
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        if not docstring:
+            found.append(f"{name}: no docstring")
+            continue
+        lines = len(docstring.splitlines())
+        if lines > LONGER_DOCSTRINGS.get(name, DOCSTRING_LINES):
+            found.append(f"{name}: {lines} lines")
+        found += [f"{name}: {match.group(0)!r}" for match in FIGURE.finditer(docstring)]
+    assert found == []
