@@ -20,9 +20,11 @@ from typing import IO, Any, Literal, cast
 import torch
 
 from ._engines.compressed_read import block_table_of, read_decompressed_into
-from ._engines.compression import CompressingWriter, decompress, is_compressed
-from ._engines.download import LoadStats, read_into, read_into_buffer
+from ._engines.compressing import CompressingWriter
+from ._engines.compression import decompress, is_compressed
+from ._engines.download import LoadStats
 from ._engines.memory_file import memory_file
+from ._engines.ranges import read_into, read_into_buffer
 from ._engines.streams import MemoryStream
 from ._engines.upload import StreamingWriter, library_errors_first, new_writer
 from ._ops.checksums import ObjectInfo

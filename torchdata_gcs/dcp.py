@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from ._engines.download import read_into_buffer, read_ranges_into
+from ._engines.ranges import read_into_buffer, read_ranges_into
 from ._engines.read_ahead import ReadAhead, Span
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.client import Client

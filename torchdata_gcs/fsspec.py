@@ -44,9 +44,10 @@ from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
-from ._engines.download import Loaded, fetch_object, read_ranges_into
+from ._engines.download import Loaded, fetch_object
 from ._engines.listing import list_objects
 from ._engines.publishing import PublishingWriter
+from ._engines.ranges import read_ranges_into
 from ._engines.streams import FilledBytes, PartStream
 from ._engines.upload import StreamingWriter, new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata

@@ -24,7 +24,7 @@ from .._transport.retry import Attempts
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import IntegrityError
 from .compression import Block, place, read_block_table
-from .download import read_ranges_into
+from .ranges import read_ranges_into
 
 __all__ = ["TAIL", "block_table_of", "read_decompressed_into"]
 

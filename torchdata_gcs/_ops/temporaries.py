@@ -13,18 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._transport.context import RequestContext
-from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError
 from .batch import delete_objects
-from .client import Client
+from .client import Client, ReaperTask
 from .objects import delete_object
 from .paging import MAX_PAGE_SIZE, PageTrail
 from .urls import format_url, printable
 
 __all__ = [
     "DeletePrefix",
-    "ReaperTask",
     "delete_temporary",
     "list_soft_deleted",
     "list_versions",
@@ -89,24 +87,6 @@ def _listed(
         if token is None:
             return
         params["pageToken"] = token
-
-
-class ReaperTask:
-    """What a reaper's task that sends requests holds: the client settings and the endpoint this process
-    would use now (the emulator variable is part of that, as for its sessions)."""
-
-    def __init__(self, config: ClientConfig, retry: RetryConfig) -> None:
-        self.config = config
-        self.retry = retry
-        self.emulator = os.environ.get(EMULATOR_ENV)
-
-    def client(self) -> Client:
-        """A client, in the reaper, for that endpoint (the reaper's environment serves no one else)."""
-        if self.emulator is None:
-            os.environ.pop(EMULATOR_ENV, None)
-        else:
-            os.environ[EMULATOR_ENV] = self.emulator
-        return Client(self.config, self.retry)
 
 
 class DeletePrefix(ReaperTask):

@@ -17,10 +17,9 @@ from xml.etree import ElementTree
 from .._transport.context import RequestContext, with_retry
 from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError, NoMultipartListing
-from .client import Client
+from .client import Client, ReaperTask
 from .objects import delete_object, delete_request
 from .paging import PageTrail
-from .temporaries import ReaperTask
 from .urls import TEMPORARY_PREFIX, format_url, printable
 
 __all__ = ["UPLOAD_MARKERS", "AbortUpload", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]

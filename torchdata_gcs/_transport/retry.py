@@ -14,7 +14,7 @@ import google.auth.exceptions
 from ..config import RetryConfig
 from ..errors import DeadlineExceededError, EndpointError, GCSError, IntegrityError, TransientError
 from .deadline import deadline_for
-from .http import RETRYABLE_STATUSES
+from .http import RETRYABLE_STATUSES, Unanswered
 
 logger = logging.getLogger(__name__)
 
@@ -22,15 +22,6 @@ UNANSWERED_DELAYS = (0.25, 0.75, 1.5)
 """The waits before each new attempt at an endpoint that has never answered in this process and refuses
 the connection or whose host does not resolve: about 2.5 s in all, enough for a server still starting,
 short enough that a wrong endpoint is said at once."""
-
-
-class Unanswered(Exception):
-    """A connection to an endpoint that has never answered in this process was refused, or its host name
-    did not resolve: tried again for :data:`UNANSWERED_DELAYS` only, then :attr:`error` is raised."""
-
-    def __init__(self, error: EndpointError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (

@@ -25,11 +25,12 @@ from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, TransferConfig
 from ..errors import GCSError, InvalidURIError
 from ..testing import Emulator, EmulatorError
-from .bench import MAX_IN_FLIGHT, listed_with_stats
+from .bench import MAX_IN_FLIGHT
 from .bench import bench as run_bench
 from .clean import checked_age
 from .clean import clean as run_clean
 from .doctor import SCRATCH_MARK, doctor
+from .listing import listed_with_stats
 from .options import client_config
 from .sizes import human_size
 
