@@ -199,3 +199,18 @@ def test_each_module_opens_with_a_short_docstring_without_figures() -> None:
             found.append(f"{name}: {lines} lines")
         found += [f"{name}: {match.group(0)!r}" for match in FIGURE.finditer(docstring)]
     assert found == []
+
+
+SCRIPT_DOCSTRING_LINES = 16  # a script's docstring is also its --help, usage lines included
+
+
+def test_each_script_opens_with_a_short_docstring() -> None:
+    """The benchmarks and examples say what they run and how in a few lines; their results and the longer
+    account live in benchmarks/README.md and README.md. Workload sizes are settings there, not figures."""
+    found = []
+    for path in sorted([*(PACKAGE.parent / "benchmarks").glob("*.py"), *(PACKAGE.parent / "examples").glob("*.py")]):
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        lines = len(docstring.splitlines()) if docstring else 0
+        if not 0 < lines <= SCRIPT_DOCSTRING_LINES:
+            found.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines")
+    assert found == []
