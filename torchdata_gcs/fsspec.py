@@ -45,7 +45,7 @@ from fsspec.utils import stringify_path
 from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object
-from ._engines.listing import list_objects
+from ._engines.listing import list_objects_async
 from ._engines.publishing import PublishingWriter
 from ._engines.ranges import read_ranges_into
 from ._engines.streams import FilledBytes, PartStream
@@ -781,20 +781,19 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             }
         else:
             client = Client(self.client, self.retry)
-            batches = await asyncio.to_thread(
-                lambda: list(
-                    list_objects(
-                        client,
-                        bucket,
-                        within,
-                        MAX_PAGE_SIZE,
-                        LISTING_CONCURRENCY,
-                        match_glob=match_glob,
-                        as_prefix=bool(prefix),
-                        item_fields=None,
-                    )
+            batches = [
+                batch
+                async for batch in list_objects_async(
+                    client,
+                    bucket,
+                    within,
+                    MAX_PAGE_SIZE,
+                    LISTING_CONCURRENCY,
+                    match_glob=match_glob,
+                    as_prefix=bool(prefix),
+                    item_fields=None,
                 )
-            )
+            ]
             found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for _, b in batch)}
         if withdirs:
             top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")

@@ -44,7 +44,7 @@ from ..errors import (
     PreconditionFailedError,
 )
 from .download import Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
-from .listing import describe, list_objects
+from .listing import describe, list_objects_async
 
 logger = logging.getLogger(__name__)
 
@@ -222,9 +222,8 @@ class Composer:
         except AccessDeniedError as exc:
             self._unsettled.discard((bucket, probe))
             return False, str(exc)
-        if self.reuse_prefix is not None:  # the listing engine runs its own threads: off the loop
-            reuse_prefix = self.reuse_prefix
-            listed = await asyncio.to_thread(lambda: list(list_objects(client, bucket, reuse_prefix, MAX_PAGE_SIZE)))
+        if self.reuse_prefix is not None:
+            listed = [batch async for batch in list_objects_async(client, bucket, self.reuse_prefix, MAX_PAGE_SIZE)]
             self._cache[bucket] = {item["name"]: ObjectInfo.from_json(item) for batch in listed for _, item in batch}
             if self._cache[bucket]:
                 self._cached_before.add(bucket)

@@ -4,7 +4,8 @@ objects named one by one."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo
@@ -14,12 +15,12 @@ from .._ops.paging import ITEM_FIELDS
 from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from .._transport.context import RequestContext
 from .._transport.http import is_missing_bucket
-from .._transport.loop import run
+from .._transport.loop import iterate, run
 from ..errors import NotFoundError
-from .parallel_listing import ListingStats, list_prefix_parallel
+from .parallel_listing import ListingStats, list_prefix_async
 
 
-def list_objects(
+async def list_objects_async(
     client: Client,
     bucket: str,
     name: str,
@@ -31,7 +32,7 @@ def list_objects(
     *,
     as_prefix: bool = False,
     item_fields: str | None = ITEM_FIELDS,
-) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+) -> AsyncGenerator[list[tuple[str, dict[str, Any]]], None]:
     """Expand ``gs://bucket/name`` into batches of ``(url, resource)`` pairs in GCS's name order.
 
     ``resource`` holds ``item_fields``: by default those ``ObjectInfo.from_json`` reads (``None``: all of
@@ -47,24 +48,61 @@ def list_objects(
     only the names under the prefix that this glob selects (``matchGlob``; the object of the exact
     name is asked for whatever the glob). With ``as_prefix``, ``name`` is a prefix of the names listed
     whatever it ends with (``dir/ab``: ``dir/ab.txt`` and ``dir/abc/x``), with no object asked for.
+    To be iterated on the I/O loop; closing it cancels the listing.
     """
     stats = stats if stats is not None else ListingStats()
     base = f"gs://{bucket}/"
     prefix = name
     if name and not name.endswith("/") and not as_prefix:
         prefix = name + "/"
-        exact = client.head(bucket, name, item_fields) if after is None or name > after else None
+        exact = (
+            await object_resource(client.context(), bucket, name, item_fields)
+            if after is None or name > after
+            else None
+        )
         if exact is not None:
             yield [(base + name, exact)]
     hidden = "" if prefix.startswith(TEMPORARY_PREFIX) else TEMPORARY_PREFIX  # another job's composites
-    pages = list_prefix_parallel(client, bucket, prefix, page_size, concurrency, stats, after, match_glob, item_fields)
-    for page in pages:
-        yield [
-            (base + item["name"], item)
-            for item in page
-            if not (item["name"].endswith("/") and item["size"] == "0")
-            and not (hidden and item["name"].startswith(hidden))
-        ]
+    pages = list_prefix_async(client, bucket, prefix, page_size, concurrency, stats, after, match_glob, item_fields)
+    async with aclosing(pages):
+        async for page in pages:
+            yield [
+                (base + item["name"], item)
+                for item in page
+                if not (item["name"].endswith("/") and item["size"] == "0")
+                and not (hidden and item["name"].startswith(hidden))
+            ]
+
+
+def list_objects(
+    client: Client,
+    bucket: str,
+    name: str,
+    page_size: int,
+    concurrency: int = 1,
+    stats: ListingStats | None = None,
+    after: str | None = None,
+    match_glob: str | None = None,
+    *,
+    as_prefix: bool = False,
+    item_fields: str | None = ITEM_FIELDS,
+) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """:func:`list_objects_async` for a blocking caller, each batch handed over as it is ready; closing
+    the iterator, or Ctrl-C while it waits, cancels the listing."""
+    return iterate(
+        list_objects_async(
+            client,
+            bucket,
+            name,
+            page_size,
+            concurrency,
+            stats,
+            after,
+            match_glob,
+            as_prefix=as_prefix,
+            item_fields=item_fields,
+        )
+    )
 
 
 async def describe(context: RequestContext, urls: Sequence[str]) -> list[ObjectInfo | NotFoundError]:

@@ -1,7 +1,7 @@
 """Parallel listing of one prefix: key ranges listed concurrently, re-split as listers go idle.
 
 A sequential listing costs one round trip per 1,000 names. Here the key space under the prefix is
-listed by up to ``concurrency`` threads, each owning a range ``[start, end)`` of names, requested
+listed by up to ``concurrency`` tasks on the I/O loop, each owning a range ``[start, end)`` of names, requested
 with ``startOffset``/``endOffset``. A lister that runs out of work steals: it splits the remaining
 part of a busy range and takes the upper part (:class:`KeySpace` says where to cut). Splits are
 rationed (``SPLIT_BUDGET``) so the whole listing stays within half again the requests of a sequential
@@ -11,22 +11,25 @@ that order as soon as every earlier range is finished.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-import threading
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise, zip_longest
 from typing import Any
 
 from .._ops.client import Client
+from .._ops.objects import list_page
 from .._ops.paging import ITEM_FIELDS, PageTrail
 from .._ops.urls import format_url
+from .._transport.context import RequestContext
+from .._transport.loop import iterate
 from ..errors import ListingError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KeySpace", "ListingStats", "list_prefix_parallel", "split_point"]
+__all__ = ["KeySpace", "ListingStats", "list_prefix_async", "list_prefix_parallel", "split_point"]
 
 CHARACTER_CLASSES = tuple(
     frozenset(chars) for chars in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -152,11 +155,11 @@ class _Range:
 
 
 class _Listing:
-    """The shared state of one parallel listing, guarded by one condition variable."""
+    """The shared state of one parallel listing. Its listers are tasks on the I/O loop, so it needs no lock:
+    state changes only between awaits, and whoever waits for a change awaits :meth:`next_change`."""
 
     def __init__(
         self,
-        client: Client,
         bucket: str,
         prefix: str,
         page_size: int,
@@ -164,7 +167,6 @@ class _Listing:
         match_glob: str | None,
         item_fields: str | None = ITEM_FIELDS,
     ) -> None:
-        self.client = client
         self.match_glob = match_glob
         self.items = f"items({item_fields})" if item_fields is not None else "items"
         self.bucket = bucket
@@ -174,34 +176,54 @@ class _Listing:
         self.ranges = [_Range(start=prefix, end=None, after=after if after is not None and after > prefix else None)]
         self.space = KeySpace([""])
         self.stats = ListingStats()
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
         self.stopped = False
         self.idle = 0  # listers waiting for work
-        self.changed = threading.Condition()
+        self._change = asyncio.Event()
+        self._listers: list[asyncio.Task[None]] = []
+
+    def _changed(self) -> None:
+        """Wake everyone waiting for a change."""
+        self._change.set()
+        self._change = asyncio.Event()
+
+    async def next_change(self) -> None:
+        await self._change.wait()
+
+    def start(self, client: Client, concurrency: int) -> None:
+        """Start ``concurrency`` listers, each sending its requests under a context of ``client``'s."""
+        self._listers = [asyncio.create_task(self._work(client.context())) for _ in range(concurrency)]
+
+    def stop(self) -> None:
+        """Cancel the listers, requests in flight included."""
+        self.stopped = True
+        for lister in self._listers:
+            lister.cancel()
 
     def finished(self) -> bool:
         return self.stopped or self.error is not None or all(r.done for r in self.ranges)
 
-    def claim(self) -> _Range | None:
+    async def claim(self) -> _Range | None:
         """A range to list: an unclaimed one, else one split off a busy range; ``None`` when all is done."""
-        with self.changed:
-            while not self.finished():
-                for candidate in self.ranges:
-                    if not candidate.busy and not candidate.done:
-                        candidate.busy = True
-                        return candidate
-                if self._affordable():
-                    victims = sorted(self.ranges, key=self._pages_left, reverse=True)
-                    for victim in victims:
-                        stolen = self._split(victim)
-                        if stolen is not None:
-                            self.ranges.insert(self.ranges.index(victim) + 1, stolen)
-                            self.stats.splits += 1
-                            return stolen
-                self.idle += 1
-                self.changed.wait()
+        while not self.finished():
+            for candidate in self.ranges:
+                if not candidate.busy and not candidate.done:
+                    candidate.busy = True
+                    return candidate
+            if self._affordable():
+                victims = sorted(self.ranges, key=self._pages_left, reverse=True)
+                for victim in victims:
+                    stolen = self._split(victim)
+                    if stolen is not None:
+                        self.ranges.insert(self.ranges.index(victim) + 1, stolen)
+                        self.stats.splits += 1
+                        return stolen
+            self.idle += 1
+            try:
+                await self.next_change()
+            finally:
                 self.idle -= 1
-            return None
+        return None
 
     def _affordable(self) -> bool:
         """Whether one more range keeps the listing within ``1 + SPLIT_BUDGET`` times a sequential one.
@@ -243,53 +265,49 @@ class _Listing:
         victim.end = stolen.start
         return stolen
 
-    def list_range(self, owned: _Range) -> None:
+    async def list_range(self, owned: _Range, context: RequestContext) -> None:
         """List ``owned`` page by page until it is done (its end may shrink meanwhile)."""
-        while True:
-            with self.changed:
-                if self.stopped or owned.done:
-                    return
-                if owned.token is None:
-                    owned.query = {
-                        "prefix": self.prefix,
-                        "startOffset": owned.after if owned.after is not None else owned.start,
-                        "maxResults": self.page_size,
-                        "projection": "noAcl",
-                        "fields": f"{self.items},nextPageToken",
-                    }
-                    if owned.end is not None:
-                        owned.query["endOffset"] = owned.end
-                    if self.match_glob is not None:
-                        owned.query["matchGlob"] = self.match_glob
-                    params, owned.trail = owned.query, PageTrail(self.url)
-                else:
-                    params = {**owned.query, "pageToken": owned.token}
-            page = self.client.list_page(self.bucket, params, url=self.url)
+        while not (self.stopped or owned.done):
+            if owned.token is None:
+                owned.query = {
+                    "prefix": self.prefix,
+                    "startOffset": owned.after if owned.after is not None else owned.start,
+                    "maxResults": self.page_size,
+                    "projection": "noAcl",
+                    "fields": f"{self.items},nextPageToken",
+                }
+                if owned.end is not None:
+                    owned.query["endOffset"] = owned.end
+                if self.match_glob is not None:
+                    owned.query["matchGlob"] = self.match_glob
+                params, owned.trail = owned.query, PageTrail(self.url)
+            else:
+                params = {**owned.query, "pageToken": owned.token}
+            page = await list_page(context, self.bucket, params, url=self.url)
             items = page.get("items", [])
             logger.debug("listed %d objects of %s from %r", len(items), self.url, params["startOffset"])
-            with self.changed:
-                self.stats.requests += 1
-                fresh = [  # a resumed listing repeats ``after``; a split may have cut the end
-                    item
-                    for item in items
-                    if (owned.after is None or item["name"] > owned.after)
-                    and (owned.end is None or item["name"] < owned.end)
-                ]
-                owned.items.extend(fresh)
-                self.stats.objects += len(fresh)
-                if fresh:
-                    owned.after = fresh[-1]["name"]
-                    self._learn(fresh)
-                owned.last_page_full = len(fresh) >= self.page_size
-                if owned.last_page_full:
-                    owned.last_page_stride = self._stride(fresh[0]["name"], fresh[-1]["name"])
-                self.stats.full_pages += owned.last_page_full
-                assert owned.trail is not None  # made with the query
-                owned.token = owned.trail.follow_json(page)
-                past_end = owned.end is not None and bool(items) and items[-1]["name"] >= owned.end
-                if owned.token is None or past_end:
-                    owned.done, owned.busy = True, False
-                self.changed.notify_all()
+            self.stats.requests += 1
+            fresh = [  # a resumed listing repeats ``after``; a split may have cut the end
+                item
+                for item in items
+                if (owned.after is None or item["name"] > owned.after)
+                and (owned.end is None or item["name"] < owned.end)
+            ]
+            owned.items.extend(fresh)
+            self.stats.objects += len(fresh)
+            if fresh:
+                owned.after = fresh[-1]["name"]
+                self._learn(fresh)
+            owned.last_page_full = len(fresh) >= self.page_size
+            if owned.last_page_full:
+                owned.last_page_stride = self._stride(fresh[0]["name"], fresh[-1]["name"])
+            self.stats.full_pages += owned.last_page_full
+            assert owned.trail is not None  # made with the query
+            owned.token = owned.trail.follow_json(page)
+            past_end = owned.end is not None and bool(items) and items[-1]["name"] >= owned.end
+            if owned.token is None or past_end:
+                owned.done, owned.busy = True, False
+            self._changed()
 
     def _stride(self, first: str, last: str) -> int:
         """How far one page of names reached, in the key space splits are made in."""
@@ -319,14 +337,67 @@ class _Listing:
         for listed in self.ranges:
             listed.last_page_stride = 0  # measured in the old space
 
-    def work(self) -> None:
+    async def _work(self, context: RequestContext) -> None:
         try:
-            while (owned := self.claim()) is not None:
-                self.list_range(owned)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            with self.changed:
-                self.error = self.error or exc
-                self.changed.notify_all()
+            while (owned := await self.claim()) is not None:
+                await self.list_range(owned, context)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            self.error = self.error or exc
+            self._changed()
+
+
+async def list_prefix_async(
+    client: Client,
+    bucket: str,
+    prefix: str,
+    page_size: int,
+    concurrency: int,
+    stats: ListingStats | None = None,
+    after: str | None = None,
+    match_glob: str | None = None,
+    item_fields: str | None = ITEM_FIELDS,
+) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """The object resources under ``prefix`` (after ``after``, if given), in name order, in batches;
+    with ``match_glob``, only those GCS finds that glob selects (GCS's ``matchGlob``). Each resource holds
+    ``item_fields`` (``None``: all its fields but its ACL). To be iterated on the I/O loop.
+
+    ``concurrency`` tasks list; each batch is what became ready in order since the last one.
+    ``stats``, when given, is updated as the listing goes (requests, splits, objects). Closing the
+    generator (or cancelling its consumer) cancels the listing.
+    """
+    listing = _Listing(bucket, prefix, page_size, after, match_glob, item_fields)
+    if stats is not None:
+        listing.stats = stats
+    listing.start(client, concurrency)
+    try:
+        position, previous = 0, ""
+        while True:
+            while not (
+                listing.error is not None
+                or position >= len(listing.ranges)
+                or listing.ranges[position].items
+                or listing.ranges[position].done
+            ):
+                await listing.next_change()
+            if listing.error is not None:
+                raise listing.error
+            if position >= len(listing.ranges):
+                return
+            current = listing.ranges[position]
+            ready, current.items = current.items, []  # hand over what is in order, keep nothing
+            if not ready:
+                position += 1  # done
+                continue
+            names = [item["name"] for item in ready]
+            # GCS lists in name order; anything else is not trusted.
+            if names[0] <= previous or any(a >= b for a, b in pairwise(names)):
+                raise ListingError(
+                    f"listing of {listing.url} came back out of order near {names[0]!r}", url=listing.url
+                )
+            previous = names[-1]
+            yield ready
+    finally:
+        listing.stop()
 
 
 def list_prefix_parallel(
@@ -340,52 +411,8 @@ def list_prefix_parallel(
     match_glob: str | None = None,
     item_fields: str | None = ITEM_FIELDS,
 ) -> Iterator[list[dict[str, Any]]]:
-    """The object resources under ``prefix`` (after ``after``, if given), in name order, in batches;
-    with ``match_glob``, only those GCS finds that glob selects (GCS's ``matchGlob``). Each resource holds
-    ``item_fields`` (``None``: all its fields but its ACL).
-
-    ``concurrency`` threads list; each batch is what became ready in order since the last one.
-    ``stats``, when given, is updated as the listing goes (requests, splits, objects).
-    """
-    listing = _Listing(client, bucket, prefix, page_size, after, match_glob, item_fields)
-    if stats is not None:
-        listing.stats = stats
-    workers = [
-        threading.Thread(target=listing.work, name="torchdata-gcs-list", daemon=True) for _ in range(concurrency)
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        position, previous = 0, ""
-        while True:
-            with listing.changed:
-                listing.changed.wait_for(
-                    lambda position=position: (
-                        listing.error is not None
-                        or position >= len(listing.ranges)
-                        or bool(listing.ranges[position].items)
-                        or listing.ranges[position].done
-                    )
-                )
-                if listing.error is not None:
-                    raise listing.error
-                if position >= len(listing.ranges):
-                    return
-                current = listing.ranges[position]
-                ready, current.items = current.items, []  # hand over what is in order, keep nothing
-                if not ready and current.done:
-                    position += 1
-            if not ready:
-                continue
-            names = [item["name"] for item in ready]
-            # GCS lists in name order; anything else is not trusted.
-            if names[0] <= previous or any(a >= b for a, b in pairwise(names)):
-                raise ListingError(
-                    f"listing of {listing.url} came back out of order near {names[0]!r}", url=listing.url
-                )
-            previous = names[-1]
-            yield ready
-    finally:
-        with listing.changed:
-            listing.stopped = True
-            listing.changed.notify_all()
+    """:func:`list_prefix_async` for a blocking caller, each batch handed over as it is ready; closing
+    the iterator, or Ctrl-C while it waits, cancels the listing."""
+    return iterate(
+        list_prefix_async(client, bucket, prefix, page_size, concurrency, stats, after, match_glob, item_fields)
+    )

@@ -2,21 +2,21 @@
 
 Every request runs as a coroutine on this loop, so thousands of requests share one thread instead
 of contending for the GIL from many; synchronous callers hand work over here only (:func:`run`,
-:func:`submit` and :func:`wait`, :class:`Handoff`), which cancels it if they stop waiting."""
+:func:`submit` and :func:`wait`, :func:`iterate`, :class:`Handoff`), which cancels it if they stop waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from . import lifecycle
 
 T = TypeVar("T")
 
-__all__ = ["Handoff", "io_loop", "on_io_loop", "run", "submit", "wait", "wait_unless_on_io_loop"]
+__all__ = ["Handoff", "io_loop", "iterate", "on_io_loop", "run", "submit", "wait", "wait_unless_on_io_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -86,6 +86,31 @@ def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | N
         asyncio.ensure_future(coroutine)
         return None
     return wait(submit(coroutine), timeout)
+
+
+def iterate(items: AsyncGenerator[T, None]) -> Iterator[T]:
+    """The items of ``items``, an async generator run on the I/O loop, for a blocking caller (each one
+    :func:`run`); when the caller stops early (closes this iterator, or Ctrl-C ends a wait), ``items`` is
+    closed there, so nothing of it keeps running."""
+    try:
+        while (item := run(_next(items))) is not _END:
+            yield item  # type: ignore[misc]
+    finally:
+        wait_unless_on_io_loop(_close(items))
+
+
+_END = object()
+
+
+async def _next(items: AsyncGenerator[T, None]) -> T | object:
+    try:
+        return await anext(items)
+    except StopAsyncIteration:
+        return _END
+
+
+async def _close(items: AsyncGenerator[Any, None]) -> None:
+    await items.aclose()
 
 
 class Handoff:
