@@ -188,10 +188,12 @@ class _Listing:
         self._change = asyncio.Event()
 
     async def next_change(self) -> None:
+        """Wait for the next change of the listing's state."""
         await self._change.wait()
 
     def start(self, client: Client, concurrency: int) -> None:
-        """Start ``concurrency`` listers, each sending its requests under a context of ``client``'s."""
+        """Start ``concurrency`` listers, each sending its requests under a context of ``client``'s of its own
+        (its own concurrency slots: ``concurrency`` may exceed one context's)."""
         self._listers = [asyncio.create_task(self._work(client.context())) for _ in range(concurrency)]
 
     def stop(self) -> None:
