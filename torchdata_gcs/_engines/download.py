@@ -34,13 +34,13 @@ from .._ops.checksums import (
     reported_crc32c,
     verify_bytes,
 )
+from .._ops.client import Client
 from .._ops.objects import object_resource
 from .._ops.urls import parse_url
-from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, io_loop
 from .._transport.retry import Attempts
-from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
 from .memory_file import FilledBytes
 from .streams import MemoryStream, PartStream
@@ -231,8 +231,8 @@ async def _learn_version(
 class VersionRanges:
     """Ranges of one object version, read on this process's I/O loop (a :class:`PartStream`'s source).
 
-    Pickles as the settings that read them (client, retry, part size, URL, generation), so a stream
-    unpickled in another process reads the rest from there.
+    Pickles as the settings that read them (a handle reading as its context does, URL, generation), so a
+    stream unpickled in another process reads the rest from there.
     """
 
     def __init__(self, context: RequestContext, url: str, params: dict[str, Any]) -> None:
@@ -245,20 +245,11 @@ class VersionRanges:
         return asyncio.run_coroutine_threadsafe(reading, io_loop())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        context = self._context
-        return _ranges_in_this_process, (
-            context.session.config,
-            context.retry,
-            context.part_size,
-            self._url,
-            dict(self._params),
-        )
+        return _ranges_in_this_process, (Client.reading_as(self._context), self._url, dict(self._params))
 
 
-def _ranges_in_this_process(
-    client: ClientConfig, retry: RetryConfig, part_size: int, url: str, params: dict[str, Any]
-) -> VersionRanges:
-    return VersionRanges(new_context(client, TransferConfig(part_size=part_size), retry, LoadStats()), url, params)
+def _ranges_in_this_process(client: Client, url: str, params: dict[str, Any]) -> VersionRanges:
+    return VersionRanges(client.context(), url, params)
 
 
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream
@@ -584,18 +575,11 @@ def deliver_in_order(
 
 
 def load_in_order(
-    items: Iterable[tuple[str, ObjectInfo | None]],
-    config: ClientConfig,
-    transfer: TransferConfig,
-    retry: RetryConfig,
-    stats: LoadStats,
-    *,
-    skip_missing: bool,
+    items: Iterable[tuple[str, ObjectInfo | None]], client: Client, *, skip_missing: bool
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
     units = (functools.partial(load_one, url, info) for url, info in items)
-    context = new_context(config, transfer, retry, stats)
-    return deliver_in_order(units, context, 2 * transfer.max_in_flight, skip_missing=skip_missing)
+    return deliver_in_order(units, client.context(), 2 * client.transfer.max_in_flight, skip_missing=skip_missing)
 
 
 async def _read_range_into(
@@ -629,33 +613,23 @@ async def read_ranges_into(
     return crc32c_of_concatenation(zip(crcs, (min(part_size, len(buffer) - o) for o in offsets), strict=True))
 
 
-def read_into_buffer(
-    url: str, info: ObjectInfo, config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
-) -> bytearray:
+def read_into_buffer(url: str, info: ObjectInfo, client: Client) -> bytearray:
     """One object (the version ``info`` names) in a new buffer, read as :func:`read_into` reads."""
     buffer = bytearray(info.size)
-    read_into(memoryview(buffer), url, info, config, transfer, retry, stats)
+    read_into(memoryview(buffer), url, info, client)
     return buffer
 
 
-def read_into(
-    target: memoryview,
-    url: str,
-    info: ObjectInfo,
-    config: ClientConfig,
-    transfer: TransferConfig,
-    retry: RetryConfig,
-    stats: LoadStats,
-) -> None:
+def read_into(target: memoryview, url: str, info: ObjectInfo, client: Client) -> None:
     """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
     ``target`` (its size), and checked against ``info``'s crc32c without another pass over the bytes.
 
     Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
     range was hit), as retries allow."""
-    context = new_context(config, transfer, retry, stats)
-    rereads = Attempts(retry, url, on_retry=stats.count_retry)
+    context = client.context()
+    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
     while True:
-        reading = read_ranges_into(context, url, info.generation, 0, target, transfer.part_size)
+        reading = read_ranges_into(context, url, info.generation, 0, target, client.transfer.part_size)
         crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
         try:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})

@@ -13,7 +13,6 @@ from .._ops.objects import object_resource
 from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from .._transport.context import RequestContext
 from .._transport.http import is_missing_bucket
-from .._transport.loop import run
 from ..errors import NotFoundError
 from .parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
 
@@ -86,7 +85,7 @@ async def describe(context: RequestContext, urls: Sequence[str]) -> list[ObjectI
 
 
 def describe_objects(client: Client, urls: Sequence[str], batch: int = 1024) -> Iterator[ObjectInfo | NotFoundError]:
-    """:func:`describe` for a blocking caller, ``batch`` objects at a time (their requests under the
-    client's concurrency limit), in the order of ``urls``."""
+    """:func:`describe` for a blocking caller, ``batch`` objects at a time (as one call of the client: its
+    requests under the default concurrency limit), in the order of ``urls``."""
     for start in range(0, len(urls), batch):
-        yield from run(describe(client.context(), urls[start : start + batch]))
+        yield from client.run(describe, urls[start : start + batch])

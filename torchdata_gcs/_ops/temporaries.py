@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._transport.http import EMULATOR_ENV
-from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError
 from .batch import delete_objects
 from .client import Client
@@ -64,28 +63,28 @@ def _listed(
 
 
 class ReaperTask:
-    """What a reaper's task that sends requests holds: the client settings and the endpoint this process
-    would use now (the emulator variable is part of that, as for its sessions)."""
+    """What a reaper's task that sends requests holds: the handle of the job it undoes (settings only, it
+    pickles) and the endpoint this process would use now (the emulator variable is part of that, as for
+    its sessions)."""
 
-    def __init__(self, config: ClientConfig, retry: RetryConfig) -> None:
-        self.config = config
-        self.retry = retry
+    def __init__(self, client: Client) -> None:
+        self._client = client
         self.emulator = os.environ.get(EMULATOR_ENV)
 
     def client(self) -> Client:
-        """A client, in the reaper, for that endpoint (the reaper's environment serves no one else)."""
+        """The handle, in the reaper, for that endpoint (the reaper's environment serves no one else)."""
         if self.emulator is None:
             os.environ.pop(EMULATOR_ENV, None)
         else:
             os.environ[EMULATOR_ENV] = self.emulator
-        return Client(self.config, self.retry)
+        return self._client
 
 
 class DeletePrefix(ReaperTask):
     """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good."""
 
-    def __init__(self, bucket: str, prefix: str, config: ClientConfig, retry: RetryConfig) -> None:
-        super().__init__(config, retry)
+    def __init__(self, bucket: str, prefix: str, client: Client) -> None:
+        super().__init__(client)
         self.bucket = bucket
         self.prefix = prefix
 
