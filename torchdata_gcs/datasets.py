@@ -24,7 +24,7 @@ from ._engines.resume import fingerprint, resume_position
 from ._engines.workers import SharedEpoch, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
-from ._ops.objects import MAX_PAGE_SIZE
+from ._ops.paging import MAX_PAGE_SIZE
 from ._ops.urls import brief, parse_url, url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer

@@ -40,10 +40,10 @@ from torch.futures import Future
 
 from ._engines.checkpoints import open_writer, write_config
 from ._engines.download import read_into_buffer, read_ranges_into
-from ._engines.parallel_listing import ITEM_FIELDS
 from ._engines.read_ahead import ReadAhead, Span
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.client import Client
+from ._ops.paging import ITEM_FIELDS
 from ._ops.urls import format_url, parse_url
 from ._transport.context import LoadStats
 from ._transport.loop import io_loop

@@ -68,18 +68,17 @@ from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
-from ._engines.compose import MAX_SOURCES
 from ._engines.download import Loaded, fetch_object, read_ranges_into
 from ._engines.listing import list_objects
-from ._engines.memory_file import FilledBytes
-from ._engines.streams import PartStream
-from ._engines.upload import PublishingWriter, StreamingWriter, new_writer
+from ._engines.publishing import PublishingWriter
+from ._engines.streams import FilledBytes, PartStream
+from ._engines.upload import StreamingWriter, new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
 from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from ._ops.client import Client
 from ._ops.objects import (
-    MAX_PAGE_SIZE,
+    MAX_SOURCES,
     check_bucket,
     compose_object,
     create_bucket,
@@ -95,7 +94,7 @@ from ._ops.objects import (
     rewrite_object,
     storage_layout,
 )
-from ._ops.paging import PageTrail
+from ._ops.paging import MAX_PAGE_SIZE, PageTrail
 from ._ops.patterns import has_magic, tree_glob
 from ._ops.signing import signed_url
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name

@@ -18,7 +18,7 @@ except ImportError as exc:  # torchdata 0.9 or none
         "torchdata_gcs.nodes needs torchdata >= 0.10, which has torchdata.nodes: pip install 'torchdata>=0.10'"
     ) from exc
 
-from ._engines.compose import COMPOSED_CLASSES, MAX_SOURCES, check_reuse_prefix, check_storage_classes, compose_in_order
+from ._engines.compose import COMPOSED_CLASSES, check_reuse_prefix, check_storage_classes, compose_in_order
 from ._engines.download import Loaded, as_stream, load_in_order
 from ._engines.inputs import list_inputs
 from ._engines.parallel_listing import ListingStats
@@ -26,7 +26,8 @@ from ._engines.resume import listing_position
 from ._engines.shared_listing import Entry
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
-from ._ops.objects import MAX_PAGE_SIZE
+from ._ops.objects import MAX_SOURCES
+from ._ops.paging import MAX_PAGE_SIZE
 from ._ops.urls import url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer

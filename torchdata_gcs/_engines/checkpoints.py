@@ -13,6 +13,7 @@ import torch
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.paging import ITEM_FIELDS
 from .._ops.urls import parse_url
 from .._transport.deadline import call_deadline
 from ..config import WriteConfig, Zstd
@@ -20,7 +21,6 @@ from .compressed_read import block_table_of, read_decompressed_into
 from .compression import CompressingWriter, decompress, is_compressed
 from .download import read_into, read_into_buffer
 from .memory_file import memory_file
-from .parallel_listing import ITEM_FIELDS
 from .streams import MemoryStream
 from .upload import StreamingWriter, library_errors_first, new_writer
 

@@ -25,15 +25,10 @@ it; any other is composed again in its place first.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
 import hashlib
 import json
 import logging
-import os
-import secrets
-import socket
-import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
@@ -43,8 +38,9 @@ from typing import Any
 
 from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE, TEMPORARY_CLASS, compose_object, delete_object
-from .._ops.temporaries import DeletePrefix, list_versions
+from .._ops.objects import TEMPORARY_CLASS, compose_object
+from .._ops.paging import MAX_PAGE_SIZE
+from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper
 from .._transport.context import RequestContext
@@ -65,20 +61,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COMPOSED_CLASSES",
-    "MAX_SOURCES",
     "Composer",
     "check_reuse_prefix",
     "check_storage_classes",
     "compose_in_order",
-    "delete_temporary",
-    "leftovers",
-    "new_job_id",
-    "rfc3339_seconds",
-    "temporary_versions",
 ]
-
-MAX_SOURCES = 32
-"""GCS composes at most this many source objects in one call."""
 
 COMPOSED_CLASSES = ("STANDARD",)
 """Storage classes whose objects are composed by default: a composite has its sources' class, and a
@@ -109,12 +96,6 @@ def check_storage_classes(storage_classes: Iterable[str]) -> tuple[str, ...]:
     if isinstance(storage_classes, str) or not all(isinstance(n, str) and n.isupper() for n in names):
         raise ValueError(f"storage_classes must be a collection of names such as 'STANDARD', got {storage_classes!r}")
     return names
-
-
-def new_job_id() -> str:
-    """A name for one iteration's temporary composites: UTC start time, host, process and a random tag."""
-    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32] or "host"
-    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 Member = tuple[str, str, ObjectInfo]  # url, object name, listed version
@@ -457,17 +438,6 @@ class Composer:
                 )
 
 
-async def delete_temporary(context: RequestContext, bucket: str, name: str, generation: int | None) -> bool:
-    """Delete the version ``generation`` of ``name`` for good (the live one if ``None``, which object
-    versioning keeps as noncurrent), retried; ``True`` once it is gone, ``False`` if deleting failed (logged)."""
-    try:
-        await delete_object(context, bucket, name, generation=generation)
-    except Exception as exc:  # noqa: BLE001 - the caller retries later or leaves it to `clean`
-        logger.debug("deleting %s failed: %r", format_url(bucket, name), exc)
-        return False
-    return True
-
-
 async def _missing(url: str, error: NotFoundError, context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
     return [(url, error)], 0
 
@@ -552,30 +522,3 @@ def _any_live() -> bool:
 
 def _forget_after_fork() -> None:
     _live.clear()  # the parent's composers are the parent's to close
-
-
-# -- leftovers of killed jobs --------------------------------------------------------------------
-
-
-def temporary_versions(client: Client, bucket: str) -> list[dict[str, Any]]:
-    """Every version under ``TEMPORARY_PREFIX`` in ``bucket``, noncurrent ones included (object
-    versioning keeps deleted ones, billed), with ``name``, ``generation`` and ``timeCreated``."""
-    return list(list_versions(client, bucket, TEMPORARY_PREFIX))
-
-
-def leftovers(versions: list[dict[str, Any]], older_than: float) -> list[tuple[str, int]]:
-    """The ``versions`` created more than ``older_than`` seconds ago, as ``(name, generation)``.
-
-    Age is the version's own creation time: the job time in a name is when the job started, and a
-    long job keeps writing under it.
-    """
-    now = time.time()
-    return [
-        (item["name"], int(item["generation"]))
-        for item in versions
-        if now - rfc3339_seconds(item["timeCreated"]) >= older_than
-    ]
-
-
-def rfc3339_seconds(value: str) -> float:
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

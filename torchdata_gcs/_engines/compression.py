@@ -48,7 +48,7 @@ import zstandard
 
 from ..config import Zstd
 from ..errors import IntegrityError
-from .upload import PublishingWriter
+from .publishing import PublishingWriter
 
 __all__ = [
     "BLOCK_HEADER",

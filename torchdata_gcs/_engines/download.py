@@ -42,8 +42,7 @@ from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, io_loop
 from .._transport.retry import Attempts
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
-from .memory_file import FilledBytes
-from .streams import MemoryStream, PartStream
+from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,12 @@ from typing import Any
 from .._ops.checksums import REQUIRED_FIELDS, ObjectInfo
 from .._ops.client import Client
 from .._ops.objects import object_resource
+from .._ops.paging import ITEM_FIELDS
 from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from .._transport.context import RequestContext
 from .._transport.http import is_missing_bucket
 from ..errors import NotFoundError
-from .parallel_listing import ITEM_FIELDS, ListingStats, list_prefix_parallel
+from .parallel_listing import ListingStats, list_prefix_parallel
 
 
 def list_objects(

@@ -1,37 +1,15 @@
 """Memory that downloaded bytes land in once, never copied again: anonymous in-memory files (Linux
 ``memfd``), which ``torch.load(..., mmap=True)`` maps so tensors live in the downloaded pages
-themselves, and ``bytes`` objects filled in place, so a whole read is held once, not twice."""
+themselves, so a whole read is held once, not twice."""
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["FilledBytes", "memory_file"]
-
-
-class FilledBytes:
-    """One ``bytes`` object of ``size`` bytes, written in place through :attr:`view`, then taken by
-    :meth:`take` without a copy.
-
-    An ``io.BytesIO`` made over a new ``bytes(size)`` shares it, ``getbuffer()`` writes into it (being
-    its only holder, nothing is copied first), and ``getvalue()`` hands back that same object once no
-    view of it is left (CPython's ``BytesIO`` does so whenever it can; were a view left, the result
-    would be a correct copy). ``bytes(size)`` comes zeroed from the allocator: a page counts in memory
-    only once written.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._holder = io.BytesIO(bytes(size))
-        self.view = self._holder.getbuffer()
-
-    def take(self) -> bytes:
-        """The bytes written; :attr:`view` is released (slices of it must be gone by now)."""
-        self.view.release()
-        return self._holder.getvalue()
+__all__ = ["memory_file"]
 
 
 @contextmanager

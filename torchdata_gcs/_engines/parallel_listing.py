@@ -24,17 +24,13 @@ from itertools import pairwise, zip_longest
 from typing import Any
 
 from .._ops.client import Client
-from .._ops.paging import PageTrail
+from .._ops.paging import ITEM_FIELDS, PageTrail
 from .._ops.urls import format_url
 from ..errors import ListingError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["KeySpace", "ListingStats", "list_prefix_parallel", "split_point"]
-
-ITEM_FIELDS = "name,size,generation,crc32c,storageClass"
-"""The object fields a listing asks for (``fields=`` trims everything else from the answers); the
-storage class tells which objects may be composed together."""
 
 CHARACTER_CLASSES = tuple(
     frozenset(chars) for chars in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")

@@ -1,4 +1,5 @@
-"""Readable streams over downloaded bytes: parts held in memory, and a large object read ahead.
+"""Readable streams over downloaded bytes: parts held in memory, and a large object read ahead; and
+the ``bytes`` object a whole read is assembled in, filled in place so it is held once, not twice.
 
 ``PartStream`` serves an object too large to hold whole: its parts are fetched in order on the
 I/O loop, at most ``allowance`` bytes ahead of the reader, and the whole object's length and
@@ -23,9 +24,29 @@ import google_crc32c
 
 from .._ops.checksums import check_crc32c, crc32c_base64
 from ..errors import IntegrityError
-from .memory_file import FilledBytes
 
-__all__ = ["MemoryStream", "PartSource", "PartStream"]
+__all__ = ["FilledBytes", "MemoryStream", "PartSource", "PartStream"]
+
+
+class FilledBytes:
+    """One ``bytes`` object of ``size`` bytes, written in place through :attr:`view`, then taken by
+    :meth:`take` without a copy.
+
+    An ``io.BytesIO`` made over a new ``bytes(size)`` shares it, ``getbuffer()`` writes into it (being
+    its only holder, nothing is copied first), and ``getvalue()`` hands back that same object once no
+    view of it is left (CPython's ``BytesIO`` does so whenever it can; were a view left, the result
+    would be a correct copy). ``bytes(size)`` comes zeroed from the allocator: a page counts in memory
+    only once written.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._holder = io.BytesIO(bytes(size))
+        self.view = self._holder.getbuffer()
+
+    def take(self) -> bytes:
+        """The bytes written; :attr:`view` is released (slices of it must be gone by now)."""
+        self.view.release()
+        return self._holder.getvalue()
 
 
 class MemoryStream(io.RawIOBase):

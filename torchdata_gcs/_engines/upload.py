@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import io
 import logging
 import mmap
 import time
@@ -43,6 +42,7 @@ from .._ops.attributes import ObjectAttributes
 from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
 from .._ops.client import Client
 from .._ops.objects import (
+    MAX_SOURCES,
     TEMPORARY_CLASS,
     check_published,
     compose_object,
@@ -51,7 +51,7 @@ from .._ops.objects import (
     object_resource,
 )
 from .._ops.paging import PageTrail
-from .._ops.temporaries import DeletePrefix
+from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
@@ -70,7 +70,7 @@ from ..errors import (
     TransientError,
     UploadError,
 )
-from .compose import MAX_SOURCES, delete_temporary, new_job_id
+from .publishing import PublishingWriter
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,6 @@ __all__ = [
     "MIN_PART_SIZE",
     "CompositeWriter",
     "MultipartWriter",
-    "PublishingWriter",
     "StreamingWriter",
     "library_errors_first",
     "multipart_served",
@@ -112,29 +111,6 @@ def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> i
     True
     """
     return min(base << ((number - 1) // parts_per_size), MAX_PART_SIZE)
-
-
-class PublishingWriter(io.RawIOBase):
-    """A writer that publishes on a clean ``close()`` and never otherwise: leaving a ``with`` block by an
-    exception aborts it, and so does being dropped unclosed (``IOBase`` would close, so publish, when collected)."""
-
-    def _unpublished(self) -> bool:
-        """Whether the writer is still open, neither published nor aborted."""
-        raise NotImplementedError
-
-    def abort(self) -> None:
-        """Publish nothing."""
-        raise NotImplementedError
-
-    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if self._unpublished():
-            self.abort()
 
 
 def _new_part(size: int) -> memoryview:

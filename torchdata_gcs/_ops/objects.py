@@ -23,11 +23,11 @@ from ..errors import (
     TransientError,
 )
 from .checksums import REQUIRED_FIELDS, ObjectInfo, crc32c_base64, reported_crc32c, verify_bytes
-from .paging import PageTrail
+from .paging import MAX_PAGE_SIZE, PageTrail
 from .urls import format_url
 
 __all__ = [
-    "MAX_PAGE_SIZE",
+    "MAX_SOURCES",
     "TEMPORARY_CLASS",
     "bucket_resource",
     "check_bucket",
@@ -53,8 +53,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-MAX_PAGE_SIZE = 1000
-"""GCS never returns more items in one list page."""
+MAX_SOURCES = 32
+"""GCS composes at most this many source objects in one call."""
+
 TEMPORARY_CLASS = "STANDARD"
 """The storage class of the library's temporary objects, whatever the bucket's default: the other classes
 bill a minimum storage duration (30 to 365 days) to an object deleted minutes after it was written."""

@@ -1,5 +1,6 @@
-"""Following a listing from page to page, so that a server going round in circles ends it with an error:
-GCS hands out each page token once per listing and lists in name order, so every page moves past the last."""
+"""Listing pages: how many items and which fields one holds, and following a listing from page to page, so
+that a server going round in circles ends it with an error: GCS hands out each page token once per listing
+and lists in name order, so every page moves past the last."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from typing import Any, TypeVar
 from ..errors import ListingError
 from .urls import brief
 
-__all__ = ["PageTrail"]
+__all__ = ["ITEM_FIELDS", "MAX_PAGE_SIZE", "PageTrail"]
+
+MAX_PAGE_SIZE = 1000
+"""GCS never returns more items in one list page."""
+ITEM_FIELDS = "name,size,generation,crc32c,storageClass"
+"""The object fields a listing asks for (``fields=`` trims everything else from the answers); the
+storage class tells which objects may be composed together."""
 
 Token = TypeVar("Token", bound=Hashable)
 

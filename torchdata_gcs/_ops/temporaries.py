@@ -1,29 +1,57 @@
-"""Every version of the objects under a prefix, and their deletion for good: how a job's temporary
-objects are listed (by ``torchdata-gcs clean`` too) and removed by the reaper once the job is gone."""
+"""A job's temporary objects: the name of its prefix, every version under a prefix, and their deletion
+for good, one at a time as the job goes or all of them (by the reaper once the job is gone, and listed by
+``torchdata-gcs clean`` too)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from .._transport.context import RequestContext
 from .._transport.http import EMULATOR_ENV
 from ..errors import GCSError
 from .batch import delete_objects
 from .client import Client
-from .objects import MAX_PAGE_SIZE
-from .paging import PageTrail
+from .objects import delete_object
+from .paging import MAX_PAGE_SIZE, PageTrail
 from .urls import format_url, printable
 
-__all__ = ["DeletePrefix", "ReaperTask", "list_soft_deleted", "list_versions"]
+__all__ = [
+    "DeletePrefix",
+    "ReaperTask",
+    "delete_temporary",
+    "list_soft_deleted",
+    "list_versions",
+    "new_job_id",
+]
 
 logger = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 5.0
 """How long a prefix must stay empty before the reaper trusts it: requests the ended process had in
 flight (a compose, an upload) can still complete on the server and create an object after it died."""
+
+
+def new_job_id() -> str:
+    """A name for one iteration's temporary composites: UTC start time, host, process and a random tag."""
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32] or "host"
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+async def delete_temporary(context: RequestContext, bucket: str, name: str, generation: int | None) -> bool:
+    """Delete the version ``generation`` of ``name`` for good (the live one if ``None``, which object
+    versioning keeps as noncurrent), retried; ``True`` once it is gone, ``False`` if deleting failed (logged)."""
+    try:
+        await delete_object(context, bucket, name, generation=generation)
+    except Exception as exc:  # noqa: BLE001 - the caller retries later or leaves it to `clean`
+        logger.debug("deleting %s failed: %r", format_url(bucket, name), exc)
+        return False
+    return True
 
 
 def list_versions(client: Client, bucket: str, prefix: str) -> Iterator[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """``torchdata-gcs bench``: measure listing, loading and composing on a prefix and suggest settings from what
-was measured (and ``ls``'s helpers: the parallel lister with its stats, sizes in binary units)."""
+was measured (and ``ls``'s helper: the parallel lister with its stats)."""
 
 from __future__ import annotations
 
@@ -18,27 +18,14 @@ from ..config import ClientConfig, TransferConfig
 from ..datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
 from ..errors import ComposeFallbackWarning, NotFoundError
 from .options import client_config
+from .sizes import human_size
 
-__all__ = ["MAX_IN_FLIGHT", "bench", "human_size", "listed_with_stats"]
+__all__ = ["MAX_IN_FLIGHT", "bench", "listed_with_stats"]
 
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 1024  # TransferConfig's upper bound
 _FASTER = 1.2  # a ratio of throughputs below this is within noise for a short measurement
-
-
-def human_size(size: float) -> str:
-    """``size`` bytes in binary units.
-
-    >>> human_size(0), human_size(1536), human_size(3 * 1024**4)
-    ('0 B', '1.5 KiB', '3.0 TiB')
-    """
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    power = 0
-    while size >= 1024 and power < len(units) - 1:
-        size /= 1024
-        power += 1
-    return f"{size:.0f} B" if power == 0 else f"{size:.1f} {units[power]}"
 
 
 def listed_with_stats(

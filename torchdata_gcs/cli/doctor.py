@@ -23,7 +23,8 @@ from .._engines.listing import list_objects
 from .._engines.upload import MIN_PART_SIZE, MultipartWriter
 from .._ops.checksums import crc32c_base64
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE, TEMPORARY_CLASS, delete_folder, storage_layout
+from .._ops.objects import TEMPORARY_CLASS, delete_folder, storage_layout
+from .._ops.paging import MAX_PAGE_SIZE
 from .._ops.uploads import abort_upload, unfinished_uploads
 from .._ops.urls import format_url, parse_url
 from .._transport.session import Session
@@ -38,8 +39,8 @@ from ..errors import (
     TransientError,
     UploadError,
 )
-from .bench import human_size
 from .lifecycle_rules import describe_rule, lifecycle_file, missing_rules
+from .sizes import human_size
 
 __all__ = ["CHECKS", "RETRY", "SCRATCH_MARK", "Check", "Fact", "Report", "bucket_settings", "doctor"]
 

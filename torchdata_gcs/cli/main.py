@@ -15,49 +15,31 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import cast
 
-from .._engines.compose import leftovers, rfc3339_seconds, temporary_versions
-from .._ops.batch import delete_objects
 from .._ops.checksums import ObjectInfo
-from .._ops.client import Client
-from .._ops.temporaries import list_soft_deleted
-from .._ops.uploads import UPLOAD_MARKERS, abort_upload, unfinished_uploads, upload_marker
-from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, printable, validate_bucket
+from .._ops.uploads import UPLOAD_MARKERS
+from .._ops.urls import TEMPORARY_PREFIX, parse_url, printable, validate_bucket
 from .._transport.http import EMULATOR_ENV
-from ..config import ClientConfig, RetryConfig, TransferConfig
-from ..errors import AccessDeniedError, GCSError, InvalidURIError, NoMultipartListing
+from ..config import ClientConfig, TransferConfig
+from ..errors import GCSError, InvalidURIError
 from ..testing import Emulator, EmulatorError
-from .bench import MAX_IN_FLIGHT, human_size, listed_with_stats
+from .bench import MAX_IN_FLIGHT, listed_with_stats
 from .bench import bench as run_bench
+from .clean import checked_age
+from .clean import clean as run_clean
 from .doctor import SCRATCH_MARK, doctor
 from .options import client_config
+from .sizes import human_size
 
 __all__ = ["main"]
 
 
-T = TypeVar("T")
-
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _SEED_BATCH = 256  # objects held in memory at once while seeding the emulator
 
 
 # -- argument types --------------------------------------------------------------------------------
-
-
-def _age(text: str) -> str:
-    """Accept ``0s``, ``90s``, ``30m``, ``6h`` or ``2d``."""
-    if _AGE.fullmatch(text) is None:
-        raise argparse.ArgumentTypeError(f"expected an age such as 30m, 6h or 2d, got {text!r}")
-    return text
-
-
-def _seconds(age: str) -> float:
-    number, unit = _AGE.fullmatch(age).groups()  # type: ignore[union-attr]
-    return float(number) * _SECONDS[unit]
 
 
 def _url(text: str) -> str:
@@ -139,94 +121,6 @@ def _ls(args: argparse.Namespace) -> int:
         f"{count / seconds:,.0f} objects/s ({lister.stats.requests:,} list request(s), concurrency {args.concurrency})"
     )
     return 0
-
-
-# -- clean -----------------------------------------------------------------------------------------
-
-
-def _done(action: Callable[[T], bool], items: list[T], dry_run: bool) -> list[T]:
-    """The items ``action`` took effect on, 16 at a time; all of them for a dry run, which runs nothing."""
-    if dry_run:
-        return items
-    with ThreadPoolExecutor(16) as pool:
-        return [item for item, done in zip(items, pool.map(action, items), strict=True) if done]
-
-
-def _delete_versions(client: Client, bucket: str, versions: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """Delete ``versions`` (name, generation) for good, in batch requests of up to 100; those that were there."""
-    outcomes = client.run(delete_objects, bucket, versions, live=False)
-    failure = next((outcome for outcome in outcomes if isinstance(outcome, GCSError)), None)
-    if failure is not None:
-        raise failure
-    return [version for version, outcome in zip(versions, outcomes, strict=True) if outcome is True]
-
-
-def _clean(args: argparse.Namespace) -> int:
-    client = Client(client_config(args), RetryConfig())
-    bucket, age, older_than = args.bucket, args.older_than, _seconds(args.older_than)
-    versions = temporary_versions(client, bucket)  # one listing, before any abort: markers are among them
-    found = leftovers(versions, older_than)
-    now = time.time()
-    try:
-        old = [
-            upload
-            for upload in unfinished_uploads(client, bucket)
-            if now - rfc3339_seconds(upload.initiated) >= older_than
-        ]
-    except NoMultipartListing as exc:
-        print(f"multipart uploads not listed: {exc}, not with the uploads (an emulator without the XML API?)")
-    else:
-        marked = {item["name"] for item in versions if item["name"].startswith(UPLOAD_MARKERS)}
-        ours = [upload for upload in old if args.all_uploads or upload_marker(upload.upload_id) in marked]
-        aborted = _done(lambda upload: client.run(abort_upload, bucket, upload), ours, args.dry_run)
-        verb = "would abort" if args.dry_run else "aborted"
-        for upload in aborted:
-            print(
-                f"{verb} multipart upload {printable(format_url(bucket, upload.name))} "
-                f"(upload ID {upload.upload_id}, initiated {upload.initiated})"
-            )
-        print(f"{verb} {len(aborted)} unfinished multipart upload(s) older than {age} in gs://{bucket}")
-        if len(old) > len(ours):
-            print(
-                f"left {len(old) - len(ours)} unfinished multipart upload(s) older than {age} that torchdata-gcs did not "
-                "start (--all-uploads aborts them too)"
-            )
-
-    deleted = found if args.dry_run else _delete_versions(client, bucket, found)
-    verb = "would delete" if args.dry_run else "deleted"
-    for name, _ in deleted:
-        print(f"{verb} {printable(format_url(bucket, name))}")
-    print(f"{verb} {len(deleted)} temporary object(s) older than {age} in gs://{bucket}/{TEMPORARY_PREFIX}")
-    _report_soft_deleted(client, bucket)
-    return 0
-
-
-def _report_soft_deleted(client: Client, bucket: str) -> None:
-    """Say how many deleted temporary objects the bucket's soft delete policy keeps, billed, and until when.
-    Listing them is a report only: a refusal or failure is said, never raised."""
-    where = f"gs://{bucket}/{TEMPORARY_PREFIX}"
-    try:
-        kept = list(list_soft_deleted(client, bucket, TEMPORARY_PREFIX))
-    except GCSError as exc:
-        refused = " (storage.objects.list refused)" if isinstance(exc, AccessDeniedError) else ""
-        print(printable(f"soft-deleted temporary objects not listed{refused}: {str(exc).splitlines()[0]}"))
-        return
-    if not kept:
-        print(f"no soft-deleted temporary objects under {where}")
-        return
-    if not all(item.get("softDeleteTime") for item in kept):  # GCS sets it on every soft-deleted object
-        print(
-            "soft-deleted temporary objects not listed: the endpoint answered softDeleted=true with live objects "
-            "(an emulator without soft delete?)"
-        )
-        return
-    size = human_size(sum(int(item.get("size", 0)) for item in kept))
-    ends = [item["hardDeleteTime"] for item in kept if item.get("hardDeleteTime")]
-    last = f", the last at {max(ends, key=rfc3339_seconds)}" if ends else ""
-    print(
-        f"{len(kept)} soft-deleted temporary object(s), {size}, under {where} stay billed until they expire{last}: "
-        "no request removes them sooner (turning soft delete off spares only objects deleted after it)"
-    )
 
 
 # -- doctor ----------------------------------------------------------------------------------------
@@ -390,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     clean.add_argument("bucket", type=_bucket, help="the bucket, as gs://BUCKET")
     clean.add_argument(
         "--older-than",
-        type=_age,
+        type=checked_age,
         default="1d",
         metavar="AGE",
         help="minimum age, such as 0s, 30m, 6h or 2d (default: 1d)",
@@ -401,7 +295,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="abort every unfinished multipart upload older than AGE, also those other tools started",
     )
-    clean.set_defaults(run=_clean)
+    clean.set_defaults(run=run_clean)
 
     doctor_command = commands.add_parser(
         "doctor",

@@ -8,7 +8,6 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._engines.compose import (
     COMPOSED_CLASSES,
-    MAX_SOURCES,
     check_reuse_prefix,
     check_storage_classes,
     compose_in_order,
@@ -16,6 +15,7 @@ from .._engines.compose import (
 from .._engines.download import Loaded
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.objects import MAX_SOURCES
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ._source import Item
 from .loading import GCSFileLoaderIterDataPipe

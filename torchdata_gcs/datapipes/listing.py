@@ -12,7 +12,7 @@ from .._engines.parallel_listing import ListingStats
 from .._engines.resume import listing_position
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
-from .._ops.objects import MAX_PAGE_SIZE
+from .._ops.paging import MAX_PAGE_SIZE
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, require_integer
 from ._source import as_source

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
-from .._ops.objects import MAX_PAGE_SIZE
+from .._ops.paging import MAX_PAGE_SIZE
 from ._list_index import parse_fields
 
 __all__ = ["Answer", "Content", "Folders", "parents"]

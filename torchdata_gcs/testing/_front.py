@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from .._ops.objects import MAX_PAGE_SIZE
+from .._ops.paging import MAX_PAGE_SIZE
 from ._batch import BATCH_PATH, answer_batch, batch_calls
 from ._folders import Content, Folders
 from ._gcs_rules import GCSRules, bucket_call_refusal, bucket_permission, denied

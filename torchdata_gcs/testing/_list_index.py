@@ -15,7 +15,7 @@ import bisect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._ops.objects import MAX_PAGE_SIZE
+from .._ops.paging import MAX_PAGE_SIZE
 
 __all__ = ["ListingIndex", "parse_fields"]
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from .._ops.objects import MAX_PAGE_SIZE
+from .._ops.paging import MAX_PAGE_SIZE
 from ._list_index import ListingIndex
 
 __all__ = ["glob_pattern", "glob_page"]

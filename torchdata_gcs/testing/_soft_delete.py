@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
-from .._ops.objects import MAX_PAGE_SIZE
+from .._ops.paging import MAX_PAGE_SIZE
 from ._gcs_rules import NO_SUCH_BUCKET, Refusal
 
 __all__ = ["SETTINGS", "BucketOverlay", "Deletion"]
