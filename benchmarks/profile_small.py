@@ -34,7 +34,8 @@ with Emulator() as e:
     loop.call_soon_threadsafe(lambda: (loop_profile.disable(), done.set()))
     done.wait()
     print(
-        f"{len(urls)} objects in {wall:.2f} s wall, {cpu:.2f} s CPU in this process ({1000 * cpu / len(urls):.3f} ms per object, profiled)"
+        f"{len(urls)} objects in {wall:.2f} s wall, {cpu:.2f} s CPU in this process "
+        f"({1000 * cpu / len(urls):.3f} ms per object, profiled)"
     )
     for name, profile in (("consumer thread", consumer), ("I/O loop thread", loop_profile)):
         out = io.StringIO()

@@ -67,6 +67,7 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         }[reader]
     gcs, fs = _version("google-cloud-storage"), _version("gcsfs")
     ours = f"torchdata-gcs {_version('torchdata-gcs')}"
+    dataflux = f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}"
     return {
         "gcs_loop": f"google-cloud-storage {gcs}: plain loop (direct API)",
         "gcs_threads": f"google-cloud-storage {gcs}: download_as_bytes in {threads} threads",
@@ -79,12 +80,14 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "obstore": f"obstore {_version('obstore')} (Rust object_store): get_async, 64 in flight",
         "gcsfs_find": f"gcsfs {fs}: find",
         "gcsfs": f"gcsfs {fs}: open + torch.save/torch.load",
-        "gcs_upload_from_file": f"google-cloud-storage {gcs}: torch.save to memory + upload_from_file; download_as_bytes",
+        "gcs_upload_from_file": (
+            f"google-cloud-storage {gcs}: torch.save to memory + upload_from_file; download_as_bytes"
+        ),
         "torchdata_fsspec": f"torchdata {_version('torchdata')}: list/open_files_by_fsspec over gcsfs {fs}",
-        "dataflux_compose": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: map-style dataset, compose, 2 workers",
-        "dataflux_direct": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: map-style dataset, no compose, 2 workers",
-        "dataflux_list": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: dataflux_core fast_list",
-        "dataflux_checkpoint": f"gcs-torch-dataflux {_version('gcs-torch-dataflux')}: DatafluxCheckpoint",
+        "dataflux_compose": f"{dataflux}: map-style dataset, compose, 2 workers",
+        "dataflux_direct": f"{dataflux}: map-style dataset, no compose, 2 workers",
+        "dataflux_list": f"{dataflux}: dataflux_core fast_list",
+        "dataflux_checkpoint": f"{dataflux}: DatafluxCheckpoint",
         "ours": f"{ours}: "
         + (
             "checkpoint.save/load (defaults: multipart, 8 x 8 MiB parts)"
@@ -92,16 +95,23 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
             else "load_files_by_gcs (defaults: 128 in flight)"
         ),
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
-        "ours_dcp": f"{ours}: dcp.save/dcp.load with GCSStorageWriter/GCSStorageReader (defaults; the load allocates its tensors from the metadata)",
+        "ours_dcp": (
+            f"{ours}: dcp.save/dcp.load with GCSStorageWriter/GCSStorageReader "
+            "(defaults; the load allocates its tensors from the metadata)"
+        ),
         "ours_map_dataset": f"{ours}: GCSMapDataset, batches of 32, 2 workers",
-        "per_item_dataset": f"one blocking GET per item (s3torchconnector's way; google-cloud-storage {gcs}), 2 workers",
+        "per_item_dataset": (
+            f"one blocking GET per item (s3torchconnector's way; google-cloud-storage {gcs}), 2 workers"
+        ),
         "ours_compose": f"{ours}: "
         + (
             'checkpoint.save/load, strategy="compose"'
             if workload.startswith("checkpoint")
             else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"
         ),
-        "ceiling": f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work",
+        "ceiling": (
+            f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work"
+        ),
     }.get(reader, reader)
 
 
@@ -310,7 +320,8 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                     fmt(r["load_seconds"], 2),
                     f"{fmt(r['peak_rss_growth_mib'])} ({fmt(100 * r['peak_rss_growth_mib'] * MiB / r['bytes'])}%)",
                     fmt(r["load_peak_rss_growth_mib"]),
-                    f"{fmt(r['save_cpu_seconds'] * 2**30 / r['bytes'], 2)} / {fmt(r['load_cpu_seconds'] * 2**30 / r['bytes'], 2)}",
+                    f"{fmt(r['save_cpu_seconds'] * 2**30 / r['bytes'], 2)} / "
+                    f"{fmt(r['load_cpu_seconds'] * 2**30 / r['bytes'], 2)}",
                     str(len(r["all_seconds"])),
                 ],
             )
@@ -494,7 +505,10 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 def machine() -> str:
     with open("/proc/meminfo") as meminfo:
         mem_gib = int(meminfo.readline().split()[1]) / 1024 / 1024
-    return f"{os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.machine()}, Linux {platform.release()}, Python {platform.python_version()}"
+    return (
+        f"{os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.machine()}, "
+        f"Linux {platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def update_readme(markdown: str, header: str) -> None:
@@ -541,7 +555,8 @@ def main() -> None:
                     emulator.seed(workload.bucket, workload.objects, concurrency=64)
                     manifests[workload.bucket] = manifest
                     print(
-                        f"seeded {len(workload.objects)} objects into {workload.bucket} in {time.perf_counter() - seed_started:.1f}s",
+                        f"seeded {len(workload.objects)} objects into {workload.bucket} "
+                        f"in {time.perf_counter() - seed_started:.1f}s",
                         flush=True,
                     )
                 front = fronts[workload.latency_ms]

@@ -329,8 +329,8 @@ def seed(images: str, client: ClientConfig, count: int) -> None:
     if present >= count:
         return
     items = ((f"{images}{name}", data) for name, data in map(draw, range(count)))
-    bar = tqdm(IterableWrapper(list(items)).save_by_gcs(client=client, write=WriteConfig(strategy="compose")), total=count,
-               desc="seeding", unit="image", leave=False)  # fmt: skip
+    saving = IterableWrapper(list(items)).save_by_gcs(client=client, write=WriteConfig(strategy="compose"))
+    bar = tqdm(saving, total=count, desc="seeding", unit="image", leave=False)
     for _ in bar:
         pass
     say(f"seeded {count} images under {images}")

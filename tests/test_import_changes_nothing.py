@@ -53,25 +53,41 @@ PROBE = textwrap.dedent(
 
     def loggers():
         known = {"": logging.getLogger()} | {
-            name: value for name, value in logging.Logger.manager.loggerDict.items() if isinstance(value, logging.Logger)
+            name: value
+            for name, value in logging.Logger.manager.loggerDict.items()
+            if isinstance(value, logging.Logger)
         }
         return {
-            name: [logging.getLevelName(value.level), [repr(h) for h in value.handlers], value.propagate, value.disabled]
+            name: [
+                logging.getLevelName(value.level), [repr(h) for h in value.handlers], value.propagate, value.disabled
+            ]
             for name, value in known.items()
         }
 
     def state():
         return {
-            "signals": {str(s): repr(signal.getsignal(s)) for s in sorted(signal.valid_signals()) if signal.getsignal(s) is not None},
+            "signals": {
+                str(s): repr(signal.getsignal(s))
+                for s in sorted(signal.valid_signals())
+                if signal.getsignal(s) is not None
+            },
             "native signals": native_signals(),
             "warning filters": [repr(f) for f in warnings.filters],
             "loggers": loggers(),
-            "logging": [logging.root.manager.disable, repr(logging.getLoggerClass()), repr(logging.getLogRecordFactory()), repr(logging.lastResort)],
+            "logging": [
+                logging.root.manager.disable,
+                repr(logging.getLoggerClass()),
+                repr(logging.getLogRecordFactory()),
+                repr(logging.lastResort),
+            ],
             "start method": multiprocessing.get_start_method(allow_none=True),
             "python threads": sorted(t.name for t in threading.enumerate()),
             "threads": threads(),
-            "hooks": [repr(sys.excepthook), repr(threading.excepthook), repr(sys.unraisablehook), repr(sys.displayhook)],
-            "environment": {k: hashlib.sha256(v.encode()).hexdigest()[:12] for k, v in os.environ.items()},  # no values in reports
+            "hooks": [
+                repr(sys.excepthook), repr(threading.excepthook), repr(sys.unraisablehook), repr(sys.displayhook)
+            ],
+            # digests, so that no value of the environment lands in a report
+            "environment": {k: hashlib.sha256(v.encode()).hexdigest()[:12] for k, v in os.environ.items()},
             "exit callbacks": atexit._ncallbacks(),
             "faulthandler": faulthandler.is_enabled(),
             "socket timeout": socket.getdefaulttimeout(),

@@ -135,6 +135,49 @@ def test_tests_use_only_what_each_module_exports() -> None:
     assert borrowed == []
 
 
+MAX_CHAIN = 14
+MAX_ENGINE_FLOORS = 3
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module's package-internal imports, function-level ones included: ``from .x import y`` links
+    to the module ``x.y`` where there is one, else to ``x`` (a package links to its ``__init__``)."""
+    paths = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p for p in modules()
+    }
+    graph = {}
+    for name, path in paths.items():
+        linked = {f"{t}.{n}" if f"{t}.{n}" in paths else t for t, names in imports(path) for n in names}
+        absolute = ast.walk(ast.parse(path.read_text()))
+        linked |= {a.name for node in absolute if isinstance(node, ast.Import) for a in node.names}
+        graph[name] = {target for target in linked if target in paths and target != name}
+    return graph
+
+
+def longest_chain(graph: dict[str, set[str]], within: str = "torchdata_gcs") -> list[str]:
+    """The longest path of imports among the modules whose names start with ``within``."""
+    found: dict[str, list[str]] = {}
+
+    def chain(module: str) -> list[str]:
+        if module not in found:
+            found[module] = [module]  # a circle stops here
+            below = [chain(target) for target in graph[module] if target.startswith(within)]
+            found[module] = [module, *max(below, key=len, default=[])]
+        return found[module]
+
+    return max((chain(module) for module in graph if module.startswith(within)), key=len)
+
+
+def test_the_longest_import_chain_is_short() -> None:
+    chain = longest_chain(import_graph())
+    assert len(chain) <= MAX_CHAIN, " > ".join(chain)
+
+
+def test_engines_are_at_most_three_floors_deep() -> None:
+    chain = longest_chain(import_graph(), within="torchdata_gcs._engines.")
+    assert len(chain) <= MAX_ENGINE_FLOORS, " > ".join(chain)
+
+
 FRONT_END_MODULES = {"datapipes", "datasets", "nodes", "fsspec", "checkpoint", "dcp", "lightning", "safetensors"}
 """What the front ends are (the package itself, ``cli`` and ``testing`` sit above them and may use them)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib.metadata import metadata, requires
+from pathlib import Path
 
 from packaging.requirements import Requirement
 
@@ -28,6 +29,7 @@ def test_the_datapipes_need_no_torchdata(gcs_emulator, gcs_bucket) -> None:
     gcs_emulator.seed(gcs_bucket, {"a.txt": b"alpha", "b.txt": b"beta"})
     program = f"""
 import sys
+from pathlib import Path
 sys.modules["torchdata"] = None  # any import of torchdata now fails
 import torchdata_gcs
 from torch.utils.data import DataLoader
@@ -79,3 +81,18 @@ def test_only_a_dataloader2_extra_takes_torchdata_below_0_10() -> None:
     assert not any(
         keeps_torchdata_0_10_and_later(r) for r in extra_requirements("dataloader2") if r.name == "torchdata"
     )
+
+
+def test_ci_lints_with_the_pinned_ruff() -> None:
+    """README's test command (what CI runs) checks and format-checks with ruff before the tests, and the
+    ``test`` extra it installs pins ruff exactly, so every machine lints alike."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    command = readme.split("<!-- test-command -->", 1)[1].split("<!-- /test-command -->", 1)[0]
+    steps = [step.strip() for step in command.strip("`\n ").split("&&")]
+    install = steps.index("python3 -m venv .venv") + 2
+    assert steps[install] == ".venv/bin/pip install -e '.[test,dataloader2]'"
+    lint = [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."]
+    assert steps[install + 1 : install + 3] == lint
+    assert steps.index(lint[1]) < steps.index(".venv/bin/python -m pytest")
+    ruff = [r for r in extra_requirements("test") if r.name == "ruff"]
+    assert len(ruff) == 1 and str(ruff[0].specifier).startswith("==")

@@ -1,17 +1,12 @@
-"""Google Cloud Storage DataPipes for PyTorch.
+"""Google Cloud Storage for PyTorch: DataPipes, datasets, checkpoints and an fsspec filesystem.
 
 Importing the package registers the functional DataPipes on ``IterDataPipe``::
 
     import torchdata_gcs
     from torch.utils.data.datapipes.iter import IterableWrapper
 
-    pipe = (
-        IterableWrapper(["gs://bucket/train/"])
-        .list_files_by_gcs(masks="*.jpg")
-        .shuffle()
-        .sharding_filter()
-        .load_files_by_gcs()
-    )
+    pipe = IterableWrapper(["gs://bucket/train/"]).list_files_by_gcs(masks="*.jpg").shuffle()
+    pipe = pipe.sharding_filter().load_files_by_gcs()
 """
 
 from . import checkpoint

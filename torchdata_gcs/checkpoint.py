@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from ._engines import checkpoints
 from ._engines.checkpoints import Strategy, write_config
-from ._engines.compression import CompressingWriter
+from ._engines.compressing import CompressingWriter
 from ._engines.upload import StreamingWriter
 from ._ops.client import Client
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd

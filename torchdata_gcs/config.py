@@ -1,9 +1,8 @@
 """Settings for talking to GCS: frozen, validated, and safe to pickle into worker processes.
 
-Settings hold configuration, not clients: each process resolves its credentials (Application
-Default Credentials unless told otherwise) when it first makes a request. The one exception is a
-google-auth ``Credentials`` object handed to ``ClientConfig(credentials=...)``, which is pickled
-along with the settings into worker processes.
+Settings hold configuration, not clients: each process resolves its credentials (Application Default
+Credentials unless told otherwise) at its first request; only a google-auth ``Credentials`` object given
+as ``ClientConfig(credentials=...)`` is pickled along with the settings into worker processes.
 
 Example:
     >>> from torchdata_gcs import ClientConfig, TransferConfig
@@ -212,12 +211,12 @@ class Zstd:
     within 2, 4 or 8-byte words before compression (all first bytes, then all second bytes, ...)
     when a sample of the block compresses better so: the exponent bytes of floats then sit together,
     which zstd finds far more compressible than interleaved with mantissas. That is a format of this
-    library's own (about 10% smaller on trained float32 weights), which only it reads.
+    library's own (smaller on trained float32 weights: ``benchmarks/README.md``), which only it reads.
 
     Args:
-        level: zstd level, 1 (fast) to 19 (small); negative levels are faster still. On trained
-            float32 weights with Adam state, level 3 and 9 came out no smaller than 1 once bytes
-            were grouped (63.8% and 63.3% vs 63.5%), at 1.5x and 3.4x the time; hence 1.
+        level: zstd level, 1 (fast) to 19 (small); negative levels are faster still. 1 by default: on
+            trained float32 weights with Adam state, levels 3 and 9 came out no smaller once bytes were
+            grouped, and slower (``benchmarks/README.md``, compression).
         threads: blocks compressed at once; 0 means one per CPU, at most 4.
         block_size: bytes of input per independently compressed block.
         byte_grouping: try regrouping bytes per block and keep it where it compresses better

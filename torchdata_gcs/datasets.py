@@ -141,7 +141,8 @@ class _Dataset(Generic[T]):
             >>> from torchdata_gcs.testing import Emulator
             >>> with Emulator() as emulator:
             ...     emulator.seed("demo", {"a.txt": b"alpha", "b.txt": b"beta"})
-            ...     ds = GCSMapDataset.from_objects(["gs://demo/b.txt", "gs://demo/a.txt"], client=emulator.client_config)
+            ...     urls = ["gs://demo/b.txt", "gs://demo/a.txt"]
+            ...     ds = GCSMapDataset.from_objects(urls, client=emulator.client_config)
             ...     ds[0]
             ('gs://demo/b.txt', b'beta')
         """
@@ -292,7 +293,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         >>> from torchdata_gcs.testing import Emulator
         >>> with Emulator() as emulator:
         ...     emulator.seed("demo", {f"{i}.txt": str(i).encode() for i in range(6)})
-        ...     ds = GCSIterableDataset("gs://demo/", transform=lambda stream: stream.read(), client=emulator.client_config)
+        ...     ds = GCSIterableDataset("gs://demo/", transform=lambda s: s.read(), client=emulator.client_config)
         ...     sorted(DataLoader(ds, batch_size=None, num_workers=2))
         [b'0', b'1', b'2', b'3', b'4', b'5']
     """
@@ -344,7 +345,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
             rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         except ValueError:
             raise ValueError(
-                f"RANK and WORLD_SIZE must be integers, got {os.environ.get('RANK')!r}, {os.environ.get('WORLD_SIZE')!r}"
+                "RANK and WORLD_SIZE must be integers, "
+                f"got {os.environ.get('RANK')!r}, {os.environ.get('WORLD_SIZE')!r}"
             ) from None
         if not 0 <= rank < world:
             raise ValueError(f"RANK must be in 0..WORLD_SIZE-1, got RANK={rank}, WORLD_SIZE={world}")

@@ -1,17 +1,12 @@
 """``torch.distributed.checkpoint`` (DCP) on GCS: :class:`GCSStorageWriter` and :class:`GCSStorageReader`.
 
 Both are torch's ``FileSystemWriter`` / ``FileSystemReader`` over a GCS "file system", so DCP's planning,
-resharding, ``async_save`` staging and stream extensions (``ZStandard``) work as they do on disk. What differs
-is how bytes move:
-
-- Writing: every data file is streamed out through :func:`torchdata_gcs.checkpoint.open_writer` and appears
-  only once complete; an exception aborts it. ``.metadata``, which is what makes a checkpoint loadable, is
-  written last and straight to its name: a GCS object appears whole or not at all, so the temporary file and
-  rename a file system needs are unnecessary (and GCS has no rename). Before any data file is written, a
-  ``.metadata`` left at the same path by an earlier save is deleted, so an interrupted overwrite leaves no
-  checkpoint rather than old metadata pointing into new data files.
-- Reading: a rank fetches only the byte ranges its load plan names, as concurrent ranged GETs pinned to one
-  generation of each file, fetched ahead of DCP in the order DCP reads them, within a byte budget.
+resharding, ``async_save`` staging and stream extensions (``ZStandard``) work as they do on disk; only how
+bytes move differs. Writing streams each data file out, published only once complete, and writes
+``.metadata`` (what makes a checkpoint loadable) last, straight to its name: a GCS object appears whole or
+not at all, so the temporary file and rename a file system needs are unnecessary (GCS has no rename).
+Reading fetches only the byte ranges a rank's load plan names, as concurrent ranged GETs pinned to one
+generation of each file, ahead of DCP in the order DCP reads them, within a byte budget.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ._engines.checkpoints import open_writer, write_config
-from ._engines.download import read_into_buffer, read_ranges_into
+from ._engines.ranges import read_into_buffer, read_ranges_into
 from ._engines.read_ahead import ReadAhead, Span
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.client import Client
@@ -435,7 +430,9 @@ class GCSStorageWriter(FileSystemWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         plans = super().prepare_global_plan(plans)
-        if self.overwrite:  # before any rank writes data: old metadata must never describe new files
+        # Before any rank writes data: old metadata must never describe new files, so an interrupted
+        # overwrite leaves no checkpoint rather than old metadata pointing into new data files.
+        if self.overwrite:
             self.fs.delete(self._metadata_url())
         return plans
 
@@ -513,16 +510,16 @@ class GCSStorageWriter(FileSystemWriter):
 class GCSStorageReader(FileSystemReader):
     """Where ``dcp.load`` reads a checkpoint from GCS: ``path`` is the ``gs://bucket/prefix`` it was saved to.
 
-    Each rank fetches only the byte ranges of the items its load plan names (never whole files unless it
-    needs them whole), as concurrent ranged GETs of at most ``transfer.part_size`` bytes, ``transfer.max_in_flight``
-    at once, pinned to the generation of each file seen when first read: a file overwritten during the load
-    fails it rather than mixing versions. Ranges are fetched ahead of DCP, at most ``transfer.max_buffered_bytes``
-    held at once (:data:`READ_AHEAD`, 64 MiB, unless ``transfer`` is given), as 32 or more concurrent GETs. Every range is checked for its exact length, and every item against the crc32c that
-    :class:`GCSStorageWriter` saved with it in the metadata, before DCP copies it into the caller's tensors (a
-    damaged one is read again, as retries allow); a file read whole is also checked against GCS's crc32c.
-    Checkpoints saved by other writers have no item checksums: their partial reads are checked by length
-    only, as GCS keeps no checksum per range. :attr:`stats` counts the requests
-    and bytes. Files written with extensions (``ZStandard``) are decoded through ``_extension_registry``.
+    Each rank fetches only the byte ranges of the items its load plan names (never whole files unless it needs them
+    whole), as concurrent ranged GETs of at most ``transfer.part_size`` bytes, ``transfer.max_in_flight`` at once,
+    pinned to the generation of each file seen when first read: a file overwritten during the load fails it rather than
+    mixing versions. Ranges are fetched ahead of DCP, at most ``transfer.max_buffered_bytes`` held at once
+    (:data:`READ_AHEAD`, 64 MiB, unless ``transfer`` is given), as 32 or more concurrent GETs. Every range is checked
+    for its exact length, and every item against the crc32c that :class:`GCSStorageWriter` saved with it in the
+    metadata, before DCP copies it into the caller's tensors (a damaged one is read again, as retries allow); a file
+    read whole is also checked against GCS's crc32c. Checkpoints saved by other writers have no item checksums: their
+    partial reads are checked by length only, as GCS keeps no checksum per range. :attr:`stats` counts the requests and
+    bytes. Files written with extensions (``ZStandard``) are decoded through ``_extension_registry``.
 
     Example:
         >>> import warnings

@@ -1,39 +1,15 @@
 """An fsspec filesystem on this library's engines, for tools that reach storage through fsspec:
 Lightning's ``ModelCheckpoint``, ``torch.distributed.checkpoint`` with a ``gs://`` checkpoint id,
-pandas and pyarrow (as the README's fsspec section says, call by call).
+pandas and pyarrow. README's fsspec section says what each call does on GCS, and
+``docs/gcsfs-compatibility.md`` sets every argument, method and attribute beside gcsfs's.
 
-Which filesystem serves ``gs://`` and ``gcs://``, in every process (DataLoader workers, forked,
-spawned or forkserver, and subprocesses alike), through the entry point this package gives fsspec:
-
-- :func:`register` was called in this process or a parent (it sets ``TORCHDATA_GCS_FSSPEC=1``), or
-  that variable is set for the job: :class:`GCSFileSystem`;
-- ``TORCHDATA_GCS_FSSPEC=0``: gcsfs;
-- neither: gcsfs if it is installed (nothing changes for its users), else :class:`GCSFileSystem`.
-
-::
+In every process, ``gs://`` and ``gcs://`` are served by :class:`GCSFileSystem` once :func:`register`
+was called there or in a parent (it sets ``TORCHDATA_GCS_FSSPEC=1``) or that variable is set; by gcsfs
+with ``TORCHDATA_GCS_FSSPEC=0``; otherwise by gcsfs if it is installed, else by :class:`GCSFileSystem`::
 
     import torchdata_gcs.fsspec
     torchdata_gcs.fsspec.register()  # needed only where gcsfs is installed too
     fs, path = fsspec.url_to_fs("gs://bucket/data")
-
-What it does on GCS:
-
-- ``find``/``glob``/recursive ``rm``, ``copy`` and ``get`` list a prefix with the parallel lister, not
-  directory by directory; ``rm`` of several objects deletes them in batch requests of up to 100;
-- ``open(..., "rb")`` is a seekable file of one object version that reads only the ranges asked for,
-  a block ahead (concurrent ranged GETs for large reads), so a tar index or a parquet footer costs a
-  few small requests;
-- ``open(..., "wb")``, ``put`` and large ``pipe`` stream out in parts and publish on a clean close only
-  (a ``with`` block left by an exception publishes nothing); ``"xb"``, ``pipe_file(mode="create")``
-  and ``put_file(mode="create")`` never replace an existing object;
-- within ``with fs.transaction:``, written files are published when it ends cleanly (every part
-  uploaded first, then one publishing request per file: GCS has no multi-object commit), and none of
-  them if it ends by an exception;
-- ``cp`` is a server-side rewrite; nothing passes through this process.
-
-A flat bucket has no directories: a directory is a prefix with objects under it, ``mkdir`` changes
-nothing, and an empty directory does not exist. A bucket with a hierarchical namespace has folders,
-which outlive their objects: ``ls`` lists them and ``info`` finds them, empty ones too.
 """
 
 from __future__ import annotations
@@ -68,9 +44,10 @@ from fsspec.utils import stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
-from ._engines.download import Loaded, fetch_object, read_ranges_into
+from ._engines.download import Loaded, fetch_object
 from ._engines.listing import list_objects
 from ._engines.publishing import PublishingWriter
+from ._engines.ranges import read_ranges_into
 from ._engines.streams import FilledBytes, PartStream
 from ._engines.upload import StreamingWriter, new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata

@@ -15,12 +15,12 @@ import zstandard
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from torchdata_gcs import IntegrityError, TransferConfig, WriteConfig, Zstd, checkpoint
+from torchdata_gcs._engines.compressing import CompressingWriter
 from torchdata_gcs._engines.compression import (
     BLOCK_HEADER,
     INDEX_FRAME,
     INDEX_MAGIC,
     MAGIC,
-    CompressingWriter,
     blocks,
     decompress,
     read_block_table,

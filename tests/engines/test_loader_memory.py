@@ -28,7 +28,9 @@ CHILD = textwrap.dedent(
 
     spec = json.load(sys.stdin)
     client = ClientConfig(endpoint=spec["endpoint"], anonymous=True)
-    transfer = TransferConfig(max_buffered_bytes=spec["budget"], part_size=spec["part"], max_in_flight=spec["in_flight"])
+    transfer = TransferConfig(
+        max_buffered_bytes=spec["budget"], part_size=spec["part"], max_in_flight=spec["in_flight"]
+    )
 
     def status(field):
         with open("/proc/self/status") as lines:

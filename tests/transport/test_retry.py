@@ -22,8 +22,9 @@ from torchdata_gcs import (
     TransientError,
 )
 from torchdata_gcs._transport.context import LoadStats, new_context, with_retry
+from torchdata_gcs._transport.http import Unanswered
 from torchdata_gcs._transport.loop import run
-from torchdata_gcs._transport.retry import UNANSWERED_DELAYS, Unanswered, backoff_delay, is_retryable
+from torchdata_gcs._transport.retry import UNANSWERED_DELAYS, backoff_delay, is_retryable
 
 FAST = RetryConfig(max_attempts=4, deadline=10, initial_delay=0.001, max_delay=0.002)
 

@@ -3,23 +3,11 @@
 One :class:`Composer` serves one iteration. Consecutive objects of one bucket and one storage class
 are grouped (at most ``MAX_SOURCES`` and ``max_bytes`` each), as GCS composes only sources of one
 class, and only classes the caller allows (Standard by default: a composite has its sources' class,
-and deleting a cold one pays its minimum storage duration); objects of other or unknown classes are
-loaded directly. GCS concatenates a group in one compose call whose sources are pinned to their
-listed generations; the composite is read through the loader's data path (concurrency, retries,
-byte budget) and cut back by the listed sizes, each piece checked against its listed crc32c. A group
-whose compose is refused, or whose composite is wrong, is loaded object by object instead, so a
-changed object raises (or is skipped) exactly as ``load_files_by_gcs`` would.
-
-Temporary composites live under ``TEMPORARY_PREFIX/<time>-<host>-<pid>-<random>/`` and are deleted
-once downloaded; :meth:`Composer.close` waits for composes still running and deletes whatever is
-left, and runs at the end of iteration, on early stop, on exceptions, and at interpreter or worker
-exit. Before a bucket's first temporary object is written, its job prefix is handed to the process's
-reaper, which deletes every version under it if the process ends (SIGTERM, SIGKILL) before the
-composer is closed. With ``reuse_prefix`` composites are kept, named by a hash of their sources, and
-that prefix's listing is the manifest later iterations consult. Anyone who may write the prefix may
-replace a kept composite with bytes of the same size and crc32c (a checksum, not a seal), so one is
-read only at the generation recorded when this process (or the parent it was forked from) composed
-it; any other is composed again in its place first.
+and deleting a cold one pays its minimum storage duration); others are loaded directly. A group is
+composed in one call, its sources pinned to their listed generations; the composite is read through
+the loader's data path and cut back by the listed sizes, each piece checked against its listed
+crc32c. A group whose compose is refused, or whose composite is wrong, is loaded object by object, so
+a changed object raises (or is skipped) exactly as ``load_files_by_gcs`` would.
 """
 
 from __future__ import annotations
@@ -101,6 +89,13 @@ def check_storage_classes(storage_classes: Iterable[str]) -> tuple[str, ...]:
 Member = tuple[str, str, ObjectInfo]  # url, object name, listed version
 
 
+# Temporary composites live under ``TEMPORARY_PREFIX/<time>-<host>-<pid>-<random>/`` and are deleted once
+# downloaded; Composer.close waits for composes still running and deletes whatever is left, and runs at
+# the end of iteration, on early stop, on exceptions, and at interpreter or worker exit. Before a bucket's
+# first temporary object is written, its job prefix is handed to the process's reaper, which deletes
+# every version under it if the process ends (SIGTERM, SIGKILL) before the composer is closed. With
+# ``reuse_prefix`` composites are kept, named by a hash of their sources, and that prefix's listing is
+# the manifest later iterations consult.
 class Composer:
     """One iteration's compose-and-split work and the temporary objects it owns; ``client`` is the
     front end's handle, whose context serves the iteration."""
@@ -139,7 +134,7 @@ class Composer:
         lifecycle.watch_parent()
         reaper.start_soon()
 
-    # -- planning (consumer thread; preparation in a worker thread) --------------------------------------------------------------
+    # -- planning (consumer thread; preparation in a worker thread) ---------------------------------------------
 
     def units(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[Unit]:
         """Group consecutive items of one bucket and storage class into compose units; the rest become
@@ -215,7 +210,7 @@ class Composer:
         once, by writing and deleting a probe object; in reuse mode, also read the kept composites."""
         client = self.client
         prefix = f"{TEMPORARY_PREFIX}{self.job_id}/"
-        self._watches.append(reaper.watch(DeletePrefix(bucket, prefix, client)))
+        self._watches.append(reaper.watch(DeletePrefix(bucket, prefix, client.config, client.retry)))
         probe = f"{prefix}probe"
         try:
             self._unsettled.add((bucket, probe))
@@ -302,6 +297,9 @@ class Composer:
         loaded = await self._download(bucket, name, composite, expected, members, context, seq)
         return loaded if loaded is not None else await _load_each(members, context, seq)
 
+    # Anyone who may write the reuse prefix may replace a kept composite with bytes of the same size and
+    # crc32c (a checksum, not a seal), so one is read only at the generation recorded when this process
+    # (or the parent it was forked from) composed it; any other is composed again in its place first.
     def _made_here(self, bucket: str, name: str, kept: ObjectInfo) -> bool:
         """Whether the listed ``kept`` composite is the version this process composed; if not (composed
         elsewhere, or replaced since), it is composed again in its place."""

@@ -1,65 +1,38 @@
-"""Block-wise zstd for checkpoints, compressed and decompressed on several threads.
+"""Block-wise zstd for checkpoints: the format, and decompression on several threads
+(:mod:`.compressing` writes it).
 
 Blocks are independent, so they compress and decompress in parallel, each into its own slice of the
-output. Two formats, all integers little-endian:
-
-- Standard zstd (the default): per block, a skippable frame that indexes it, then the block's zstd
-  frame (with its content size and checksum). ``zstd -d`` and any zstd library read it (they skip
-  skippable frames); our reader uses the index to decompress blocks in parallel::
-
-      skippable frame: INDEX_MAGIC u32, payload size u32 (8), compressed size u32, raw size u32
-      zstd frame:      compressed size bytes
-
-  then one more skippable frame, the table of every block, so that a reader can plan ranges of
-  whole blocks from the object's last bytes and decompress each range as it arrives::
-
-      TABLE_MAGIC u32, payload size u32 (entries + 12),
-      per block: compressed size u32, raw size u32,
-      blocks u32, crc32c of the per-block entries u32, TABLE_TAG (4 bytes)
-
-- Byte grouping (``Zstd(byte_grouping=True)``), smaller on float data but readable only here::
-
-      MAGIC                                   8 bytes
-      per block: compressed size  u32
-                 raw size         u32
-                 group width      u8     (1: bytes as they are; 2, 4, 8: grouped by position in words)
-                 zstd frame       compressed size bytes
-
-  A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every
-  word, and so on, for the first ``n - n % width`` bytes; the rest follow as they are. The object
-  ends with a block table as the standard format's, whose entries also hold each block's width
-  (compressed size u32, raw size u32, width u8) and whose tag is GROUPED_TABLE_TAG.
-
-Readers also accept any other zstd stream (from the ``zstd`` tool, say) and uncompressed bytes.
+output. Two formats (their layouts are beside the constants below): standard zstd, the default, which
+``zstd -d`` and any zstd library read, its blocks indexed by skippable frames so that our reader
+decompresses them in parallel; and byte grouping (``Zstd(byte_grouping=True)``), smaller on float data
+but readable only here. Readers also accept any other zstd stream (from the ``zstd`` tool, say) and
+uncompressed bytes.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import google_crc32c
 import numpy as np
 import zstandard
 
-from ..config import Zstd
 from ..errors import IntegrityError
-from .publishing import PublishingWriter
 
 __all__ = [
     "BLOCK_HEADER",
     "GROUPED_TABLE_TAG",
+    "GROUP_WIDTHS",
     "INDEX_FRAME",
     "INDEX_MAGIC",
     "MAGIC",
     "TABLE_MAGIC",
     "TABLE_TAG",
     "Block",
-    "CompressingWriter",
     "block_table",
     "blocks",
     "decompress",
@@ -68,6 +41,33 @@ __all__ = [
     "read_block_table",
 ]
 
+# The two formats, all integers little-endian.
+#
+# Standard zstd: per block, a skippable frame that indexes it, then the block's zstd frame (with its
+# content size and checksum); readers other than ours skip the skippable frames:
+#
+#     skippable frame: INDEX_MAGIC u32, payload size u32 (8), compressed size u32, raw size u32
+#     zstd frame:      compressed size bytes
+#
+# then one more skippable frame, the table of every block, so that a reader can plan ranges of whole
+# blocks from the object's last bytes and decompress each range as it arrives:
+#
+#     TABLE_MAGIC u32, payload size u32 (entries + 12),
+#     per block: compressed size u32, raw size u32,
+#     blocks u32, crc32c of the per-block entries u32, TABLE_TAG (4 bytes)
+#
+# Byte grouping:
+#
+#     MAGIC                                   8 bytes
+#     per block: compressed size  u32
+#                raw size         u32
+#                group width      u8     (1: bytes as they are; 2, 4, 8: grouped by position in words)
+#                zstd frame       compressed size bytes
+#
+# A grouped block of ``n`` bytes holds byte 0 of every ``width``-byte word, then byte 1 of every word,
+# and so on, for the first ``n - n % width`` bytes; the rest follow as they are. The object ends with a
+# block table as the standard format's, whose entries also hold each block's width (compressed size
+# u32, raw size u32, width u8) and whose tag is GROUPED_TABLE_TAG.
 MAGIC = b"\x89TDGCSZ\n"
 """Starts every byte-grouped checkpoint; not a valid start of a zip archive, a pickle or a zstd frame."""
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -95,153 +95,13 @@ class Block(NamedTuple):
     width: int
 
 
-_WIDTHS = (2, 4, 8)
-_SAMPLE = 128 * 1024  # bytes of a block compressed in each layout to choose one
-
-
-class _Sink(Protocol):
-    url: str
-    generation: int | None
-
-    def write(self, data: Any, /) -> int: ...
-    def close(self) -> None: ...
-    def abort(self) -> None: ...
+GROUP_WIDTHS = (2, 4, 8)
+"""The word widths a block may be grouped by (1, bytes as they are, is always possible)."""
 
 
 def is_compressed(head: bytes | bytearray | memoryview) -> bool:
     """Whether an object starting with ``head`` is compressed (by this module or by plain zstd)."""
     return bytes(head[: len(MAGIC)]) == MAGIC or bytes(head[:4]) in (_ZSTD_MAGIC, INDEX_MAGIC)
-
-
-def _grouped(block: memoryview, width: int) -> bytes:
-    whole = len(block) - len(block) % width
-    words = np.frombuffer(block, dtype=np.uint8, count=whole).reshape(-1, width)
-    return words.T.tobytes() + bytes(block[whole:])
-
-
-def _best_width(block: memoryview) -> int:
-    """The layout in which a sample from the middle of ``block`` compresses smallest at level 1."""
-    start = max(0, (len(block) // 2 - _SAMPLE // 2)) & ~7
-    sample = block[start : start + _SAMPLE]
-    compressor = zstandard.ZstdCompressor(level=1)
-    sizes = {1: len(compressor.compress(sample))}
-    for width in _WIDTHS:
-        sizes[width] = len(compressor.compress(_grouped(sample, width)))
-    return min(sizes, key=lambda width: (sizes[width], width))
-
-
-def _compress_block(block: bytes, settings: Zstd) -> bytes:
-    if not settings.byte_grouping:
-        frame = zstandard.ZstdCompressor(level=settings.level, write_checksum=True).compress(block)
-        return INDEX_FRAME.pack(INDEX_MAGIC, INDEX_FRAME.size - 8, len(frame), len(block)) + frame
-    view = memoryview(block)
-    width = _best_width(view) if settings.byte_grouping and len(block) >= 4 * 1024 else 1
-    data = _grouped(view, width) if width > 1 else block
-    frame = zstandard.ZstdCompressor(level=settings.level, write_checksum=True).compress(data)
-    return BLOCK_HEADER.pack(len(frame), len(block), width) + frame
-
-
-def _threads(settings: Zstd) -> int:
-    return settings.threads or min(4, os.cpu_count() or 1)
-
-
-class CompressingWriter(PublishingWriter):
-    """Compresses what is written to it, block by block on a thread pool, into ``sink`` (a streaming
-    writer), in order. ``close()`` publishes through the sink; ``abort()`` or an exception inside
-    ``with`` discards everything. Holds at most ``2 x threads`` blocks in memory."""
-
-    def __init__(self, sink: _Sink, settings: Zstd) -> None:
-        super().__init__()
-        self.sink = sink
-        self._settings = settings
-        self._pool = ThreadPoolExecutor(_threads(settings), thread_name_prefix="torchdata-gcs-zstd")
-        self._pending: deque[Future[bytes]] = deque()
-        self._buffer = bytearray()
-        self._raw = 0
-        self._open = True
-        self._table: list[tuple[int, ...]] = []  # (compressed, raw[, width]) of each block written
-        if settings.byte_grouping:
-            sink.write(MAGIC)
-
-    def writable(self) -> bool:
-        return True
-
-    @property
-    def bytes_written(self) -> int:
-        """Uncompressed bytes written so far."""
-        return self._raw
-
-    def write(self, data: Any) -> int:  # type: ignore[override]
-        if not self._open:
-            raise ValueError("write to a closed writer")
-        size = len(memoryview(data).cast("B"))
-        self._buffer += data
-        self._raw += size
-        block_size = self._settings.block_size
-        try:
-            while len(self._buffer) >= block_size:
-                self._submit(bytes(self._buffer[:block_size]))
-                del self._buffer[:block_size]
-        except BaseException:
-            self.abort()
-            raise
-        return size
-
-    def _submit(self, block: bytes) -> None:
-        while len(self._pending) >= 2 * _threads(self._settings):
-            self._write_block(self._pending.popleft().result())
-        self._pending.append(self._pool.submit(_compress_block, block, self._settings))
-
-    def _write_block(self, block: bytes) -> None:
-        if self._settings.byte_grouping:
-            self._table.append(BLOCK_HEADER.unpack_from(block))
-        else:
-            self._table.append(INDEX_FRAME.unpack_from(block)[2:])
-        self.sink.write(block)
-
-    def close(self) -> None:
-        """Compress what is left, then publish through the sink; on failure discard and raise."""
-        if not self._open:
-            return
-        try:
-            if self._buffer:
-                self._submit(bytes(self._buffer))
-            while self._pending:
-                self._write_block(self._pending.popleft().result())
-            self.sink.write(block_table(self._table, GROUPED_TABLE_TAG if self._settings.byte_grouping else TABLE_TAG))
-            self.sink.close()
-        except BaseException:
-            self.abort()
-            raise
-        self._finish()
-
-    def abort(self) -> None:
-        """Publish nothing."""
-        if not self._open:
-            return
-        for future in self._pending:
-            future.cancel()
-        self.sink.abort()
-        self._finish()
-
-    def _finish(self) -> None:
-        self._open = False
-        self._buffer = bytearray()
-        self._pending.clear()
-        self._pool.shutdown(wait=False)
-        super().close()
-
-    def _unpublished(self) -> bool:
-        return getattr(self, "_open", False)
-
-    @property
-    def url(self) -> str:
-        return str(self.sink.url)
-
-    @property
-    def generation(self) -> int | None:
-        """The published object's generation, once closed cleanly."""
-        return self.sink.generation
 
 
 def block_table(entries: list[tuple[int, ...]], tag: bytes = TABLE_TAG) -> bytes:
@@ -310,7 +170,7 @@ def blocks(data: memoryview, url: str) -> Iterator[tuple[int, int, int, int]]:
             return  # the block table that ends the object
         if grouped:
             compressed, raw, width = BLOCK_HEADER.unpack_from(data, offset)
-            sound = width in (1, *_WIDTHS)
+            sound = width in (1, *GROUP_WIDTHS)
         else:
             magic, payload, compressed, raw = INDEX_FRAME.unpack_from(data, offset)
             width, sound = 1, magic == INDEX_MAGIC and payload == INDEX_FRAME.size - 8

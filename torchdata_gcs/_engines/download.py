@@ -1,6 +1,6 @@
 """Concurrent object downloads delivered in input order, with bounded buffering and checks.
 
-Reads run as coroutines on the process's I/O loop (``_aio``); the consumer thread submits objects
+Reads run as coroutines on the process's I/O loop (``_transport/loop.py``); the consumer thread submits objects
 ahead of itself and takes them back in order. An object up to ``part_size`` is one GET; a larger
 one is read as concurrent ranges into one buffer, each range resuming from the byte it reached,
 all pinned to one generation. Every object is checked by length and crc32c. A byte budget bounds
@@ -42,6 +42,7 @@ from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, io_loop
 from .._transport.retry import Attempts
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
+from .ranges import read_range, read_ranges_into, version_gone
 from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
@@ -52,9 +53,6 @@ __all__ = [
     "fetch_object",
     "load_in_order",
     "load_one",
-    "read_into",
-    "read_into_buffer",
-    "read_ranges_into",
 ]
 
 T = TypeVar("T")
@@ -64,31 +62,6 @@ HANDOFF_UNITS = 16
 
 STREAM_AHEAD_PARTS = 4
 """An object larger than the byte budget is read at most this many parts ahead of its reader."""
-
-
-def _gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError:
-    """A 404 on a read pinned to a generation: say that the object changed under us."""
-    return NotFoundError(
-        f"{url} generation {params['generation']} no longer exists: the object was deleted or "
-        "overwritten after it was listed or while it was read",
-        url=url,
-        status=exc.status,
-    )
-
-
-def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
-    """Raise ``GCSError`` unless ``response`` is a 206 starting at ``start``: a 200 carries the whole
-    object (something on the way dropped the Range or ``Accept-Encoding: gzip`` header, and GCS ignores
-    Range when it decompresses a gzip-encoded object), which a new attempt would get again."""
-    answered = response.headers.get("Content-Range", "")
-    if response.status != 206 or (answered and not answered.startswith(f"bytes {start}-")):
-        raise GCSError(
-            f"{url}: asked for bytes {start}-{end - 1}, got status {response.status} "
-            f"(Content-Range {answered or 'missing'}); a proxy between here and GCS may have dropped the "
-            "Range or Accept-Encoding header",
-            url=url,
-            status=response.status,
-        )
 
 
 _CONTENT_RANGE = re.compile(r"bytes 0-(\d+)/(\d+)")
@@ -118,58 +91,13 @@ def _size_in_content_range(url: str, response: Any, part_size: int) -> int:
     return int(match.group(2))
 
 
-async def _stream_range(
-    context: RequestContext,
-    url: str,
-    path: str,
-    params: dict[str, Any],
-    start: int,
-    length: int,
-    take: Callable[[int, bytes], None],
-) -> None:
-    """Hand bytes ``[start, start + length)`` of the object to ``take(offset, chunk)`` as they arrive,
-    by ranged GETs that resume from the byte they reached (each byte is taken once)."""
-    end = start + length
-    position = start
-
-    async def attempt() -> None:
-        nonlocal position
-        async with context.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
-            _check_range_answer(url, response, position, end)
-            async for chunk in response.content.iter_any():
-                if position + len(chunk) > end:
-                    raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
-                take(position, chunk)
-                position += len(chunk)
-                context.stats.bytes += len(chunk)
-        if position < end:
-            raise IntegrityError(f"{url}: the range answer stopped at byte {position} of {end}", url=url)
-
-    try:
-        await with_retry(context, url, attempt)
-    except NotFoundError as exc:
-        if is_missing_bucket(exc):
-            raise
-        raise _gone(url, params, exc) from exc
-
-
-async def _read_range(
-    context: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int
-) -> list[bytes]:
-    """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
-    would hold them twice)."""
-    chunks: list[bytes] = []
-    await _stream_range(context, url, path, params, start, length, lambda _, chunk: chunks.append(chunk))
-    return chunks
-
-
 async def _read_parts(
     context: RequestContext, url: str, path: str, params: dict[str, Any], start: int, size: int
 ) -> list[bytes]:
     """The object's bytes from ``start`` to ``size`` (in pieces), read as concurrent ranges of ``part_size``."""
     parts = await asyncio.gather(
         *(
-            _read_range(context, url, path, params, offset, min(context.part_size, size - offset))
+            read_range(context, url, path, params, offset, min(context.part_size, size - offset))
             for offset in range(start, size, context.part_size)
         )
     )
@@ -240,7 +168,7 @@ class VersionRanges:
         self._path = context.session.media_path(bucket, name)
 
     def fetch(self, start: int, length: int) -> Future[list[bytes]]:
-        reading = _read_range(self._context, self._url, self._path, self._params, start, length)
+        reading = read_range(self._context, self._url, self._path, self._params, start, length)
         return asyncio.run_coroutine_threadsafe(reading, io_loop())
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -339,7 +267,7 @@ class _ObjectRead:
                 except NotFoundError as exc:
                     if info is None or is_missing_bucket(exc):
                         raise
-                    raise _gone(url, params, exc) from exc
+                    raise version_gone(url, params, exc) from exc
                 if sum(map(len, first)) == size:
                     return (first[0] if len(first) == 1 else first), self.reserved
                 parts = first
@@ -579,59 +507,3 @@ def load_in_order(
     """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
     units = (functools.partial(load_one, url, info) for url, info in items)
     return deliver_in_order(units, client.context(), 2 * client.transfer.max_in_flight, skip_missing=skip_missing)
-
-
-async def _read_range_into(
-    context: RequestContext, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
-) -> int:
-    """Fill ``buffer`` with the object's bytes from ``start``; returns their crc32c, computed from
-    the chunks as they arrive."""
-    crc = 0
-
-    def take(position: int, chunk: bytes) -> None:
-        nonlocal crc
-        buffer[position - start : position - start + len(chunk)] = chunk
-        crc = google_crc32c.extend(crc, chunk)
-
-    await _stream_range(context, url, path, params, start, len(buffer), take)
-    return crc
-
-
-async def read_ranges_into(
-    context: RequestContext, url: str, generation: int, start: int, buffer: memoryview, part_size: int
-) -> int:
-    """Fill ``buffer`` with the object's bytes from ``start`` as concurrent ranged GETs of ``part_size``, all
-    pinned to ``generation``, each checked for its length and resumed if cut; their combined crc32c."""
-    bucket, name = parse_url(url, allow_prefix=False)
-    path = context.session.media_path(bucket, name)
-    params: dict[str, Any] = {"alt": "media", "generation": generation}
-    offsets = range(0, len(buffer), part_size)
-    crcs = await asyncio.gather(
-        *(_read_range_into(context, url, path, params, buffer[o : o + part_size], start + o) for o in offsets)
-    )
-    return crc32c_of_concatenation(zip(crcs, (min(part_size, len(buffer) - o) for o in offsets), strict=True))
-
-
-def read_into_buffer(url: str, info: ObjectInfo, client: Client) -> bytearray:
-    """One object (the version ``info`` names) in a new buffer, read as :func:`read_into` reads."""
-    buffer = bytearray(info.size)
-    read_into(memoryview(buffer), url, info, client)
-    return buffer
-
-
-def read_into(target: memoryview, url: str, info: ObjectInfo, client: Client) -> None:
-    """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
-    ``target`` (its size), and checked against ``info``'s crc32c without another pass over the bytes.
-
-    Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
-    range was hit), as retries allow."""
-    context = client.context()
-    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
-    while True:
-        reading = read_ranges_into(context, url, info.generation, 0, target, client.transfer.part_size)
-        crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
-        try:
-            check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
-            return
-        except IntegrityError as exc:
-            time.sleep(rereads.delay_after(exc))

@@ -3,14 +3,10 @@
 A sequential listing costs one round trip per 1,000 names. Here the key space under the prefix is
 listed by up to ``concurrency`` threads, each owning a range ``[start, end)`` of names, requested
 with ``startOffset``/``endOffset``. A lister that runs out of work steals: it splits the remaining
-part of a busy range (after the last name listed there, before the range's end) and takes the
-upper part. Names are read as numbers whose digits are the characters seen so far at each position
-(:class:`KeySpace`), so numbered names (``img/000123.jpg``) are cut as the numbers they are: a
-bounded range is cut in the middle, an unbounded one a few pages' stride ahead of where it is. A
-split that lands in an empty stretch costs one request and shrinks the busy range, so the next
-split is better informed. Splits are rationed (``SPLIT_BUDGET``) so the whole listing stays within
-1.5x the requests of a sequential one; parallelism grows as full pages come back. Ranges stay in key order, and names are yielded in that
-order as soon as every earlier range is finished.
+part of a busy range and takes the upper part (:class:`KeySpace` says where to cut). Splits are
+rationed (``SPLIT_BUDGET``) so the whole listing stays within half again the requests of a sequential
+one; parallelism grows as full pages come back. Ranges stay in key order, and names are yielded in
+that order as soon as every earlier range is finished.
 """
 
 from __future__ import annotations
@@ -53,6 +49,11 @@ SPLIT_BUDGET = 0.5
 (1 + SPLIT_BUDGET) times the requests of a sequential one (see ``_Listing._affordable``)."""
 
 
+# A busy range is split after the last name listed there, before the range's end. Names are read as
+# numbers whose digits are the characters seen so far at each position, so numbered names
+# (``img/000123.jpg``) are cut as the numbers they are: a bounded range is cut in the middle, an
+# unbounded one a few pages' stride ahead of where it is. A split that lands in an empty stretch costs
+# one request and shrinks the busy range, so the next split is better informed.
 class KeySpace:
     """Names as numbers, so a range of names can be cut in the middle or extended by a stride.
 

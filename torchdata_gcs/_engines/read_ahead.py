@@ -19,7 +19,7 @@ from .._transport.context import RequestContext
 from .._transport.loop import io_loop
 from .._transport.retry import Attempts
 from ..errors import IntegrityError
-from .download import read_ranges_into
+from .ranges import read_ranges_into
 
 __all__ = ["ReadAhead", "Span"]
 

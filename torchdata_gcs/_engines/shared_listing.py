@@ -1,21 +1,13 @@
 """A listing shared by every replica of a job: listed by one, published as a manifest, read by all.
 
-With N workers on each of M ranks, every replica of a DataPipe graph would list the bucket. Here the
-replicas meet at a manifest folder in GCS. The manifest of a listing is named by a hash of what was
-asked (the input URLs and masks), so asking for something else lists anew. A replica that finds the
-manifest reads it (one GET). Otherwise the replicas race to create a lock object with
-``ifGenerationMatch=0``; the one that wins lists, streaming names to its own consumer as they come,
-and publishes the manifest when the listing is complete (in the background, whatever its consumer
-does); the others poll the lock and read the manifest once the lock is gone. The holder rewrites
-the lock every ``LEASE / 4`` seconds; a lock whose generation stays the same for ``LEASE`` seconds
-belongs to a replica that died and is taken over. A listing that fails publishes nothing and
-releases the lock, so another replica tries.
-
-Anyone who may write the folder may write the manifest, so it is checked when read: its header must
-name this request, and every entry must be one that listing its input could have yielded (that
-input's bucket, under its prefix, kept by its glob and masks), in listing order, with well-formed
-metadata. A manifest that is not is refused with ``IntegrityError`` naming it, never rebuilt over:
-one that a replica read may already have shaped the job's other replicas.
+With N workers on each of M ranks, every replica of a DataPipe graph would list the bucket; here they
+meet at a manifest folder in GCS, the manifest named by a hash of what was asked (input URLs and
+masks). A replica that finds the manifest reads it (one GET). Otherwise the replicas race to create a
+lock object with ``ifGenerationMatch=0``; the winner lists, streaming names to its own consumer, and
+publishes the manifest when the listing is complete; the others poll the lock and read the manifest
+once the lock is gone. The holder rewrites the lock every ``LEASE / 4`` seconds; a lock whose
+generation stays the same for ``LEASE`` seconds belongs to a replica that died and is taken over. A
+listing that fails publishes nothing and releases the lock, so another replica tries.
 """
 
 from __future__ import annotations
@@ -92,6 +84,11 @@ class SharedListing:
                 return
             self._wait_for_lock_release()
 
+    # Anyone who may write the folder may write the manifest, so it is checked when read: its header must
+    # name this request, and every entry must be one that listing its input could have yielded (that
+    # input's bucket, under its prefix, kept by its glob and masks), in listing order, with well-formed
+    # metadata. A manifest that is not is refused, never rebuilt over: one that a replica read may
+    # already have shaped the job's other replicas.
     def _read(self) -> list[Entry] | None:
         """The published listing; ``None`` if there is none; ``IntegrityError`` if it is not one this
         request published."""

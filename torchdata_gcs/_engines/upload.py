@@ -3,21 +3,8 @@
 Two ways to assemble the parts into one object: :class:`MultipartWriter` uses GCS's XML API
 multipart upload; :class:`CompositeWriter` uploads each part as a temporary object and composes
 them (this works wherever the JSON API does, the emulator included, and in buckets where XML
-multipart uploads are not wanted). Both share :class:`StreamingWriter`'s behaviour:
-
-- parts are uploaded on the I/O loop as they fill, at most ``max_parts_in_flight`` held at once,
-  so memory stays near ``part_size x (max_parts_in_flight + 1)`` whatever the object's size;
-- part sizes double every ``PARTS_PER_SIZE`` parts, so 10,000 parts reach past GCS's 5 TiB object
-  limit from 5 MiB parts;
-- the object is published only by a clean :meth:`StreamingWriter.close`; an exception inside
-  ``with``, a writer dropped without closing, or a part that fails after retries discards the parts,
-  and nothing is published; a process ended by a signal leaves that to its reaper, handed the undo
-  (abort the upload, delete the parts) at the first part;
-- a payload that fits one part goes out in a single request;
-- every part travels with its crc32c, so GCS refuses a part damaged on the way and it is sent again;
-- the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
-  GCS does not promise the generation and checksum headers in the answer that publishes a multipart
-  upload: when they are missing (or the answer was lost), they are asked of the object's metadata.
+multipart uploads are not wanted). Both publish the object only on a clean close, as
+:class:`StreamingWriter` says.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ import logging
 import mmap
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
@@ -39,30 +26,29 @@ from xml.sax.saxutils import escape
 import google_crc32c
 
 from .._ops.attributes import ObjectAttributes
-from .._ops.checksums import crc32c_base64, hash_header, reported_crc32c
+from .._ops.checksums import crc32c_base64, reported_crc32c
 from .._ops.client import Client
 from .._ops.objects import (
     MAX_SOURCES,
     TEMPORARY_CLASS,
     check_published,
     compose_object,
-    create_object,
     list_page,
     object_resource,
 )
 from .._ops.paging import PageTrail
+from .._ops.parts import create_part, put_part, send_xml
 from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
-from .._transport.context import LoadStats, RequestContext, with_retry
+from .._transport.context import LoadStats, RequestContext
 from .._transport.deadline import own_deadlines, tidying
 from .._transport.loop import io_loop, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, TransferConfig, WriteConfig
 from ..errors import (
     GCSError,
-    IntegrityError,
     InvalidURIError,
     NoMultipartListing,
     NotFoundError,
@@ -116,10 +102,24 @@ def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> i
 def _new_part(size: int) -> memoryview:
     """An empty buffer for one part: an anonymous mapping of its own, which goes back to the OS as soon as the
     part is sent and dropped. Parts of megabytes on the heap raise glibc's mmap threshold and then fragment
-    the heap: a 2 GiB save grew 32 MiB past its bound that way."""
+    the heap, so a save's memory grew with its size (``benchmarks/README.md``, checkpoint memory)."""
     return memoryview(mmap.mmap(-1, size)) if size else memoryview(bytearray())
 
 
+# What every StreamingWriter does, however it assembles the parts:
+# - parts are uploaded on the I/O loop as they fill, at most ``max_parts_in_flight`` held at once,
+#   so memory stays near ``part_size x (max_parts_in_flight + 1)`` whatever the object's size;
+# - part sizes double every ``PARTS_PER_SIZE`` parts, so ``MAX_PARTS`` parts reach past GCS's 5 TiB
+#   object limit from ``MIN_PART_SIZE`` parts;
+# - the object is published only by a clean close; an exception inside ``with``, a writer dropped
+#   without closing, or a part that fails after retries discards the parts, and nothing is published;
+#   a process ended by a signal leaves that to its reaper, handed the undo (abort the upload, delete
+#   the parts) at the first part;
+# - a payload that fits one part goes out in a single request;
+# - every part travels with its crc32c, so GCS refuses a part damaged on the way and it is sent again;
+# - the published object's crc32c is compared with that of the bytes written; a mismatch deletes it.
+#   GCS does not promise the generation and checksum headers in the answer that publishes a multipart
+#   upload: when they are missing (or the answer was lost), they are asked of the object's metadata.
 class StreamingWriter(PublishingWriter):
     """Write one object as it is produced; publish it on a clean close, never otherwise. With
     ``only_if_new``, publishing fails with ``PreconditionFailedError`` (a ``FileExistsError``) where
@@ -393,7 +393,8 @@ class MultipartWriter(StreamingWriter):
         ...     with MultipartWriter("gs://demo/big.bin", client=client, part_size=MIN_PART_SIZE) as writer:
         ...         _ = writer.write(b"x" * (6 * 1024 * 1024))
         ...         _ = writer.write(b"tail")
-        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads  # start, marker, 2 parts, end
+        ...     # uploads: start, marker, 2 parts, end
+        ...     len(emulator.read("demo", "big.bin")), front.counts["upload"], front.open_uploads
         (6291460, 5, [])
     """
 
@@ -421,7 +422,7 @@ class MultipartWriter(StreamingWriter):
     def _start(self) -> None:
         reaper.start_soon()  # while the upload starts
         _, body = self._run(
-            _send(self._context, self.url, self._xml_path, "POST", {"uploads": None}, headers=dict(self._headers))
+            send_xml(self._context, self.url, self._xml_path, "POST", {"uploads": None}, headers=dict(self._headers))
         )
         try:
             self._upload_id = ElementTree.fromstring(body).findtext("{*}UploadId")
@@ -432,7 +433,7 @@ class MultipartWriter(StreamingWriter):
                 f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url
             )
         # A process ended by a signal runs no code of its own: its reaper aborts the upload instead.
-        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client))
+        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client.config, self._client.retry))
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
             generation = self._client.create(
@@ -454,7 +455,7 @@ class MultipartWriter(StreamingWriter):
             await delete_temporary(self._context, self._bucket, *marker)
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
-        return _put_part(self._context, self.url, self._xml_path, number, self._upload_id, data, crc32c)
+        return put_part(self._context, self.url, self._xml_path, number, self._upload_id, data, crc32c)
 
     def _assemble(self) -> tuple[int | None, str | None]:
         parts = "".join(
@@ -500,7 +501,7 @@ class MultipartWriter(StreamingWriter):
                         url=self.url,
                     )
                 try:
-                    headers, _ = await _send(
+                    headers, _ = await send_xml(
                         once,
                         self.url,
                         self._xml_path,
@@ -584,12 +585,12 @@ class CompositeWriter(StreamingWriter):
 
     def _start(self) -> None:
         # A process ended by a signal runs no code of its own: its reaper deletes the parts instead.
-        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client))
+        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client.config, self._client.retry))
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
         self._temporaries.add(name)
-        return _create_part(self._context, self._bucket, name, number, data, crc32c, self.attributes.kms_key_name)
+        return create_part(self._context, self._bucket, name, number, data, crc32c, self.attributes.kms_key_name)
 
     def _assemble(self) -> tuple[int | None, str | None]:
         sources: list[tuple[str, int | None]] = [self._parts[number] for number in sorted(self._parts)]
@@ -719,82 +720,6 @@ class CompositeWriter(StreamingWriter):
         # Parts in flight run to their end first, so none lands after the deletes.
         await asyncio.gather(*(asyncio.wrap_future(future) for future in pending), return_exceptions=True)
         await self._delete_temporaries()
-
-
-# Module-level coroutines: a part in flight must not hold the writer, or a dropped writer (which
-# aborts when collected) would stay alive until its parts finish.
-
-
-async def _send(
-    context: RequestContext,
-    url: str,
-    path: str,
-    method: str,
-    params: dict[str, Any],
-    data: bytes | None = None,
-    *,
-    headers: dict[str, str] | None = None,
-    answer_timeout: float | None = None,
-    repeatable: bool = True,
-) -> tuple[Mapping[str, str], bytes]:
-    """One XML API request, retried if ``repeatable``; its headers (case-insensitive, repeated lines kept)
-    and body. ``answer_timeout``: see ``Session.send``."""
-
-    async def attempt() -> tuple[Mapping[str, str], bytes]:
-        async with context.session.send(
-            method, url, path, params, headers, data=data, xml_api=True, answer_timeout=answer_timeout
-        ) as response:
-            return response.headers.copy(), await response.read()
-
-    return await with_retry(context, url, attempt, repeatable=repeatable)
-
-
-async def _put_part(
-    context: RequestContext, url: str, path: str, number: int, upload_id: str | None, data: memoryview, crc32c: int
-) -> tuple[int, str]:
-    """Upload part ``number`` with its crc32c, so GCS refuses it if damaged on the way (a refusal, or an
-    answer reporting another crc32c, is retried); ``(number, ETag)``."""
-    params = {"partNumber": number, "uploadId": upload_id}
-    expected = crc32c_base64(crc32c)
-
-    async def attempt() -> tuple[int, str]:
-        async with context.session.send(
-            "PUT", url, path, params, hash_header(crc32c), data=data, xml_api=True
-        ) as response:
-            await response.read()
-            reported, etag = reported_crc32c(response.headers), response.headers.get("ETag")
-        if reported is not None and reported != expected:
-            raise IntegrityError(f"{url}: GCS stored part {number} with crc32c {reported}, sent {expected}", url=url)
-        if not etag:
-            raise UploadError(f"{url}: GCS answered part {number} without an ETag", url=url)
-        return number, etag
-
-    return await with_retry(context, url, attempt)
-
-
-async def _create_part(
-    context: RequestContext,
-    bucket: str,
-    name: str,
-    number: int,
-    data: memoryview,
-    crc32c: int,
-    kms_key_name: str | None = None,
-) -> tuple[int, tuple[str, int]]:
-    """Upload one part as the object ``name``, a name of its own, so only if it does not exist (GCS checks its
-    crc32c; a retry finds the part of an earlier attempt whose answer was lost), encrypted by ``kms_key_name``
-    if given; ``(number, (name, generation))``."""
-    generation = await create_object(
-        context,
-        bucket,
-        name,
-        data,
-        if_generation_match=0,
-        crc32c=crc32c,
-        storage_class=TEMPORARY_CLASS,
-        kms_key_name=kms_key_name,
-    )
-    return number, (name, generation)
 
 
 _multipart_served: dict[str, bool] = {}  # endpoint -> whether it serves XML API multipart uploads

@@ -96,7 +96,8 @@ def reported_crc32c(headers: Any) -> str | None:
     >>> reported_crc32c({"x-goog-hash": "md5=XrY7u+Ae7tCTyyK7j1rNww==, crc32c=yZRlqg=="})
     'yZRlqg=='
     >>> from multidict import CIMultiDict
-    >>> reported_crc32c(CIMultiDict([("X-Goog-Hash", "md5=XrY7u+Ae7tCTyyK7j1rNww=="), ("x-goog-hash", "crc32c=yZRlqg==")]))
+    >>> headers = CIMultiDict([("X-Goog-Hash", "md5=XrY7u+Ae7tCTyyK7j1rNww=="), ("x-goog-hash", "crc32c=yZRlqg==")])
+    >>> reported_crc32c(headers)
     'yZRlqg=='
     >>> reported_crc32c({}) is None
     True

@@ -1,20 +1,23 @@
 """The handle a front end builds once and hands down: endpoint settings, transfer settings, retry policy
 and statistics, making the request context of each iteration, with the single-request verbs of
-:mod:`.objects` as blocking methods (run on the process's I/O loop, like every request)."""
+:mod:`.objects` as blocking methods (run on the process's I/O loop, like every request); and what a
+reaper's task keeps to build one in the reaper."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .._transport.context import LoadStats, RequestContext, new_context
+from .._transport.http import EMULATOR_ENV
 from .._transport.loop import run
 from .._transport.session import Session, session_for
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from . import objects
 from .checksums import ObjectInfo
 
-__all__ = ["Client"]
+__all__ = ["Client", "ReaperTask"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -88,8 +91,8 @@ class Client:
     def head(
         self, bucket: str, name: str, fields: str | None, *, generation: int | None = None, missing_ok: bool = True
     ) -> dict[str, Any] | None:
-        """The object's metadata trimmed to ``fields`` (``None``: all but its ACL); ``None`` if it does not exist (``NotFoundError``
-        unless ``missing_ok``)."""
+        """The object's metadata trimmed to ``fields`` (``None``: all but its ACL); ``None`` if it does not
+        exist (``NotFoundError`` unless ``missing_ok``)."""
         return self.run(objects.object_resource, bucket, name, fields, generation=generation, missing_ok=missing_ok)
 
     def read(self, bucket: str, name: str) -> bytes | None:
@@ -140,3 +143,21 @@ class Client:
         return self.run(
             objects.delete_object, bucket, name, generation=generation, if_generation_match=if_generation_match
         )
+
+
+class ReaperTask:
+    """What a reaper's task that sends requests holds: the client settings and the endpoint this process
+    would use now (the emulator variable is part of that, as for its sessions)."""
+
+    def __init__(self, config: ClientConfig, retry: RetryConfig) -> None:
+        self.config = config
+        self.retry = retry
+        self.emulator = os.environ.get(EMULATOR_ENV)
+
+    def client(self) -> Client:
+        """A client, in the reaper, for that endpoint (the reaper's environment serves no one else)."""
+        if self.emulator is None:
+            os.environ.pop(EMULATOR_ENV, None)
+        else:
+            os.environ[EMULATOR_ENV] = self.emulator
+        return Client(self.config, self.retry)

@@ -461,7 +461,8 @@ async def rewrite_object(
     attempt; a destination replaced meanwhile by another writer raises ``PreconditionFailedError``.
     """
     url = format_url(*destination)
-    path = f"{context.session.object_path(*source)}/rewriteTo/b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
+    target = f"b/{quote(destination[0], safe='')}/o/{quote(destination[1], safe='')}"
+    path = f"{context.session.object_path(*source)}/rewriteTo/{target}"
     copied = await object_resource(
         context, *source, "size,crc32c", generation=source_generation, required=("size",), missing_ok=False
     )

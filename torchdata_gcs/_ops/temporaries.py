@@ -13,17 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._transport.context import RequestContext
-from .._transport.http import EMULATOR_ENV
+from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError
 from .batch import delete_objects
-from .client import Client
+from .client import Client, ReaperTask
 from .objects import delete_object
 from .paging import MAX_PAGE_SIZE, PageTrail
 from .urls import format_url, printable
 
 __all__ = [
     "DeletePrefix",
-    "ReaperTask",
     "delete_temporary",
     "list_soft_deleted",
     "list_versions",
@@ -90,29 +89,11 @@ def _listed(
         params["pageToken"] = token
 
 
-class ReaperTask:
-    """What a reaper's task that sends requests holds: the handle of the job it undoes (settings only, it
-    pickles) and the endpoint this process would use now (the emulator variable is part of that, as for
-    its sessions)."""
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-        self.emulator = os.environ.get(EMULATOR_ENV)
-
-    def client(self) -> Client:
-        """The handle, in the reaper, for that endpoint (the reaper's environment serves no one else)."""
-        if self.emulator is None:
-            os.environ.pop(EMULATOR_ENV, None)
-        else:
-            os.environ[EMULATOR_ENV] = self.emulator
-        return self._client
-
-
 class DeletePrefix(ReaperTask):
     """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good."""
 
-    def __init__(self, bucket: str, prefix: str, client: Client) -> None:
-        super().__init__(client)
+    def __init__(self, bucket: str, prefix: str, config: ClientConfig, retry: RetryConfig) -> None:
+        super().__init__(config, retry)
         self.bucket = bucket
         self.prefix = prefix
 

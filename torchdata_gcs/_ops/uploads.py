@@ -15,11 +15,11 @@ from urllib.parse import quote
 from xml.etree import ElementTree
 
 from .._transport.context import RequestContext, with_retry
+from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError, NoMultipartListing
-from .client import Client
+from .client import Client, ReaperTask
 from .objects import delete_object, delete_request
 from .paging import PageTrail
-from .temporaries import ReaperTask
 from .urls import TEMPORARY_PREFIX, format_url, printable
 
 __all__ = ["UPLOAD_MARKERS", "AbortUpload", "Upload", "abort_upload", "unfinished_uploads", "upload_marker"]
@@ -98,8 +98,8 @@ class AbortUpload(ReaperTask):
     """A reaper's task: abort the multipart upload ``upload`` of ``bucket`` (GCS bills its parts until then)
     and delete its marker."""
 
-    def __init__(self, bucket: str, upload: Upload, client: Client) -> None:
-        super().__init__(client)
+    def __init__(self, bucket: str, upload: Upload, config: ClientConfig, retry: RetryConfig) -> None:
+        super().__init__(config, retry)
         self.bucket = bucket
         self.upload = upload
 

@@ -2,7 +2,7 @@
 
 The object name is everything after the bucket's slash, taken literally as GCS stores it: ``#``,
 ``?``, ``%``, ``+``, spaces, unicode and ``//`` are part of the name, never URL syntax. Percent
-encoding happens only when a request is built (see ``_client``).
+encoding happens only when a request is built (see ``_transport/session.py``).
 """
 
 from __future__ import annotations

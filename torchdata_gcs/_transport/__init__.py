@@ -1,2 +1,3 @@
-"""The wire: the process's I/O loop, the HTTP sessions and credentials, retry and backoff, the 429
-throttle, and the request context every engine shares. Nothing here knows about objects beyond URLs."""
+"""The wire: the process's I/O loop, the HTTP sessions and credentials, what an answer (or its absence)
+means, retry and backoff, the 429 throttle, and the request context every engine shares. Nothing here
+knows about objects beyond URLs."""

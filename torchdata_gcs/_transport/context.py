@@ -118,6 +118,8 @@ class ByteBudget:
     def wake(self) -> None:
         """Let reads that wait for room look again."""
         if self._waiting:  # a task per release costs more than the rest of it: only when needed
+            # No reference kept: the task is in the loop's queue, or waits on the condition's lock, which
+            # this budget holds; it can only be collected along with the budget and the reads waiting on it.
             asyncio.ensure_future(self._notify())
 
     async def _notify(self) -> None:

@@ -1,6 +1,6 @@
 """What HTTP means to GCS here: which endpoint and credentials a ``ClientConfig`` names, how an
 answer's status and body become a typed error (:func:`error_for_status`, the one translation point),
-and which answers are worth another attempt."""
+which answers are worth another attempt, and an endpoint that never answered (:class:`Unanswered`)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import google.oauth2.service_account
 from ..config import ClientConfig
 from ..errors import (
     AccessDeniedError,
+    EndpointError,
     GCSError,
     IntegrityError,
     NotFoundError,
@@ -34,6 +35,15 @@ GCS_ENDPOINT = "https://storage.googleapis.com"
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
+
+
+class Unanswered(Exception):
+    """A connection to an endpoint that has never answered in this process was refused, or its host name
+    did not resolve: tried again for :data:`.retry.UNANSWERED_DELAYS` only, then :attr:`error` is raised."""
+
+    def __init__(self, error: EndpointError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def resolve_endpoint(config: ClientConfig) -> tuple[str, bool]:
@@ -237,7 +247,8 @@ def _not_found(url: str | None, detail: str, message: str) -> NotFoundError:
         return NotFoundError(f"object {url} does not exist", url=url, status=404)
     if name and says_nothing:
         return NotFoundError(
-            f"{url} does not exist: no such object, or no bucket {bucket!r} (GCS answered 404: {detail or 'Not Found'})",
+            f"{url} does not exist: no such object, or no bucket {bucket!r} "
+            f"(GCS answered 404: {detail or 'Not Found'})",
             url=url,
             status=404,
         )

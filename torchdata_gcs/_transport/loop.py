@@ -69,6 +69,8 @@ def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | N
     return ``None``."""
     loop = io_loop()
     if _on_loop(loop):
+        # No reference kept: a pending task is held by the loop's queue or by what it awaits (a request's
+        # socket, a timer, a lock others hold), so it is collected only if nothing could ever wake it.
         asyncio.ensure_future(coroutine)
         return None
     return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout)

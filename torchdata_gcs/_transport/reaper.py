@@ -46,7 +46,8 @@ _BOOTSTRAP = """
 import importlib.util, json, os, sys
 name, root, path, parent, deadline = sys.argv[1:]
 sys.path[:] = json.loads(path)
-spec = importlib.util.spec_from_file_location(name, os.path.join(root, "__init__.py"), submodule_search_locations=[root])
+init = os.path.join(root, "__init__.py")
+spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[root])
 sys.modules[name] = importlib.util.module_from_spec(spec)  # not executed
 importlib.import_module(name + "._transport.reaper").serve(int(parent), float(deadline))
 """

@@ -14,7 +14,7 @@ import google.auth.exceptions
 from ..config import RetryConfig
 from ..errors import DeadlineExceededError, EndpointError, GCSError, IntegrityError, TransientError
 from .deadline import deadline_for
-from .http import RETRYABLE_STATUSES
+from .http import RETRYABLE_STATUSES, Unanswered
 
 logger = logging.getLogger(__name__)
 
@@ -22,15 +22,6 @@ UNANSWERED_DELAYS = (0.25, 0.75, 1.5)
 """The waits before each new attempt at an endpoint that has never answered in this process and refuses
 the connection or whose host does not resolve: about 2.5 s in all, enough for a server still starting,
 short enough that a wrong endpoint is said at once."""
-
-
-class Unanswered(Exception):
-    """A connection to an endpoint that has never answered in this process was refused, or its host name
-    did not resolve: tried again for :data:`UNANSWERED_DELAYS` only, then :attr:`error` is raised."""
-
-    def __init__(self, error: EndpointError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
@@ -72,14 +63,13 @@ def asks_to_try_again(exc: BaseException) -> bool:
 class Attempts:
     """The retry decisions of one operation: after each failure, how long to wait, or give up.
 
-    Retrying ends at the deadline (``retry.deadline`` from now, or the end of the call it is part of, if
-    sooner: see :mod:`.deadline`; :attr:`deadline` may be set to another), and after ``retry.max_attempts`` failures other than answers that ask to
-    try again (:func:`asks_to_try_again`): a throttled job keeps trying until the deadline, while a
-    reset, a timeout or a damaged answer repeated that often is given up sooner. A ``retry_after``
-    attribute on the error (from GCS's ``Retry-After``) stretches the wait. ``on_retry``, if given, is
-    told of every failure that will be retried. A write that is not ``repeatable`` (no precondition
-    makes a repeat harmless) is not tried again unless ``retry.retry_unconditional_writes`` says so,
-    but where it never reached the endpoint.
+    Retrying ends at the deadline (``retry.deadline`` from now, or the end of the call it is part of, if sooner: see
+    :mod:`.deadline`; :attr:`deadline` may be set to another), and after ``retry.max_attempts`` failures other than
+    answers that ask to try again (:func:`asks_to_try_again`): a throttled job keeps trying until the deadline, while a
+    reset, a timeout or a damaged answer repeated that often is given up sooner. A ``retry_after`` attribute on the
+    error (from GCS's ``Retry-After``) stretches the wait. ``on_retry``, if given, is told of every failure that will be
+    retried. A write that is not ``repeatable`` (no precondition makes a repeat harmless) is not tried again unless
+    ``retry.retry_unconditional_writes`` says so, but where it never reached the endpoint.
     """
 
     def __init__(

@@ -37,6 +37,7 @@ from ..errors import AccessDeniedError, EndpointError, TransientError
 from . import lifecycle
 from .http import (
     EMULATOR_ENV,
+    Unanswered,
     credentials_for,
     error_detail,
     error_for_status,
@@ -46,7 +47,6 @@ from .http import (
     retry_after_seconds,
 )
 from .loop import io_loop
-from .retry import Unanswered
 from .throttle import Throttle
 
 __all__ = ["API_CLIENT", "USER_AGENT", "Body", "Session", "media_url", "session_for"]

@@ -1,5 +1,5 @@
 """``torchdata-gcs bench``: measure listing, loading and composing on a prefix and suggest settings from what
-was measured (and ``ls``'s helper: the parallel lister with its stats)."""
+was measured."""
 
 from __future__ import annotations
 
@@ -10,33 +10,23 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from .._ops.checksums import ObjectInfo
 from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from ..config import ClientConfig, TransferConfig
-from ..datapipes import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, GCSShardComposerIterDataPipe
+from ..datapipes.composing import GCSShardComposerIterDataPipe
+from ..datapipes.loading import GCSFileLoaderIterDataPipe
 from ..errors import ComposeFallbackWarning, NotFoundError
+from .listing import listed_with_stats
 from .options import client_config
 from .sizes import human_size
 
-__all__ = ["MAX_IN_FLIGHT", "bench", "listed_with_stats"]
+__all__ = ["MAX_IN_FLIGHT", "bench"]
 
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 1024  # TransferConfig's upper bound
 _FASTER = 1.2  # a ratio of throughputs below this is within noise for a short measurement
-
-
-def listed_with_stats(
-    url: str, client: ClientConfig, concurrency: int
-) -> tuple[GCSFileListerIterDataPipe, Iterator[Any]]:
-    """The parallel lister of ``url`` (for its stats) and its ``(url, ObjectInfo)`` pairs."""
-    # An empty prefix is an answer here (ls prints 0 objects; bench says there is nothing to measure).
-    lister = GCSFileListerIterDataPipe(
-        url, with_metadata=True, client=client, concurrency=concurrency, allow_empty=True
-    )
-    return lister, iter(lister)
 
 
 @dataclass

@@ -86,8 +86,8 @@ def clean(args: argparse.Namespace) -> int:
         print(f"{verb} {len(aborted)} unfinished multipart upload(s) older than {age} in gs://{bucket}")
         if len(old) > len(ours):
             print(
-                f"left {len(old) - len(ours)} unfinished multipart upload(s) older than {age} that torchdata-gcs did not "
-                "start (--all-uploads aborts them too)"
+                f"left {len(old) - len(ours)} unfinished multipart upload(s) older than {age} "
+                "that torchdata-gcs did not start (--all-uploads aborts them too)"
             )
 
     deleted = found if args.dry_run else _delete_versions(client, bucket, found)

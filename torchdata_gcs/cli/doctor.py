@@ -211,9 +211,10 @@ def doctor(
     say: Callable[[str], None] = lambda line: None,
     sample_size: int = SAMPLE_SIZE,
 ) -> Report:
-    """Check ``url``'s bucket (``gs://bucket/prefix/``) through ``client`` (its timeouts replaced by short ones)
-    and return the report; ``say`` is given each line of it as it is known. Ctrl-C (``KeyboardInterrupt``) stops the checks, cleans up and returns a report marked
-    ``interrupted``. A bucket that does not exist or an endpoint that cannot be reached raises its ``GCSError``."""
+    """Check ``url``'s bucket (``gs://bucket/prefix/``) through ``client`` (its timeouts replaced by short ones) and
+    return the report; ``say`` is given each line of it as it is known. Ctrl-C (``KeyboardInterrupt``) stops the checks,
+    cleans up and returns a report marked ``interrupted``. A bucket that does not exist or an endpoint that cannot be
+    reached raises its ``GCSError``."""
     client = dataclasses.replace(client or ClientConfig(), connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
     run = _Run(url, client, say, sample_size)
     try:

@@ -25,11 +25,12 @@ from .._transport.http import EMULATOR_ENV
 from ..config import ClientConfig, TransferConfig
 from ..errors import GCSError, InvalidURIError
 from ..testing import Emulator, EmulatorError
-from .bench import MAX_IN_FLIGHT, listed_with_stats
+from .bench import MAX_IN_FLIGHT
 from .bench import bench as run_bench
 from .clean import checked_age
 from .clean import clean as run_clean
 from .doctor import SCRATCH_MARK, doctor
+from .listing import listed_with_stats
 from .options import client_config
 from .sizes import human_size
 
@@ -262,7 +263,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_integer(1, MAX_IN_FLIGHT),
         default=TransferConfig().max_in_flight,
         metavar="M",
-        help=f"requests a loader keeps in flight (TransferConfig.max_in_flight; default: {TransferConfig().max_in_flight})",
+        help="requests a loader keeps in flight "
+        f"(TransferConfig.max_in_flight; default: {TransferConfig().max_in_flight})",
     )
     bench.set_defaults(run=run_bench)
 
@@ -274,9 +276,10 @@ def _parser() -> argparse.ArgumentParser:
             f"Delete objects under gs://BUCKET/{TEMPORARY_PREFIX} (the temporary composites and parts of "
             "compose_shards_by_gcs and CompositeWriter) created longer ago than --older-than, and abort the "
             "bucket's unfinished XML API multipart uploads that torchdata-gcs started (MultipartWriter marks each) "
-            "initiated longer ago than that, whose parts are billed until then (--all-uploads: every upload). Running jobs clean up after themselves; a killed one may leave "
-            "some. A running job whose composite is deleted loads those objects directly instead; one whose "
-            "upload is aborted fails, so keep --older-than above your longest upload. Then list the soft-deleted "
+            "initiated longer ago than that, whose parts are billed until then (--all-uploads: every upload). "
+            "Running jobs clean up after themselves; a killed one may leave some. A running job whose composite "
+            "is deleted loads those objects directly instead; one whose upload is aborted fails, so keep "
+            "--older-than above your longest upload. Then list the soft-deleted "
             f"objects under {TEMPORARY_PREFIX} (softDeleted=true) and say how many, their size and when the last "
             "expires: soft delete keeps deleted objects billed until then, and no request removes them sooner."
         ),
@@ -308,12 +311,13 @@ def _parser() -> argparse.ArgumentParser:
             "need storage.buckets.get, else 'unknown' but for location and namespace, which the storage layout "
             "tells), each with what it means for composites, checkpoints and clean, and the lifecycle file that "
             "adds the rules removing what killed jobs leave (AbortIncompleteMultipartUpload, Delete under the "
-            "temporary prefix) if the bucket lacks them; then list, write (ifGenerationMatch=0), check that a second such "
-            "write is refused with 412, read, compose, run an XML API multipart upload, list unfinished uploads, "
-            "delete, and measure latency and throughput. Each check is OK, REFUSED (403), MISSING (the endpoint "
-            "lacks it) or FAILED, with what that means for which feature. Everything is written under "
-            f"PREFIX/{SCRATCH_MARK}<random>/ (and the multipart upload's marker under {UPLOAD_MARKERS}) and "
-            "deleted at the end, also on Ctrl-C; what cannot be deleted is named. Exit 0 when everything the library needs works, 1 when something is refused, missing or failed."
+            "temporary prefix) if the bucket lacks them; then list, write (ifGenerationMatch=0), check that a "
+            "second such write is refused with 412, read, compose, run an XML API multipart upload, list "
+            "unfinished uploads, delete, and measure latency and throughput. Each check is OK, REFUSED (403), "
+            "MISSING (the endpoint lacks it) or FAILED, with what that means for which feature. "
+            f"Everything is written under PREFIX/{SCRATCH_MARK}<random>/ (and the multipart upload's marker "
+            f"under {UPLOAD_MARKERS}) and deleted at the end, also on Ctrl-C; what cannot be deleted is named. "
+            "Exit 0 when everything the library needs works, 1 when something is refused, missing or failed."
         ),
     )
     doctor_command.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET or gs://BUCKET/PREFIX/")
@@ -326,8 +330,8 @@ def _parser() -> argparse.ArgumentParser:
             "Start the embedded emulator (fake-gcs-server, from the 'emulator' extra) on a free port of "
             "127.0.0.1, optionally create a bucket and seed it, print the endpoint and the "
             f"'export {EMULATOR_ENV}=...' line that points torchdata-gcs and Google's clients at it, and serve "
-            "until Ctrl-C or SIGTERM; then stop it and delete its data (unless --data-dir). The emulator has no XML API: "
-            "MultipartWriter needs torchdata_gcs.testing.GCSFront in front of it."
+            "until Ctrl-C or SIGTERM; then stop it and delete its data (unless --data-dir). "
+            "The emulator has no XML API: MultipartWriter needs torchdata_gcs.testing.GCSFront in front of it."
         ),
     )
     emulator.add_argument("--bucket", type=_bucket_name, metavar="NAME", help="create this bucket")

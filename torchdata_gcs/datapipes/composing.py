@@ -88,11 +88,15 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
         >>> with testing.Emulator() as emulator:
         ...     emulator.seed("demo", {f"{i}.txt": f"sample {i}".encode() for i in range(5)})
-        ...     pipe = IterableWrapper(["gs://demo/"]).list_files_by_gcs(client=emulator.client_config, with_metadata=True)
-        ...     pipe = pipe.compose_shards_by_gcs(client=emulator.client_config)
+        ...     client = emulator.client_config
+        ...     pipe = IterableWrapper(["gs://demo/"]).list_files_by_gcs(client=client, with_metadata=True)
+        ...     pipe = pipe.compose_shards_by_gcs(client=client)
         ...     samples = [(url, stream.read()) for url, stream in pipe]
-        ...     samples[:2], pipe.stats.composes, emulator.names("demo")
-        ([('gs://demo/0.txt', b'sample 0'), ('gs://demo/1.txt', b'sample 1')], 1, ['0.txt', '1.txt', '2.txt', '3.txt', '4.txt'])
+        ...     names = emulator.names("demo")
+        >>> samples[:2]
+        [('gs://demo/0.txt', b'sample 0'), ('gs://demo/1.txt', b'sample 1')]
+        >>> pipe.stats.composes, names
+        (1, ['0.txt', '1.txt', '2.txt', '3.txt', '4.txt'])
     """
 
     def __init__(

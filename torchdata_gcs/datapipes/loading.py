@@ -22,17 +22,16 @@ __all__ = ["GCSFileLoaderIterDataPipe"]
 class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
     """Downloads objects and yields ``(url, StreamWrapper)`` pairs (functional name: ``load_files_by_gcs``).
 
-    Like torchdata's own file loaders, so existing decoders chain after it; the pairs come in input
-    order. Reads run as coroutines on one I/O thread per process: up to ``transfer.max_in_flight``
-    requests at once, at most ``transfer.max_buffered_bytes`` held ahead of the consumer, objects
-    above ``transfer.part_size`` read as concurrent ranges. Every object's length and crc32c are
-    checked against GCS's (and, for ``(url, ObjectInfo)`` input, the listing's): before it is yielded,
-    or for an object larger than the budget, streamed, when its reader reaches the end (unless
-    ``transfer.hold_until_verified``); each read is pinned to one generation (the listed one, if known). Transient failures are retried per ``retry``, a
-    range from the byte it reached; on HTTP 429 every loader of the process sends fewer requests at
-    once, growing back as requests succeed. :attr:`stats` (a ``LoadStats``) counts requests, bytes,
-    retries, 429s and the time the consumer waited. The bytes are the object's stored bytes:
-    objects uploaded with ``Content-Encoding: gzip`` come back compressed.
+    Like torchdata's own file loaders, so existing decoders chain after it; the pairs come in input order. Reads run as
+    coroutines on one I/O thread per process: up to ``transfer.max_in_flight`` requests at once, at most
+    ``transfer.max_buffered_bytes`` held ahead of the consumer, objects above ``transfer.part_size`` read as concurrent
+    ranges. Every object's length and crc32c are checked against GCS's (and, for ``(url, ObjectInfo)`` input, the
+    listing's): before it is yielded, or for an object larger than the budget, streamed, when its reader reaches the end
+    (unless ``transfer.hold_until_verified``); each read is pinned to one generation (the listed one, if known).
+    Transient failures are retried per ``retry``, a range from the byte it reached; on HTTP 429 every loader of the
+    process sends fewer requests at once, growing back as requests succeed. :attr:`stats` (a ``LoadStats``) counts
+    requests, bytes, retries, 429s and the time the consumer waited. The bytes are the object's stored bytes: objects
+    uploaded with ``Content-Encoding: gzip`` come back compressed.
 
     Args:
         source_datapipe: a DataPipe, an iterable or one item; items are ``gs://`` URLs or the

@@ -57,8 +57,9 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         >>> with testing.Emulator() as emulator:
         ...     emulator.create_bucket("out")
         ...     items = [("gs://out/raw.bin", b"raw bytes"), ("gs://out/state.pt", {"w": torch.ones(2)})]
-        ...     saved = list(IterableWrapper(items).save_by_gcs(client=emulator.client_config))
-        ...     saved, emulator.read("out", "raw.bin"), checkpoint.load("gs://out/state.pt", client=emulator.client_config)
+        ...     client = emulator.client_config
+        ...     saved = list(IterableWrapper(items).save_by_gcs(client=client))
+        ...     saved, emulator.read("out", "raw.bin"), checkpoint.load("gs://out/state.pt", client=client)
         (['gs://out/raw.bin', 'gs://out/state.pt'], b'raw bytes', {'w': tensor([1., 1.])})
     """
 

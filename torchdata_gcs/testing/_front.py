@@ -172,11 +172,11 @@ def is_write(method: str, target: str) -> bool:
 
 
 def repeatable(method: str, target: str, headers: Any = None) -> bool:
-    """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the
-    generation (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation``
-    or of a bucket, or an XML multipart upload's request: a start writes no object (a repeat opens one more empty upload),
-    and the others are bound to their upload ID (a part PUT overwrites the same part number, a repeated
-    completion or abort finds the upload gone).
+    """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the generation
+    (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation`` or of a bucket, or an XML
+    multipart upload's request: a start writes no object (a repeat opens one more empty upload), and the others are
+    bound to their upload ID (a part PUT overwrites the same part number, a repeated completion or abort finds the
+    upload gone).
 
     Example:
         >>> repeatable("POST", "/upload/storage/v1/b/b/o?uploadType=multipart&name=x&ifGenerationMatch=0")
@@ -222,18 +222,17 @@ class Fault:
     """A failure to inject into matching requests.
 
     Args:
-        kind: ``"http_400"`` (a request GCS deems invalid), ``"http_403"`` (permission denied), ``"http_429"`` or ``"http_503"`` answers that
-            status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the connection (the client gets ECONNRESET)
-            instead of answering; ``"truncate"`` forwards the request and sends the real status and
-            headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
-            answers nothing for ``stall_seconds``, then closes; ``"corrupt"`` flips one bit of the
-            request body (a request that has one) or of the answer's body, as damage in transit
-            would. Only ``"truncate"`` and ``"corrupt"`` reach upstream. ``"http_404"`` and
-            ``"http_412"`` answer as a missing object and a failed precondition do; ``"html_200"``
-            answers 200 with an HTML page, as a captive portal or a misconfigured proxy would;
-            ``"repeat_token"`` answers a list request for a page after the first (it carries a ``pageToken``,
-            or multipart uploads' markers) with a page that names that same token (or those markers) as the
-            next one, as a server that never lets a listing end would (other requests are not matched).
+        kind: ``"http_400"`` (a request GCS deems invalid), ``"http_403"`` (permission denied), ``"http_429"`` or
+            ``"http_503"`` answers that status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the
+            connection (the client gets ECONNRESET) instead of answering; ``"truncate"`` forwards the request and sends
+            the real status and headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
+            answers nothing for ``stall_seconds``, then closes; ``"corrupt"`` flips one bit of the request body (a
+            request that has one) or of the answer's body, as damage in transit would. Only ``"truncate"`` and
+            ``"corrupt"`` reach upstream. ``"http_404"`` and ``"http_412"`` answer as a missing object and a failed
+            precondition do; ``"html_200"`` answers 200 with an HTML page, as a captive portal or a misconfigured proxy
+            would; ``"repeat_token"`` answers a list request for a page after the first (it carries a ``pageToken``, or
+            multipart uploads' markers) with a page that names that same token (or those markers) as the next one, as a
+            server that never lets a listing end would (other requests are not matched).
         rate: probability that a matching request is hit, drawn from the front's seeded generator.
         match: a request kind from :data:`REQUEST_KINDS` (``"get"``, ``"list"``, ...), or a regular
             expression searched in ``"METHOD /path?query"`` as the client sent it; ``None``: all.

@@ -221,7 +221,10 @@ class GCSRules:
         if api == "xml":
             words = NO_SUCH_BUCKET if code == "NoSuchBucket" else "The specified key does not exist."
             details = "" if code == "NoSuchBucket" else f"<Details>{escape(message)}</Details>"
-            body = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{words}</Message>{details}</Error>"
+            body = (
+                f"<?xml version='1.0' encoding='UTF-8'?>"
+                f"<Error><Code>{code}</Code><Message>{words}</Message>{details}</Error>"
+            )
             return "application/xml; charset=UTF-8", body.encode()
         if api == "media":
             return "text/html; charset=UTF-8", message.encode()

@@ -1,23 +1,9 @@
 """GCS's XML API multipart upload, served by the test front on top of an emulator that lacks it.
 
-Initiate (``POST /bucket/object?uploads``), upload part (``PUT ?partNumber=N&uploadId=ID``, answered
-with its ``ETag``), list parts (``GET ?uploadId=ID``), complete (``POST ?uploadId=ID`` with the part
-list) and abort (``DELETE ?uploadId=ID``), with GCS's XML error answers: ``NoSuchUpload`` (404),
-``InvalidArgument`` for a part number outside 1-10,000, ``MalformedXML``, ``InvalidPartOrder``,
-``InvalidPart`` (unknown part or ETag), ``EntityTooSmall`` (a part other than the last under the
-minimum) and ``BadDigest`` (a part whose ``x-goog-hash`` or ``Content-MD5`` does not match its body),
-all 400. Parts are kept in files; a completed upload is written to the emulator in one streamed
-upload with the ``Content-Type``, ``x-goog-meta-*`` and fixed-key metadata headers (``Cache-Control``,
-``Content-Disposition``, ``Content-Encoding``, ``Content-Language``, ``x-goog-custom-time``) given at
-initiation, so the object (written with the Cloud KMS key of ``x-goog-encryption-kms-key-name``, if
-given: its resources then name it)
-appears whole or not at all, and it is then described as GCS describes it: no MD5, a component
-count.
-
-A bucket's unfinished uploads are listed by ``GET /bucket?uploads`` as GCS lists them: by object
-name, then upload ID, at most ``max-uploads`` (1,000) a page, each with its ``Initiated`` time,
-continued with ``key-marker`` and ``upload-id-marker``; ``prefix`` is honoured, ``delimiter`` and
-``encoding-type`` are refused (501), and a bucket missing upstream is ``NoSuchBucket`` (404), to a listing as to an initiation.
+Initiate, upload part, list parts, complete and abort, with GCS's XML error answers; a bucket's
+unfinished uploads listed as GCS lists them. A completed upload is written to the emulator in one
+streamed upload, so the object appears whole or not at all, and is then described as GCS describes
+it. :class:`MultipartUploads` says what each request gets.
 """
 
 from __future__ import annotations
@@ -140,6 +126,23 @@ def _timestamp(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}Z"
 
 
+# The requests and GCS's answers to them:
+# - initiate (``POST /bucket/object?uploads``), upload part (``PUT ?partNumber=N&uploadId=ID``, answered
+#   with its ``ETag``), list parts (``GET ?uploadId=ID``), complete (``POST ?uploadId=ID`` with the part
+#   list) and abort (``DELETE ?uploadId=ID``);
+# - errors: ``NoSuchUpload`` (404), and all 400: ``InvalidArgument`` for a part number outside 1-10,000,
+#   ``MalformedXML``, ``InvalidPartOrder``, ``InvalidPart`` (unknown part or ETag), ``EntityTooSmall`` (a
+#   part other than the last under the minimum) and ``BadDigest`` (a part whose ``x-goog-hash`` or
+#   ``Content-MD5`` does not match its body);
+# - parts are kept in files; a completed upload is written to the emulator in one streamed upload with
+#   the ``Content-Type``, ``x-goog-meta-*`` and fixed-key metadata headers (``Cache-Control``,
+#   ``Content-Disposition``, ``Content-Encoding``, ``Content-Language``, ``x-goog-custom-time``) given at
+#   initiation, with the Cloud KMS key of ``x-goog-encryption-kms-key-name`` if given (its resources then
+#   name it), and is then described as GCS describes it: no MD5, a component count;
+# - ``GET /bucket?uploads`` lists a bucket's unfinished uploads by object name, then upload ID, at most
+#   ``max-uploads`` (1,000) a page, each with its ``Initiated`` time, continued with ``key-marker`` and
+#   ``upload-id-marker``; ``prefix`` is honoured, ``delimiter`` and ``encoding-type`` are refused (501),
+#   and a bucket missing upstream is ``NoSuchBucket`` (404), to a listing as to an initiation.
 class MultipartUploads:
     """The unfinished uploads of one front, and the protocol that drives them."""
 

@@ -3,20 +3,8 @@
 fake-gcs-server reports every bucket as Standard, without Autoclass, lifecycle rules or a soft delete
 policy; it deletes objects for good, ignores ``softDeleted=true`` (answering with the live objects) and
 never holds an object. :class:`BucketOverlay` keeps, per bucket, the settings a test gives it, merges them
-into ``buckets.get`` answers, and makes them act as GCS documents:
-
-- with ``softDeletePolicy.retentionDurationSeconds`` above 0, an object deleted through the front is kept
-  as soft deleted (``softDeleteTime``, ``hardDeleteTime``) until its ``hardDeleteTime``; only a
-  ``softDeleted=true`` listing shows it, and no request removes it sooner (disabling soft delete keeps
-  what is already soft deleted);
-- with ``defaultEventBasedHold``, every object created from then on is held (``eventBasedHold: true``):
-  its delete is refused with GCS's 403;
-- with ``storageClass``, an object created by a JSON API multipart upload whose metadata names no class
-  takes the bucket's (the emulator would make it Standard).
-
-Not modelled: releasing a hold, overwrites of held objects, restores, soft delete of objects replaced
-by an upload or of noncurrent versions, the default class of objects created otherwise (media and
-resumable uploads, XML API writes).
+into ``buckets.get`` answers, and makes soft delete, default event-based holds and the default storage
+class act as GCS documents (what each does, and what is not modelled, is said beside the class).
 """
 
 from __future__ import annotations
@@ -78,6 +66,18 @@ class Deletion:
     settle: Callable[[], None] = field(default=lambda: None)
 
 
+# What the settings do, as GCS documents:
+# - with ``softDeletePolicy.retentionDurationSeconds`` above 0, an object deleted through the front is kept
+#   as soft deleted (``softDeleteTime``, ``hardDeleteTime``) until its ``hardDeleteTime``; only a
+#   ``softDeleted=true`` listing shows it, and no request removes it sooner (disabling soft delete keeps
+#   what is already soft deleted);
+# - with ``defaultEventBasedHold``, every object created from then on is held (``eventBasedHold: true``):
+#   its delete is refused with GCS's 403;
+# - with ``storageClass``, an object created by a JSON API multipart upload whose metadata names no class
+#   takes the bucket's (the emulator would make it Standard).
+# Not modelled: releasing a hold, overwrites of held objects, restores, soft delete of objects replaced
+# by an upload or of noncurrent versions, the default class of objects created otherwise (media and
+# resumable uploads, XML API writes).
 class BucketOverlay:
     """Per-bucket settings layered over the emulator's, and the soft-deleted objects they keep.
 

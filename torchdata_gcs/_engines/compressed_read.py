@@ -1,0 +1,130 @@
+"""Reading a compressed checkpoint straight into its decompressed bytes, decompressing as it downloads.
+
+A standard-format object ends with its block table (see :mod:`.compression`), so its last bytes say
+where every block lies. The blocks are read as concurrent ranges of whole blocks, as many ranges as
+the uncompressed object would be read in, and each range is decompressed on a thread the moment it
+arrives, every block into its own place in the output. Nothing waits for the whole download, and
+the compressed bytes are held only while their range is in flight or being decompressed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import google_crc32c
+import zstandard
+
+from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from .._ops.client import Client
+from .._transport.context import RequestContext
+from .._transport.loop import run
+from .._transport.retry import Attempts
+from ..errors import IntegrityError
+from .compression import Block, place, read_block_table
+from .ranges import read_ranges_into
+
+__all__ = ["TAIL", "block_table_of", "read_decompressed_into"]
+
+TAIL = 64 * 1024
+"""Bytes read from an object's end to find its block table (more only if the table is longer)."""
+
+
+async def _tail(context: RequestContext, url: str, info: ObjectInfo, length: int) -> bytes:
+    buffer = bytearray(min(length, info.size))
+    await read_ranges_into(
+        context, url, info.generation, info.size - len(buffer), memoryview(buffer), max(1, len(buffer))
+    )
+    return bytes(buffer)
+
+
+def block_table_of(url: str, info: ObjectInfo, client: Client) -> tuple[list[Block], bytes] | None:
+    """The blocks of a standard-format compressed object and the table frame's bytes, from its last
+    bytes (one ranged GET, rarely two); ``None`` for any other object (uncompressed, byte-grouped,
+    written before block tables, or by another zstd writer)."""
+    if info.size == 0:
+        return None
+    context = client.context()
+    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
+    length = TAIL
+    while True:
+        tail = run(_tail(context, url, info, length))
+        try:
+            found = read_block_table(tail, info.size, url)
+        except IntegrityError as exc:  # damaged on the way (the table has its own checksum): read again
+            time.sleep(rereads.delay_after(exc))
+            continue
+        if not isinstance(found, int):
+            break
+        length = found  # a table longer than the tail read
+    if found is None:
+        return None
+    table_size = info.size - (found[-1].frame + found[-1].compressed if found else 0)
+    return found, tail[len(tail) - table_size :]
+
+
+def _ranges(blocks: list[Block], target: int) -> list[list[Block]]:
+    """Consecutive blocks grouped into ranges of about ``target`` compressed bytes."""
+    ranges: list[list[Block]] = [[]]
+    for block in blocks:
+        if ranges[-1] and ranges[-1][-1].frame + ranges[-1][-1].compressed - ranges[-1][0].start >= target:
+            ranges.append([])
+        ranges[-1].append(block)
+    return [group for group in ranges if group]
+
+
+def _restore(buffer: bytearray, start: int, group: list[Block], target: memoryview, url: str) -> None:
+    """Decompress each block of a range (``buffer`` holds the object's bytes from ``start``) into its
+    place in ``target``; zstd checks each frame's content checksum."""
+    view = memoryview(buffer)
+    decompressor = zstandard.ZstdDecompressor()
+    for block in group:
+        frame = view[block.frame - start : block.frame - start + block.compressed]
+        try:
+            plain = decompressor.decompress(frame, max_output_size=block.raw)
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"{url}: damaged zstd block at byte {block.frame} ({exc})", url=url) from exc
+        if len(plain) != block.raw:
+            raise IntegrityError(f"{url}: a block holds {len(plain)} bytes, the table says {block.raw}", url=url)
+        place(plain, target[block.raw_offset : block.raw_offset + block.raw], block.width)
+
+
+def read_decompressed_into(
+    target: memoryview,
+    url: str,
+    info: ObjectInfo,
+    table: tuple[list[Block], bytes],
+    client: Client,
+) -> None:
+    """Fill ``target`` (the decompressed size) with the object's original bytes, read in ranges of
+    whole blocks pinned to ``info``'s generation and decompressed as each range arrives, on up to 4
+    threads. The compressed bytes are checked against the object's crc32c (from the ranges' checksums,
+    no second pass), and every block against its zstd content checksum; damaged bytes are read again."""
+    blocks, table_frame = table
+    raw_size = sum(block.raw for block in blocks)
+    target_bytes = max(1, client.transfer.part_size * info.size // max(1, raw_size))  # as many ranges as raw
+    groups = _ranges(blocks, target_bytes)
+    context = client.context()
+
+    async def one(group: list[Block], pool: ThreadPoolExecutor) -> tuple[int, int]:
+        start = 0 if group is groups[0] else group[0].start  # the first range also covers the format's magic
+        buffer = bytearray(group[-1].frame + group[-1].compressed - start)
+        crc = await read_ranges_into(context, url, info.generation, start, memoryview(buffer), len(buffer))
+        await asyncio.get_running_loop().run_in_executor(pool, _restore, buffer, start, group, target, url)
+        return crc, len(buffer)
+
+    async def everything(pool: ThreadPoolExecutor) -> list[tuple[int, int]]:
+        return await asyncio.gather(*(one(group, pool) for group in groups))
+
+    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
+    while True:
+        try:
+            with ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="torchdata-gcs-unzstd") as pool:
+                pieces = run(everything(pool))
+            pieces.append((google_crc32c.value(table_frame), len(table_frame)))
+            check_crc32c(url, crc32c_base64(crc32c_of_concatenation(pieces)), {"GCS": info.crc32c})
+            return
+        except IntegrityError as exc:  # a damaged frame or the object's crc32c: read it all again
+            time.sleep(rereads.delay_after(exc))

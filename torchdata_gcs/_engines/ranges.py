@@ -1,0 +1,149 @@
+"""Ranged reads of one object version: each range resumed from the byte it reached and checked for its
+length, handed over as it arrives, collected as chunks, or read concurrently into a caller's buffer with
+the crc32c of the whole."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import google_crc32c
+
+from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from .._ops.client import Client
+from .._ops.urls import parse_url
+from .._transport.context import RequestContext, with_retry
+from .._transport.http import is_missing_bucket
+from .._transport.loop import io_loop
+from .._transport.retry import Attempts
+from ..errors import GCSError, IntegrityError, NotFoundError
+
+__all__ = ["read_into", "read_into_buffer", "read_range", "read_ranges_into", "stream_range", "version_gone"]
+
+
+def version_gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError:
+    """A 404 on a read pinned to a generation: say that the object changed under us."""
+    return NotFoundError(
+        f"{url} generation {params['generation']} no longer exists: the object was deleted or "
+        "overwritten after it was listed or while it was read",
+        url=url,
+        status=exc.status,
+    )
+
+
+def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
+    """Raise ``GCSError`` unless ``response`` is a 206 starting at ``start``: a 200 carries the whole
+    object (something on the way dropped the Range or ``Accept-Encoding: gzip`` header, and GCS ignores
+    Range when it decompresses a gzip-encoded object), which a new attempt would get again."""
+    answered = response.headers.get("Content-Range", "")
+    if response.status != 206 or (answered and not answered.startswith(f"bytes {start}-")):
+        raise GCSError(
+            f"{url}: asked for bytes {start}-{end - 1}, got status {response.status} "
+            f"(Content-Range {answered or 'missing'}); a proxy between here and GCS may have dropped the "
+            "Range or Accept-Encoding header",
+            url=url,
+            status=response.status,
+        )
+
+
+async def stream_range(
+    context: RequestContext,
+    url: str,
+    path: str,
+    params: dict[str, Any],
+    start: int,
+    length: int,
+    take: Callable[[int, bytes], None],
+) -> None:
+    """Hand bytes ``[start, start + length)`` of the object to ``take(offset, chunk)`` as they arrive,
+    by ranged GETs that resume from the byte they reached (each byte is taken once)."""
+    end = start + length
+    position = start
+
+    async def attempt() -> None:
+        nonlocal position
+        async with context.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
+            _check_range_answer(url, response, position, end)
+            async for chunk in response.content.iter_any():
+                if position + len(chunk) > end:
+                    raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
+                take(position, chunk)
+                position += len(chunk)
+                context.stats.bytes += len(chunk)
+        if position < end:
+            raise IntegrityError(f"{url}: the range answer stopped at byte {position} of {end}", url=url)
+
+    try:
+        await with_retry(context, url, attempt)
+    except NotFoundError as exc:
+        if is_missing_bucket(exc):
+            raise
+        raise version_gone(url, params, exc) from exc
+
+
+async def read_range(
+    context: RequestContext, url: str, path: str, params: dict[str, Any], start: int, length: int
+) -> list[bytes]:
+    """Bytes ``[start, start + length)`` of the object as received (chunks, never joined: a join
+    would hold them twice)."""
+    chunks: list[bytes] = []
+    await stream_range(context, url, path, params, start, length, lambda _, chunk: chunks.append(chunk))
+    return chunks
+
+
+async def _read_range_into(
+    context: RequestContext, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
+) -> int:
+    """Fill ``buffer`` with the object's bytes from ``start``; returns their crc32c, computed from
+    the chunks as they arrive."""
+    crc = 0
+
+    def take(position: int, chunk: bytes) -> None:
+        nonlocal crc
+        buffer[position - start : position - start + len(chunk)] = chunk
+        crc = google_crc32c.extend(crc, chunk)
+
+    await stream_range(context, url, path, params, start, len(buffer), take)
+    return crc
+
+
+async def read_ranges_into(
+    context: RequestContext, url: str, generation: int, start: int, buffer: memoryview, part_size: int
+) -> int:
+    """Fill ``buffer`` with the object's bytes from ``start`` as concurrent ranged GETs of ``part_size``, all
+    pinned to ``generation``, each checked for its length and resumed if cut; their combined crc32c."""
+    bucket, name = parse_url(url, allow_prefix=False)
+    path = context.session.media_path(bucket, name)
+    params: dict[str, Any] = {"alt": "media", "generation": generation}
+    offsets = range(0, len(buffer), part_size)
+    crcs = await asyncio.gather(
+        *(_read_range_into(context, url, path, params, buffer[o : o + part_size], start + o) for o in offsets)
+    )
+    return crc32c_of_concatenation(zip(crcs, (min(part_size, len(buffer) - o) for o in offsets), strict=True))
+
+
+def read_into_buffer(url: str, info: ObjectInfo, client: Client) -> bytearray:
+    """One object (the version ``info`` names) in a new buffer, read as :func:`read_into` reads."""
+    buffer = bytearray(info.size)
+    read_into(memoryview(buffer), url, info, client)
+    return buffer
+
+
+def read_into(target: memoryview, url: str, info: ObjectInfo, client: Client) -> None:
+    """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
+    ``target`` (its size), and checked against ``info``'s crc32c without another pass over the bytes.
+
+    Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
+    range was hit), as retries allow."""
+    context = client.context()
+    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
+    while True:
+        reading = read_ranges_into(context, url, info.generation, 0, target, client.transfer.part_size)
+        crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
+        try:
+            check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
+            return
+        except IntegrityError as exc:
+            time.sleep(rereads.delay_after(exc))
