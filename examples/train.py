@@ -1,25 +1,17 @@
 """Train an image classifier on small objects in GCS, checkpointing every epoch; a rerun resumes.
 
-With no ``--bucket`` it starts the embedded emulator (its objects kept in ``--data-dir``, so a rerun
-finds the dataset and the checkpoints again) and seeds a few thousand PNG images of four shapes,
-their class in the object name. With ``--bucket gs://bucket/prefix`` it uses that bucket with your
-Application Default Credentials (``--seed`` writes the same dataset there first).
+With no ``--bucket`` it starts the embedded emulator (objects kept in ``--data-dir``, so a rerun finds
+the dataset and checkpoints again) and seeds PNG images of four shapes, their class in the name; with
+``--bucket gs://bucket/prefix`` it uses that bucket with Application Default Credentials (``--seed``
+writes the dataset there first). Each epoch reads list -> shuffle -> sharding_filter -> compose (or
+load) -> decode -> batch in DataLoader2 workers, trains a small CNN, saves a zstd checkpoint and ends
+with a summary. Under ``torchrun`` each rank reads its own share, gradients are averaged (DDP) and
+checkpoints go through ``torch.distributed.checkpoint``. README's first command runs it; it needs
+``pip install 'torchdata-gcs[emulator,examples,dataloader2]'``.
 
-Each epoch reads the images through list -> shuffle -> sharding_filter -> compose (or load) ->
-decode -> batch in DataLoader2 worker processes, trains a small CNN, and saves a zstd checkpoint
-through ``save_by_gcs``. The run ends with a summary: samples/s, MB/s, requests, retries,
-checkpoint sizes and times.
-
-Under ``torchrun`` (``--nproc_per_node N``) every rank reads its own share of the samples
-(``DistributedReadingService``; each sample once across ranks), gradients are averaged (DDP over
-gloo, or NCCL on GPUs) and checkpoints are written with ``torch.distributed.checkpoint``.
-
-    python examples/train.py                                  # embedded emulator, 3 epochs
-    python examples/train.py                                  # again: resumes, 3 more epochs
+    python examples/train.py                                  # embedded emulator, 3 epochs; again: resumes
     torchrun --nproc_per_node 2 examples/train.py --data-dir .emulator-ddp
     python examples/train.py --bucket gs://my-bucket/shapes --seed
-
-It needs ``pip install 'torchdata-gcs[emulator,examples,dataloader2]'`` (``[dataloader2]``: torchdata 0.9).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -176,6 +177,43 @@ def test_the_longest_import_chain_is_short() -> None:
 def test_engines_are_at_most_three_floors_deep() -> None:
     chain = longest_chain(import_graph(), within="torchdata_gcs._engines.")
     assert len(chain) <= MAX_ENGINE_FLOORS, " > ".join(chain)
+
+
+DOCSTRING_LINES = 12
+LONGER_DOCSTRINGS = {"errors.py": 24}  # the exception tree, drawn whole where a reader of the errors looks
+FIGURE = re.compile(r"\d+(\.\d+)? ?(s|ms|µs|MB/s|GB/s|KiB|MiB|GiB)\b|\d+(\.\d+)?x\b")
+
+
+def test_each_module_opens_with_a_short_docstring_without_figures() -> None:
+    """What a module does and why fits in a few lines; reasons go beside the code, measured figures to
+    benchmarks/README.md, where they keep their provenance."""
+    found = []
+    for path in modules():
+        name = str(path.relative_to(PACKAGE))
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        if not docstring:
+            found.append(f"{name}: no docstring")
+            continue
+        lines = len(docstring.splitlines())
+        if lines > LONGER_DOCSTRINGS.get(name, DOCSTRING_LINES):
+            found.append(f"{name}: {lines} lines")
+        found += [f"{name}: {match.group(0)!r}" for match in FIGURE.finditer(docstring)]
+    assert found == []
+
+
+SCRIPT_DOCSTRING_LINES = 16  # a script's docstring is also its --help, usage lines included
+
+
+def test_each_script_opens_with_a_short_docstring() -> None:
+    """The benchmarks and examples say what they run and how in a few lines; their results and the longer
+    account live in benchmarks/README.md and README.md. Workload sizes are settings there, not figures."""
+    found = []
+    for path in sorted([*(PACKAGE.parent / "benchmarks").glob("*.py"), *(PACKAGE.parent / "examples").glob("*.py")]):
+        docstring = ast.get_docstring(ast.parse(path.read_text()))
+        lines = len(docstring.splitlines()) if docstring else 0
+        if not 0 < lines <= SCRIPT_DOCSTRING_LINES:
+            found.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines")
+    assert found == []
 
 
 FRONT_END_MODULES = {"datapipes", "datasets", "nodes", "fsspec", "checkpoint", "dcp", "lightning", "safetensors"}

@@ -1,7 +1,7 @@
 """List pages answered from a sorted snapshot of a bucket's objects, as GCS would answer them.
 
-fake-gcs-server re-reads and sorts the whole bucket for every list page (about 0.5 s of CPU per
-page at 30,000 objects), so a listing benchmark on it measures the emulator. A :class:`ListingIndex`
+fake-gcs-server re-reads and sorts the whole bucket for every list page (its cost per page is in
+``benchmarks/README.md``, the rig), so a listing benchmark on it measures the emulator. A :class:`ListingIndex`
 answers the same requests from memory in microseconds, so the client's side is what gets measured.
 It supports what listing clients use: ``prefix``, ``startOffset``, ``endOffset``, ``maxResults``
 (capped at 1,000 like GCS), ``pageToken`` and ``fields``; anything else (``delimiter``,
