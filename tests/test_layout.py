@@ -216,6 +216,44 @@ def test_each_script_opens_with_a_short_docstring() -> None:
     assert found == []
 
 
+def _outside(*allowed: str) -> list[Path]:
+    """The package's modules but those under the folders or files ``allowed`` (relative to the package)."""
+    return [path for path in modules() if not path.relative_to(PACKAGE).as_posix().startswith(allowed)]
+
+
+def _uses(path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` imports a module or a name in ``names``, or reads an attribute in ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] in names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            found += [f"{module}.{alias.name}" for alias in node.names if {module.split(".")[0], alias.name} & names]
+        elif isinstance(node, ast.Attribute) and node.attr in names:
+            found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return [f"{path.relative_to(PACKAGE.parent)}: {use}" for use in found]
+
+
+def test_only_the_transport_speaks_aiohttp() -> None:
+    """Ops, engines and front ends see the transport seam's responses only (the testing kit is an HTTP
+    server of its own, and may use aiohttp's)."""
+    speaking = [use for path in _outside("_transport/", "testing/") for use in _uses(path, {"aiohttp"})]
+    assert speaking == []
+
+
+def test_only_the_transport_reads_a_body_stream() -> None:
+    stream_reads = {"content", "readany", "iter_any"}
+    reading = [use for path in _outside("_transport/", "testing/") for use in _uses(path, stream_reads)]
+    assert reading == []
+
+
+def test_one_way_onto_the_io_loop() -> None:
+    """Every thread waits for the loop through ``_transport/loop.py``, which cancels on Ctrl-C and timeout."""
+    raw = [use for path in _outside("_transport/loop.py") for use in _uses(path, {"run_coroutine_threadsafe"})]
+    assert raw == []
+
+
 FRONT_END_MODULES = {"datapipes", "datasets", "nodes", "fsspec", "checkpoint", "dcp", "lightning", "safetensors"}
 """What the front ends are (the package itself, ``cli`` and ``testing`` sit above them and may use them)."""
 

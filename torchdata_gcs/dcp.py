@@ -11,7 +11,6 @@ generation of each file, ahead of DCP in the order DCP reads them, within a byte
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import dataclasses
 import io
@@ -41,7 +40,7 @@ from ._ops.client import Client
 from ._ops.paging import ITEM_FIELDS
 from ._ops.urls import format_url, parse_url
 from ._transport.context import LoadStats
-from ._transport.loop import io_loop
+from ._transport.loop import run
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import InvalidURIError, NotFoundError, UploadError
 
@@ -345,7 +344,7 @@ class _GCSFileSystem(FileSystemBase):
         buffer = bytearray(length)
         context = self.gcs.context()
         coroutine = read_ranges_into(context, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
-        asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
+        run(coroutine)
         return buffer
 
 

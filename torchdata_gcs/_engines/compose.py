@@ -26,13 +26,13 @@ from typing import Any
 
 from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import TEMPORARY_CLASS, compose_object
+from .._ops.objects import TEMPORARY_CLASS, compose_object, create_object, delete_object
 from .._ops.paging import MAX_PAGE_SIZE
 from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper
 from .._transport.context import RequestContext
-from .._transport.loop import io_loop, run, wait_unless_on_io_loop
+from .._transport.loop import run, submit, wait_unless_on_io_loop
 from ..errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
@@ -195,33 +195,37 @@ class Composer:
             yield from resolve()
 
     def _prepare_soon(self, bucket: str) -> ConcurrentFuture[tuple[bool, str | None]]:
-        """Start preparing ``bucket`` (see :meth:`_prepare`) off the consumer thread, once."""
+        """Start preparing ``bucket`` (see :meth:`_prepare`) on the I/O loop, once."""
         future = self._prepared.get(bucket)
         if future is None:
 
             async def prepare() -> tuple[bool, str | None]:
-                return await self._track(asyncio.to_thread(self._prepare, bucket))
+                return await self._track(self._prepare(bucket))
 
-            future = self._prepared[bucket] = asyncio.run_coroutine_threadsafe(prepare(), io_loop())
+            future = self._prepared[bucket] = submit(prepare())
         return future
 
-    def _prepare(self, bucket: str) -> tuple[bool, str | None]:
+    async def _prepare(self, bucket: str) -> tuple[bool, str | None]:
         """Whether composites may be written and deleted in ``bucket`` (with the reason if not): tried
         once, by writing and deleting a probe object; in reuse mode, also read the kept composites."""
         client = self.client
         prefix = f"{TEMPORARY_PREFIX}{self.job_id}/"
-        self._watches.append(reaper.watch(DeletePrefix(bucket, prefix, client.config, client.retry)))
+        task = DeletePrefix(bucket, prefix, client.config, client.retry)
+        self._watches.append(await asyncio.to_thread(reaper.watch, task))  # waits for the reaper's process
         probe = f"{prefix}probe"
         try:
             self._unsettled.add((bucket, probe))
-            generation = client.create(bucket, probe, b"", if_generation_match=0, storage_class=TEMPORARY_CLASS)
-            client.delete(bucket, probe, generation=generation)
+            generation = await create_object(
+                client.call_context(), bucket, probe, b"", if_generation_match=0, storage_class=TEMPORARY_CLASS
+            )
+            await delete_object(client.call_context(), bucket, probe, generation=generation)
             self._unsettled.discard((bucket, probe))
         except AccessDeniedError as exc:
             self._unsettled.discard((bucket, probe))
             return False, str(exc)
-        if self.reuse_prefix is not None:
-            listed = list_objects(client, bucket, self.reuse_prefix, MAX_PAGE_SIZE)
+        if self.reuse_prefix is not None:  # the listing engine runs its own threads: off the loop
+            reuse_prefix = self.reuse_prefix
+            listed = await asyncio.to_thread(lambda: list(list_objects(client, bucket, reuse_prefix, MAX_PAGE_SIZE)))
             self._cache[bucket] = {item["name"]: ObjectInfo.from_json(item) for batch in listed for _, item in batch}
             if self._cache[bucket]:
                 self._cached_before.add(bucket)

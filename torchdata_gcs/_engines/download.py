@@ -39,8 +39,9 @@ from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
-from .._transport.loop import Handoff, io_loop
+from .._transport.loop import Handoff, submit
 from .._transport.retry import Attempts
+from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
 from .ranges import read_range, read_ranges_into, version_gone
 from .streams import FilledBytes, MemoryStream, PartStream
@@ -104,34 +105,35 @@ async def _read_parts(
     return [chunk for part in parts for chunk in part]
 
 
-async def _read_at_most(response: Any, limit: int) -> list[bytes]:
+async def _read_at_most(response: Response, limit: int) -> list[bytes]:
     """Up to ``limit`` bytes of a response body, in the chunks they came in."""
     chunks: list[bytes] = []
     received = 0
-    while received < limit:
-        chunk = await response.content.readany()
-        if not chunk:
-            break
-        chunks.append(chunk[: limit - received])
-        received += len(chunks[-1])
+    if limit > 0:
+        async for chunk in response.chunks():
+            chunks.append(chunk[: limit - received])
+            received += len(chunks[-1])
+            if received >= limit:
+                break
     return chunks
 
 
-async def _read_into(response: Any, target: memoryview, *, to_the_end: bool) -> tuple[int, int]:
+async def _read_into(response: Response, target: memoryview, *, to_the_end: bool) -> tuple[int, int]:
     """Copy a response body into ``target`` as it arrives, until ``target`` is full or, ``to_the_end``,
     until the body ends; the bytes received (more than ``target`` holds if the body was longer) and
-    the crc32c of those put in place."""
+    the crc32c of those put in place (from the chunks: ``google_crc32c`` reads no writable buffer)."""
     received = crc = 0
-    while received < len(target) or to_the_end:
-        chunk = await response.content.readany()
-        if not chunk:
-            break
+    if len(target) == 0 and not to_the_end:
+        return received, crc
+    async for chunk in response.chunks():
         if to_the_end and received + len(chunk) > len(target):
             return received + len(chunk), crc
         piece = chunk[: len(target) - received]
         target[received : received + len(piece)] = piece
         crc = google_crc32c.extend(crc, piece)
         received += len(piece)
+        if received >= len(target) and not to_the_end:
+            break
     return received, crc
 
 
@@ -169,7 +171,7 @@ class VersionRanges:
 
     def fetch(self, start: int, length: int) -> Future[list[bytes]]:
         reading = read_range(self._context, self._url, self._path, self._params, start, length)
-        return asyncio.run_coroutine_threadsafe(reading, io_loop())
+        return submit(reading)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _ranges_in_this_process, (Client.reading_as(self._context), self._url, dict(self._params))
@@ -365,7 +367,7 @@ class _ObjectRead:
                 raise
             return [b""], 0
 
-    async def take_first_answer(self, response: Any, *, ranged: bool) -> tuple[list[bytes], int]:
+    async def take_first_answer(self, response: Response, *, ranged: bool) -> tuple[list[bytes], int]:
         """Read :meth:`first_answer`'s response (to a request for the first part if ``ranged``)."""
         context = self.context
         # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing. The

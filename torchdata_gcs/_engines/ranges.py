@@ -16,8 +16,9 @@ from .._ops.client import Client
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
-from .._transport.loop import io_loop
+from .._transport.loop import run
 from .._transport.retry import Attempts
+from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, NotFoundError
 
 __all__ = ["read_into", "read_into_buffer", "read_range", "read_ranges_into", "stream_range", "version_gone"]
@@ -33,7 +34,7 @@ def version_gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFou
     )
 
 
-def _check_range_answer(url: str, response: Any, start: int, end: int) -> None:
+def _check_range_answer(url: str, response: Response, start: int, end: int) -> None:
     """Raise ``GCSError`` unless ``response`` is a 206 starting at ``start``: a 200 carries the whole
     object (something on the way dropped the Range or ``Accept-Encoding: gzip`` header, and GCS ignores
     Range when it decompresses a gzip-encoded object), which a new attempt would get again."""
@@ -66,7 +67,7 @@ async def stream_range(
         nonlocal position
         async with context.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
             _check_range_answer(url, response, position, end)
-            async for chunk in response.content.iter_any():
+            async for chunk in response.chunks():
                 if position + len(chunk) > end:
                     raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
                 take(position, chunk)
@@ -141,7 +142,7 @@ def read_into(target: memoryview, url: str, info: ObjectInfo, client: Client) ->
     rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
     while True:
         reading = read_ranges_into(context, url, info.generation, 0, target, client.transfer.part_size)
-        crc = asyncio.run_coroutine_threadsafe(reading, io_loop()).result()
+        crc = run(reading)
         try:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
             return

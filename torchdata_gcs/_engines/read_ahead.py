@@ -4,7 +4,6 @@ the crc32c saved with it before it is handed out. DCP's reader is built on it.""
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import threading
 import time
@@ -16,7 +15,7 @@ import google_crc32c
 
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from .._transport.context import RequestContext
-from .._transport.loop import io_loop
+from .._transport.loop import submit, wait
 from .._transport.retry import Attempts
 from ..errors import IntegrityError
 from .ranges import read_ranges_into
@@ -146,7 +145,7 @@ class ReadAhead:
         coroutine = read_ranges_into(
             self.context, span.url, info.generation, span.start, memoryview(span.buffer), self.range_size
         )
-        span.future = asyncio.run_coroutine_threadsafe(coroutine, io_loop())
+        span.future = submit(coroutine)
 
     def _release(self, span: Span) -> None:
         if span.future is not None:
@@ -167,7 +166,7 @@ class ReadAhead:
         attempts = Attempts(self.context.retry, span.url, on_retry=self.context.stats.count_retry)
         while True:
             assert span.future is not None and span.buffer is not None
-            crc = span.future.result()
+            crc = wait(span.future)
             try:
                 self._check_items(span, crc)
             except IntegrityError as exc:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import google_crc32c
 
 from .._ops.checksums import check_crc32c, crc32c_base64
+from .._transport.loop import wait
 from ..errors import IntegrityError
 
 __all__ = ["FilledBytes", "MemoryStream", "PartSource", "PartStream"]
@@ -204,7 +205,7 @@ class PartStream(io.RawIOBase):
             if self._chunks:
                 self._chunks.popleft()  # an empty chunk
             elif self._pending:
-                self._take(self._pending.popleft().result())
+                self._take(wait(self._pending.popleft()))
                 self._fill()
             else:
                 self._finish()

@@ -44,7 +44,7 @@ from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
 from .._transport.context import LoadStats, RequestContext
 from .._transport.deadline import own_deadlines, tidying
-from .._transport.loop import io_loop, wait_unless_on_io_loop
+from .._transport.loop import run, submit, wait, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, TransferConfig, WriteConfig
 from ..errors import (
@@ -292,7 +292,7 @@ class StreamingWriter(PublishingWriter):
     # -- parts -----------------------------------------------------------------------------------
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, io_loop()).result()
+        return run(coroutine)
 
     def _send_part(self, data: memoryview, crc32c: int) -> None:
         if not self._started:
@@ -304,16 +304,13 @@ class StreamingWriter(PublishingWriter):
             self._collect(self._pending.popleft())
         self._sent += 1
         upload = self._upload_part(self._sent, data, crc32c)
-        self._pending.append(asyncio.run_coroutine_threadsafe(upload, io_loop()))
+        self._pending.append(submit(upload))
 
     def _collect(self, future: Future[tuple[int, Any]]) -> None:
         try:
-            number, token = future.result()
+            number, token = wait(future)  # interrupted (Ctrl-C): the part is cancelled, no longer pending
         except GCSError as exc:
             raise UploadError(f"{self.url}: a part failed ({exc}); the upload was aborted", url=self.url) from exc
-        except BaseException:  # interrupted while waiting (Ctrl-C): this part is no longer pending, so stop it here
-            future.cancel()
-            raise
         self._parts[number] = token
 
     def _publish(self) -> int:

@@ -76,8 +76,8 @@ def check_crc32c(url: str, actual: str, expected: dict[str, str | None]) -> None
 
 
 def _header_values(headers: Any, name: str) -> list[str]:
-    """Every line of header ``name``: aiohttp and ``http.client`` keep repeated lines apart, while
-    ``requests`` joins them with commas (which the caller splits anyway)."""
+    """Every line of header ``name``: a transport's headers and ``http.client``'s keep repeated lines apart,
+    while ``requests`` joins them with commas (which the caller splits anyway)."""
     for get_all in ("getall", "get_all"):
         method = getattr(headers, get_all, None)
         if method is not None:

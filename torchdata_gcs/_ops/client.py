@@ -75,10 +75,15 @@ class Client:
         pickles as, to read on in another process."""
         return cls(context.session.config, context.retry, transfer=TransferConfig(part_size=context.part_size))
 
+    def call_context(self) -> RequestContext:
+        """A request context for one single call (a verb of :mod:`.objects`): the default concurrency slots,
+        not counted in ``stats``."""
+        return new_context(self.config, _CONTROL, self.retry, LoadStats())
+
     def run(self, verb: Callable[Concatenate[RequestContext, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop and wait for it (a single
-        call: the default concurrency slots, not counted in ``stats``)."""
-        return run(verb(new_context(self.config, _CONTROL, self.retry, LoadStats()), *args, **kwargs))  # type: ignore[arg-type]
+        """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop, as a single call, and wait
+        for it."""
+        return run(verb(self.call_context(), *args, **kwargs))  # type: ignore[arg-type]
 
     def list_page(self, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
         """One page of the bucket's listing for the query ``params``."""

@@ -5,10 +5,10 @@ a dropped writer (which aborts when collected) alive until it finishes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from .._transport.context import RequestContext, with_retry
+from .._transport.transport import Headers
 from ..errors import IntegrityError, UploadError
 from .checksums import crc32c_base64, hash_header, reported_crc32c
 from .objects import TEMPORARY_CLASS, create_object
@@ -27,15 +27,15 @@ async def send_xml(
     headers: dict[str, str] | None = None,
     answer_timeout: float | None = None,
     repeatable: bool = True,
-) -> tuple[Mapping[str, str], bytes]:
+) -> tuple[Headers, bytes]:
     """One XML API request, retried if ``repeatable``; its headers (case-insensitive, repeated lines kept)
     and body. ``answer_timeout``: see ``Session.send``."""
 
-    async def attempt() -> tuple[Mapping[str, str], bytes]:
+    async def attempt() -> tuple[Headers, bytes]:
         async with context.session.send(
             method, url, path, params, headers, data=data, xml_api=True, answer_timeout=answer_timeout
         ) as response:
-            return response.headers.copy(), await response.read()
+            return response.headers, await response.read()
 
     return await with_retry(context, url, attempt, repeatable=repeatable)
 

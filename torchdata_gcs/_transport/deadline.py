@@ -54,7 +54,7 @@ class Deadline(NamedTuple):
 
 _CALL: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("call_deadline", default=None)
 """The deadline of the call in progress; tasks and threads started inside the call inherit it (asyncio
-copies the context into a task, ``run_coroutine_threadsafe`` the caller's, ``asyncio.to_thread`` too)."""
+copies the context into a task, :func:`.loop.submit` the caller's, ``asyncio.to_thread`` too)."""
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """The process's asyncio loop: one daemon thread, started on first use, anew after fork.
 
 Every request runs as a coroutine on this loop, so thousands of requests share one thread instead
-of contending for the GIL from many; synchronous callers hand work over with :func:`run`."""
+of contending for the GIL from many; synchronous callers hand work over here only (:func:`run`,
+:func:`submit` and :func:`wait`, :class:`Handoff`), which cancels it if they stop waiting."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from . import lifecycle
 
 T = TypeVar("T")
 
-__all__ = ["Handoff", "io_loop", "on_io_loop", "run", "wait_unless_on_io_loop"]
+__all__ = ["Handoff", "io_loop", "on_io_loop", "run", "submit", "wait", "wait_unless_on_io_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -40,40 +41,51 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run ``coroutine`` on the I/O loop and wait for its result (its own timeouts and retry deadline
-    bound the wait); an interruption such as Ctrl-C cancels it before it propagates."""
-    loop = io_loop()
-    if _on_loop(loop):
+def submit(coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coroutine`` on the I/O loop; a future of its result, which :func:`wait` waits for.
+    Cancelling the future cancels the coroutine."""
+    return asyncio.run_coroutine_threadsafe(coroutine, io_loop())
+
+
+def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+    """The result of a coroutine :func:`submit` started, waited for at most ``timeout`` seconds if given.
+    Whatever ends the wait early (Ctrl-C's ``KeyboardInterrupt``, the timeout's ``TimeoutError``) cancels
+    the coroutine before it propagates: nothing keeps running, or holding connections, unwatched."""
+    try:
+        return future.result(timeout)
+    except BaseException as exc:
+        # Not done when cancelled: the wait timed out, not the coroutine (on Python 3.10, with the futures' own class).
+        if future.cancel() and isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError)):
+            raise TimeoutError(f"the I/O loop did not finish the work within {timeout:g} s; it was cancelled") from None
+        raise
+
+
+def run(coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coroutine`` on the I/O loop and wait for its result (see :func:`wait`); its own timeouts and
+    retry deadline bound the wait unless ``timeout`` does. The one blocking way from a thread onto the loop."""
+    if _on_loop(io_loop()):
         coroutine.close()
         raise RuntimeError("a blocking call on the I/O loop's own thread would wait forever")
-    future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        raise
+    return wait(submit(coroutine), timeout)
 
 
 async def on_io_loop(coroutine: Coroutine[Any, Any, T]) -> T:
     """Await ``coroutine`` on the I/O loop from any event loop (the process's sessions live on that one)."""
-    loop = io_loop()
-    if _on_loop(loop):
+    if _on_loop(io_loop()):
         return await coroutine
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+    return await asyncio.wrap_future(submit(coroutine))
 
 
 def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T | None:
     """Run ``coroutine`` on the I/O loop and wait for its result; on the loop's own thread (say, a
     finalizer the garbage collector ran there), where waiting would wait forever, schedule it and
     return ``None``."""
-    loop = io_loop()
-    if _on_loop(loop):
+    if _on_loop(io_loop()):
         # No reference kept: a pending task is held by the loop's queue or by what it awaits (a request's
         # socket, a timer, a lock others hold), so it is collected only if nothing could ever wake it.
         asyncio.ensure_future(coroutine)
         return None
-    return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout)
+    return wait(submit(coroutine), timeout)
 
 
 class Handoff:

@@ -1,40 +1,36 @@
-"""The one HTTP stack: a process's aiohttp session per ``ClientConfig``, on the process's I/O loop.
+"""The one HTTP stack: a process's session per ``ClientConfig``, on the process's I/O loop, over a
+:class:`~.transport.Transport` (aiohttp's unless one is given).
 
 Every request goes out here (listing, metadata, reads, writes, compose, delete), with the endpoint,
 credentials and user project the configuration names. A session is never pickled (DataPipes pickle
 their ``ClientConfig``; each process builds its own) and is built anew after fork. Object bytes are
 the stored ones (``Accept-Encoding: gzip`` on media reads and no decompression), so checksums apply;
-every other answer is asked for uncompressed. A connection that fails says why in one line: an
-endpoint that cannot be trusted or, before it has ever answered, reached is an ``EndpointError``.
+every other answer is asked for uncompressed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import io
 import logging
 import os
 import platform
 import re
-import ssl
 import threading
-import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
-import aiohttp
 import google.auth.credentials
 import google.auth.exceptions
 import google.auth.transport.requests
 import requests.exceptions
-import yarl
 
 from ..config import ClientConfig
-from ..errors import AccessDeniedError, EndpointError, TransientError
+from ..errors import AccessDeniedError, EndpointError
 from . import lifecycle
+from .aio import AiohttpTransport, verify_failure
 from .http import (
     EMULATOR_ENV,
     Unanswered,
@@ -46,10 +42,11 @@ from .http import (
     resolve_endpoint,
     retry_after_seconds,
 )
-from .loop import io_loop
+from .loop import run
 from .throttle import Throttle
+from .transport import Body, Response, Transport
 
-__all__ = ["API_CLIENT", "USER_AGENT", "Body", "Session", "media_url", "session_for"]
+__all__ = ["API_CLIENT", "USER_AGENT", "Session", "media_url", "session_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +77,9 @@ def query_string(params: dict[str, Any]) -> str:
 class Session:
     """One process's connections, credentials and 429 throttle for one ``ClientConfig``; lives on the
     I/O loop. Its :class:`Throttle` is shared by every loader and writer of the process that uses
-    this configuration."""
+    this configuration. Requests go out through ``transport`` (aiohttp's unless one is given)."""
 
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(self, config: ClientConfig, transport: Transport | None = None) -> None:
         self.config = config
         self.endpoint, is_emulator = resolve_endpoint(config)
         if (config.credentials_file or config.credentials) and config.anonymous is None and is_emulator:
@@ -96,19 +93,12 @@ class Session:
         self.throttle = Throttle()
         self._refresh_lock = threading.Lock()
         self._token_request: google.auth.transport.requests.Request | None = None
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
+        # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
+        defaults = {"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT}
+        self.transport: Transport = transport or AiohttpTransport(
+            config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(config)
         )
-        self._session: aiohttp.ClientSession | None = None
-        self._trusted, self._trust_hint = (
-            _trusted_certificates() if self.endpoint.startswith("https://") else (None, "")
-        )
-        # The proxy for the endpoint, resolved once from the environment (aiohttp's trust_env
-        # re-reads the environment and ~/.netrc on every request).
-        endpoint = urlsplit(self.endpoint)
-        proxies = urllib.request.getproxies()
-        bypass = urllib.request.proxy_bypass(endpoint.hostname or "") if proxies else True
-        self._proxy = None if bypass else proxies.get(endpoint.scheme)
+        self.sent = False  # whether a request went out (there is something to close)
 
     def __repr__(self) -> str:
         return f"Session(endpoint={self.endpoint!r})"
@@ -187,7 +177,7 @@ class Session:
 
     def read_media(
         self, url: str, path: str, params: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+    ) -> AbstractAsyncContextManager[Response]:
         """GET the object's bytes at media ``path`` as stored (gzip-encoded ones too, which the
         checksums cover); a non-2xx answer raises its typed error naming ``url``."""
         return self.send("GET", url, path, params, {"Accept-Encoding": "gzip", **(headers or {})})
@@ -204,100 +194,30 @@ class Session:
         data: Body | None = None,
         xml_api: bool = False,
         answer_timeout: float | None = None,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AsyncIterator[Response]:
         """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
         ``data`` body if given (bytes, or pieces sent one after the other, never joined); a non-2xx
         answer raises its typed error naming ``url``. With ``answer_timeout``, the whole exchange may
         take that many seconds, and the read timeout does not apply."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=self._trusted or True),
-                timeout=self._timeout,
-                auto_decompress=False,
-                # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
-                headers={"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT},
-            )
+        self.sent = True
         params, headers = self.billed(params, headers, xml_api=xml_api)
-        body: Any = None
-        if isinstance(data, bytes):
-            body = io.BytesIO(data)  # shares the bytes; aiohttp streams it
-        elif data is not None:
-            pieces = [
-                memoryview(piece).cast("B") for piece in ([data] if isinstance(data, (bytearray, memoryview)) else data)
-            ]
-            headers = {**(headers or {}), "Content-Length": str(sum(map(len, pieces)))}
-            body = _streamed(pieces)
         request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers
-        # The path is percent-encoded already: yarl need not parse and encode it again.
-        target = yarl.URL(f"{path}?{query_string(params)}" if params else path, encoded=True)
-        try:
-            async with self._session.request(
-                method,
-                target,
-                headers=request_headers,
-                proxy=self._proxy,
-                json=json,
-                data=body,
-                timeout=self._timeout
-                if answer_timeout is None
-                else aiohttp.ClientTimeout(
-                    total=answer_timeout, sock_connect=self.config.connect_timeout, sock_read=answer_timeout
-                ),
-            ) as response:
-                _answered.add(self.endpoint)
-                if response.status >= 400:
-                    text = await response.text(errors="replace")
-                    raise error_for_status(
-                        response.status,
-                        url,
-                        error_detail(text),
-                        retry_after=retry_after_seconds(response.headers.get("Retry-After")),
-                    )
-                yield response
-        except aiohttp.ClientResponseError as exc:  # a malformed answer; its request_info holds our headers
-            raise TransientError(f"{url}: {type(exc).__name__}: {exc.message}", url=url, status=exc.status) from None
-        except aiohttp.ClientConnectorError as exc:
-            failure = self._connection_failure(exc)
-            if failure is None:
-                raise  # the endpoint has answered before: a blip, retried as any network fault
-            raise failure from None
-
-    def _connection_failure(self, exc: aiohttp.ClientConnectorError) -> Exception | None:
-        """What a connection that could not be made means. A certificate that fails verification is an
-        ``EndpointError`` at once (no new attempt trusts it); a refused connection, a host that does not
-        resolve or a failed handshake is one after a few seconds (:class:`Unanswered`) while the endpoint has
-        never answered in this process; after that, ``None``: a network fault, retried."""
-        proxied = isinstance(exc, aiohttp.ClientProxyConnectionError)
-        where = f"the proxy {self._proxy} for {self.endpoint}" if proxied else self.endpoint
-        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-            return EndpointError(
-                f"cannot trust {where}: its TLS certificate failed verification "
-                f"({_verify_failure(str(exc.certificate_error))}); if a proxy or firewall on the way intercepts TLS, "
-                f"{self._trust_hint}",
-                url=self.endpoint,
-            )
-        if self.endpoint in _answered:
-            return None
-        if isinstance(exc, aiohttp.ClientConnectorDNSError):
-            cause = f"host name {exc.host!r} does not resolve"
-        elif isinstance(exc, aiohttp.ClientSSLError):
-            cause = f"the TLS handshake failed ({exc.os_error})"
-        elif exc.os_error.errno:
-            cause = os.strerror(exc.os_error.errno).lower()  # "connection refused", "no route to host"
-        else:
-            cause = str(exc.os_error) or type(exc.os_error).__name__
-        check = "check HTTP_PROXY, HTTPS_PROXY and NO_PROXY" if proxied else self._where_the_endpoint_comes_from()
-        return Unanswered(EndpointError(f"cannot reach {where}: {cause}; {check}", url=self.endpoint))
-
-    def _where_the_endpoint_comes_from(self) -> str:
-        if self.config.endpoint:
-            return f"check ClientConfig(endpoint=...) (it takes precedence over {EMULATOR_ENV})"
-        if os.environ.get(EMULATOR_ENV):
-            return f"check {EMULATOR_ENV} (or pass ClientConfig(endpoint=...))"
-        return f"check the network and proxy settings (neither ClientConfig(endpoint=...) nor {EMULATOR_ENV} is set)"
+        target = f"{path}?{query_string(params)}" if params else path
+        async with self.transport.request(
+            method, target, request_headers, url=url, json=json, data=data, answer_timeout=answer_timeout
+        ) as response:
+            if response.status >= 400:
+                text = (await response.read()).decode("utf-8", errors="replace")
+                raise error_for_status(
+                    response.status,
+                    url,
+                    error_detail(text),
+                    retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+                )
+            yield response
 
     @staticmethod
-    async def json_answer(response: aiohttp.ClientResponse, url: str, required: Sequence[str] = ()) -> Any:
+    async def json_answer(response: Response, url: str, required: Sequence[str] = ()) -> Any:
         """The answer's JSON document (see :func:`http.json_answer`), gzip-compressed or not."""
         body = await response.read()
         if response.headers.get("Content-Encoding", "").strip().lower() == "gzip":
@@ -305,40 +225,16 @@ class Session:
         return json_answer(body, url, response.status, response.headers.get("Content-Type"), required)
 
     async def close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+        await self.transport.close()
 
 
-_answered: set[str] = set()
-"""Endpoints that have answered in this process, or in the parent it was forked from: their refused
-connections are network faults, retried, not a wrong endpoint."""
-
-_BUNDLE_ENVS = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
-
-
-def _trusted_certificates() -> tuple[ssl.SSLContext, str]:
-    """The certificates an https endpoint is checked against, and where to add one: the bundle that
-    ``REQUESTS_CA_BUNDLE`` (else ``CURL_CA_BUNDLE``) names, as requests, and so the official client, take
-    it; else the system's, where ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` point when the session is made."""
-    named = next((name for name in _BUNDLE_ENVS if os.environ.get(name)), None)
-    if named is None:
-        hint = "add its CA certificate to the bundle that SSL_CERT_FILE names, or name one in REQUESTS_CA_BUNDLE"
-        return ssl.create_default_context(), hint
-    bundle = os.environ[named]
-    order = "" if named == "REQUESTS_CA_BUNDLE" else "; REQUESTS_CA_BUNDLE, over both"
-    hint = f"add its CA certificate to {bundle}, which {named} names (it takes precedence over SSL_CERT_FILE{order})"
-    try:
-        if os.path.isdir(bundle):
-            return ssl.create_default_context(capath=bundle), hint
-        return ssl.create_default_context(cafile=bundle), hint
-    except (OSError, ssl.SSLError) as exc:
-        raise EndpointError(f"the CA bundle {bundle}, which {named} names, cannot be used: {exc}") from None
-
-
-def _verify_failure(text: str) -> str:
-    """OpenSSL's reason in a verification error's text (``self-signed certificate``...), else the text."""
-    match = re.search(r"certificate verify failed: ([^(]+?)\s*\(", text)
-    return match.group(1) if match else text
+def _where_the_endpoint_comes_from(config: ClientConfig) -> str:
+    """What to check when the endpoint cannot be reached: where it was named."""
+    if config.endpoint:
+        return f"check ClientConfig(endpoint=...) (it takes precedence over {EMULATOR_ENV})"
+    if os.environ.get(EMULATOR_ENV):
+        return f"check {EMULATOR_ENV} (or pass ClientConfig(endpoint=...))"
+    return f"check the network and proxy settings (neither ClientConfig(endpoint=...) nor {EMULATOR_ENV} is set)"
 
 
 def _untrusted_token_endpoint(exc: google.auth.exceptions.TransportError) -> EndpointError | None:
@@ -350,26 +246,10 @@ def _untrusted_token_endpoint(exc: google.auth.exceptions.TransportError) -> End
     token_endpoint = re.sub(r"^(https://[^/]+).*$", r"\1", request_url)
     return EndpointError(
         f"cannot trust the token endpoint {token_endpoint}: its TLS certificate failed verification "
-        f"({_verify_failure(str(cause))}); if a proxy or firewall on the way intercepts TLS, add its CA "
+        f"({verify_failure(str(cause))}); if a proxy or firewall on the way intercepts TLS, add its CA "
         "certificate to the bundle that REQUESTS_CA_BUNDLE names (tokens are fetched through requests)",
         url=token_endpoint,
     )
-
-
-Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
-"""A request body: bytes, or pieces sent in order without being joined."""
-
-STREAM_SLICE = 128 * 1024
-"""Body pieces go out in slices of at most this size: no single write holds up the I/O loop, and what a
-connection's transport copies aside when the socket takes only part of a write stays small (with 1 MiB
-slices, 8 uploads in flight held about 6 MiB more)."""
-
-
-async def _streamed(pieces: Sequence[memoryview]) -> AsyncIterator[memoryview]:
-    """The pieces of a body as slices, for aiohttp to send (a new generator for each attempt)."""
-    for piece in pieces:
-        for start in range(0, len(piece), STREAM_SLICE):
-            yield piece[start : start + STREAM_SLICE]
 
 
 _lock = threading.Lock()
@@ -404,9 +284,9 @@ def _forget_after_fork() -> None:
 def _close_at_exit() -> None:
     """Close this process's sessions cleanly (their connections, and no warning about them)."""
     for session in list(_sessions.values()):
-        if session._session is None:
+        if not session.sent:
             continue
         try:
-            asyncio.run_coroutine_threadsafe(session.close(), io_loop()).result(timeout=5)
+            run(session.close(), timeout=5)
         except (RuntimeError, TimeoutError):  # the loop is gone or stuck: nothing left to tidy
             pass

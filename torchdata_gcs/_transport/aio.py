@@ -1,0 +1,219 @@
+"""The aiohttp transport: one connection pool per session, its timeouts, proxy and trusted certificates, and
+what a connection that cannot be made means (see :class:`~.transport.Transport`). It imports nothing else of
+the transport layer, so the layer stays shallow."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import ssl
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import yarl
+
+from ..config import ClientConfig
+from ..errors import EndpointError, TransientError
+
+__all__ = ["STREAM_SLICE", "AiohttpResponse", "AiohttpTransport", "verify_failure"]
+
+
+class AiohttpResponse:
+    """An aiohttp answer as a :class:`~.transport.Response`: its body is read straight from aiohttp's stream."""
+
+    __slots__ = ("_left", "_response", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status: int = response.status
+        self.headers = response.headers  # case-insensitive, repeated lines kept (getall)
+        self._left = memoryview(b"")  # what readinto took from the stream and did not place
+
+    async def read(self) -> bytes:
+        if self._left:
+            return b"".join([self._left, *[chunk async for chunk in self.chunks()]])
+        return await self._response.read()
+
+    async def readinto(self, buffer: memoryview) -> int:
+        chunk = self._left if self._left else memoryview(await self._response.content.readany())
+        count = min(len(chunk), len(buffer))
+        buffer[:count] = chunk[:count]
+        self._left = chunk[count:]
+        return count
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        if self._left:
+            return self._left_then_stream()
+        return self._response.content.iter_any()  # aiohttp's own iterator: no generator frame per chunk
+
+    async def _left_then_stream(self) -> AsyncIterator[bytes]:
+        left, self._left = bytes(self._left), memoryview(b"")
+        yield left
+        async for chunk in self._response.content.iter_any():
+            yield chunk
+
+
+class AiohttpTransport:
+    """Requests to one endpoint over aiohttp, on the I/O loop, each with ``headers`` unless it sets them
+    itself. The pool is made at the first request. A connection refused by an endpoint that has never
+    answered is raised as ``never_answered(EndpointError(...))``, the error naming ``endpoint_hint``
+    (where the endpoint came from)."""
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        endpoint: str,
+        headers: dict[str, str],
+        never_answered: Callable[[EndpointError], Exception],
+        endpoint_hint: str,
+    ) -> None:
+        self.config, self.endpoint, self._headers = config, endpoint, headers
+        self._never_answered, self._endpoint_hint = never_answered, endpoint_hint
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._trusted, self._trust_hint = _trusted_certificates() if endpoint.startswith("https://") else (None, "")
+        # The proxy for the endpoint, resolved once from the environment (aiohttp's trust_env
+        # re-reads the environment and ~/.netrc on every request).
+        parts = urlsplit(endpoint)
+        proxies = urllib.request.getproxies()
+        bypass = urllib.request.proxy_bypass(parts.hostname or "") if proxies else True
+        self._proxy = None if bypass else proxies.get(parts.scheme)
+
+    @asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str] | None,
+        *,
+        url: str,
+        json: Any = None,
+        data: Any = None,  # a transport.Body
+        answer_timeout: float | None = None,
+    ) -> AsyncIterator[AiohttpResponse]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=self._trusted or True),
+                timeout=self._timeout,
+                auto_decompress=False,
+                headers=self._headers,
+            )
+        body: Any = None
+        if isinstance(data, bytes):
+            body = io.BytesIO(data)  # shares the bytes; aiohttp streams it
+        elif data is not None:
+            pieces = [
+                memoryview(piece).cast("B") for piece in ([data] if isinstance(data, (bytearray, memoryview)) else data)
+            ]
+            headers = {**(headers or {}), "Content-Length": str(sum(map(len, pieces)))}
+            body = _streamed(pieces)
+        timeout = (
+            self._timeout
+            if answer_timeout is None
+            else aiohttp.ClientTimeout(
+                total=answer_timeout, sock_connect=self.config.connect_timeout, sock_read=answer_timeout
+            )
+        )
+        try:
+            # The target is percent-encoded already: yarl need not parse and encode it again.
+            async with self._session.request(
+                method,
+                yarl.URL(target, encoded=True),
+                headers=headers,
+                proxy=self._proxy,
+                json=json,
+                data=body,
+                timeout=timeout,
+            ) as response:
+                _answered.add(self.endpoint)
+                yield AiohttpResponse(response)
+        except aiohttp.ClientResponseError as exc:  # a malformed answer; its request_info holds our headers
+            raise TransientError(f"{url}: {type(exc).__name__}: {exc.message}", url=url, status=exc.status) from None
+        except aiohttp.ClientConnectorError as exc:
+            failure = self._connection_failure(exc)
+            if failure is None:
+                raise  # the endpoint has answered before: a blip, retried as any network fault
+            raise failure from None
+
+    def _connection_failure(self, exc: aiohttp.ClientConnectorError) -> Exception | None:
+        """What a connection that could not be made means. A certificate that fails verification is an
+        ``EndpointError`` at once (no new attempt trusts it); a refused connection, a host that does not
+        resolve or a failed handshake is one after a few seconds (``never_answered``) while the endpoint has
+        never answered in this process; after that, ``None``: a network fault, retried."""
+        proxied = isinstance(exc, aiohttp.ClientProxyConnectionError)
+        where = f"the proxy {self._proxy} for {self.endpoint}" if proxied else self.endpoint
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            return EndpointError(
+                f"cannot trust {where}: its TLS certificate failed verification "
+                f"({verify_failure(str(exc.certificate_error))}); if a proxy or firewall on the way intercepts TLS, "
+                f"{self._trust_hint}",
+                url=self.endpoint,
+            )
+        if self.endpoint in _answered:
+            return None
+        if isinstance(exc, aiohttp.ClientConnectorDNSError):
+            cause = f"host name {exc.host!r} does not resolve"
+        elif isinstance(exc, aiohttp.ClientSSLError):
+            cause = f"the TLS handshake failed ({exc.os_error})"
+        elif exc.os_error.errno:
+            cause = os.strerror(exc.os_error.errno).lower()  # "connection refused", "no route to host"
+        else:
+            cause = str(exc.os_error) or type(exc.os_error).__name__
+        check = "check HTTP_PROXY, HTTPS_PROXY and NO_PROXY" if proxied else self._endpoint_hint
+        return self._never_answered(EndpointError(f"cannot reach {where}: {cause}; {check}", url=self.endpoint))
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+_answered: set[str] = set()
+"""Endpoints that have answered in this process, or in the parent it was forked from: their refused
+connections are network faults, retried, not a wrong endpoint."""
+
+_BUNDLE_ENVS = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+def _trusted_certificates() -> tuple[ssl.SSLContext, str]:
+    """The certificates an https endpoint is checked against, and where to add one: the bundle that
+    ``REQUESTS_CA_BUNDLE`` (else ``CURL_CA_BUNDLE``) names, as requests, and so the official client, take
+    it; else the system's, where ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` point when the session is made."""
+    named = next((name for name in _BUNDLE_ENVS if os.environ.get(name)), None)
+    if named is None:
+        hint = "add its CA certificate to the bundle that SSL_CERT_FILE names, or name one in REQUESTS_CA_BUNDLE"
+        return ssl.create_default_context(), hint
+    bundle = os.environ[named]
+    order = "" if named == "REQUESTS_CA_BUNDLE" else "; REQUESTS_CA_BUNDLE, over both"
+    hint = f"add its CA certificate to {bundle}, which {named} names (it takes precedence over SSL_CERT_FILE{order})"
+    try:
+        if os.path.isdir(bundle):
+            return ssl.create_default_context(capath=bundle), hint
+        return ssl.create_default_context(cafile=bundle), hint
+    except (OSError, ssl.SSLError) as exc:
+        raise EndpointError(f"the CA bundle {bundle}, which {named} names, cannot be used: {exc}") from None
+
+
+def verify_failure(text: str) -> str:
+    """OpenSSL's reason in a verification error's text (``self-signed certificate``...), else the text."""
+    match = re.search(r"certificate verify failed: ([^(]+?)\s*\(", text)
+    return match.group(1) if match else text
+
+
+STREAM_SLICE = 128 * 1024
+"""Body pieces go out in slices of at most this size: no single write holds up the I/O loop, and what a
+connection's transport copies aside when the socket takes only part of a write stays small (with 1 MiB
+slices, 8 uploads in flight held about 6 MiB more)."""
+
+
+async def _streamed(pieces: Sequence[memoryview]) -> AsyncIterator[memoryview]:
+    """The pieces of a body as slices, for aiohttp to send (a new generator for each attempt)."""
+    for piece in pieces:
+        for start in range(0, len(piece), STREAM_SLICE):
+            yield piece[start : start + STREAM_SLICE]
