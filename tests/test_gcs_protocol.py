@@ -59,7 +59,10 @@ def front(gcs_emulator: Emulator, gcs_front: GCSFront) -> GCSFront:
 
 def multipart_save(front: GCSFront, name: str, data: bytes, **settings) -> MultipartWriter:
     with MultipartWriter(
-        f"gs://{BUCKET}/{name}", client=front.client_config, part_size=MIN_PART_SIZE, **settings
+        f"gs://{BUCKET}/{name}",
+        client=Client(front.client_config, settings.pop("retry", None)),
+        part_size=MIN_PART_SIZE,
+        **settings,
     ) as writer:
         writer.write(data)
     return writer
@@ -227,7 +230,7 @@ def test_distributed_checkpoint_without_those_headers(strict: GCSFront) -> None:
 
 def test_composite_writer_without_those_headers(strict: GCSFront, gcs_emulator: Emulator) -> None:
     data = os.urandom(2 * MiB + 3)
-    with CompositeWriter(f"gs://{BUCKET}/c.bin", client=strict.client_config, part_size=256 * 1024) as writer:
+    with CompositeWriter(f"gs://{BUCKET}/c.bin", client=Client(strict.client_config), part_size=256 * 1024) as writer:
         writer.write(data)
     assert gcs_emulator.read(BUCKET, "c.bin") == data
     assert not [name for name in gcs_emulator.names(BUCKET) if name.startswith(TEMPORARY_PREFIX)]
@@ -240,7 +243,7 @@ def test_requester_pays_names_the_project_as_each_api_documents(gcs_emulator: Em
     gcs_emulator.create_bucket(BUCKET)
     with GCSFront(gcs_emulator.endpoint, record=True) as front:
         client = ClientConfig(endpoint=front.endpoint, user_project="billed-project")
-        with MultipartWriter(f"gs://{BUCKET}/rp.bin", client=client, part_size=MIN_PART_SIZE) as writer:
+        with MultipartWriter(f"gs://{BUCKET}/rp.bin", client=Client(client), part_size=MIN_PART_SIZE) as writer:
             writer.write(os.urandom(6 * MiB))
         assert list(unfinished_uploads(Client(client, FAST_RETRY), BUCKET)) == []
         [stream.read() for _, stream in GCSFileLoaderIterDataPipe([f"gs://{BUCKET}/rp.bin"], client=client)]
@@ -401,7 +404,9 @@ def test_reads_ask_for_gzip_and_writes_do_not(gcs_emulator: Emulator) -> None:
         listed = GCSFileListerIterDataPipe(f"gs://{BUCKET}/s/", client=front.client_config, with_metadata=True)
         pipe = listed.compose_shards_by_gcs(client=front.client_config)
         assert len([stream.read() for _, stream in pipe]) == 4
-        with CompositeWriter(f"gs://{BUCKET}/c.bin", client=front.client_config, part_size=256 * 1024) as writer:
+        with CompositeWriter(
+            f"gs://{BUCKET}/c.bin", client=Client(front.client_config), part_size=256 * 1024
+        ) as writer:
             writer.write(os.urandom(600 * 1024))
         recorded = front.recorded
     media = [r for r in recorded if r.method == "GET" and "alt=media" in r.target]
@@ -431,7 +436,9 @@ def test_temporary_objects_are_deleted_by_generation(gcs_emulator: Emulator) -> 
     with GCSFront(gcs_emulator.endpoint, record=True) as front:
         listed = GCSFileListerIterDataPipe(f"gs://{BUCKET}/s/", client=front.client_config, with_metadata=True)
         assert len(list(listed.compose_shards_by_gcs(client=front.client_config))) == 4
-        with CompositeWriter(f"gs://{BUCKET}/c.bin", client=front.client_config, part_size=256 * 1024) as writer:
+        with CompositeWriter(
+            f"gs://{BUCKET}/c.bin", client=Client(front.client_config), part_size=256 * 1024
+        ) as writer:
             writer.write(os.urandom(600 * 1024))
         deletes = [r for r in front.recorded if r.method == "DELETE"]
     assert len(deletes) == 1 + 1  # the probe, one composite (the writer's compose deleted its three parts)
@@ -473,7 +480,7 @@ def test_composing_survives_a_lost_answer_to_its_probe(front: GCSFront, gcs_emul
 
 def test_parts_larger_than_gcs_takes_are_refused_up_front() -> None:
     with pytest.raises(ValueError, match="part_size must be"):
-        MultipartWriter(f"gs://{BUCKET}/x", part_size=5 * 1024**3 + 1)
+        MultipartWriter(f"gs://{BUCKET}/x", client=Client(ClientConfig()), part_size=5 * 1024**3 + 1)
 
 
 def test_unfinished_uploads_of_a_prefix(front: GCSFront) -> None:

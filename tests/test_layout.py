@@ -252,3 +252,45 @@ def test_one_way_onto_the_io_loop() -> None:
     """Every thread waits for the loop through ``_transport/loop.py``, which cancels on Ctrl-C and timeout."""
     raw = [use for path in _outside("_transport/loop.py") for use in _uses(path, {"run_coroutine_threadsafe"})]
     assert raw == []
+
+
+FRONT_END_MODULES = {"datapipes", "datasets", "nodes", "fsspec", "checkpoint", "dcp", "lightning", "safetensors"}
+"""What the front ends are (the package itself, ``cli`` and ``testing`` sit above them and may use them)."""
+
+
+def front_end(module: str) -> str | None:
+    """The front end ``module`` (absolute) belongs to, if any."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FRONT_END_MODULES else None
+
+
+def test_no_front_end_imports_another() -> None:
+    crossing = []
+    for path in modules():
+        own = front_end(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        if own is None:
+            continue
+        for target, names in imports(path):
+            targets = [target, *(f"{target}.{name}" for name in names)]  # `from . import checkpoint` names a module
+            others = {front_end(t) for t in targets} - {None, own}
+            crossing += [f"{path.relative_to(PACKAGE.parent)} imports {other}" for other in sorted(others)]
+    assert crossing == []
+
+
+HANDLE_MODULE = PACKAGE / "_ops" / "client.py"
+
+
+def test_below_the_front_ends_only_the_handle_builds_clients_and_contexts() -> None:
+    """A front-end object builds one handle (``Client``) and hands it down; engines, ops and transport never
+    build a ``Client`` or a request context (``new_context``) of their own, except the handle's own module."""
+    built = []
+    for path in modules():
+        own = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if layer(own) >= FRONT_ENDS or path == HANDLE_MODULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                if called in ("Client", "new_context"):
+                    built.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {called}(...)")
+    assert built == []

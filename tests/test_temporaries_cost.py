@@ -76,7 +76,7 @@ def test_a_composite_checkpoint_in_a_cold_bucket_leaves_nothing_billed(gcs_emula
     with GCSFront(gcs_emulator.endpoint, record=True) as front:
         front.bucket_overlay.update(gcs_bucket, COLD_WITH_SOFT_DELETE)
         with CompositeWriter(
-            f"gs://{gcs_bucket}/ckpt.pt", client=front.client_config, retry=FAST_RETRY, part_size=256 * KiB
+            f"gs://{gcs_bucket}/ckpt.pt", client=Client(front.client_config, FAST_RETRY), part_size=256 * KiB
         ) as writer:
             writer.write(data)
         assert gcs_emulator.read(gcs_bucket, "ckpt.pt") == data
@@ -100,7 +100,7 @@ def test_held_temporaries_are_composed_without_deleting_and_reported(
         with (
             caplog.at_level(logging.INFO, logger="torchdata_gcs"),
             CompositeWriter(
-                f"gs://{gcs_bucket}/ckpt.pt", client=front.client_config, retry=FAST_RETRY, part_size=256 * KiB
+                f"gs://{gcs_bucket}/ckpt.pt", client=Client(front.client_config, FAST_RETRY), part_size=256 * KiB
             ) as writer,
         ):
             writer.write(data)
@@ -116,7 +116,7 @@ def test_temporaries_are_deleted_where_the_server_ignores_delete_source_objects(
     gcs_emulator.create_bucket("ignores-deletes")
     data = random.Random(7).randbytes(2 * 256 * KiB + 3)
     with CompositeWriter(
-        "gs://ignores-deletes/o", client=gcs_emulator.client_config, retry=FAST_RETRY, part_size=256 * KiB
+        "gs://ignores-deletes/o", client=Client(gcs_emulator.client_config, FAST_RETRY), part_size=256 * KiB
     ) as writer:
         writer.write(data)
     assert gcs_emulator.names("ignores-deletes") == ["o"]  # the emulator kept the parts; the listing found them

@@ -67,7 +67,7 @@ def test_the_composite_writer_survives_lost_answers(gcs_emulator: Emulator, loss
     bucket = f"lossy-composite-{in_flight}"
     gcs_emulator.create_bucket(bucket)
     data = random.Random(1).randbytes(34 * 256 * KiB + 5)  # 35 parts: an intermediate level
-    settings = {"client": lossy.client_config, "retry": FAST_RETRY, "part_size": 256 * KiB}
+    settings = {"client": Client(lossy.client_config, FAST_RETRY), "part_size": 256 * KiB}
     for _ in range(2):  # a new object, then over it
         with CompositeWriter(f"gs://{bucket}/big.bin", max_parts_in_flight=in_flight, **settings) as writer:
             writer.write(data)
@@ -139,7 +139,7 @@ def test_a_publish_over_an_object_replaced_meanwhile_fails_and_keeps_it(gcs_emul
     gcs_emulator.seed("replaced-publish", {"o": b"theirs"})
     with GCSFront(gcs_emulator.endpoint, faults=[Fault("http_412", match="compose", times=1)]) as front:
         writer = CompositeWriter(
-            "gs://replaced-publish/o", client=front.client_config, retry=FAST_RETRY, part_size=256 * KiB
+            "gs://replaced-publish/o", client=Client(front.client_config, FAST_RETRY), part_size=256 * KiB
         )
         with (
             pytest.raises(PreconditionFailedError, match="replaced by another writer while this one published"),

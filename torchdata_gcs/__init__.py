@@ -10,10 +10,10 @@ Importing the package registers the functional DataPipes on ``IterDataPipe``::
 """
 
 from . import checkpoint
-from ._engines.download import LoadStats
 from ._engines.parallel_listing import ListingStats
 from ._ops.checksums import ObjectInfo
 from ._ops.urls import format_url, parse_url
+from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 from .datapipes import (
     GCSFileListerIterDataPipe,

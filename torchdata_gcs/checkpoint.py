@@ -12,26 +12,13 @@ as the emulator, or buckets where multipart uploads are not wanted).
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import IO, Any, Literal, cast
+from typing import IO, Any
 
-import torch
-
-from ._engines.compressed_read import block_table_of, read_decompressed_into
+from ._engines import checkpoints
+from ._engines.checkpoints import Strategy, write_config
 from ._engines.compressing import CompressingWriter
-from ._engines.compression import decompress, is_compressed
-from ._engines.download import LoadStats
-from ._engines.memory_file import memory_file
-from ._engines.ranges import read_into, read_into_buffer
-from ._engines.streams import MemoryStream
-from ._engines.upload import StreamingWriter, library_errors_first, new_writer
-from ._ops.checksums import ObjectInfo
+from ._engines.upload import StreamingWriter
 from ._ops.client import Client
-from ._ops.paging import ITEM_FIELDS
-from ._ops.urls import parse_url
-from ._transport.deadline import call_deadline
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 
 __all__ = [
@@ -43,27 +30,6 @@ __all__ = [
     "save",
     "write_config",
 ]
-
-Strategy = Literal["multipart", "compose"]
-ZIP_MAGIC = b"PK\x03\x04"
-"""How ``torch.save``'s archive format starts (the only one ``torch.load`` can map)."""
-
-
-def write_config(write: WriteConfig | None, where: str, **keywords: Any) -> WriteConfig:
-    """``write`` (default ``WriteConfig()``); or, deprecated, the one built from the loose keywords
-    (``part_size``, ``max_parts_in_flight``, ``strategy``, ``compression``) of earlier releases."""
-    given = {name: value for name, value in keywords.items() if value is not None}
-    if not given:
-        return write or WriteConfig()
-    if write is not None:
-        raise TypeError(f"{where}: pass write=WriteConfig(...) or {', '.join(given)}, not both")
-    warnings.warn(
-        f"{where}({', '.join(f'{name}=' for name in given)}...) is deprecated and goes in the next release: "
-        f"pass write=WriteConfig({', '.join(f'{name}=...' for name in given)})",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return WriteConfig(**given)
 
 
 def open_writer(
@@ -93,8 +59,7 @@ def open_writer(
     """
     write = write_config(write, "open_writer", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip
-    writer = new_writer(url, client or ClientConfig(), retry or RetryConfig(), write)
-    return writer if write.compression is None else CompressingWriter(writer, cast(Zstd, write.compression))
+    return checkpoints.open_writer(url, Client(client or ClientConfig(), retry), write)
 
 
 def save(
@@ -129,22 +94,7 @@ def save(
     """
     write = write_config(write, "save", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip
-    retry = retry or RetryConfig()
-    with (
-        call_deadline(retry),
-        open_writer(url, client=client, retry=retry, write=write) as writer,
-        library_errors_first(),
-    ):
-        torch.save(obj, cast(IO[bytes], writer))
-    assert writer.generation is not None
-    return writer.generation
-
-
-def _object_info(url: str, client: ClientConfig, retry: RetryConfig) -> ObjectInfo:
-    bucket, name = parse_url(url, allow_prefix=False)
-    resource = Client(client, retry).head(bucket, name, ITEM_FIELDS, missing_ok=False)
-    assert resource is not None
-    return ObjectInfo.from_json(resource)
+    return checkpoints.save(obj, url, Client(client or ClientConfig(), retry), write)
 
 
 def open_reader(
@@ -162,10 +112,7 @@ def open_reader(
         NotFoundError: no such object, or no such bucket.
         IntegrityError: the bytes (or their compression) do not check out.
     """
-    client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
-    with call_deadline(retry):
-        buffer = read_into_buffer(url, _object_info(url, client, retry), client, transfer, retry, LoadStats())
-    return cast(IO[bytes], MemoryStream([decompress(buffer, url)]))
+    return checkpoints.open_reader(url, Client(client or ClientConfig(), retry, transfer=transfer))
 
 
 def load(
@@ -185,41 +132,10 @@ def load(
     that ``torch.load(mmap=True)`` then maps: the tensors use those bytes themselves, so loading holds
     the checkpoint once, not twice.
     """
-    client, transfer, retry = client or ClientConfig(), transfer or TransferConfig(), retry or RetryConfig()
-    with (
-        call_deadline(retry),
-        _downloaded(url, _object_info(url, client, retry), client, transfer, retry) as (path, view),
-    ):
-        head = bytes(view[:16])
-        if is_compressed(head):  # compressed without a block table: older checkpoints, other zstd writers
-            view = memoryview(decompress(view, url))
-        elif path is not None and head.startswith(ZIP_MAGIC):
-            return torch.load(path, mmap=True, map_location=map_location, weights_only=weights_only)
-        return torch.load(MemoryStream([view]), map_location=map_location, weights_only=weights_only)
-
-
-@contextmanager
-def _downloaded(
-    url: str, info: ObjectInfo, client: ClientConfig, transfer: TransferConfig, retry: RetryConfig
-) -> Iterator[tuple[str | None, memoryview]]:
-    """The checkpoint's bytes (decompressed, where a block table allows it while downloading), in an
-    anonymous in-memory file (its path given) where the system has them, else in a buffer."""
-    stats = LoadStats()
-    table = block_table_of(url, info, client, transfer, retry, stats)
-    size = info.size if table is None else sum(block.raw for block in table[0])
-    with memory_file(size) as file:
-        path, buffer = (None, bytearray(size)) if file is None else file
-        with memoryview(buffer) as view:
-            if table is None:
-                read_into(view, url, info, client, transfer, retry, stats)
-            else:
-                read_decompressed_into(view, url, info, table, client, transfer, retry, stats)
-            yield path, view
+    gcs = Client(client or ClientConfig(), retry, transfer=transfer)
+    return checkpoints.load(url, gcs, map_location=map_location, weights_only=weights_only)
 
 
 def remove(url: str, *, client: ClientConfig | None = None, retry: RetryConfig | None = None) -> bool:
     """Delete the checkpoint at ``url``; ``False`` if there was none."""
-    bucket, name = parse_url(url, allow_prefix=False)
-    retry = retry or RetryConfig()
-    with call_deadline(retry):
-        return Client(client or ClientConfig(), retry).delete(bucket, name)
+    return checkpoints.remove(url, Client(client or ClientConfig(), retry))

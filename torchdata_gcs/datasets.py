@@ -82,6 +82,7 @@ class _Dataset(Generic[T]):
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
+        self._gcs = Client(self.client, self.retry, transfer=self.transfer)
         self.transform: Transform[T] = transform or cast(Transform[T], _url_and_bytes)
         self._stream_only = transform is not None and _takes_one_argument(transform)
         self._stats = WorkerStats()
@@ -91,7 +92,7 @@ class _Dataset(Generic[T]):
             return
         listing = ListingStats()
         batches = list_inputs(
-            Client(self.client, self.retry),
+            self._gcs,
             url_list(objects),
             [masks] if isinstance(masks, str) else list(masks),
             with_info=True,
@@ -148,7 +149,7 @@ class _Dataset(Generic[T]):
         listed = url_list(urls if isinstance(urls, str) else list(urls))
         for url in listed:
             parse_url(url, allow_prefix=False)
-        checking = Client(client or ClientConfig(), retry or RetryConfig())
+        checking = Client(client or ClientConfig(), retry)
         pairs, missing = [], 0
         for url, info in zip(listed, describe_objects(checking, listed), strict=True):
             if isinstance(info, ObjectInfo):
@@ -170,9 +171,9 @@ class _Dataset(Generic[T]):
 
     def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
-        stats = self._stats.local()
+        gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
         transform: Callable[..., T] = self.transform
-        for url, data in load_in_order(items, self.client, self.transfer, self.retry, stats, skip_missing=False):
+        for url, data in load_in_order(items, gcs, skip_missing=False):
             stream = cast(IO[bytes], as_stream(url, data))
             item = transform(stream) if self._stream_only else transform(url, stream)
             self._stats.publish()

@@ -32,15 +32,15 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from ._engines.checkpoints import open_writer, write_config
 from ._engines.ranges import read_into_buffer, read_ranges_into
 from ._engines.read_ahead import ReadAhead, Span
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.client import Client
 from ._ops.paging import ITEM_FIELDS
 from ._ops.urls import format_url, parse_url
-from ._transport.context import LoadStats, new_context
+from ._transport.context import LoadStats
 from ._transport.loop import run
-from .checkpoint import open_writer, write_config
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import InvalidURIError, NotFoundError, UploadError
 
@@ -240,7 +240,8 @@ class _ReadStream(io.RawIOBase):
 class _GCSFileSystem(FileSystemBase):
     """DCP's file operations on GCS: paths are ``gs://`` URLs, directories do not exist, files appear whole.
 
-    Holds settings only (and, during a load, that load's read-ahead), so writers and readers pickle.
+    Holds settings only (its handle, ``gcs``, and during a load that load's read-ahead), so writers and
+    readers pickle.
     """
 
     def __init__(
@@ -253,9 +254,9 @@ class _GCSFileSystem(FileSystemBase):
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
-        self.objects = Client(self.client, self.retry)
         self.write = write or WriteConfig()
         self.stats = LoadStats()
+        self.gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
         self.failed_writes: list[str] = []
         self.written: dict[str, _WriteStream] = {}  # files this process published, for their items' checksums
         self.read_ahead: ReadAhead | None = None
@@ -287,14 +288,14 @@ class _GCSFileSystem(FileSystemBase):
 
     def object_info(self, url: str) -> ObjectInfo:
         bucket, name = parse_url(url, allow_prefix=False)
-        resource = self.objects.head(bucket, name, ITEM_FIELDS)
+        resource = self.gcs.head(bucket, name, ITEM_FIELDS)
         if resource is None:
             raise NotFoundError(f"{url} does not exist", url=url, status=404)
         return ObjectInfo.from_json(resource)
 
     def exists(self, path: str | os.PathLike[str]) -> bool:
         bucket, name = parse_url(_url(path), allow_prefix=False)
-        return self.objects.head(bucket, name, "generation") is not None
+        return self.gcs.head(bucket, name, "generation") is not None
 
     def rm_file(self, path: str | os.PathLike[str]) -> None:
         url = _url(path)
@@ -304,7 +305,7 @@ class _GCSFileSystem(FileSystemBase):
     def delete(self, url: str) -> bool:
         """Delete ``url``; ``False`` if it did not exist."""
         bucket, name = parse_url(url, allow_prefix=False)
-        return self.objects.delete(bucket, name)
+        return self.gcs.delete(bucket, name)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         """GCS has no rename; the writer never needs one (it writes ``.metadata`` in place)."""
@@ -316,7 +317,7 @@ class _GCSFileSystem(FileSystemBase):
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
         url = _url(path)
         if mode == "wb":
-            stream = _WriteStream(open_writer(url, client=self.client, retry=self.retry, write=self.write))
+            stream = _WriteStream(open_writer(url, self.gcs, self.write))
             try:
                 yield stream
                 stream.close()
@@ -339,9 +340,9 @@ class _GCSFileSystem(FileSystemBase):
         """Bytes ``[start, start + length)`` of the version ``info`` names; checked against its crc32c (and read
         again while damaged) if that is the whole object."""
         if start == 0 and length == info.size:
-            return read_into_buffer(url, info, self.client, self.transfer, self.retry, self.stats)
+            return read_into_buffer(url, info, self.gcs)
         buffer = bytearray(length)
-        context = new_context(self.client, self.transfer, self.retry, self.stats)
+        context = self.gcs.context()
         coroutine = read_ranges_into(context, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
         run(coroutine)
         return buffer
@@ -497,8 +498,8 @@ class GCSStorageWriter(FileSystemWriter):
         metadata.storage_meta = self.storage_meta()
         url = self._metadata_url()
         bucket, name = parse_url(url, allow_prefix=False)
-        replaced = self.fs.objects.live_generation(bucket, name) if self.overwrite else 0  # so it is retried
-        self.fs.objects.create(bucket, name, pickle.dumps(metadata), if_generation_match=replaced)
+        replaced = self.fs.gcs.live_generation(bucket, name) if self.overwrite else 0  # so it is retried
+        self.fs.gcs.create(bucket, name, pickle.dumps(metadata), if_generation_match=replaced)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -576,7 +577,7 @@ class GCSStorageReader(FileSystemReader):
             self.fs.object_info,
             self._spans(plan.items),
             self.fs.transfer.max_buffered_bytes,
-            new_context(self.fs.client, self.fs.transfer, self.fs.retry, self.fs.stats),
+            self.fs.gcs.context(),
             self._checksums(plan.items),
         )
         self.fs.read_ahead = ahead

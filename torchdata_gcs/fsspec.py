@@ -75,7 +75,7 @@ from ._ops.paging import MAX_PAGE_SIZE, PageTrail
 from ._ops.patterns import has_magic, tree_glob
 from ._ops.signing import signed_url
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
-from ._transport.context import LoadStats, RequestContext, new_context
+from ._transport.context import LoadStats, RequestContext
 from ._transport.deadline import call_deadline
 from ._transport.http import credentials_for, resolve_endpoint
 from ._transport.loop import io_loop, on_io_loop, run
@@ -356,6 +356,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """The Cloud KMS key every write (``cp`` too) encrypts with unless it names its own; ``None``: the
         bucket's default encryption."""
         self.stats = LoadStats()
+        self._gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
         self.version_aware = version_aware
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
         self._invalidations = itertools.count()
@@ -464,8 +465,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def _context(self, budget: int | None = None) -> RequestContext:
         """A request context for one call (``budget``: bytes it may hold ahead, if not the transfer's)."""
-        transfer = self.transfer if budget is None else replace(self.transfer, max_buffered_bytes=budget)
-        return new_context(self.client, transfer, self.retry, self.stats)
+        if budget is None:
+            return self._gcs.context()
+        return self._gcs.replace(transfer=replace(self.transfer, max_buffered_bytes=budget)).context()
 
     @staticmethod
     def _file(bucket: str, resource: dict[str, Any], versions: bool = False) -> dict[str, Any]:
@@ -780,7 +782,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 if entry["name"].startswith(f"{bucket}/{within}")
             }
         else:
-            client = Client(self.client, self.retry)
+            client = self._gcs
             batches = [
                 batch
                 async for batch in list_objects_async(
@@ -1037,7 +1039,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     def _new_writer(self, url: str, only_if_new: bool, attributes: ObjectAttributes) -> StreamingWriter:
         """A streamed writer of ``url`` (a name ending in ``/`` is meant), tracked until it closes."""
         writer = new_writer(
-            url, self.client, self.retry, self.write, only_if_new=only_if_new, folder_name=True, attributes=attributes
+            url, self._gcs, self.write, only_if_new=only_if_new, folder_name=True, attributes=attributes
         )
         return self._track(writer)
 

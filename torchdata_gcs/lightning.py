@@ -1,5 +1,5 @@
 """Lightning checkpoints on GCS: a ``CheckpointIO`` plugin that saves, loads and removes ``gs://`` checkpoints
-through :mod:`torchdata_gcs.checkpoint` (streamed parallel upload, concurrent ranged reads, crc32c checks).
+as :mod:`torchdata_gcs.checkpoint` does (streamed parallel upload, concurrent ranged reads, crc32c checks).
 
 Needs Lightning (``pip install 'torchdata-gcs[lightning]'``); ``import torchdata_gcs`` never imports it.
 Works with the ``lightning`` package and with the standalone ``pytorch_lightning``.
@@ -12,9 +12,10 @@ import os
 import re
 from typing import Any
 
-from . import checkpoint as _checkpoint  # the name `checkpoint` is Lightning's for the dict being saved
+from ._engines import checkpoints
+from ._engines.checkpoints import Strategy, write_config
+from ._ops.client import Client
 from ._ops.urls import parse_url
-from .checkpoint import Strategy
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 
 try:
@@ -91,12 +92,13 @@ class GCSCheckpointIO(CheckpointIO):
         compression: str | Zstd | None = None,
     ) -> None:
         super().__init__()
-        self.write = _checkpoint.write_config(write, "GCSCheckpointIO", part_size=part_size,
-                                              max_parts_in_flight=max_parts_in_flight, strategy=strategy,
-                                              compression=compression)  # fmt: skip
+        self.write = write_config(write, "GCSCheckpointIO", part_size=part_size,
+                                  max_parts_in_flight=max_parts_in_flight, strategy=strategy,
+                                  compression=compression)  # fmt: skip
         self.client = client or ClientConfig()
         self.retry = retry or RetryConfig()
         self.transfer = transfer or TransferConfig()
+        self._gcs = Client(self.client, self.retry, transfer=self.transfer)
         self._local = TorchCheckpointIO()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -115,7 +117,7 @@ class GCSCheckpointIO(CheckpointIO):
         if url is None:
             self._local.save_checkpoint(checkpoint, path)
             return
-        generation = _checkpoint.save(checkpoint, url, client=self.client, retry=self.retry, write=self.write)
+        generation = checkpoints.save(checkpoint, url, self._gcs, self.write)
         logger.debug("saved checkpoint %s (generation %d)", url, generation)
 
     def load_checkpoint(
@@ -133,14 +135,7 @@ class GCSCheckpointIO(CheckpointIO):
         url = self._gcs_url(path)
         if url is None:
             return self._local.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        return _checkpoint.load(
-            url,
-            map_location=map_location,
-            weights_only=weights_only,
-            client=self.client,
-            transfer=self.transfer,
-            retry=self.retry,
-        )
+        return checkpoints.load(url, self._gcs, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete the checkpoint at ``path``; a missing one is no error, as with ``TorchCheckpointIO``."""
@@ -148,7 +143,7 @@ class GCSCheckpointIO(CheckpointIO):
         if url is None:
             self._local.remove_checkpoint(path)
             return
-        if _checkpoint.remove(url, client=self.client, retry=self.retry):
+        if checkpoints.remove(url, self._gcs):
             logger.debug("removed checkpoint %s", url)
 
     def teardown(self) -> None:

@@ -67,6 +67,7 @@ class ListFiles(BaseNode[Item]):
         self.with_metadata, self.manifest, self.concurrency = with_metadata, manifest, concurrency
         self.allow_empty, self.skip_missing = allow_empty, skip_missing
         self.client, self.retry = client or ClientConfig(), retry or RetryConfig()
+        self._gcs = Client(self.client, self.retry)
         self.stats = ListingStats()
         self._position: tuple[int, str] | None = None
         self._entries: Iterator[Entry] = iter(())
@@ -76,7 +77,7 @@ class ListFiles(BaseNode[Item]):
         self._position = None if not initial_state else listing_position(initial_state)
         self.stats = ListingStats()
         batches = list_inputs(
-            Client(self.client, self.retry),
+            self._gcs,
             self.urls,
             self.masks,
             with_info=self.with_metadata,
@@ -119,12 +120,13 @@ class _Reading(BaseNode[Any]):
             transfer or TransferConfig(),
             retry or RetryConfig(),
         )
+        self._gcs = Client(self.client, self.retry, transfer=self.transfer)
         self.stats = LoadStats()
         self._states: deque[tuple[str, dict[str, Any]]] = deque()  # (url, source's state after it) read ahead
         self._state: dict[str, Any] | None = None
         self._loaded: Iterator[tuple[str, Loaded]] = iter(())
 
-    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
+    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
         raise NotImplementedError
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -136,7 +138,7 @@ class _Reading(BaseNode[Any]):
         self.source.reset(self._state)
         self._states.clear()
         self.stats = LoadStats()
-        self._loaded = self._engine(self._pulled())
+        self._loaded = self._engine(self._pulled(), self._gcs.replace(stats=self.stats))
 
     def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
         for item in self.source:
@@ -177,8 +179,8 @@ class LoadFiles(_Reading):
         super().__init__(source, transform, client, transfer, retry)
         self.skip_missing = skip_missing
 
-    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
-        return load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing)
+    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
+        return load_in_order(items, gcs, skip_missing=self.skip_missing)
 
 
 class ComposeShards(_Reading):
@@ -207,13 +209,10 @@ class ComposeShards(_Reading):
         self.reuse_prefix, self.skip_missing = reuse_prefix, skip_missing
         self.storage_classes = check_storage_classes(storage_classes)
 
-    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
+    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
         return compose_in_order(
             items,
-            self.client,
-            self.transfer,
-            self.retry,
-            self.stats,
+            gcs,
             max_sources=self.max_sources,
             max_bytes=self.max_composite_bytes,
             reuse_prefix=self.reuse_prefix,

@@ -18,6 +18,7 @@ import requests
 
 from torchdata_gcs import ClientConfig
 from torchdata_gcs._engines.upload import MIN_PART_SIZE, MultipartWriter
+from torchdata_gcs._ops.client import Client
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
 from torchdata_gcs._transport.http import EMULATOR_ENV
 from torchdata_gcs.cli import main
@@ -220,7 +221,8 @@ def test_clean_aborts_old_multipart_uploads(
                 answer = http.post(f"{gcs_front.endpoint}/{bucket}/old/{number:03d}.pt", params={"uploads": ""})
                 assert answer.status_code == 200
     time.sleep(2.0)
-    writer = MultipartWriter(f"gs://{bucket}/ckpt/model.pt", client=gcs_front.client_config, part_size=MIN_PART_SIZE)
+    client = Client(gcs_front.client_config)
+    writer = MultipartWriter(f"gs://{bucket}/ckpt/model.pt", client=client, part_size=MIN_PART_SIZE)
     writer.write(b"x" * (MIN_PART_SIZE + 1))  # one part sent: a running job's upload
     assert len(gcs_front.open_uploads) == 1003
 

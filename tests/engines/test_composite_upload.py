@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from torchdata_gcs import RetryConfig, UploadError
+from torchdata_gcs import ClientConfig, RetryConfig, UploadError
 from torchdata_gcs._engines.upload import CompositeWriter
+from torchdata_gcs._ops.client import Client
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -20,7 +21,7 @@ FAST_RETRY = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.05)
 
 def writer(client, bucket: str, name: str, **settings) -> CompositeWriter:
     settings.setdefault("part_size", PART)
-    return CompositeWriter(f"gs://{bucket}/{name}", client=client, **settings)
+    return CompositeWriter(f"gs://{bucket}/{name}", client=Client(client, settings.pop("retry", None)), **settings)
 
 
 def temporaries(emulator: Emulator, bucket: str) -> list[str]:
@@ -102,4 +103,4 @@ def test_failed_compose_publishes_nothing(gcs_bucket: str, gcs_emulator: Emulato
 
 def test_bad_settings() -> None:
     with pytest.raises(ValueError, match="part_size"):
-        CompositeWriter("gs://bucket/x", part_size=PART - 1)
+        CompositeWriter("gs://bucket/x", client=Client(ClientConfig()), part_size=PART - 1)

@@ -33,7 +33,8 @@ def front(gcs_emulator: Emulator, gcs_front: GCSFront) -> GCSFront:
 
 def writer(front: GCSFront, name: str, **settings) -> MultipartWriter:
     settings.setdefault("part_size", MIN_PART_SIZE)
-    return MultipartWriter(f"gs://{BUCKET}/{name}", client=front.client_config, **settings)
+    client = Client(front.client_config, settings.pop("retry", None))
+    return MultipartWriter(f"gs://{BUCKET}/{name}", client=client, **settings)
 
 
 def test_streams_parts_and_publishes_on_close(front: GCSFront, gcs_emulator: Emulator) -> None:
@@ -104,11 +105,11 @@ def test_part_sizes_grow_to_stay_within_the_part_limit(front: GCSFront, gcs_emul
 
 def test_bad_settings() -> None:
     with pytest.raises(ValueError, match="part_size"):
-        MultipartWriter("gs://bucket/x", part_size=MiB)
+        MultipartWriter("gs://bucket/x", client=Client(ClientConfig()), part_size=MiB)
     with pytest.raises(ValueError, match="max_parts_in_flight"):
-        MultipartWriter("gs://bucket/x", max_parts_in_flight=0)
+        MultipartWriter("gs://bucket/x", client=Client(ClientConfig()), max_parts_in_flight=0)
     with pytest.raises(ValueError, match="no preconditions"):  # GCS's XML multipart uploads take none
-        MultipartWriter("gs://bucket/x", only_if_new=True)
+        MultipartWriter("gs://bucket/x", client=Client(ClientConfig()), only_if_new=True)
 
 
 @pytest.mark.parametrize("strategy", ["multipart", "compose"])
@@ -121,13 +122,14 @@ def test_new_writer_carries_only_if_new_by_compose(front: GCSFront, gcs_emulator
     with (
         pytest.raises(PreconditionFailedError),
         new_writer(
-            f"gs://{BUCKET}/exists-{strategy}", front.client_config, FAST_RETRY, config, only_if_new=True
+            f"gs://{BUCKET}/exists-{strategy}", Client(front.client_config, FAST_RETRY), config, only_if_new=True
         ) as out,
     ):
         out.write(data)
     assert gcs_emulator.read(BUCKET, f"exists-{strategy}") == b"kept"
     front.set_faults([Fault("truncate", match="compose", times=1)])  # the compose happens, its answer is cut
-    with new_writer(f"gs://{BUCKET}/new-{strategy}", front.client_config, FAST_RETRY, config, only_if_new=True) as out:
+    client = Client(front.client_config, FAST_RETRY)
+    with new_writer(f"gs://{BUCKET}/new-{strategy}", client, config, only_if_new=True) as out:
         out.write(data)
     assert gcs_emulator.read(BUCKET, f"new-{strategy}") == data and front.faults_injected["truncate"] == 1
     assert [n for n in gcs_emulator.names(BUCKET) if n.startswith(".torchdata-gcs-tmp/")] == []
@@ -172,7 +174,7 @@ def test_a_completion_slower_than_the_read_timeout_is_awaited_in_one_request(gcs
     with GCSFront(gcs_emulator.endpoint, completion_delay=1.5, record=True) as front:
         client = ClientConfig(endpoint=front.endpoint, anonymous=True, read_timeout=0.5)
         data = os.urandom(6 * MiB)
-        with MultipartWriter(f"gs://{BUCKET}/slow.bin", client=client, part_size=MIN_PART_SIZE) as out:
+        with MultipartWriter(f"gs://{BUCKET}/slow.bin", client=Client(client), part_size=MIN_PART_SIZE) as out:
             out.write(data)
         assert completion_posts(front) == 1 and front.open_uploads == []
     assert gcs_emulator.read(BUCKET, "slow.bin") == data
@@ -200,7 +202,7 @@ def test_a_lost_completion_answer_is_verified_before_the_completion_is_sent_agai
         client = ClientConfig(endpoint=front.endpoint, anonymous=True, read_timeout=0.5)
         data = os.urandom(6 * MiB)
         with MultipartWriter(
-            f"gs://{BUCKET}/lost.bin", client=client, part_size=MIN_PART_SIZE, retry=FAST_RETRY
+            f"gs://{BUCKET}/lost.bin", client=Client(client, FAST_RETRY), part_size=MIN_PART_SIZE
         ) as out:
             out.write(data)
         assert completion_posts(front) == 1 and front.open_uploads == []
@@ -248,7 +250,9 @@ def test_a_completion_that_outlasts_completion_timeout_fails_in_time(gcs_emulato
         started = time.monotonic()
         with (
             pytest.raises(UploadError, match="outcome is unknown"),
-            MultipartWriter(f"gs://{BUCKET}/late.bin", client=client, part_size=MIN_PART_SIZE, retry=FAST_RETRY) as out,
+            MultipartWriter(
+                f"gs://{BUCKET}/late.bin", client=Client(client, FAST_RETRY), part_size=MIN_PART_SIZE
+            ) as out,
         ):
             out.write(os.urandom(6 * MiB))
         assert time.monotonic() - started < 3.5  # the completion's deadline, not the front's delay
@@ -272,7 +276,8 @@ SIGNALLED_SAVE = textwrap.dedent(
     import signal, sys, time
     from torchdata_gcs import ClientConfig
     from torchdata_gcs._engines import upload
-    client = ClientConfig(endpoint=sys.argv[1], anonymous=True)
+    from torchdata_gcs._ops.client import Client
+    client = Client(ClientConfig(endpoint=sys.argv[1], anonymous=True))
     writer = getattr(upload, sys.argv[3])(f"gs://{sys.argv[2]}/ckpt.pt", client=client, part_size=upload.MIN_PART_SIZE)
     writer.write(b"x" * (upload.MIN_PART_SIZE + 1))  # the first part goes out
     print("default" if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else "handled", flush=True)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from torchdata_gcs import LoadStats, RetryConfig, TransferConfig
+from torchdata_gcs import RetryConfig
 from torchdata_gcs._engines.ranges import read_into
 from torchdata_gcs._ops.checksums import ObjectInfo
 from torchdata_gcs._ops.client import Client
@@ -72,7 +72,7 @@ def test_ctrl_c_while_a_read_waits_cancels_the_read(gcs_emulator: Emulator, gcs_
         started = time.monotonic()
         try:
             with pytest.raises(KeyboardInterrupt):
-                read_into(target, f"gs://{gcs_bucket}/big.bin", info, client, TransferConfig(), retry, LoadStats())
+                read_into(target, f"gs://{gcs_bucket}/big.bin", info, Client(client, retry))
         finally:
             timer.cancel()
         assert time.monotonic() - started < 30

@@ -31,9 +31,8 @@ from .._ops.paging import MAX_PAGE_SIZE
 from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper
-from .._transport.context import LoadStats, RequestContext, new_context
+from .._transport.context import RequestContext
 from .._transport.loop import run, submit, wait_unless_on_io_loop
-from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
@@ -98,21 +97,23 @@ Member = tuple[str, str, ObjectInfo]  # url, object name, listed version
 # ``reuse_prefix`` composites are kept, named by a hash of their sources, and that prefix's listing is
 # the manifest later iterations consult.
 class Composer:
-    """One iteration's compose-and-split work and the temporary objects it owns."""
+    """One iteration's compose-and-split work and the temporary objects it owns; ``client`` is the
+    front end's handle, whose context serves the iteration."""
 
     def __init__(
         self,
-        context: RequestContext,
+        client: Client,
         *,
         max_sources: int,
         max_bytes: int,
         reuse_prefix: str | None,
         storage_classes: Iterable[str] = COMPOSED_CLASSES,
     ) -> None:
-        self.context = context
+        self.client = client
+        self.context = client.context()
         self.max_sources = max_sources
         self.storage_classes = frozenset(storage_classes)
-        self.max_bytes = min(max_bytes, context.budget.limit // 2)  # a composite is always held whole
+        self.max_bytes = min(max_bytes, self.context.budget.limit // 2)  # a composite is always held whole
         self.reuse_prefix = reuse_prefix
         self.job_id = new_job_id()
         self._names = 0
@@ -207,7 +208,7 @@ class Composer:
     async def _prepare(self, bucket: str) -> tuple[bool, str | None]:
         """Whether composites may be written and deleted in ``bucket`` (with the reason if not): tried
         once, by writing and deleting a probe object; in reuse mode, also read the kept composites."""
-        client = Client(self.context.session.config, self.context.retry)
+        client = self.client
         prefix = f"{TEMPORARY_PREFIX}{self.job_id}/"
         task = DeletePrefix(bucket, prefix, client.config, client.retry)
         self._watches.append(await asyncio.to_thread(reaper.watch, task))  # waits for the reaper's process
@@ -215,9 +216,9 @@ class Composer:
         try:
             self._unsettled.add((bucket, probe))
             generation = await create_object(
-                client.context(), bucket, probe, b"", if_generation_match=0, storage_class=TEMPORARY_CLASS
+                client.call_context(), bucket, probe, b"", if_generation_match=0, storage_class=TEMPORARY_CLASS
             )
-            await delete_object(client.context(), bucket, probe, generation=generation)
+            await delete_object(client.call_context(), bucket, probe, generation=generation)
             self._unsettled.discard((bucket, probe))
         except AccessDeniedError as exc:
             self._unsettled.discard((bucket, probe))
@@ -481,10 +482,7 @@ def _split(chunks: list[bytes] | list[memoryview], members: list[Member]) -> lis
 
 def compose_in_order(
     items: Iterable[tuple[str, ObjectInfo | None]],
-    config: ClientConfig,
-    transfer: TransferConfig,
-    retry: RetryConfig,
-    stats: LoadStats,
+    client: Client,
     *,
     max_sources: int,
     max_bytes: int,
@@ -494,9 +492,8 @@ def compose_in_order(
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, small runs of ``storage_classes``
     loaded as composites."""
-    context = new_context(config, transfer, retry, stats)
     composer = Composer(
-        context,
+        client,
         max_sources=max_sources,
         max_bytes=max_bytes,
         reuse_prefix=reuse_prefix,
@@ -504,7 +501,7 @@ def compose_in_order(
     )
     try:
         yield from deliver_in_order(
-            composer.units(items), context, 2 * transfer.max_in_flight, skip_missing=skip_missing
+            composer.units(items), composer.context, 2 * client.transfer.max_in_flight, skip_missing=skip_missing
         )
     finally:
         composer.close()

@@ -18,10 +18,10 @@ import google_crc32c
 import zstandard
 
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
-from .._transport.context import LoadStats, RequestContext, new_context
+from .._ops.client import Client
+from .._transport.context import RequestContext
 from .._transport.loop import run
 from .._transport.retry import Attempts
-from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import IntegrityError
 from .compression import Block, place, read_block_table
 from .ranges import read_ranges_into
@@ -40,16 +40,14 @@ async def _tail(context: RequestContext, url: str, info: ObjectInfo, length: int
     return bytes(buffer)
 
 
-def block_table_of(
-    url: str, info: ObjectInfo, config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
-) -> tuple[list[Block], bytes] | None:
+def block_table_of(url: str, info: ObjectInfo, client: Client) -> tuple[list[Block], bytes] | None:
     """The blocks of a standard-format compressed object and the table frame's bytes, from its last
     bytes (one ranged GET, rarely two); ``None`` for any other object (uncompressed, byte-grouped,
     written before block tables, or by another zstd writer)."""
     if info.size == 0:
         return None
-    context = new_context(config, transfer, retry, stats)
-    rereads = Attempts(retry, url, on_retry=stats.count_retry)
+    context = client.context()
+    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
     length = TAIL
     while True:
         tail = run(_tail(context, url, info, length))
@@ -98,10 +96,7 @@ def read_decompressed_into(
     url: str,
     info: ObjectInfo,
     table: tuple[list[Block], bytes],
-    config: ClientConfig,
-    transfer: TransferConfig,
-    retry: RetryConfig,
-    stats: LoadStats,
+    client: Client,
 ) -> None:
     """Fill ``target`` (the decompressed size) with the object's original bytes, read in ranges of
     whole blocks pinned to ``info``'s generation and decompressed as each range arrives, on up to 4
@@ -109,9 +104,9 @@ def read_decompressed_into(
     no second pass), and every block against its zstd content checksum; damaged bytes are read again."""
     blocks, table_frame = table
     raw_size = sum(block.raw for block in blocks)
-    target_bytes = max(1, transfer.part_size * info.size // max(1, raw_size))  # as many ranges as raw
+    target_bytes = max(1, client.transfer.part_size * info.size // max(1, raw_size))  # as many ranges as raw
     groups = _ranges(blocks, target_bytes)
-    context = new_context(config, transfer, retry, stats)
+    context = client.context()
 
     async def one(group: list[Block], pool: ThreadPoolExecutor) -> tuple[int, int]:
         start = 0 if group is groups[0] else group[0].start  # the first range also covers the format's magic
@@ -123,7 +118,7 @@ def read_decompressed_into(
     async def everything(pool: ThreadPoolExecutor) -> list[tuple[int, int]]:
         return await asyncio.gather(*(one(group, pool) for group in groups))
 
-    rereads = Attempts(retry, url, on_retry=stats.count_retry)
+    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
     while True:
         try:
             with ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="torchdata-gcs-unzstd") as pool:

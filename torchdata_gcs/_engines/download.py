@@ -34,14 +34,14 @@ from .._ops.checksums import (
     reported_crc32c,
     verify_bytes,
 )
+from .._ops.client import Client
 from .._ops.objects import object_resource
 from .._ops.urls import parse_url
-from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, submit
 from .._transport.retry import Attempts
 from .._transport.transport import Response
-from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
 from .ranges import read_range, read_ranges_into, version_gone
 from .streams import FilledBytes, MemoryStream, PartStream
@@ -160,8 +160,8 @@ async def _learn_version(
 class VersionRanges:
     """Ranges of one object version, read on this process's I/O loop (a :class:`PartStream`'s source).
 
-    Pickles as the settings that read them (client, retry, part size, URL, generation), so a stream
-    unpickled in another process reads the rest from there.
+    Pickles as the settings that read them (a handle reading as its context does, URL, generation), so a
+    stream unpickled in another process reads the rest from there.
     """
 
     def __init__(self, context: RequestContext, url: str, params: dict[str, Any]) -> None:
@@ -174,20 +174,11 @@ class VersionRanges:
         return submit(reading)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        context = self._context
-        return _ranges_in_this_process, (
-            context.session.config,
-            context.retry,
-            context.part_size,
-            self._url,
-            dict(self._params),
-        )
+        return _ranges_in_this_process, (Client.reading_as(self._context), self._url, dict(self._params))
 
 
-def _ranges_in_this_process(
-    client: ClientConfig, retry: RetryConfig, part_size: int, url: str, params: dict[str, Any]
-) -> VersionRanges:
-    return VersionRanges(new_context(client, TransferConfig(part_size=part_size), retry, LoadStats()), url, params)
+def _ranges_in_this_process(client: Client, url: str, params: dict[str, Any]) -> VersionRanges:
+    return VersionRanges(client.context(), url, params)
 
 
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream
@@ -513,15 +504,8 @@ def deliver_in_order(
 
 
 def load_in_order(
-    items: Iterable[tuple[str, ObjectInfo | None]],
-    config: ClientConfig,
-    transfer: TransferConfig,
-    retry: RetryConfig,
-    stats: LoadStats,
-    *,
-    skip_missing: bool,
+    items: Iterable[tuple[str, ObjectInfo | None]], client: Client, *, skip_missing: bool
 ) -> Iterator[tuple[str, Loaded]]:
     """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
     units = (functools.partial(load_one, url, info) for url, info in items)
-    context = new_context(config, transfer, retry, stats)
-    return deliver_in_order(units, context, 2 * transfer.max_in_flight, skip_missing=skip_missing)
+    return deliver_in_order(units, client.context(), 2 * client.transfer.max_in_flight, skip_missing=skip_missing)

@@ -15,7 +15,7 @@ from .._ops.paging import ITEM_FIELDS
 from .._ops.urls import TEMPORARY_PREFIX, parse_url
 from .._transport.context import RequestContext
 from .._transport.http import is_missing_bucket
-from .._transport.loop import iterate, run
+from .._transport.loop import iterate
 from ..errors import NotFoundError
 from .parallel_listing import ListingStats, list_prefix_async
 
@@ -56,7 +56,7 @@ async def list_objects_async(
     if name and not name.endswith("/") and not as_prefix:
         prefix = name + "/"
         exact = (
-            await object_resource(client.context(), bucket, name, item_fields)
+            await object_resource(client.call_context(), bucket, name, item_fields)
             if after is None or name > after
             else None
         )
@@ -125,7 +125,7 @@ async def describe(context: RequestContext, urls: Sequence[str]) -> list[ObjectI
 
 
 def describe_objects(client: Client, urls: Sequence[str], batch: int = 1024) -> Iterator[ObjectInfo | NotFoundError]:
-    """:func:`describe` for a blocking caller, ``batch`` objects at a time (their requests under the
-    client's concurrency limit), in the order of ``urls``."""
+    """:func:`describe` for a blocking caller, ``batch`` objects at a time (as one call of the client: its
+    requests under the default concurrency limit), in the order of ``urls``."""
     for start in range(0, len(urls), batch):
-        yield from run(describe(client.context(), urls[start : start + batch]))
+        yield from client.run(describe, urls[start : start + batch])

@@ -194,7 +194,7 @@ class _Listing:
     def start(self, client: Client, concurrency: int) -> None:
         """Start ``concurrency`` listers, each sending its requests under a context of ``client``'s of its own
         (its own concurrency slots: ``concurrency`` may exceed one context's)."""
-        self._listers = [asyncio.create_task(self._work(client.context())) for _ in range(concurrency)]
+        self._listers = [asyncio.create_task(self._work(client.call_context())) for _ in range(concurrency)]
 
     def stop(self) -> None:
         """Cancel the listers, requests in flight included."""

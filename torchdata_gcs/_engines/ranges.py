@@ -12,13 +12,13 @@ from typing import Any
 import google_crc32c
 
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from .._ops.client import Client
 from .._ops.urls import parse_url
-from .._transport.context import LoadStats, RequestContext, new_context, with_retry
+from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
 from .._transport.loop import run
 from .._transport.retry import Attempts
 from .._transport.transport import Response
-from ..config import ClientConfig, RetryConfig, TransferConfig
 from ..errors import GCSError, IntegrityError, NotFoundError
 
 __all__ = ["read_into", "read_into_buffer", "read_range", "read_ranges_into", "stream_range", "version_gone"]
@@ -125,33 +125,23 @@ async def read_ranges_into(
     return crc32c_of_concatenation(zip(crcs, (min(part_size, len(buffer) - o) for o in offsets), strict=True))
 
 
-def read_into_buffer(
-    url: str, info: ObjectInfo, config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
-) -> bytearray:
+def read_into_buffer(url: str, info: ObjectInfo, client: Client) -> bytearray:
     """One object (the version ``info`` names) in a new buffer, read as :func:`read_into` reads."""
     buffer = bytearray(info.size)
-    read_into(memoryview(buffer), url, info, config, transfer, retry, stats)
+    read_into(memoryview(buffer), url, info, client)
     return buffer
 
 
-def read_into(
-    target: memoryview,
-    url: str,
-    info: ObjectInfo,
-    config: ClientConfig,
-    transfer: TransferConfig,
-    retry: RetryConfig,
-    stats: LoadStats,
-) -> None:
+def read_into(target: memoryview, url: str, info: ObjectInfo, client: Client) -> None:
     """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
     ``target`` (its size), and checked against ``info``'s crc32c without another pass over the bytes.
 
     Bytes damaged on the way are read again, all of them (GCS keeps no checksum per range to tell which
     range was hit), as retries allow."""
-    context = new_context(config, transfer, retry, stats)
-    rereads = Attempts(retry, url, on_retry=stats.count_retry)
+    context = client.context()
+    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
     while True:
-        reading = read_ranges_into(context, url, info.generation, 0, target, transfer.part_size)
+        reading = read_ranges_into(context, url, info.generation, 0, target, client.transfer.part_size)
         crc = run(reading)
         try:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})

@@ -42,11 +42,11 @@ from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.uploads import UPLOAD_MARKERS, AbortUpload, Upload, abort_upload, unfinished_uploads, upload_marker
 from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
-from .._transport.context import LoadStats, RequestContext, new_context
+from .._transport.context import LoadStats, RequestContext
 from .._transport.deadline import own_deadlines, tidying
 from .._transport.loop import run, submit, wait, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
-from ..config import MAX_PART_SIZE, MIN_PART_SIZE, ClientConfig, RetryConfig, TransferConfig, WriteConfig
+from ..config import MAX_PART_SIZE, MIN_PART_SIZE, TransferConfig, WriteConfig
 from ..errors import (
     GCSError,
     InvalidURIError,
@@ -127,7 +127,8 @@ class StreamingWriter(PublishingWriter):
     metadata), whichever way it is published.
 
     A name ending in ``/`` (a folder's placeholder) is refused, as a path meant as a folder usually is by
-    mistake, unless ``folder_name`` says it is meant (fsspec's ``touch("dir/")``).
+    mistake, unless ``folder_name`` says it is meant (fsspec's ``touch("dir/")``). ``client`` is the front
+    end's handle: its endpoint and retry policy (the writer's requests are not counted in its stats).
 
     Subclasses say how parts are started, uploaded, assembled and discarded.
     """
@@ -138,8 +139,7 @@ class StreamingWriter(PublishingWriter):
         self,
         url: str,
         *,
-        client: ClientConfig | None = None,
-        retry: RetryConfig | None = None,
+        client: Client,
         part_size: int = DEFAULT_PART_SIZE,
         max_parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
         parts_per_size: int = PARTS_PER_SIZE,
@@ -156,12 +156,9 @@ class StreamingWriter(PublishingWriter):
         self._bucket, self._name = parse_url(url, allow_prefix=False)
         if self._name.endswith("/") and not folder_name:
             raise InvalidURIError(f"{brief(url)} names a folder: write to an object name that does not end in '/'")
-        client = client or ClientConfig()
-        self._retry = retry or RetryConfig()
-        self._client = Client(client, self._retry)
-        self._context: RequestContext = new_context(
-            client, TransferConfig(max_in_flight=max_parts_in_flight), self._retry, LoadStats()
-        )
+        self._client = client
+        parts = client.replace(transfer=TransferConfig(max_in_flight=max_parts_in_flight), stats=LoadStats())
+        self._context: RequestContext = parts.context()
         self._base, self._parts_per_size, self._max_in_flight = part_size, parts_per_size, max_parts_in_flight
         self._buffer = _new_part(0)  # the part being filled: its first ``_filled`` bytes
         self._filled = 0
@@ -389,8 +386,8 @@ class MultipartWriter(StreamingWriter):
         >>> from torchdata_gcs.testing import Emulator, GCSFront
         >>> with Emulator() as emulator, GCSFront(emulator.endpoint) as front:
         ...     emulator.create_bucket("demo")
-        ...     writer = MultipartWriter("gs://demo/big.bin", client=front.client_config, part_size=MIN_PART_SIZE)
-        ...     with writer:
+        ...     client = Client(front.client_config)
+        ...     with MultipartWriter("gs://demo/big.bin", client=client, part_size=MIN_PART_SIZE) as writer:
         ...         _ = writer.write(b"x" * (6 * 1024 * 1024))
         ...         _ = writer.write(b"tail")
         ...     # uploads: start, marker, 2 parts, end
@@ -433,7 +430,7 @@ class MultipartWriter(StreamingWriter):
                 f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url
             )
         # A process ended by a signal runs no code of its own: its reaper aborts the upload instead.
-        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client.config, self._retry))
+        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client.config, self._client.retry))
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
             generation = self._client.create(
@@ -482,7 +479,7 @@ class MultipartWriter(StreamingWriter):
         looked for. Generation and crc32c as the answer, or the object found, reports them."""
         timeout = self._client.config.completion_timeout
         # The retries are decided here: with_retry sends it once, as a write without a precondition.
-        patient = replace(self._retry, deadline=timeout)
+        patient = replace(self._client.retry, deadline=timeout)
         once = replace(self._context, retry=replace(patient, max_attempts=1, retry_unconditional_writes=False))
         attempts = Attempts(patient, self.url, on_retry=self._context.stats.count_retry)
         deadline = attempts.deadline.ends
@@ -566,7 +563,8 @@ class CompositeWriter(StreamingWriter):
         >>> from torchdata_gcs.testing import Emulator
         >>> with Emulator() as emulator:
         ...     emulator.create_bucket("demo")
-        ...     with CompositeWriter("gs://demo/big.bin", client=emulator.client_config, part_size=256 * 1024) as w:
+        ...     client = Client(emulator.client_config)
+        ...     with CompositeWriter("gs://demo/big.bin", client=client, part_size=256 * 1024) as w:
         ...         _ = w.write(b"x" * (1024 * 1024))
         ...     len(emulator.read("demo", "big.bin")), emulator.names("demo")
         (1048576, ['big.bin'])
@@ -584,7 +582,7 @@ class CompositeWriter(StreamingWriter):
 
     def _start(self) -> None:
         # A process ended by a signal runs no code of its own: its reaper deletes the parts instead.
-        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client.config, self._retry))
+        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client.config, self._client.retry))
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"
@@ -746,8 +744,7 @@ def multipart_served(client: Client, bucket: str) -> bool:
 
 def new_writer(
     url: str,
-    client: ClientConfig,
-    retry: RetryConfig,
+    client: Client,
     write: WriteConfig,
     *,
     only_if_new: bool = False,
@@ -763,14 +760,13 @@ def new_writer(
     if strategy == "multipart" and (
         only_if_new
         or (attributes is not None and attributes.xml_headers() is None)
-        or not multipart_served(Client(client, retry), parse_url(url, allow_prefix=False)[0])
+        or not multipart_served(client, parse_url(url, allow_prefix=False)[0])
     ):
         strategy = "compose"
     writer = MultipartWriter if strategy == "multipart" else CompositeWriter
     return writer(
         url,
         client=client,
-        retry=retry,
         part_size=write.part_size,
         max_parts_in_flight=write.max_parts_in_flight,
         only_if_new=only_if_new,

@@ -1,6 +1,7 @@
-"""The synchronous client handle: one endpoint, its settings and a retry policy, with the single-request
-verbs of :mod:`.objects` as blocking methods (run on the process's I/O loop, like every request); and
-what a reaper's task keeps to build one in the reaper."""
+"""The handle a front end builds once and hands down: endpoint settings, transfer settings, retry policy
+and statistics, making the request context of each iteration, with the single-request verbs of
+:mod:`.objects` as blocking methods (run on the process's I/O loop, like every request); and what a
+reaper's task keeps to build one in the reaper."""
 
 from __future__ import annotations
 
@@ -25,17 +26,27 @@ _CONTROL = TransferConfig()  # single requests: the default concurrency slots an
 
 
 class Client:
-    """Blocking verbs on the objects of one endpoint (list a page, head, read, create, compose, delete),
-    each retried under ``retry``; ``stats`` counts their requests and retries.
+    """One front-end object's way to GCS: ``config`` (endpoint, credentials), ``transfer`` (concurrency,
+    buffering, part size), ``retry`` and ``stats``. :meth:`context` makes each iteration's request context,
+    which counts into ``stats``; the blocking verbs (list a page, head, read, create, compose, delete) are
+    each retried under ``retry`` and not counted.
 
-    A handle is cheap and holds only settings: it finds this process's :class:`Session` on each call,
-    so it may be kept across a fork. It must not be used from the I/O loop's own thread.
+    A handle is cheap and holds only settings and counts: it finds this process's :class:`Session` on each
+    call, so it pickles and may be kept across a fork. It must not be used from the I/O loop's own thread.
     """
 
-    def __init__(self, config: ClientConfig, retry: RetryConfig) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        retry: RetryConfig | None = None,
+        *,
+        transfer: TransferConfig | None = None,
+        stats: LoadStats | None = None,
+    ) -> None:
         self.config = config
-        self.retry = retry
-        self.stats = LoadStats()
+        self.retry = retry or RetryConfig()
+        self.transfer = transfer or TransferConfig()
+        self.stats = LoadStats() if stats is None else stats
 
     def __repr__(self) -> str:
         return f"Client({self.config!r})"
@@ -46,12 +57,33 @@ class Client:
         return session_for(self.config)
 
     def context(self) -> RequestContext:
-        """A request context for one blocking call (coroutines of :mod:`.objects` take one)."""
-        return new_context(self.config, _CONTROL, self.retry, self.stats)
+        """A fresh request context for one iteration (its own byte budget and slots), counting into ``stats``."""
+        return new_context(self.config, self.transfer, self.retry, self.stats)
+
+    def replace(self, *, transfer: TransferConfig | None = None, stats: LoadStats | None = None) -> Client:
+        """This handle with other ``transfer`` settings or another ``stats`` (what is not given is kept)."""
+        return Client(
+            self.config,
+            self.retry,
+            transfer=self.transfer if transfer is None else transfer,
+            stats=self.stats if stats is None else stats,
+        )
+
+    @classmethod
+    def reading_as(cls, context: RequestContext) -> Client:
+        """A handle that reads as ``context`` does (endpoint, retry, part size), counting anew: what a stream
+        pickles as, to read on in another process."""
+        return cls(context.session.config, context.retry, transfer=TransferConfig(part_size=context.part_size))
+
+    def call_context(self) -> RequestContext:
+        """A request context for one single call (a verb of :mod:`.objects`): the default concurrency slots,
+        not counted in ``stats``."""
+        return new_context(self.config, _CONTROL, self.retry, LoadStats())
 
     def run(self, verb: Callable[Concatenate[RequestContext, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop and wait for it."""
-        return run(verb(self.context(), *args, **kwargs))  # type: ignore[arg-type]
+        """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop, as a single call, and wait
+        for it."""
+        return run(verb(self.call_context(), *args, **kwargs))  # type: ignore[arg-type]
 
     def list_page(self, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
         """One page of the bucket's listing for the query ``params``."""

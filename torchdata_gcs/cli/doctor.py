@@ -448,9 +448,7 @@ class _Run:
     def check_multipart(self) -> None:
         name = self.scratch + "multipart"
         url = format_url(self.bucket, name)
-        writer = self.writer = MultipartWriter(
-            url, client=self.client, retry=RETRY, part_size=MIN_PART_SIZE, max_parts_in_flight=2
-        )
+        writer = self.writer = MultipartWriter(url, client=self.objects, part_size=MIN_PART_SIZE, max_parts_in_flight=2)
         self.written.setdefault(name, None)
         payload = os.urandom(MULTIPART_SIZE)
         self.upload_may_be_open = True

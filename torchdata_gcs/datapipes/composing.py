@@ -14,6 +14,7 @@ from .._engines.compose import (
 )
 from .._engines.download import Loaded
 from .._ops.checksums import ObjectInfo
+from .._ops.client import Client
 from .._ops.objects import MAX_SOURCES
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ._source import Item
@@ -122,13 +123,10 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         self.reuse_prefix = reuse_prefix
         self.storage_classes = check_storage_classes(storage_classes)
 
-    def _load(self, items: Iterator[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
+    def _load(self, items: Iterator[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
         return compose_in_order(
             items,
-            self.client,
-            self.transfer,
-            self.retry,
-            self.stats,
+            gcs,
             max_sources=self.max_sources,
             max_bytes=self.max_composite_bytes,
             reuse_prefix=self.reuse_prefix,

@@ -7,9 +7,11 @@ from collections.abc import Iterable, Iterator
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._engines.download import Loaded, LoadStats, as_stream, load_in_order
+from .._engines.download import Loaded, as_stream, load_in_order
 from .._ops.checksums import ObjectInfo
+from .._ops.client import Client
 from .._ops.urls import parse_url
+from .._transport.context import LoadStats
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ._source import Item, as_source, split_item
 
@@ -85,11 +87,12 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
         """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
         self.stats = LoadStats()
-        for url, data in self._load(split_item(item) for item in self.source_datapipe):
+        gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
+        for url, data in self._load((split_item(item) for item in self.source_datapipe), gcs):
             yield url, as_stream(url, data)
 
-    def _load(self, items: Iterator[tuple[str, ObjectInfo | None]]) -> Iterator[tuple[str, Loaded]]:
-        return load_in_order(items, self.client, self.transfer, self.retry, self.stats, skip_missing=self.skip_missing)
+    def _load(self, items: Iterator[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
+        return load_in_order(items, gcs, skip_missing=self.skip_missing)
 
     def __len__(self) -> int:
         if self.skip_missing:

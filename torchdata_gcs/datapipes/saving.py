@@ -10,9 +10,10 @@ from typing import IO, Any, cast
 import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
+from .._engines.checkpoints import Strategy, open_writer, write_config
 from .._engines.upload import library_errors_first
+from .._ops.client import Client
 from .._ops.urls import parse_url
-from ..checkpoint import Strategy, open_writer, write_config
 from ..config import ClientConfig, RetryConfig, WriteConfig, Zstd
 from ..errors import InvalidURIError
 from ._source import as_source
@@ -83,12 +84,13 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
                                   strategy=strategy, compression=compression)  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
+        gcs = Client(self.client, self.retry)
         for item in self.source_datapipe:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
                 raise InvalidURIError(f"expected a (gs:// URL, payload) pair, got {type(item).__name__}")
             url, payload = item
             parse_url(url, allow_prefix=False)
-            with open_writer(url, client=self.client, retry=self.retry, write=self.write) as writer:
+            with open_writer(url, gcs, self.write) as writer:
                 _write(payload, cast(IO[bytes], writer))
             yield url
 
