@@ -4,12 +4,12 @@ blocking consumer that stops (closes its iterator, or Ctrl-C while it waits) lea
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 
 import pytest
 
+from tests.interrupts import ctrl_c_after
 from torchdata_gcs import RetryConfig
 from torchdata_gcs._engines.parallel_listing import list_prefix_parallel
 from torchdata_gcs._ops.client import Client
@@ -92,16 +92,7 @@ def test_ctrl_c_while_waiting_for_a_batch_stops_the_listing(gcs_emulator: Emulat
     with GCSFront(gcs_emulator.endpoint, latency=60) as front:
         client = Client(front.client_config, RetryConfig(deadline=120))
         batches = list_prefix_parallel(client, seeded, "many/", page_size=5, concurrency=4)
-        main = threading.main_thread().ident
-        assert main is not None
-        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
-        timer.start()
-        started = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                next(batches)
-        finally:
-            timer.cancel()
-        assert time.monotonic() - started < 30
+        with ctrl_c_after(0.5):
+            next(batches)
         assert _nothing_lists_within(5, before), "the listing kept running after Ctrl-C"
         assert front.counts["list"] == 1

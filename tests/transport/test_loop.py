@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 
 import pytest
 
+from tests.interrupts import ctrl_c_after
 from torchdata_gcs import RetryConfig
 from torchdata_gcs._engines.ranges import read_into
 from torchdata_gcs._ops.checksums import ObjectInfo
@@ -65,15 +65,6 @@ def test_ctrl_c_while_a_read_waits_cancels_the_read(gcs_emulator: Emulator, gcs_
         info = ObjectInfo.from_json(Client(client, retry).head(gcs_bucket, "big.bin", None))
         front.set_faults([Fault("stall", match="alt=media", stall_seconds=30)])
         target = memoryview(bytearray(len(data)))
-        main = threading.main_thread().ident
-        assert main is not None
-        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
-        timer.start()
-        started = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                read_into(target, f"gs://{gcs_bucket}/big.bin", info, Client(client, retry))
-        finally:
-            timer.cancel()
-        assert time.monotonic() - started < 30
+        with ctrl_c_after(0.5):
+            read_into(target, f"gs://{gcs_bucket}/big.bin", info, Client(client, retry))
         assert _gone_within("read_ranges_into", 5), "the read kept running on the I/O loop after Ctrl-C"
