@@ -602,6 +602,29 @@ def test_crc32c_of_concatenation_needs_no_bytes(pieces: list[bytes]) -> None:
     assert combined == google_crc32c.value(b"".join(pieces))
 
 
+TIB = 2**40
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 4096, 32 * 2**20, TIB, 5 * TIB])),
+        min_size=3,
+        max_size=3,
+    )
+)
+def test_crc32c_of_concatenation_of_objects_as_large_as_gcs_holds(pieces: list[tuple[int, int]]) -> None:
+    """Parts up to GCS's 5 TiB object size combine without passing over their length: grouping does not
+    change the result, as it could not for the bytes themselves."""
+    (a, a_len), (b, b_len), (c, c_len) = pieces
+    left_first = crc32c_of_concatenation(
+        [(crc32c_of_concatenation([(a, a_len), (b, b_len)]), a_len + b_len), (c, c_len)]
+    )
+    right_first = crc32c_of_concatenation(
+        [(a, a_len), (crc32c_of_concatenation([(b, b_len), (c, c_len)]), b_len + c_len)]
+    )
+    assert left_first == right_first == crc32c_of_concatenation(pieces)
+
+
 CLASS_RUNS = ("STANDARD", "NEARLINE", "COLDLINE")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -122,32 +121,60 @@ def hash_header(crc32c: int) -> dict[str, str]:
     return {"x-goog-hash": f"crc32c={crc32c_base64(crc32c)}"}
 
 
-_ZERO_BLOCK = bytes(1024 * 1024)
+_POLYNOMIAL = 0x82F63B78
+"""CRC32C's (Castagnoli's) polynomial, bit-reversed: bit 31 of a register is the coefficient of x^0."""
 
 
-def _extend_with_zeros(crc: int, length: int) -> int:
-    """``crc`` extended by ``length`` zero bytes, a block of zeros at a time: zeros as long as a piece
-    (an object part, tens of MiB) would be allocated, and counted in the process's memory, for nothing."""
-    for _ in range(length // len(_ZERO_BLOCK)):
-        crc = google_crc32c.extend(crc, _ZERO_BLOCK)
-    return google_crc32c.extend(crc, bytes(length % len(_ZERO_BLOCK)))
+def _multiply(a: int, b: int) -> int:
+    """``a * b`` modulo the polynomial, both in the bit-reversed form the CRC register holds."""
+    product, bit = 0, 1 << 31  # x^0
+    while a:
+        if a & bit:
+            product ^= b
+            a ^= bit
+        bit >>= 1
+        b = (b >> 1) ^ _POLYNOMIAL if b & 1 else b >> 1  # b * x
+    return product
 
 
-@functools.lru_cache(maxsize=256)
-def _crc32c_of_zeros(length: int) -> int:
-    return _extend_with_zeros(0, length)
+def _powers_of_x() -> list[int]:
+    """x^(2^k) modulo the polynomial for k = 0..66: enough for any length GCS stores, in bits."""
+    powers = [1 << 30]  # x^1
+    for _ in range(66):
+        powers.append(_multiply(powers[-1], powers[-1]))
+    return powers
+
+
+_X_TO_2_TO_THE = _powers_of_x()
+
+
+def _shift(crc: int, length: int) -> int:
+    """``crc`` multiplied by x^(8 * length): what ``length`` bytes after the message do to its register,
+    in one multiplication per bit of ``length`` instead of a pass over that many bytes."""
+    bits, k = 8 * length, 0
+    while bits:
+        if bits & 1:
+            crc = _multiply(_X_TO_2_TO_THE[k], crc)
+        bits >>= 1
+        k += 1
+    return crc
 
 
 def crc32c_of_concatenation(pieces: Iterable[tuple[int, int]]) -> int:
     """CRC32C of pieces laid end to end, from each piece's ``(crc32c, length)`` alone.
 
-    CRC32C is affine in the message: ``crc(A + B) == extend(crc(A), zeros) ^ crc(B) ^ crc(zeros)``
-    where ``zeros`` has the length of ``B``. So a composite's checksum can be predicted from its
-    sources' listed checksums without their bytes.
+    CRC32C's initial and final inversions cancel in ``crc(A + B) == crc(A) * x^(8 * len(B)) ^ crc(B)`` (modulo
+    its polynomial), so a composite's checksum follows from its sources' listed checksums without their
+    bytes, in O(log len(B)) per piece.
+
+    >>> crc32c_of_concatenation([(google_crc32c.value(b"hello "), 6), (google_crc32c.value(b"world"), 5)]) == (
+    ...     google_crc32c.value(b"hello world")
+    ... )
+    True
     """
     crc = 0
     for piece_crc, length in pieces:
-        crc = _extend_with_zeros(crc, length) ^ piece_crc ^ _crc32c_of_zeros(length)
+        crc = _shift(crc, length) ^ piece_crc
     return crc
 
 
