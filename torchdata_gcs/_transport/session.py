@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import re
+import ssl
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -30,7 +31,8 @@ import requests.exceptions
 from ..config import ClientConfig
 from ..errors import AccessDeniedError, EndpointError
 from . import lifecycle
-from .aio import AiohttpTransport, verify_failure
+from .aio import AiohttpTransport
+from .endpoint import proxy_for, trusted_certificates, verify_failure
 from .http import (
     EMULATOR_ENV,
     Unanswered,
@@ -45,6 +47,7 @@ from .http import (
 from .loop import run
 from .throttle import Throttle
 from .transport import Body, Response, Transport
+from .wire import WireTransport
 
 __all__ = ["API_CLIENT", "USER_AGENT", "Session", "media_url", "session_for"]
 
@@ -95,8 +98,14 @@ class Session:
         self._token_request: google.auth.transport.requests.Request | None = None
         # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
         defaults = {"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT}
-        self.transport: Transport = transport or AiohttpTransport(
-            config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(config)
+        reach = (config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(config))
+        trust = _trust(self.endpoint) if transport is None else (None, "")
+        self.transport: Transport = transport or AiohttpTransport(*reach, trust)
+        # Media reads land in the reader's buffers (see .wire); through a proxy, aiohttp takes them too.
+        self.media: Transport = (
+            self.transport
+            if transport is not None or proxy_for(self.endpoint) is not None
+            else WireTransport(*reach, trust)
         )
         self.sent = False  # whether a request went out (there is something to close)
 
@@ -180,7 +189,7 @@ class Session:
     ) -> AbstractAsyncContextManager[Response]:
         """GET the object's bytes at media ``path`` as stored (gzip-encoded ones too, which the
         checksums cover); a non-2xx answer raises its typed error naming ``url``."""
-        return self.send("GET", url, path, params, {"Accept-Encoding": "gzip", **(headers or {})})
+        return self.send("GET", url, path, params, {"Accept-Encoding": "gzip", **(headers or {})}, media=True)
 
     @asynccontextmanager
     async def send(
@@ -194,16 +203,18 @@ class Session:
         data: Body | None = None,
         xml_api: bool = False,
         answer_timeout: float | None = None,
+        media: bool = False,
     ) -> AsyncIterator[Response]:
         """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
         ``data`` body if given (bytes, or pieces sent one after the other, never joined); a non-2xx
         answer raises its typed error naming ``url``. With ``answer_timeout``, the whole exchange may
-        take that many seconds, and the read timeout does not apply."""
+        take that many seconds, and the read timeout does not apply. A ``media`` request (no body) goes
+        out through the media transport."""
         self.sent = True
         params, headers = self.billed(params, headers, xml_api=xml_api)
         request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers
         target = f"{path}?{query_string(params)}" if params else path
-        async with self.transport.request(
+        async with (self.media if media else self.transport).request(
             method, target, request_headers, url=url, json=json, data=data, answer_timeout=answer_timeout
         ) as response:
             if response.status >= 400:
@@ -226,6 +237,18 @@ class Session:
 
     async def close(self) -> None:
         await self.transport.close()
+        if self.media is not self.transport:
+            await self.media.close()
+
+
+def _trust(endpoint: str) -> tuple[ssl.SSLContext | None, str]:
+    """The certificates an https ``endpoint`` is checked against and where to add one; none for http."""
+    if not endpoint.startswith("https://"):
+        return None, ""
+    try:
+        return trusted_certificates()
+    except ValueError as exc:
+        raise EndpointError(str(exc)) from None
 
 
 def _where_the_endpoint_comes_from(config: ClientConfig) -> str:
