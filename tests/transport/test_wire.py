@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.tls_relay import Relay, make_authority
 from torchdata_gcs import ClientConfig, EndpointError, RetryConfig
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import run
 from torchdata_gcs._transport.session import Session
 from torchdata_gcs._transport.wire import WireTransport
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
-from tests.tls_relay import Relay, make_authority
 
 FAST_RETRY = RetryConfig(max_attempts=4, initial_delay=0.01, max_delay=0.05)
 
