@@ -11,6 +11,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -143,9 +144,9 @@ def test_a_reset_is_retried(gcs_emulator: Emulator, gcs_bucket: str) -> None:
         assert front.faults_injected["reset"] == 2
 
 
-@pytest.fixture
-def stalling_server() -> Iterator[str]:
-    """An endpoint that answers every request with headers promising 1,000 bytes, sends 10, then nothing."""
+@contextmanager
+def _one_answer_server(answer: bytes, *, then_close: bool) -> Iterator[str]:
+    """An endpoint that answers every request with ``answer``, then closes the connection or holds it."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
     held: list[socket.socket] = []
@@ -159,7 +160,9 @@ def stalling_server() -> Iterator[str]:
                 continue
             held.append(connection)
             connection.recv(65536)
-            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"0123456789")
+            connection.sendall(answer)
+            if then_close:
+                connection.close()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -173,15 +176,43 @@ def stalling_server() -> Iterator[str]:
         listener.close()
 
 
-def test_a_stalled_body_times_out(stalling_server: str) -> None:
-    session = _session(ClientConfig(endpoint=stalling_server, anonymous=True, read_timeout=0.3))
-    started = time.monotonic()
-    try:
-        with pytest.raises(TimeoutError, match="no answer bytes"):
-            run(_read(session, "b", "o", "read"), timeout=10)
-    finally:
-        run(session.close())
-    assert time.monotonic() - started < 5
+def test_a_body_without_length_ends_with_its_connection() -> None:
+    body = bytes(range(256)) * 1000
+    answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body
+    for how in ("read", "readinto", "chunks"):
+        with _one_answer_server(answer, then_close=True) as endpoint:
+            session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+            try:
+                assert run(_read(session, "bbb", "o", how), timeout=10) == body
+            finally:
+                run(session.close())
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"o": b"payload"})
+    with Relay(gcs_emulator.endpoint) as relay:
+        session = _session(ClientConfig(endpoint=relay.endpoint, anonymous=True))
+        try:
+            assert run(_read(session, gcs_bucket, "o", "read")) == b"payload"
+            relay.stop()  # cuts the idle connection
+            relay.start()
+            assert run(_read(session, gcs_bucket, "o", "read")) == b"payload"
+            assert relay.connections == 2
+        finally:
+            run(session.close())
+
+
+def test_a_stalled_body_times_out() -> None:
+    stalled = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789"  # then nothing
+    with _one_answer_server(stalled, then_close=False) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True, read_timeout=0.3))
+        started = time.monotonic()
+        try:
+            with pytest.raises(TimeoutError, match="no answer bytes"):
+                run(_read(session, "bbb", "o", "read"), timeout=10)
+        finally:
+            run(session.close())
+        assert time.monotonic() - started < 5
 
 
 def test_a_whole_read_holds_the_body_once(gcs_emulator: Emulator, gcs_bucket: str) -> None:

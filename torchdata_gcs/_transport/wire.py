@@ -35,7 +35,7 @@ KiB); body bytes that come before a reader asks for them wait here, and reading 
 CHUNK = 256 * 1024
 """The most bytes :meth:`WireResponse.chunks` hands out at once."""
 
-_UNTIL_CLOSE = sys.maxsize  # a body framed by neither Content-Length nor chunks ends when the connection does
+_UNTIL_CLOSE = -1  # a body framed by neither Content-Length nor chunks ends when the connection does
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -127,7 +127,18 @@ class WireResponse:
     """An answer read from a :class:`_Connection`, as a :class:`~.transport.Response`: ``_left`` bytes are
     left of the body's current piece (the whole body, or one chunk of a chunked one)."""
 
-    __slots__ = ("_chunked", "_connection", "_deadline", "_done", "_left", "_read_timeout", "_url", "headers", "status")
+    __slots__ = (
+        "_chunked",
+        "_connection",
+        "_deadline",
+        "_done",
+        "_left",
+        "_read_timeout",
+        "_to_close",
+        "_url",
+        "headers",
+        "status",
+    )
 
     def __init__(
         self,
@@ -141,7 +152,9 @@ class WireResponse:
         deadline: float | None,
     ) -> None:
         self._connection, self.status, self.headers = connection, status, headers
-        self._left, self._chunked, self._done = left, chunked, left == 0 and not chunked
+        self._to_close = left == _UNTIL_CLOSE
+        self._left = sys.maxsize if self._to_close else left
+        self._chunked, self._done = chunked, left == 0 and not chunked
         self._url, self._read_timeout, self._deadline = url, read_timeout, deadline
 
     async def readinto(self, buffer: memoryview) -> int:
@@ -180,7 +193,7 @@ class WireResponse:
                 count, connection.target, connection.landed = connection.landed, None, 0
             if count:
                 return count
-        if self._left == _UNTIL_CLOSE:
+        if self._to_close:
             self._left = 0
             self._done = True
             return 0
@@ -204,7 +217,8 @@ class WireResponse:
                 return line
             if connection.end - connection.start == len(connection.buffer):
                 raise TransientError(
-                    f"{self._url}: an answer line longer than {len(connection.buffer)} bytes", url=self._url
+                    f"{self._url}: an answer line longer than {len(connection.buffer)} bytes",
+                    url=self._url,
                 )
             if connection.closed:
                 raise ConnectionError(f"{self._url}: the connection closed before the end of the answer")
@@ -232,7 +246,7 @@ class WireResponse:
         return True
 
     async def read(self) -> bytes:
-        if not self._chunked and self._left != _UNTIL_CLOSE:
+        if not self._chunked and not self._to_close:
             body = FilledBytes(self._left)
             filled = 0
             while filled < len(body.view):
@@ -333,7 +347,11 @@ class WireTransport:
 
     def _head(self, method: str, path: str, headers: dict[str, str] | None) -> bytes:
         merged = self._headers if not headers else {**self._headers, **{k.lower(): (k, v) for k, v in headers.items()}}
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {self._host_header}", *(f"{k}: {v}" for k, v in merged.values())]
+        lines = [
+            f"{method} {path} HTTP/1.1",
+            f"Host: {self._host_header}",
+            *(f"{k}: {v}" for k, v in merged.values()),
+        ]
         text = "\r\n".join(lines) + "\r\n\r\n"
         if text.count("\n") != len(lines) + 1 or text.count("\r") != len(lines) + 1:
             raise ValueError(f"a line break in a request header or the path: {lines!r}")
@@ -342,8 +360,9 @@ class WireTransport:
     def _reusable(self) -> _Connection | None:
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed:
+            if not connection.closed and connection.start == connection.end:
                 return connection
+            connection.close()  # closed by the server, or it sent something unasked
         return None
 
     async def _connect(self, deadline: float | None) -> _Connection:
@@ -357,7 +376,11 @@ class WireTransport:
         try:
             _, connection = await asyncio.wait_for(
                 loop.create_connection(
-                    _Connection, host, self._port, ssl=self._trusted, server_hostname=host if self._trusted else None
+                    _Connection,
+                    host,
+                    self._port,
+                    ssl=self._trusted,
+                    server_hostname=host if self._trusted else None,
                 ),
                 max(timeout, 0),
             )
@@ -376,20 +399,40 @@ class WireTransport:
                 cause = os.strerror(exc.errno).lower()  # "connection refused", "no route to host"
             else:
                 cause = str(exc) or type(exc).__name__
-            failure = EndpointError(unreachable(self.endpoint, cause, self._endpoint_hint), url=self.endpoint)
+            failure = EndpointError(
+                unreachable(self.endpoint, cause, self._endpoint_hint),
+                url=self.endpoint,
+            )
             raise self._never_answered(failure) from None
         return connection
 
     async def _answer(
-        self, connection: _Connection, head: bytes, method: str, url: str, deadline: float | None
+        self,
+        connection: _Connection,
+        head: bytes,
+        method: str,
+        url: str,
+        deadline: float | None,
     ) -> WireResponse:
         """Send ``head`` on ``connection`` and read the answer's status and headers."""
         connection.received = False
         connection.transport.write(head)  # type: ignore[union-attr]
-        response = WireResponse(connection, 0, CIMultiDict(), 0, False, url, self.config.read_timeout, deadline)
+        response = WireResponse(
+            connection,
+            0,
+            CIMultiDict(),
+            0,
+            False,
+            url,
+            self.config.read_timeout,
+            deadline,
+        )
         while (end := connection.buffer.find(b"\r\n\r\n", connection.start, connection.end)) < 0:
             if connection.end - connection.start == len(connection.buffer):
-                raise TransientError(f"{url}: an answer head longer than {len(connection.buffer)} bytes", url=url)
+                raise TransientError(
+                    f"{url}: an answer head longer than {len(connection.buffer)} bytes",
+                    url=url,
+                )
             if connection.closed:
                 raise ConnectionError(f"{url}: the connection closed before an answer")
             await response._wait()
@@ -414,13 +457,24 @@ class WireTransport:
         elif chunked:
             left = 0
         elif "Content-Length" in headers:
-            try:
-                left = int(headers["Content-Length"])
-            except ValueError:
-                raise TransientError(f"{url}: a malformed Content-Length", url=url) from None
+            left = int(headers["Content-Length"]) if headers["Content-Length"].strip().isdigit() else -1
+            if left < 0:
+                raise TransientError(
+                    f"{url}: a malformed Content-Length {headers['Content-Length'][:40]!r}",
+                    url=url,
+                )
         else:
             left = _UNTIL_CLOSE
-        return WireResponse(connection, status, headers, left, chunked, url, self.config.read_timeout, deadline)
+        return WireResponse(
+            connection,
+            status,
+            headers,
+            left,
+            chunked,
+            url,
+            self.config.read_timeout,
+            deadline,
+        )
 
     async def close(self) -> None:
         self._closed = True
