@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -272,3 +274,24 @@ def test_through_a_proxy_media_reads_stay_on_aiohttp(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("no_proxy", raising=False)
     session = Session(ClientConfig(endpoint="http://storage.example:80", anonymous=True))
     assert session.media is session.transport
+
+
+def test_a_process_closes_its_media_connections_at_exit(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    gcs_emulator.seed(gcs_bucket, {"o": b"payload"})
+    script = f"""
+import atexit
+from torchdata_gcs import ClientConfig, RetryConfig
+from torchdata_gcs._ops.client import Client
+from torchdata_gcs._transport.session import session_for
+pooled = []
+# registered before the package's own exit hooks, so it runs after them
+atexit.register(lambda: print("open after exit:", sum(not connection.closed for connection in pooled)))
+config = ClientConfig(endpoint={gcs_emulator.endpoint!r}, anonymous=True)
+assert Client(config, RetryConfig()).read({gcs_bucket!r}, "o") == b"payload"
+pooled.extend(session_for(config).media._idle)
+print("pooled:", len(pooled))
+"""
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["pooled:", "1", "open", "after", "exit:", "0"], done.stdout + done.stderr
+    assert "unclosed" not in done.stderr.lower(), done.stderr

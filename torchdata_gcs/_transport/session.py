@@ -80,7 +80,9 @@ def query_string(params: dict[str, Any]) -> str:
 class Session:
     """One process's connections, credentials and 429 throttle for one ``ClientConfig``; lives on the
     I/O loop. Its :class:`Throttle` is shared by every loader and writer of the process that uses
-    this configuration. Requests go out through ``transport`` (aiohttp's unless one is given)."""
+    this configuration. Requests go out through ``transport`` (aiohttp's unless one is given); media reads
+    through :attr:`media`, the wire transport (:mod:`.wire`) unless a proxy is configured for the endpoint
+    or a transport is given."""
 
     def __init__(self, config: ClientConfig, transport: Transport | None = None) -> None:
         self.config = config
