@@ -295,3 +295,16 @@ print("pooled:", len(pooled))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["pooled:", "1", "open", "after", "exit:", "0"], done.stdout + done.stderr
     assert "unclosed" not in done.stderr.lower(), done.stderr
+
+
+def test_a_refused_media_read_names_the_endpoint_as_aiohttp_does() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{unused.getsockname()[1]}"  # bound, not listening: refused
+        config = ClientConfig(endpoint=endpoint, anonymous=True)
+        assert isinstance(Session(config).media, WireTransport)
+        started = time.monotonic()
+        with pytest.raises(EndpointError) as caught:
+            Client(config, FAST_RETRY).read("some-bucket", "o")
+    assert time.monotonic() - started < 5
+    assert str(caught.value).startswith(f"cannot reach {endpoint}: connection refused; check ClientConfig(endpoint=")
