@@ -1,6 +1,6 @@
 """The aiohttp transport: one connection pool per session, its timeouts, proxy and trusted certificates, and
-what a connection that cannot be made means (see :class:`~.transport.Transport`). It imports nothing else of
-the transport layer, so the layer stays shallow."""
+what a connection that cannot be made means (see :class:`~.transport.Transport`). Of the transport layer it
+imports only :mod:`.endpoint` (what both transports say of an endpoint), so the layer stays shallow."""
 
 from __future__ import annotations
 
