@@ -177,6 +177,8 @@ def test_a_failed_save_publishes_nothing(front: GCSFront) -> None:
     url = f"gs://{BUCKET}/never.safetensors"
     with pytest.raises(ValueError, match="complex64"):
         ours.save_file({"a": torch.ones(2), "z": torch.ones(2, dtype=torch.complex64)}, url, client=front.client_config)
+    with pytest.raises(ValueError, match="without compression"):
+        ours.save_file({"a": torch.ones(2)}, url, client=front.client_config, write=WriteConfig(compression="zstd"))
     with pytest.raises(NotFoundError):
         ours.load_file(url, client=front.client_config)
 
