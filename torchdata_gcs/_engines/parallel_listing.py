@@ -112,6 +112,8 @@ def split_point(low: str, high: str | None, space: KeySpace, stride: int = 0) ->
     '20'
     >>> split_point("10", None, space, stride=space.value("13") - space.value("10"))
     '13'
+    >>> split_point("90", None, space, stride=space.value("60") - space.value("10"))  # past "99"
+    '94'
     """
     if not space.holds(low) or (high is not None and not space.holds(high)):
         return None
