@@ -183,6 +183,30 @@ def test_a_failed_save_publishes_nothing(front: GCSFront) -> None:
         ours.load_file(url, client=front.client_config)
 
 
+def test_what_safetensors_refuses_to_save_is_refused_alike_and_nothing_is_written(front: GCSFront) -> None:
+    url, config = f"gs://{BUCKET}/refused.safetensors", front.client_config
+    cases = [
+        ({"w": torch.ones(2)}, {"epoch": 3}, TypeError),  # safetensors could not read such a header back
+        ({"w": torch.ones(2)}, {1: "x"}, TypeError),
+        ({1: torch.ones(2)}, None, TypeError),
+        ({"w": [1.0]}, None, ValueError),
+        ([torch.ones(2)], None, ValueError),
+    ]
+    for tensors, metadata, error in cases:
+        with pytest.raises(error):
+            safetensors.torch.save(tensors, metadata=metadata)
+        with pytest.raises(error):
+            ours.save(tensors, metadata)
+        with pytest.raises(error):
+            ours.save_file(tensors, url, metadata, client=config)
+        with pytest.raises(error):
+            ours.save_sharded(tensors, f"gs://{BUCKET}/refused/", metadata=metadata, client=config)
+    with pytest.raises(NotFoundError):
+        ours.load_file(url, client=config)
+    with pytest.raises(NotFoundError):
+        ours.load_file(f"gs://{BUCKET}/refused/model-00001-of-00001.safetensors", client=config)
+
+
 def test_sharded_checkpoint_round_trip(gcs_emulator: Emulator, front: GCSFront) -> None:
     tensors = {f"layer{i}.weight": torch.full((256, 256), float(i)) for i in range(5)}  # 256 KiB each
     index = ours.save_sharded(tensors, f"gs://{BUCKET}/sharded/", max_shard_size=600 * 1024, client=front.client_config)

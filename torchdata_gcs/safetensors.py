@@ -156,6 +156,7 @@ def save_sharded(
     :func:`load_sharded`. The index is written last, so a reader never finds one naming missing shards.
     """
     parse_url(url_prefix, allow_prefix=True)
+    tensor_files.check_input(tensors, metadata)
     groups: list[list[str]] = [[]]
     filled = 0
     for name, tensor in tensors.items():

@@ -31,6 +31,7 @@ from .upload import library_errors_first, new_writer
 __all__ = [
     "HEADER_GUESS",
     "Entry",
+    "check_input",
     "decode",
     "encode",
     "load",
@@ -184,9 +185,26 @@ async def _gather(reads: list[Any]) -> list[dict[str, torch.Tensor]]:
     return list(await asyncio.gather(*reads))
 
 
+def check_input(tensors: Any, metadata: Any) -> None:
+    """Refuse what ``safetensors.torch`` refuses to save, with its exception types: a file it could not
+    read back (names or metadata that are not strings) is never written."""
+    if not isinstance(tensors, Mapping):
+        raise ValueError(f"expected a dict of [str, torch.Tensor], received {type(tensors)}")
+    for name, tensor in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, received {name!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"key {name!r} is invalid: expected torch.Tensor, received {type(tensor)}")
+    if metadata is not None and not (
+        isinstance(metadata, Mapping) and all(isinstance(item, str) for pair in metadata.items() for item in pair)
+    ):
+        raise TypeError(f"metadata must map str to str, received {metadata!r}")
+
+
 def _layout(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None) -> tuple[bytes, list[str]]:
     """The header (padded with spaces to 8 bytes, so each tensor stays aligned) and the order the tensors
     follow it in: widest dtype first, then by name."""
+    check_input(tensors, metadata)
     order = sorted(tensors, key=lambda name: (-tensors[name].dtype.itemsize, name))
     header: dict[str, Any] = {} if metadata is None else {"__metadata__": dict(metadata)}
     offset = 0
