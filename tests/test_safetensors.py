@@ -207,6 +207,18 @@ def test_what_safetensors_refuses_to_save_is_refused_alike_and_nothing_is_writte
         ours.load_file(f"gs://{BUCKET}/refused/model-00001-of-00001.safetensors", client=config)
 
 
+def test_a_device_torch_cannot_use_fails_before_anything_is_read(gcs_emulator: Emulator, front: GCSFront) -> None:
+    url = f"gs://{BUCKET}/device.safetensors"
+    gcs_emulator.upload(BUCKET, "device.safetensors", ours.save({"w": torch.ones(4)}))
+    index = ours.save_sharded({"w": torch.ones(4)}, f"gs://{BUCKET}/device/", client=front.client_config)
+    front.reset_counts()
+    for load in (lambda: ours.load_file(url, "cuda:99", client=front.client_config),
+                 lambda: ours.load_sharded(index, "cuda:99", client=front.client_config)):  # fmt: skip
+        with pytest.raises((RuntimeError, AssertionError)):  # torch's own: no CUDA, or no such GPU
+            load()
+    assert not front.counts
+
+
 def test_sharded_checkpoint_round_trip(gcs_emulator: Emulator, front: GCSFront) -> None:
     tensors = {f"layer{i}.weight": torch.full((256, 256), float(i)) for i in range(5)}  # 256 KiB each
     index = ours.save_sharded(tensors, f"gs://{BUCKET}/sharded/", max_shard_size=600 * 1024, client=front.client_config)

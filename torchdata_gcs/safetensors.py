@@ -50,7 +50,7 @@ def save(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None
 
 def load_file(
     url: str,
-    device: str | torch.device = "cpu",
+    device: str | int | torch.device = "cpu",
     *,
     client: ClientConfig | None = None,
     transfer: TransferConfig | None = None,
@@ -61,7 +61,8 @@ def load_file(
     The data region is read as concurrent ranges of ``transfer.part_size``, all of the version first
     seen, into one CPU allocation that the tensors share (a tensor not aligned to its dtype gets its
     own copy). Nothing is returned unless the file's crc32c matches GCS's. For another ``device``
-    (``"cuda"``, ``"cuda:1"``) the tensors are loaded to the CPU, then moved with ``.to(device)``.
+    (``"cuda"``, ``"cuda:1"``, ``0``) the tensors are loaded to the CPU, then moved with ``.to(device)``;
+    a device this process cannot use fails with torch's error before anything is read.
 
     Raises:
         NotFoundError: no such object, or no such bucket.
@@ -77,8 +78,9 @@ def load_file(
         ...     safetensors.load_file(url, client=config)
         {'w': tensor([1., 1.])}
     """
+    target = _usable(device)
     tensors = tensor_files.load(url, Client(client or ClientConfig(), retry, transfer=transfer))
-    return _to(tensors, device)
+    return _to(tensors, target)
 
 
 def save_file(
@@ -106,7 +108,7 @@ def save_file(
 
 def load_sharded(
     url: str,
-    device: str | torch.device = "cpu",
+    device: str | int | torch.device = "cpu",
     *,
     client: ClientConfig | None = None,
     transfer: TransferConfig | None = None,
@@ -120,6 +122,7 @@ def load_sharded(
         NotFoundError: the index or a shard is missing.
         IntegrityError: the index or a shard is not what it says.
     """
+    target = _usable(device)
     gcs = Client(client or ClientConfig(), retry, transfer=transfer)
     index = tensor_files.read_small(url, gcs)
     try:
@@ -137,7 +140,7 @@ def load_sharded(
                 f"{folder}/{shard} lacks {sorted(named - shard_tensors.keys())} named by {url}", url=url
             )
         tensors.update((name, shard_tensors[name]) for name in named)
-    return _to(tensors, device)
+    return _to(tensors, target)
 
 
 def save_sharded(
@@ -179,7 +182,15 @@ def save_sharded(
     return f"{folder}/{INDEX_NAME}"
 
 
-def _to(tensors: dict[str, Any], device: str | torch.device) -> dict[str, torch.Tensor]:
-    if torch.device(device).type == "cpu":
+def _usable(device: str | int | torch.device) -> torch.device:
+    """``device``, once torch can allocate on it: a missing GPU fails before the download, not after."""
+    target = torch.device(device)
+    if target.type != "cpu":
+        torch.empty(0, device=target)
+    return target
+
+
+def _to(tensors: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    if device.type == "cpu":
         return tensors
     return {name: tensor.to(device) for name, tensor in tensors.items()}
