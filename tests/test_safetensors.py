@@ -16,6 +16,7 @@ import torch
 
 from torchdata_gcs import IntegrityError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs import safetensors as ours
+from torchdata_gcs._engines.tensor_files import MAX_HEADER
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -217,6 +218,29 @@ def test_a_device_torch_cannot_use_fails_before_anything_is_read(gcs_emulator: E
         with pytest.raises((RuntimeError, AssertionError)):  # torch's own: no CUDA, or no such GPU
             load()
     assert not front.counts
+
+
+def test_a_header_longer_than_the_format_allows_is_refused_before_it_is_read(
+    gcs_emulator: Emulator, front: GCSFront
+) -> None:
+    too_long = struct.pack("<Q", MAX_HEADER + 1) + b" " * (MAX_HEADER + 1)
+    with pytest.raises(safetensors.SafetensorError, match="header too large"):
+        safetensors.torch.load(too_long)
+    with pytest.raises(IntegrityError, match=f"a {MAX_HEADER + 1}-byte header .* at most {MAX_HEADER} bytes"):
+        ours.load(too_long)
+    del too_long
+    # The object need not hold the header for the length alone to be refused, with no range asked.
+    gcs_emulator.upload(BUCKET, "long-header.safetensors", struct.pack("<Q", MAX_HEADER + 1) + b" " * 64)
+    front.reset_counts()
+    with pytest.raises(IntegrityError, match=f"at most {MAX_HEADER} bytes"):
+        ours.load_file(f"gs://{BUCKET}/long-header.safetensors", client=front.client_config)
+    assert front.counts["range_get"] == 1
+
+
+def test_an_index_given_to_load_file_is_named_as_one(front: GCSFront) -> None:
+    index = ours.save_sharded({"w": torch.ones(4)}, f"gs://{BUCKET}/indexed/", client=front.client_config)
+    with pytest.raises(IntegrityError, match="not a safetensors file.*starts like JSON.*load_sharded"):
+        ours.load_file(index, client=front.client_config)
 
 
 def test_sharded_checkpoint_round_trip(gcs_emulator: Emulator, front: GCSFront) -> None:

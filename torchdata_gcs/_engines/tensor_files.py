@@ -30,6 +30,7 @@ from .upload import library_errors_first, new_writer
 
 __all__ = [
     "HEADER_GUESS",
+    "MAX_HEADER",
     "Entry",
     "check_input",
     "decode",
@@ -42,6 +43,9 @@ __all__ = [
     "tensors_of",
     "write",
 ]
+
+MAX_HEADER = 100_000_000
+"""The longest header the format allows, as safetensors enforces it: a longer one is refused before it is read."""
 
 HEADER_GUESS = 1 << 20
 """How many bytes the first read asks for: the header of nearly every file, and more only if it is longer."""
@@ -104,8 +108,13 @@ def _header_size(url: str, first: bytes | memoryview, size: int) -> int:
     if size < 8:
         raise IntegrityError(f"{url}: not a safetensors file: {size} bytes, shorter than the header length", url=url)
     (length,) = struct.unpack("<Q", first[:8])
-    if 8 + length > size:
-        raise IntegrityError(f"{url}: not a safetensors file: a {length}-byte header in a {size}-byte file", url=url)
+    if length > MAX_HEADER or 8 + length > size:
+        json_hint = " (it starts like JSON: a sharded checkpoint's index is read with load_sharded)"
+        raise IntegrityError(
+            f"{url}: not a safetensors file: a {length}-byte header in a {size}-byte file, where the format"
+            f" allows at most {MAX_HEADER} bytes{json_hint if bytes(first[:1]) == b'{' else ''}",
+            url=url,
+        )
     return 8 + length
 
 
