@@ -16,7 +16,7 @@ import torch
 
 from torchdata_gcs import IntegrityError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs import safetensors as ours
-from torchdata_gcs._engines.tensor_files import MAX_HEADER
+from torchdata_gcs._engines.tensor_files import MAX_HEADER, MAX_INDEX
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -241,6 +241,19 @@ def test_an_index_given_to_load_file_is_named_as_one(front: GCSFront) -> None:
     index = ours.save_sharded({"w": torch.ones(4)}, f"gs://{BUCKET}/indexed/", client=front.client_config)
     with pytest.raises(IntegrityError, match="not a safetensors file.*starts like JSON.*load_sharded"):
         ours.load_file(index, client=front.client_config)
+
+
+def test_a_safetensors_file_given_to_load_sharded_is_refused_unread(gcs_emulator: Emulator, front: GCSFront) -> None:
+    big = ours.save({"w": torch.zeros(MAX_INDEX // 4 + 1, dtype=torch.float32)})
+    gcs_emulator.upload(BUCKET, "big.safetensors", big)
+    gcs_emulator.upload(BUCKET, "small.safetensors", ours.save({"w": torch.ones(4)}))
+    front.reset_counts()
+    with pytest.raises(IntegrityError, match=r"not a safetensors index: \d+ bytes.*load_file"):
+        ours.load_sharded(f"gs://{BUCKET}/big.safetensors", client=front.client_config)
+    assert front.counts["metadata"] == 1 and set(front.counts) == {"metadata"}  # its bytes were never asked for
+    with pytest.raises(IntegrityError, match="not a safetensors index.*load_file") as caught:
+        ours.load_sharded(f"gs://{BUCKET}/small.safetensors", client=front.client_config)
+    assert len(str(caught.value)) < 400  # the message quotes none of the file's bytes
 
 
 def test_sharded_checkpoint_round_trip(gcs_emulator: Emulator, front: GCSFront) -> None:

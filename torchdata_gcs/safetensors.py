@@ -120,16 +120,21 @@ def load_sharded(
 
     Raises:
         NotFoundError: the index or a shard is missing.
-        IntegrityError: the index or a shard is not what it says.
+        IntegrityError: the index or a shard is not what it says (an object of more than 32 MiB is no
+            index: it is refused unread).
     """
     target = _usable(device)
     gcs = Client(client or ClientConfig(), retry, transfer=transfer)
-    index = tensor_files.read_small(url, gcs)
+    index = tensor_files.read_index(url, gcs)
     try:
         weight_map = json.loads(index)["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise IntegrityError(f"{url}: not a safetensors index ({exc!r})", url=url) from None
+        raise IntegrityError(
+            f"{url}: not a safetensors index ({type(exc).__name__}: {str(exc)[:200]}); a single safetensors"
+            " file is read with load_file",
+            url=url,
+        ) from None
     folder = url.rpartition("/")[0]
     loaded = tensor_files.load_many([f"{folder}/{shard}" for shard in shards], gcs)
     tensors: dict[str, torch.Tensor] = {}

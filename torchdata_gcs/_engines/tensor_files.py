@@ -31,6 +31,7 @@ from .upload import library_errors_first, new_writer
 __all__ = [
     "HEADER_GUESS",
     "MAX_HEADER",
+    "MAX_INDEX",
     "Entry",
     "check_input",
     "decode",
@@ -38,7 +39,7 @@ __all__ = [
     "load",
     "load_many",
     "parse_header",
-    "read_small",
+    "read_index",
     "save",
     "tensors_of",
     "write",
@@ -46,6 +47,9 @@ __all__ = [
 
 MAX_HEADER = 100_000_000
 """The longest header the format allows, as safetensors enforces it: a longer one is refused before it is read."""
+
+MAX_INDEX = 32 << 20
+"""The largest sharded checkpoint index read (the largest models' indexes hold a few MiB of names)."""
 
 HEADER_GUESS = 1 << 20
 """How many bytes the first read asks for: the header of nearly every file, and more only if it is longer."""
@@ -268,10 +272,17 @@ def save(
     return _write(_pieces(tensors, metadata), url, client, write)
 
 
-def read_small(url: str, client: Client) -> bytearray:
-    """A small object (an index), checked."""
+def read_index(url: str, client: Client) -> bytearray:
+    """A sharded checkpoint's index, checked; an object larger than an index may be is refused unread."""
     with call_deadline(client.retry):
-        return read_into_buffer(url, _object_info(url, client), client)
+        info = _object_info(url, client)
+        if info.size > MAX_INDEX:
+            raise IntegrityError(
+                f"{url}: not a safetensors index: {info.size} bytes, more than an index may hold ({MAX_INDEX});"
+                " a single safetensors file is read with load_file",
+                url=url,
+            )
+        return read_into_buffer(url, info, client)
 
 
 def write(data: bytes, url: str, client: Client, config: WriteConfig) -> int:
