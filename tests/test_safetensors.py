@@ -206,6 +206,7 @@ def test_what_safetensors_refuses_to_save_is_refused_alike_and_nothing_is_writte
         ({1: torch.ones(2)}, None, TypeError),
         ({"w": [1.0]}, None, ValueError),
         ([torch.ones(2)], None, ValueError),
+        ({"w": torch.eye(3).to_sparse()}, None, ValueError),
     ]
     for tensors, metadata, error in cases:
         with pytest.raises(error):

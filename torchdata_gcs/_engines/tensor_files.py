@@ -209,6 +209,8 @@ def check_input(tensors: Any, metadata: Any) -> None:
             raise TypeError(f"tensor names must be str, received {name!r}")
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"key {name!r} is invalid: expected torch.Tensor, received {type(tensor)}")
+        if tensor.layout != torch.strided:
+            raise ValueError(f"tensor {name!r} is {tensor.layout}: safetensors holds dense tensors (use .to_dense())")
     if metadata is not None and not (
         isinstance(metadata, Mapping) and all(isinstance(item, str) for pair in metadata.items() for item in pair)
     ):
