@@ -98,7 +98,12 @@ def save_file(
     The header, then each tensor's bytes, go through the parallel writer (``write``'s part size, parts in
     flight and strategy; its compression is not used: the file must stay readable by range). Memory
     holds the parts in flight, never a copy of all the tensors; the object is published only if every
-    part was written.
+    part was written. Saving over an existing object replaces it, as a local file is replaced.
+
+    Raises:
+        TypeError: a name, metadata key or value that is not ``str`` (as ``safetensors.torch``).
+        ValueError: a value that is not a dense tensor, a dtype the format has no name for, or
+            ``write.compression`` set; in each case nothing is written.
     """
     write = WriteConfig() if write is None else write
     if write.compression is not None:
@@ -162,6 +167,18 @@ def save_sharded(
     gets a shard of its own) under ``url_prefix`` (a folder), named as Hugging Face names them
     (``model-00001-of-00002.safetensors``), then the index; returns the index's URL, for
     :func:`load_sharded`. The index is written last, so a reader never finds one naming missing shards.
+
+    Example:
+        >>> import torch
+        >>> from torchdata_gcs import safetensors, testing
+        >>> with testing.Emulator() as emulator:
+        ...     emulator.create_bucket("weights")
+        ...     state = {"a": torch.ones(2), "b": torch.zeros(3)}
+        ...     index = safetensors.save_sharded(state, "gs://weights/llm/", 8, client=emulator.client_config)
+        ...     print(index)
+        ...     safetensors.load_sharded(index, client=emulator.client_config)
+        gs://weights/llm/model.safetensors.index.json
+        {'a': tensor([1., 1.]), 'b': tensor([0., 0., 0.])}
     """
     parse_url(url_prefix, allow_prefix=True)
     tensor_files.check_input(tensors, metadata)
