@@ -373,7 +373,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 columns,
                 group,
                 lambda r: [
-                    fmt(r["objects"] / r["seconds"]),
+                    fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
                     fmt(r["bytes"] / 1e6 / r["seconds"], 1),
                     fmt(r["cpu_seconds"] * 1e9 / r["bytes"], 2),
                     str(len(r["all_seconds"])),
