@@ -80,6 +80,10 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "fsspec_cat": f"{ours}: GCSFileSystem.cat of the whole list",
         "fsspec_open_read": f"{ours}: GCSFileSystem open(path, 'rb').read(), one object after another",
         "fsspec_cat_load": f"{ours}: GCSFileSystem.cat, then safetensors.torch.load",
+        "gcs_download_load": f"google-cloud-storage {gcs}: download_as_bytes, then safetensors.torch.load",
+        "urllib3_ranges": f"urllib3 {_version('urllib3')}: 64 MiB ranges in {threads} threads, no load (raw ceiling)",
+        "runai_streamer": f"Run:ai Model Streamer {_version('runai-model-streamer')} (C++): SafetensorsStreamer",
+        "ours_safetensors": f"{ours}: safetensors.load_file",
         "obstore": f"obstore {_version('obstore')} (Rust object_store): get_async, 64 in flight",
         "gcsfs_find": f"gcsfs {fs}: find",
         "gcsfs": f"gcsfs {fs}: open + torch.save/torch.load",
@@ -236,6 +240,23 @@ def build_workloads(quick: bool) -> list[Workload]:
             3,
             make_objects=lambda: safetensors_file(1024 // scale),
         ),
+        # gs:// to tensors: safetensors.torch.load after each peer's download, Run:ai's streamer, ours.
+        Workload(
+            "safetensors",
+            "bench-safetensors",
+            "st/",
+            0,
+            [
+                "gcs_download_load",
+                "gcsfs_cat_load",
+                "fsspec_cat_load",
+                "urllib3_ranges",
+                "runai_streamer",
+                "ours_safetensors",
+            ],
+            3,
+            make_objects=lambda: safetensors_file(1024 // scale),
+        ),
     ]
 
 
@@ -369,6 +390,25 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                     str(len(r["all_seconds"])),
                 ],
             )
+        elif workload == "safetensors":
+            done = [r for r in group if "error" not in r]
+            python = [r for r in done if r["reader"] in ("gcs_download_load", "gcsfs_cat_load", "fsspec_cat_load")]
+            best_python = max((r["bytes"] / r["seconds"] for r in python), default=None)
+            runai = next((r for r in done if r["reader"] == "runai_streamer"), None)
+            columns = ["reader", "MB/s", "vs best Python peer", "vs Run:ai", "peak RSS growth, MiB (x file)",
+                       "client CPU s", "runs"]  # fmt: skip
+            lines += _table(
+                columns,
+                group,
+                lambda r, best_python=best_python, runai=runai: [
+                    fmt(r["bytes"] / r["seconds"] / 1e6),
+                    ratio(r["bytes"] / r["seconds"], best_python),
+                    ratio(r["bytes"] / r["seconds"], runai and runai["bytes"] / runai["seconds"]),
+                    f"{fmt(r['peak_rss_growth_mib'])} ({fmt(r['peak_rss_growth_mib'] * MiB / r['bytes'], 2)}x)",
+                    fmt(r["cpu_seconds"], 2),
+                    str(len(r["all_seconds"])),
+                ],
+            )
         elif workload == "fsspec safetensors":
             columns = [
                 "filesystem",
@@ -484,7 +524,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for (workload, latency), group in _groups(rows).items():
         ok = [r for r in group if "error" not in r]
-        if not ok or workload == "fsspec safetensors":  # one object: its table says it all
+        if not ok or workload in ("fsspec safetensors", "safetensors"):  # one object: its table says it all
             continue
         if workload.startswith(("checkpoint", "compression")):
             labels = [r["label"] for r in ok] * 2
@@ -542,7 +582,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tenth of the data, to check the rig")
     parser.add_argument(
-        "--only", nargs="*", help="workload names to run (small, large, listing, checkpoint, compression, fsspec)"
+        "--only",
+        nargs="*",
+        help="workload names to run (small, large, listing, checkpoint, compression, fsspec, safetensors)",
     )
     parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
     parser.add_argument("--budget", type=float, default=30.0, help="stop repeating a reader after this many seconds")
