@@ -2,7 +2,8 @@
 
     bash benchmarks/run.sh            # sets up the benchmark environment, then runs this
 
-Workloads: small objects (100 KiB) at 0 ms and at 20 ms added latency, large objects (256 MiB),
+Workloads: small objects (100 KiB) at 0 ms and at 20 ms added latency (again in a reader process that
+holds a training-sized heap first), large objects (256 MiB),
 listing (100,000 objects at 20 ms, pages served from the front's snapshot), checkpoints (a ~512 MiB
 state dict saved and loaded) and fsspec (``cat`` of the small objects, ``open().read()`` of the large
 ones, ``cat`` + ``safetensors.torch.load`` of a 1 GiB file; our filesystem beside gcsfs). Each
@@ -38,6 +39,8 @@ MiB = 1024 * 1024
 CHECKPOINT_BANDWIDTH = 25e6
 """Bytes/s per connection, each way, for checkpoints: below the emulator's own ingest (~120 MB/s for
 one stream here), so the cap, like GCS's per-connection throughput, limits each stream."""
+HEAP_OBJECTS = 6_000_000
+"""Live Python objects a training-heap row's reader holds before it reads (about a million samples' index)."""
 REAL_WEIGHTS = Path("/dev/shm/torchdata-gcs-bench/real-weights.pt")
 
 
@@ -136,6 +139,7 @@ class Workload:
     timeout: float | None = None  # seconds before a reader is given up; None: --timeout
     tls: bool = False  # through HAProxy terminating HTTPS (no added delay); the readers trust its certificate
     make_objects: Callable[[], dict[str, bytes]] | None = None  # objects made only if the workload runs
+    heap_objects: int = 0  # each reader's process holds this many live Python objects first (training_heap)
 
 
 def safetensors_file(mib: int) -> dict[str, bytes]:
@@ -173,6 +177,20 @@ def build_workloads(quick: bool) -> list[Workload]:
     return [
         Workload("small objects", "bench-small", "small/", 0, readers, 3, small),
         Workload("small objects", "bench-small", "small/", 20, readers, 3, small),
+        # The same reads in a process the size of a training one: a dataset index of 5 million live objects.
+        *(
+            Workload(
+                "small objects in a training heap",
+                "bench-small",
+                "small/",
+                latency,
+                ["gcsfs_cat", "obstore", "ours", "ceiling"],
+                3,
+                small,
+                heap_objects=HEAP_OBJECTS,
+            )
+            for latency in (0, 20)
+        ),
         Workload(
             "large objects",
             "bench-large",
@@ -271,6 +289,7 @@ def run_reader(
         "checkpoint_mib": workload.checkpoint_mib // (8 if args.quick else 1),
         "real_weights": str(REAL_WEIGHTS) if workload.name == "compression" else "",
         "budget_seconds": max(args.budget, 150.0) if workload.capped else args.budget,  # 3 runs of a slow peer
+        "heap_objects": workload.heap_objects,
     }
     started = time.perf_counter()
     timeout = workload.timeout or args.timeout
@@ -509,7 +528,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 def per_thousand(row: dict[str, Any]) -> list[str]:
     """Client and emulator CPU seconds per 1,000 objects and requests per object (small objects only)."""
-    if not row["workload"].endswith("small objects"):
+    if "small objects" not in row["workload"]:
         return ["–"] * 3
     return [
         fmt(row["cpu_seconds"] * 1000 / row["objects"], 3),
@@ -653,7 +672,7 @@ def main() -> None:
                         )
                     if workload.indexed and "error" not in result:
                         result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
-                    if workload.name.endswith("small objects") and workload.latency_ms and "error" not in result:
+                    if "small objects" in workload.name and workload.latency_ms and "error" not in result:
                         result["requests_per_object"] = count_requests(workload, reader, index_front, manifest, args)
                     row = {
                         "workload": workload.name,
