@@ -14,6 +14,7 @@ import google_crc32c
 from ..errors import IntegrityError
 
 __all__ = [
+    "COPIED_PIECE",
     "REQUIRED_FIELDS",
     "ObjectInfo",
     "check_crc32c",
