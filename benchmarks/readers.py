@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import io
 import json
 import os
@@ -41,6 +42,7 @@ class Spec:
     checkpoint_mib: int = 512
     real_weights: str = ""  # a saved trained state (compression workload)
     budget_seconds: float = 30.0  # no further runs once the runs so far took this long
+    heap_objects: int = 0  # live Python objects held before reading, as a training process holds them
 
 
 def _status_kib(field: str) -> int:
@@ -208,19 +210,28 @@ def read_ceiling(spec: Spec) -> Iterable[tuple[str, bytes]]:
     Large objects: one urllib3 GET per object in a thread each (on loopback, splitting an object
     into ranges was slower than one stream).
     """
+    large = max(size for size, _ in spec.manifest.values()) > 16 * 1024 * 1024
+    return read_raw_urllib3(spec) if large else read_raw_aiohttp(spec)
+
+
+def read_raw_urllib3(spec: Spec) -> list[tuple[str, bytes]]:
+    """One urllib3 GET per object, up to 64 threads; certificates as ``SSL_CERT_FILE`` says."""
+    import urllib3
+
     base = f"{spec.endpoint}/download/storage/v1/b/{spec.bucket}/o/"
     names = _names(spec)
-    if max(size for size, _ in spec.manifest.values()) > 16 * 1024 * 1024:
-        import urllib3
+    pool = urllib3.PoolManager(maxsize=min(len(names), 64), retries=False)
+    with ThreadPoolExecutor(min(len(names), 64)) as threads:
+        bodies = threads.map(lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names)
+        return list(zip(names, bodies, strict=True))
 
-        pool = urllib3.PoolManager(maxsize=len(names), retries=False)
-        with ThreadPoolExecutor(len(names)) as threads:
-            bodies = threads.map(
-                lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names
-            )
-            return list(zip(names, bodies, strict=True))
 
+def read_raw_aiohttp(spec: Spec) -> list[tuple[str, bytes]]:
+    """Every GET started at once on one aiohttp session, up to 128 connections."""
     import aiohttp
+
+    base = f"{spec.endpoint}/download/storage/v1/b/{spec.bucket}/o/"
+    names = _names(spec)
 
     async def main() -> list[tuple[str, bytes]]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=128)) as session:
@@ -315,6 +326,8 @@ READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
     "ours_map_dataset": read_ours_map_dataset,
     "per_item_dataset": read_per_item_dataset,
     "ceiling": read_ceiling,
+    "raw_urllib3": read_raw_urllib3,
+    "raw_aiohttp": read_raw_aiohttp,
 }
 
 
@@ -860,14 +873,25 @@ def _import_common() -> None:
     """Import what any reader may use first, so the memory baseline is the same for all of them."""
     import importlib
 
-    for module in ("torch", "google.cloud.storage", "torchdata_gcs", "gcsfs", "aiohttp", "dataflux_pytorch"):
+    for module in ("torch", "google.cloud.storage", "torchdata_gcs", "gcsfs", "aiohttp", "dataflux_pytorch", "obstore"):
         try:
             importlib.import_module(module)
         except ImportError:
             pass
 
 
+def training_heap(objects: int) -> list[tuple[str, int, list[int]]]:
+    """About ``objects`` live Python objects, as a training process holds them: a dataset index, one
+    tuple per sample of its path, its label and a list (box coordinates), each tuple and list tracked by
+    the garbage collector. One full collection follows, as one would in a process that built its index
+    and then trained."""
+    index = [(f"train/{i:08d}.jpg", i % 1000, [i, i + 1]) for i in range(objects // 6)]
+    gc.collect()
+    return index
+
+
 if __name__ == "__main__":
     spec = Spec(**json.loads(sys.stdin.read()))
     _import_common()
+    held = training_heap(spec.heap_objects) if spec.heap_objects else []
     print(json.dumps(measure(spec)))
