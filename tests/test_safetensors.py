@@ -221,6 +221,7 @@ def test_what_safetensors_refuses_to_save_is_refused_alike_and_nothing_is_writte
         ours.load_file(url, client=config)
     with pytest.raises(NotFoundError):
         ours.load_file(f"gs://{BUCKET}/refused/model-00001-of-00001.safetensors", client=config)
+    assert not front.open_uploads  # and no upload was left begun
 
 
 def test_a_device_torch_cannot_use_fails_before_anything_is_read(gcs_emulator: Emulator, front: GCSFront) -> None:
