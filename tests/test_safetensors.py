@@ -272,6 +272,23 @@ def test_a_safetensors_file_given_to_load_sharded_is_refused_unread(gcs_emulator
     assert len(str(caught.value)) < 400  # the message quotes none of the file's bytes
 
 
+def test_max_shard_size_takes_hugging_face_sizes(gcs_emulator: Emulator, front: GCSFront) -> None:
+    state, config = {"a": torch.ones(256), "b": torch.ones(256), "c": torch.ones(256)}, front.client_config
+    for size, shards in (("2KB", 3), ("2KiB", 2), ("3kb", 2), ("3KiB", 1), (2048, 2)):  # 1024-byte tensors
+        index = ours.save_sharded(state, f"gs://{BUCKET}/sizes/{size}/", size, client=config)
+        assert_equal(ours.load_sharded(index, client=config), state)
+        assert index.endswith(f"/{size}/{ours.INDEX_NAME}")
+        assert (
+            len(
+                set(json.loads(gcs_emulator.read(BUCKET, index.removeprefix(f"gs://{BUCKET}/")))["weight_map"].values())
+            )
+            == shards
+        ), size
+    for bad in ("5 GBs", "GB", "0GB", -1, 0, True, 2.5):
+        with pytest.raises(ValueError, match="max_shard_size"):
+            ours.save_sharded(state, f"gs://{BUCKET}/sizes/bad/", bad, client=config)  # type: ignore[arg-type]
+
+
 def test_sharded_checkpoint_round_trip(gcs_emulator: Emulator, front: GCSFront) -> None:
     tensors = {f"layer{i}.weight": torch.full((256, 256), float(i)) for i in range(5)}  # 256 KiB each
     index = ours.save_sharded(tensors, f"gs://{BUCKET}/sharded/", max_shard_size=600 * 1024, client=front.client_config)

@@ -11,6 +11,7 @@ module. Sharded checkpoints follow Hugging Face's names (``model.safetensors.ind
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -156,14 +157,15 @@ def load_sharded(
 def save_sharded(
     tensors: Mapping[str, torch.Tensor],
     url_prefix: str,
-    max_shard_size: int = 5 * 10**9,
+    max_shard_size: int | str = 5 * 10**9,
     metadata: Mapping[str, str] | None = None,
     *,
     client: ClientConfig | None = None,
     retry: RetryConfig | None = None,
     write: WriteConfig | None = None,
 ) -> str:
-    """Write ``tensors`` as shards of at most ``max_shard_size`` bytes of tensor data (a larger tensor
+    """Write ``tensors`` as shards of at most ``max_shard_size`` bytes of tensor data (a number, or a size
+    as Hugging Face writes it: ``"5GB"``, ``"500MiB"``; a larger tensor
     gets a shard of its own) under ``url_prefix`` (a folder), named as Hugging Face names them
     (``model-00001-of-00002.safetensors``), then the index; returns the index's URL, for
     :func:`load_sharded`. The index is written last, so a reader never finds one naming missing shards.
@@ -182,6 +184,7 @@ def save_sharded(
     """
     parse_url(url_prefix, allow_prefix=True)
     tensor_files.check_input(tensors, metadata)
+    max_shard_size = _size(max_shard_size)
     groups: list[list[str]] = [[]]
     filled = 0
     for name, tensor in tensors.items():
@@ -202,6 +205,20 @@ def save_sharded(
     index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2).encode()
     tensor_files.write(index, f"{folder}/{INDEX_NAME}", gcs, write)
     return f"{folder}/{INDEX_NAME}"
+
+
+_UNITS = {"B": 1, **{f"{unit}B": 1000**power for power, unit in enumerate("KMGT", 1)}}
+_UNITS.update({f"{unit}IB": 1024**power for power, unit in enumerate("KMGT", 1)})
+
+
+def _size(size: int | str) -> int:
+    """Bytes, from a number or a size such as ``"5GB"`` (powers of 1000) or ``"5GiB"`` (of 1024)."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?I?B)\s*", size.upper()) if isinstance(size, str) else None
+    if match is None or match[2] == "IB" or int(match[1]) == 0:
+        raise ValueError(f"max_shard_size: expected a positive number of bytes or a size such as '5GB', got {size!r}")
+    return int(match[1]) * _UNITS[match[2]]
 
 
 def _usable(device: str | int | torch.device) -> torch.device:
