@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import io
 import json
 import os
@@ -41,6 +42,7 @@ class Spec:
     checkpoint_mib: int = 512
     real_weights: str = ""  # a saved trained state (compression workload)
     budget_seconds: float = 30.0  # no further runs once the runs so far took this long
+    heap_objects: int = 0  # live Python objects held before reading, as a training process holds them
 
 
 def _status_kib(field: str) -> int:
@@ -208,19 +210,28 @@ def read_ceiling(spec: Spec) -> Iterable[tuple[str, bytes]]:
     Large objects: one urllib3 GET per object in a thread each (on loopback, splitting an object
     into ranges was slower than one stream).
     """
+    large = max(size for size, _ in spec.manifest.values()) > 16 * 1024 * 1024
+    return read_raw_urllib3(spec) if large else read_raw_aiohttp(spec)
+
+
+def read_raw_urllib3(spec: Spec) -> list[tuple[str, bytes]]:
+    """One urllib3 GET per object, up to 64 threads; certificates as ``SSL_CERT_FILE`` says."""
+    import urllib3
+
     base = f"{spec.endpoint}/download/storage/v1/b/{spec.bucket}/o/"
     names = _names(spec)
-    if max(size for size, _ in spec.manifest.values()) > 16 * 1024 * 1024:
-        import urllib3
+    pool = urllib3.PoolManager(maxsize=min(len(names), 64), retries=False)
+    with ThreadPoolExecutor(min(len(names), 64)) as threads:
+        bodies = threads.map(lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names)
+        return list(zip(names, bodies, strict=True))
 
-        pool = urllib3.PoolManager(maxsize=len(names), retries=False)
-        with ThreadPoolExecutor(len(names)) as threads:
-            bodies = threads.map(
-                lambda name: pool.request("GET", base + quote(name, safe="") + "?alt=media").data, names
-            )
-            return list(zip(names, bodies, strict=True))
 
+def read_raw_aiohttp(spec: Spec) -> list[tuple[str, bytes]]:
+    """Every GET started at once on one aiohttp session, up to 128 connections."""
     import aiohttp
+
+    base = f"{spec.endpoint}/download/storage/v1/b/{spec.bucket}/o/"
+    names = _names(spec)
 
     async def main() -> list[tuple[str, bytes]]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=128)) as session:
@@ -315,6 +326,8 @@ READERS: dict[str, Callable[[Spec], Iterable[tuple[str, bytes]]]] = {
     "ours_map_dataset": read_ours_map_dataset,
     "per_item_dataset": read_per_item_dataset,
     "ceiling": read_ceiling,
+    "raw_urllib3": read_raw_urllib3,
+    "raw_aiohttp": read_raw_aiohttp,
 }
 
 
@@ -621,6 +634,154 @@ def measure_cat_load(spec: Spec) -> dict[str, Any]:
     }
 
 
+# --- the safetensors workload: one file from gs:// to tensors -----------------------------------
+
+
+def _url_of_file(spec: Spec) -> str:
+    ((name, _),) = spec.manifest.items()
+    return f"gs://{spec.bucket}/{name}"
+
+
+def _load_gcs_download(spec: Spec) -> Any:
+    import safetensors.torch
+
+    ((name, _),) = spec.manifest.items()
+    return safetensors.torch.load(_gcs_bucket(spec).blob(name).download_as_bytes())
+
+
+def _load_cat(spec: Spec) -> Any:
+    import safetensors.torch
+
+    ((name, _),) = spec.manifest.items()
+    fs = SAFETENSORS_FILESYSTEMS[spec.reader](spec)
+    return safetensors.torch.load(fs.cat(f"{spec.bucket}/{name}"))
+
+
+def _fetch_ranges(spec: Spec) -> Any:
+    """The raw ceiling: ``spec.threads`` urllib3 threads reading 64 MiB ranges into one buffer, no load."""
+    import urllib3
+
+    ((name, (size, _)),) = spec.manifest.items()
+    url = f"{spec.endpoint}/download/storage/v1/b/{spec.bucket}/o/{quote(name, safe='')}?alt=media"
+    pool = urllib3.PoolManager(maxsize=spec.threads, retries=False)
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    step = 64 * 1024 * 1024
+
+    def fetch(start: int) -> None:
+        end = min(start + step, size)
+        answer = pool.request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}, preload_content=False)
+        position = start
+        while position < end:
+            got = answer.readinto(view[position:end])
+            if not got:
+                raise SystemExit(f"range {start}-{end} stopped at {position}")
+            position += got
+        answer.release_conn()
+
+    with ThreadPoolExecutor(spec.threads) as threads:
+        list(threads.map(fetch, range(0, size, step)))
+    return buffer
+
+
+def _load_runai(spec: Spec) -> Any:
+    """Run:ai Model Streamer: C++ reads, found the emulator through ``CLOUD_STORAGE_EMULATOR_ENDPOINT``."""
+    os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = spec.endpoint
+    os.environ["RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS"] = "true"
+    from runai_model_streamer import SafetensorsStreamer
+
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_file(_url_of_file(spec))
+        return dict(streamer.get_tensors())
+
+
+def _load_ours(spec: Spec) -> Any:
+    from torchdata_gcs import safetensors
+
+    return safetensors.load_file(_url_of_file(spec), client=_our_client(spec))
+
+
+SAFETENSORS_LOADERS: dict[str, Callable[[Spec], Any]] = {
+    "gcs_download_load": _load_gcs_download,
+    "gcsfs_cat_load": _load_cat,
+    "fsspec_cat_load": _load_cat,
+    "urllib3_ranges": _fetch_ranges,
+    "runai_streamer": _load_runai,
+    "ours_safetensors": _load_ours,
+}
+
+
+def _data_crc32c(spec: Spec) -> tuple[int, int]:
+    """The crc32c and length of the file's data region (its tensors' bytes in file order), from the file's
+    crc32c and a read of its header alone."""
+    import struct
+
+    import urllib3
+
+    from torchdata_gcs._ops.checksums import crc32c_of_concatenation
+
+    ((name, (size, crc)),) = spec.manifest.items()
+    url = f"{spec.endpoint}/download/storage/v1/b/{spec.bucket}/o/{quote(name, safe='')}?alt=media"
+    (length,) = struct.unpack("<Q", urllib3.request("GET", url, headers={"Range": "bytes=0-7"}).data)
+    head = urllib3.request("GET", url, headers={"Range": f"bytes=0-{length + 7}"}).data
+    data = size - len(head)
+    return crc ^ crc32c_of_concatenation([(google_crc32c.value(head), len(head)), (0, data)]), data
+
+
+def _check_loaded(spec: Spec, loaded: Any, expected: tuple[int, int]) -> None:
+    """Bytes: the whole file's size and crc32c; tensors: 40 of them, whose bytes in name order (the
+    file's order) have the data region's crc32c."""
+    import torch
+
+    ((name, (size, crc)),) = spec.manifest.items()
+    if isinstance(loaded, (bytes, bytearray)):
+        ok = len(loaded) == size and google_crc32c.value(bytes(loaded)) == crc
+    else:
+        value, length = 0, 0
+        for key in sorted(loaded):
+            raw = loaded[key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            value, length = google_crc32c.extend(value, raw), length + len(raw)
+        ok = len(loaded) == SAFETENSORS_TENSORS and (value, length) == expected
+    if not ok:
+        raise SystemExit(f"{spec.reader} returned wrong bytes or tensors for {name}")
+
+
+def measure_safetensors(spec: Spec) -> dict[str, Any]:
+    """One safetensors file from gs:// to tensors (or, for the raw ceiling, to bytes): seconds, client CPU and
+    peak RSS growth over the RSS before the load. Each run's result is checked (outside the timing) and
+    dropped, and the C heap trimmed, before the next; the largest growth of the runs is reported."""
+    import ctypes
+    import gc
+
+    load = SAFETENSORS_LOADERS[spec.reader]
+    expected = _data_crc32c(spec)
+    trim = ctypes.CDLL("libc.so.6").malloc_trim
+    timings: list[float] = []
+    growths, cpu = [], []
+    while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:
+        gc.collect()
+        trim(0)
+        cpu_before = _cpu_seconds()
+        baseline = _reset_peak_rss()
+        started = time.perf_counter()
+        loaded = load(spec)
+        timings.append(time.perf_counter() - started)
+        cpu.append(_cpu_seconds() - cpu_before)
+        growths.append((_status_kib("VmHWM") - baseline) / 1024)
+        _check_loaded(spec, loaded, expected)
+        del loaded
+    ((_, (size, _)),) = spec.manifest.items()
+    return {
+        "seconds": statistics.median(timings),
+        "all_seconds": timings,
+        "bytes": size,
+        "objects": 1,
+        "first_seconds": statistics.median(timings),
+        "cpu_seconds": statistics.median(cpu),
+        "peak_rss_growth_mib": max(growths),
+    }
+
+
 def _tensors(value: Any) -> Iterator[Any]:
     import torch
 
@@ -657,6 +818,8 @@ def measure(spec: Spec) -> dict[str, Any]:
     """Run the reader ``spec.runs`` times, verifying each result; return medians and memory."""
     if spec.workload in ("checkpoint", "compression"):
         return measure_checkpoint(spec)
+    if spec.workload == "safetensors":
+        return measure_safetensors(spec)
     if spec.reader in SAFETENSORS_FILESYSTEMS:
         return measure_cat_load(spec)
     baseline = _reset_peak_rss()
@@ -710,14 +873,25 @@ def _import_common() -> None:
     """Import what any reader may use first, so the memory baseline is the same for all of them."""
     import importlib
 
-    for module in ("torch", "google.cloud.storage", "torchdata_gcs", "gcsfs", "aiohttp", "dataflux_pytorch"):
+    for module in ("torch", "google.cloud.storage", "torchdata_gcs", "gcsfs", "aiohttp", "dataflux_pytorch", "obstore"):
         try:
             importlib.import_module(module)
         except ImportError:
             pass
 
 
+def training_heap(objects: int) -> list[tuple[str, int, list[int]]]:
+    """About ``objects`` live Python objects, as a training process holds them: a dataset index, one
+    tuple per sample of its path, its label and a list (box coordinates), each tuple and list tracked by
+    the garbage collector. One full collection follows, as one would in a process that built its index
+    and then trained."""
+    index = [(f"train/{i:08d}.jpg", i % 1000, [i, i + 1]) for i in range(objects // 6)]
+    gc.collect()
+    return index
+
+
 if __name__ == "__main__":
     spec = Spec(**json.loads(sys.stdin.read()))
     _import_common()
+    held = training_heap(spec.heap_objects) if spec.heap_objects else []
     print(json.dumps(measure(spec)))

@@ -2,7 +2,8 @@
 
     bash benchmarks/run.sh            # sets up the benchmark environment, then runs this
 
-Workloads: small objects (100 KiB) at 0 ms and at 20 ms added latency, large objects (256 MiB),
+Workloads: small objects (100 KiB) at 0 ms and at 20 ms added latency (again in a reader process that
+holds a training-sized heap first), large objects (256 MiB),
 listing (100,000 objects at 20 ms, pages served from the front's snapshot), checkpoints (a ~512 MiB
 state dict saved and loaded) and fsspec (``cat`` of the small objects, ``open().read()`` of the large
 ones, ``cat`` + ``safetensors.torch.load`` of a 1 GiB file; our filesystem beside gcsfs). Each
@@ -38,6 +39,8 @@ MiB = 1024 * 1024
 CHECKPOINT_BANDWIDTH = 25e6
 """Bytes/s per connection, each way, for checkpoints: below the emulator's own ingest (~120 MB/s for
 one stream here), so the cap, like GCS's per-connection throughput, limits each stream."""
+HEAP_OBJECTS = 6_000_000
+"""Live Python objects a training-heap row's reader holds before it reads (about a million samples' index)."""
 REAL_WEIGHTS = Path("/dev/shm/torchdata-gcs-bench/real-weights.pt")
 
 
@@ -77,6 +80,10 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
         "fsspec_cat": f"{ours}: GCSFileSystem.cat of the whole list",
         "fsspec_open_read": f"{ours}: GCSFileSystem open(path, 'rb').read(), one object after another",
         "fsspec_cat_load": f"{ours}: GCSFileSystem.cat, then safetensors.torch.load",
+        "gcs_download_load": f"google-cloud-storage {gcs}: download_as_bytes, then safetensors.torch.load",
+        "urllib3_ranges": f"urllib3 {_version('urllib3')}: 64 MiB ranges in {threads} threads, no load (raw ceiling)",
+        "runai_streamer": f"Run:ai Model Streamer {_version('runai-model-streamer')} (C++): SafetensorsStreamer",
+        "ours_safetensors": f"{ours}: safetensors.load_file",
         "obstore": f"obstore {_version('obstore')} (Rust object_store): get_async, 64 in flight",
         "gcsfs_find": f"gcsfs {fs}: find",
         "gcsfs": f"gcsfs {fs}: open + torch.save/torch.load",
@@ -109,6 +116,8 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
             if workload.startswith("checkpoint")
             else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"
         ),
+        "raw_urllib3": f"urllib3 {_version('urllib3')}: one GET per object, up to 64 threads",
+        "raw_aiohttp": f"aiohttp {_version('aiohttp')}: every GET at once, 128 connections",
         "ceiling": (
             f"ceiling: aiohttp {_version('aiohttp')} (128 connections) or urllib3 threads (large), no per-object work"
         ),
@@ -128,7 +137,9 @@ class Workload:
     capped: bool = False  # through a GCSFront capped at CHECKPOINT_BANDWIDTH per connection each way
     checkpoint_mib: int = 512
     timeout: float | None = None  # seconds before a reader is given up; None: --timeout
+    tls: bool = False  # through HAProxy terminating HTTPS (no added delay); the readers trust its certificate
     make_objects: Callable[[], dict[str, bytes]] | None = None  # objects made only if the workload runs
+    heap_objects: int = 0  # each reader's process holds this many live Python objects first (training_heap)
 
 
 def safetensors_file(mib: int) -> dict[str, bytes]:
@@ -138,6 +149,9 @@ def safetensors_file(mib: int) -> dict[str, bytes]:
 
     count = mib * MiB // 40 // 4
     return {"st/model.safetensors": safetensors.torch.save({f"t{i:02d}": torch.rand(count) for i in range(40)})}
+
+
+HTTPS_READERS = ["ours", "raw_urllib3", "raw_aiohttp", "gcsfs_cat"]
 
 
 def build_workloads(quick: bool) -> list[Workload]:
@@ -163,6 +177,20 @@ def build_workloads(quick: bool) -> list[Workload]:
     return [
         Workload("small objects", "bench-small", "small/", 0, readers, 3, small),
         Workload("small objects", "bench-small", "small/", 20, readers, 3, small),
+        # The same reads in a process the size of a training one: a dataset index of 5 million live objects.
+        *(
+            Workload(
+                "small objects in a training heap",
+                "bench-small",
+                "small/",
+                latency,
+                ["gcsfs_cat", "obstore", "ours", "ceiling"],
+                3,
+                small,
+                heap_objects=HEAP_OBJECTS,
+            )
+            for latency in (0, 20)
+        ),
         Workload(
             "large objects",
             "bench-large",
@@ -197,6 +225,9 @@ def build_workloads(quick: bool) -> list[Workload]:
             "checkpoint 2 GiB", "bench-ckpt", "ckpt/", 0, ["ours"], 1, capped=True, checkpoint_mib=2048, timeout=600
         ),
         Workload("compression", "bench-ckpt", "ckpt/", 0, ["none", "zstd-1-plain", "zstd-1", "zstd-3"], 3, capped=True),
+        # HTTPS, as GCS serves: HAProxy terminates TLS before the emulator; raw clients beside ours.
+        Workload("https small objects", "bench-small", "small/", 0, HTTPS_READERS, 3, small, tls=True),
+        Workload("https large objects", "bench-large", "large/", 0, HTTPS_READERS, 3, large, tls=True),
         # fsspec users' calls, ours beside gcsfs's on the same objects.
         Workload("fsspec small objects", "bench-small", "small/", 0, ["gcsfs_cat", "fsspec_cat", "ceiling"], 5, small),
         Workload("fsspec small objects", "bench-small", "small/", 20, ["gcsfs_cat", "fsspec_cat", "ceiling"], 5, small),
@@ -218,11 +249,33 @@ def build_workloads(quick: bool) -> list[Workload]:
             3,
             make_objects=lambda: safetensors_file(1024 // scale),
         ),
+        # gs:// to tensors: safetensors.torch.load after each peer's download, Run:ai's streamer, ours.
+        Workload(
+            "safetensors",
+            "bench-safetensors",
+            "st/",
+            0,
+            [
+                "gcs_download_load",
+                "gcsfs_cat_load",
+                "fsspec_cat_load",
+                "urllib3_ranges",
+                "runai_streamer",
+                "ours_safetensors",
+            ],
+            3,
+            make_objects=lambda: safetensors_file(1024 // scale),
+        ),
     ]
 
 
 def run_reader(
-    workload: Workload, reader: str, endpoint: str, manifest: dict[str, list[int]], args: argparse.Namespace
+    workload: Workload,
+    reader: str,
+    endpoint: str,
+    manifest: dict[str, list[int]],
+    args: argparse.Namespace,
+    ca_file: str = "",
 ) -> dict[str, Any]:
     spec = {
         "workload": workload.name.split()[0],
@@ -236,6 +289,7 @@ def run_reader(
         "checkpoint_mib": workload.checkpoint_mib // (8 if args.quick else 1),
         "real_weights": str(REAL_WEIGHTS) if workload.name == "compression" else "",
         "budget_seconds": max(args.budget, 150.0) if workload.capped else args.budget,  # 3 runs of a slow peer
+        "heap_objects": workload.heap_objects,
     }
     started = time.perf_counter()
     timeout = workload.timeout or args.timeout
@@ -248,6 +302,7 @@ def run_reader(
             cwd=ROOT,
             timeout=timeout,
             check=False,
+            env={**os.environ, "SSL_CERT_FILE": ca_file, "REQUESTS_CA_BUNDLE": ca_file} if ca_file else None,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"gave up after {timeout:.0f} s"}
@@ -286,6 +341,8 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             lines += [f"\n### {workload}, every connection capped at {CHECKPOINT_BANDWIDTH / 1e6:.0f} MB/s each way\n"]
         else:
             lines += [f"\n### {workload}, {latency} ms added latency\n"]
+        if workload.startswith("https"):
+            lines[-1] = f"\n### {workload}, through HAProxy terminating TLS (self-signed certificate), no added delay\n"
         direct, ceiling = _fastest(group, "gcs_loop"), _fastest(group, "ceiling")
         fsspec = workload.startswith("fsspec")
 
@@ -347,6 +404,37 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                     fmt(r["load_seconds"], 2),
                     ratio(1 / r["load_seconds"], plain and 1 / plain["load_seconds"]),
                     f"{fmt(r['save_cpu_seconds'], 2)} / {fmt(r['load_cpu_seconds'], 2)}",
+                    str(len(r["all_seconds"])),
+                ],
+            )
+        elif workload.startswith("https"):
+            columns = ["reader", "objects/s", "MB/s", "client CPU s per GB", "runs"]
+            lines += _table(
+                columns,
+                group,
+                lambda r: [
+                    fmt(r["objects"] / r["seconds"], 0 if r["objects"] / r["seconds"] >= 100 else 2),
+                    fmt(r["bytes"] / 1e6 / r["seconds"], 1),
+                    fmt(r["cpu_seconds"] * 1e9 / r["bytes"], 2),
+                    str(len(r["all_seconds"])),
+                ],
+            )
+        elif workload == "safetensors":
+            done = [r for r in group if "error" not in r]
+            python = [r for r in done if r["reader"] in ("gcs_download_load", "gcsfs_cat_load", "fsspec_cat_load")]
+            best_python = max((r["bytes"] / r["seconds"] for r in python), default=None)
+            runai = next((r for r in done if r["reader"] == "runai_streamer"), None)
+            columns = ["reader", "MB/s", "vs best Python peer", "vs Run:ai", "peak RSS growth, MiB (x file)",
+                       "client CPU s", "runs"]  # fmt: skip
+            lines += _table(
+                columns,
+                group,
+                lambda r, best_python=best_python, runai=runai: [
+                    fmt(r["bytes"] / r["seconds"] / 1e6),
+                    ratio(r["bytes"] / r["seconds"], best_python),
+                    ratio(r["bytes"] / r["seconds"], runai and runai["bytes"] / runai["seconds"]),
+                    f"{fmt(r['peak_rss_growth_mib'])} ({fmt(r['peak_rss_growth_mib'] * MiB / r['bytes'], 2)}x)",
+                    fmt(r["cpu_seconds"], 2),
                     str(len(r["all_seconds"])),
                 ],
             )
@@ -440,7 +528,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 def per_thousand(row: dict[str, Any]) -> list[str]:
     """Client and emulator CPU seconds per 1,000 objects and requests per object (small objects only)."""
-    if not row["workload"].endswith("small objects"):
+    if "small objects" not in row["workload"]:
         return ["–"] * 3
     return [
         fmt(row["cpu_seconds"] * 1000 / row["objects"], 3),
@@ -465,7 +553,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for (workload, latency), group in _groups(rows).items():
         ok = [r for r in group if "error" not in r]
-        if not ok or workload == "fsspec safetensors":  # one object: its table says it all
+        if not ok or workload in ("fsspec safetensors", "safetensors"):  # one object: its table says it all
             continue
         if workload.startswith(("checkpoint", "compression")):
             labels = [r["label"] for r in ok] * 2
@@ -523,7 +611,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tenth of the data, to check the rig")
     parser.add_argument(
-        "--only", nargs="*", help="workload names to run (small, large, listing, checkpoint, compression, fsspec)"
+        "--only",
+        nargs="*",
+        help="workload names to run (small, large, listing, checkpoint, compression, https, fsspec, safetensors)",
     )
     parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
     parser.add_argument("--budget", type=float, default=30.0, help="stop repeating a reader after this many seconds")
@@ -542,6 +632,7 @@ def main() -> None:
         # fake-gcs-server spends ~0.5 s of CPU per page on a large bucket.
         index_front = GCSFront(emulator.endpoint).start()
         capped_front = GCSFront(emulator.endpoint, bandwidth=CHECKPOINT_BANDWIDTH).start()
+        tls_front = LatencyFront(emulator.endpoint, latency=0, tls=True).start()
         listing_front = LatencyFront(index_front.endpoint, latency=0.020).start()
         try:
             manifests: dict[str, dict[str, list[int]]] = {}
@@ -566,19 +657,22 @@ def main() -> None:
                     endpoint = listing_front.endpoint
                 if workload.capped:
                     endpoint = capped_front.endpoint
+                ca_file = tls_front.ca_file if workload.tls else ""
+                if workload.tls:
+                    endpoint = tls_front.endpoint
                 if workload.name == "compression":
                     prepare_real_weights()
                 for reader in workload.readers:
                     index_front.reset_counts()
                     server_cpu = emulator.cpu_seconds()
-                    result = run_reader(workload, reader, endpoint, manifest, args)
+                    result = run_reader(workload, reader, endpoint, manifest, args, ca_file)
                     if "error" not in result:
                         result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(
                             result["all_seconds"]
                         )
                     if workload.indexed and "error" not in result:
                         result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
-                    if workload.name.endswith("small objects") and workload.latency_ms and "error" not in result:
+                    if "small objects" in workload.name and workload.latency_ms and "error" not in result:
                         result["requests_per_object"] = count_requests(workload, reader, index_front, manifest, args)
                     row = {
                         "workload": workload.name,
@@ -599,6 +693,7 @@ def main() -> None:
             listing_front.stop()
             index_front.stop()
             capped_front.stop()
+            tls_front.stop()
     elapsed = time.perf_counter() - started
     date = datetime.date.today().isoformat()
     command = (

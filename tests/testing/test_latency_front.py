@@ -94,3 +94,22 @@ def test_it_starts_in_front_of_a_gcs_front(gcs_emulator: Emulator, gcs_bucket: s
     with GCSFront(gcs_emulator.endpoint) as gcs_front, LatencyFront(gcs_front.endpoint, latency=0.01) as front:
         answer = requests.get(f"{front.endpoint}/download/storage/v1/b/{gcs_bucket}/o/x?alt=media", timeout=10)
         assert answer.content == b"payload"
+
+
+def test_tls_front_serves_https_that_a_trusting_client_reads_whole(
+    gcs_emulator: Emulator, gcs_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTPS, as GCS serves it: a client that trusts the front's certificate reads large and small objects
+    bit-exact (ranged reads included); one that does not is refused."""
+    objects = {"large.bin": os.urandom(24 * 1024 * 1024), "small.bin": os.urandom(1000)}
+    gcs_emulator.seed(gcs_bucket, objects)
+    with LatencyFront(gcs_emulator.endpoint, latency=0, tls=True) as front:
+        assert front.endpoint.startswith("https://")
+        target = f"{front.endpoint}/storage/v1/b/{gcs_bucket}/o/small.bin"
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(target, verify=True, timeout=10)
+        assert requests.get(target, verify=front.ca_file, timeout=10).json()["size"] == "1000"
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", front.ca_file)
+        urls = [f"gs://{gcs_bucket}/{name}" for name in objects]
+        pipe = GCSFileLoaderIterDataPipe(urls, client=front.client_config)
+        assert {url.rsplit("/", 1)[1]: stream.read() for url, stream in pipe} == objects

@@ -194,3 +194,28 @@ def test_completion_settings_are_checked(front: GCSFront) -> None:
         front.completion_delay = -1
     with pytest.raises(ValueError, match="completion_answer"):
         front.completion_answer = "never"  # type: ignore[assignment]
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the guard's peak memory from /proc")
+def test_completion_streams_through_the_emulator_guard() -> None:
+    """A completion streams the object into a filesystem-backed emulator: its name guard passes the bytes
+    through unread instead of holding the whole object (as it must a multipart body, to find its parts),
+    so a completion costs the rig no more than the object's bytes moving once, as uploads do."""
+    parts = [os.urandom(8 * MiB) for _ in range(6)]
+    with Emulator(backend="filesystem") as emulator, GCSFront(emulator.endpoint) as front:
+        emulator.create_bucket(BUCKET)
+        upload_id = initiate(front, "big.bin")
+        etags = [put_part(front, "big.bin", upload_id, n, data).headers["ETag"] for n, data in enumerate(parts, 1)]
+        assert emulator._server is not None
+        guard = emulator._server.pid
+        before = _peak_rss_mib(guard)
+        answer = complete(front, "big.bin", upload_id, list(enumerate(etags, 1)))
+        assert answer.status_code == 200, answer.text
+        growth = _peak_rss_mib(guard) - before
+        assert emulator.read(BUCKET, "big.bin") == b"".join(parts)
+    assert growth < 16, f"the guard grew {growth:.0f} MiB for a 48 MiB object"

@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-import google_crc32c
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from .._ops.checksums import (
@@ -43,7 +42,7 @@ from .._transport.loop import Handoff, submit
 from .._transport.retry import Attempts
 from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
-from .ranges import read_range, read_ranges_into, version_gone
+from .ranges import read_range, read_ranges_into, take_piece, version_gone
 from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
@@ -92,19 +91,6 @@ def _size_in_content_range(url: str, response: Any, part_size: int) -> int:
     return int(match.group(2))
 
 
-async def _read_parts(
-    context: RequestContext, url: str, path: str, params: dict[str, Any], start: int, size: int
-) -> list[bytes]:
-    """The object's bytes from ``start`` to ``size`` (in pieces), read as concurrent ranges of ``part_size``."""
-    parts = await asyncio.gather(
-        *(
-            read_range(context, url, path, params, offset, min(context.part_size, size - offset))
-            for offset in range(start, size, context.part_size)
-        )
-    )
-    return [chunk for part in parts for chunk in part]
-
-
 async def _read_at_most(response: Response, limit: int) -> list[bytes]:
     """Up to ``limit`` bytes of a response body, in the chunks they came in."""
     chunks: list[bytes] = []
@@ -119,21 +105,17 @@ async def _read_at_most(response: Response, limit: int) -> list[bytes]:
 
 
 async def _read_into(response: Response, target: memoryview, *, to_the_end: bool) -> tuple[int, int]:
-    """Copy a response body into ``target`` as it arrives, until ``target`` is full or, ``to_the_end``,
-    until the body ends; the bytes received (more than ``target`` holds if the body was longer) and
-    the crc32c of those put in place (from the chunks: ``google_crc32c`` reads no writable buffer)."""
+    """Fill ``target`` from a response body as it arrives (each piece put in place by the transport), until
+    ``target`` is full and, ``to_the_end``, the body ends; the bytes received (one more than ``target``
+    holds if the body was longer) and the crc32c of those put in place."""
     received = crc = 0
-    if len(target) == 0 and not to_the_end:
-        return received, crc
-    async for chunk in response.chunks():
-        if to_the_end and received + len(chunk) > len(target):
-            return received + len(chunk), crc
-        piece = chunk[: len(target) - received]
-        target[received : received + len(piece)] = piece
-        crc = google_crc32c.extend(crc, piece)
-        received += len(piece)
-        if received >= len(target) and not to_the_end:
-            break
+    while received < len(target):
+        count, crc = await take_piece(response, target[received:], crc)
+        if not count:
+            return received, crc
+        received += count
+    if to_the_end:
+        received += await response.readinto(memoryview(bytearray(1)))
     return received, crc
 
 
@@ -182,8 +164,8 @@ def _ranges_in_this_process(client: Client, url: str, params: dict[str, Any]) ->
 
 
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream
-"""An object's bytes (whole, or in chunks, or views into a composite's chunks), or a stream over
-one too large for the byte budget."""
+"""An object's bytes (whole, or in the chunks of its one GET, or views into a composite's chunks), or a
+stream over one too large for the byte budget."""
 
 
 class _ObjectStream(StreamWrapper):
@@ -208,18 +190,15 @@ def as_stream(url: str, data: Loaded) -> StreamWrapper:
     return _ObjectStream(stream, name=url)
 
 
-def fetch_object(
-    context: RequestContext, url: str, info: ObjectInfo | None, seq: int, *, in_one_buffer: bool = False
-) -> Awaitable[tuple[Loaded, int]]:
+def fetch_object(context: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> Awaitable[tuple[Loaded, int]]:
     """Download one object's stored bytes, verified, pinned to one generation (the listed one, if known).
 
-    An object larger than ``part_size`` is read as concurrent ranges and comes back in parts, or with
-    ``in_one_buffer`` in one ``bytes`` assembled in place; one larger than the byte budget comes back as a
-    :class:`PartStream` that reads ahead within its share of the budget and gives it back when closed,
-    or, held until verified, in one ``bytes``. Returns the bytes (or stream) and the budget reserved for
-    bytes, which the consumer releases.
+    An object larger than ``part_size`` is read as concurrent ranges straight into one ``bytes`` of its
+    size; one larger than the byte budget comes back as a :class:`PartStream` that reads ahead within its
+    share of the budget and gives it back when closed, or, held until verified, in one ``bytes``. Returns
+    the bytes (or stream) and the budget reserved for bytes, which the consumer releases.
     """
-    return _ObjectRead(context, url, info, seq, in_one_buffer).run()
+    return _ObjectRead(context, url, info, seq).run()
 
 
 class _ObjectRead:
@@ -232,7 +211,6 @@ class _ObjectRead:
         "context",
         "filled",
         "filled_crc",
-        "in_one_buffer",
         "info",
         "params",
         "path",
@@ -241,12 +219,9 @@ class _ObjectRead:
         "url",
     )
 
-    def __init__(
-        self, context: RequestContext, url: str, info: ObjectInfo | None, seq: int, in_one_buffer: bool
-    ) -> None:
+    def __init__(self, context: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> None:
         bucket, name = parse_url(url, allow_prefix=False)
         self.context, self.url, self.info, self.seq = context, url, info, seq
-        self.in_one_buffer = in_one_buffer
         self.path = context.session.media_path(bucket, name)
         self.params: dict[str, Any] = (
             {"alt": "media"} if info is None else {"alt": "media", "generation": info.generation}
@@ -277,17 +252,7 @@ class _ObjectRead:
                     await _learn_version(context, url, params, self.checksums)
             if self.streamed(size):
                 return self.stream(size, parts), self.reserved
-            if self.assembled(size):
-                return await self.assemble(size), self.reserved
-            rereads = Attempts(context.retry, url, on_retry=context.stats.count_retry)
-            while True:
-                parts += await _read_parts(context, url, self.path, params, sum(map(len, parts)), size)
-                try:
-                    verify_bytes(url, parts, size, self.checksums)
-                    return parts, self.reserved
-                except IntegrityError as exc:  # each part had its length, so which one is bad is unknown
-                    await asyncio.sleep(rereads.delay_after(exc))
-                    parts = []
+            return await self.assemble(size), self.reserved
         except BaseException:
             if self.reserved:
                 context.budget.release(self.reserved)
@@ -319,13 +284,6 @@ class _ObjectRead:
         """Whether an object of ``size`` bytes is handed out as a stream that reads ahead, not held whole
         (one larger than the budget, unless bytes are to be held until verified)."""
         return size > self.context.budget.limit and not self.context.hold_until_verified
-
-    def assembled(self, size: int) -> bool:
-        """Whether an object of ``size`` bytes read in ranges is assembled in one buffer as they arrive:
-        when asked to (``in_one_buffer``), and when held until verified although larger than the budget. Other
-        objects within the budget stay in the chunks they came in: in a loader's mix of sizes, buffers
-        of their own would add to the memory the chunks' heap keeps (measured in benchmarks/README.md)."""
-        return not self.streamed(size) and (self.in_one_buffer or size > self.context.budget.limit)
 
     def share(self, size: int) -> int:
         """Budget to hold for an object: all of it, or a stream's read-ahead."""
@@ -400,7 +358,7 @@ class _ObjectRead:
         # and read in ranges put straight into its one buffer: joining them would hold the object twice.
         whole = response.status == 200 and ranged and not self.streamed(total)
         expected = total if whole else min(total, context.part_size)
-        if expected < total and self.assembled(total):
+        if expected < total and not self.streamed(total):
             self.buffer, chunks = FilledBytes(total), []
             target = self.buffer.view[:expected]
             received, self.filled_crc = await _read_into(response, target, to_the_end=response.status == 206)

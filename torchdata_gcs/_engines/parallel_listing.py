@@ -5,8 +5,8 @@ listed by up to ``concurrency`` tasks on the I/O loop, each owning a range ``[st
 with ``startOffset``/``endOffset``. A lister that runs out of work steals: it splits the remaining
 part of a busy range and takes the upper part (:class:`KeySpace` says where to cut). Splits are
 rationed (``SPLIT_BUDGET``) so the whole listing stays within half again the requests of a sequential
-one; parallelism grows as full pages come back. Ranges stay in key order, and names are yielded in
-that order as soon as every earlier range is finished.
+one, counted for each listing alone; parallelism grows as pages come back, from the first one on.
+Ranges stay in key order, and names are yielded in that order as soon as every earlier range is finished.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class KeySpace:
         self.alphabets = alphabets
         self._digits = [{char: index + 1 for index, char in enumerate(alphabet)} for alphabet in alphabets]
         self._radixes = [len(alphabet) + 1 for alphabet in alphabets]
+        self.top = math.prod(self._radixes) - 1  # the value of the greatest name
 
     def holds(self, name: str) -> bool:
         """Whether every character of ``name`` is allowed at its position."""
@@ -102,7 +103,8 @@ def split_point(low: str, high: str | None, space: KeySpace, stride: int = 0) ->
     """A name ``m`` with ``low < m < high``: the middle of the range, or ``low`` plus ``stride``.
 
     ``high=None`` means no upper bound; then ``stride`` (a distance in ``space``'s units, such as
-    what the last page of names spanned) says how far beyond ``low`` to cut. Returns ``None`` when
+    what the last page of names spanned) says how far beyond ``low`` to cut, or halfway to the
+    greatest name ``space`` holds if a stride would pass it. Returns ``None`` when
     ``space`` holds no such name.
 
     >>> space = KeySpace(["0123456789", "0123456789"])
@@ -110,11 +112,16 @@ def split_point(low: str, high: str | None, space: KeySpace, stride: int = 0) ->
     '20'
     >>> split_point("10", None, space, stride=space.value("13") - space.value("10"))
     '13'
+    >>> split_point("90", None, space, stride=space.value("60") - space.value("10"))  # past "99"
+    '94'
     """
     if not space.holds(low) or (high is not None and not space.holds(high)):
         return None
     start = space.value(low)
-    target = (start + space.value(high)) // 2 if high is not None else start + stride
+    if high is not None:
+        target = (start + space.value(high)) // 2
+    else:  # a stride past the last name in the space: cut halfway to it instead
+        target = start + stride if start + stride <= space.top else (start + space.top) // 2
     middle = space.name(target)
     if middle is None or not low < middle or (high is not None and not middle < high):
         return None
@@ -149,6 +156,8 @@ class _Range:
     done: bool = False
     last_page_full: bool = False
     last_page_stride: int = 0
+    pages: int = 0
+    listed: int = 0
     token: str | None = None
     query: dict[str, Any] = field(default_factory=dict)
     trail: PageTrail | None = None
@@ -175,7 +184,9 @@ class _Listing:
         self.url = format_url(bucket, prefix)
         self.ranges = [_Range(start=prefix, end=None, after=after if after is not None and after > prefix else None)]
         self.space = KeySpace([""])
-        self.stats = ListingStats()
+        self.stats = ListingStats()  # may be shared with other listings: the budget counts this one's alone
+        self.requests = 0
+        self.objects = 0
         self.error: Exception | None = None
         self.stopped = False
         self.idle = 0  # listers waiting for work
@@ -228,17 +239,27 @@ class _Listing:
         return None
 
     def _affordable(self) -> bool:
-        """Whether one more range keeps the listing within ``1 + SPLIT_BUDGET`` times a sequential one.
-
-        Every request but a range's last comes back full. So the requests that were not full so
-        far, plus one last request for each range not yet done (and the new one), must stay
-        within ``SPLIT_BUDGET`` per full page: a sequential listing needs at least one request per
-        full page.
-        """
-        stats = self.stats
-        not_full = stats.requests - stats.full_pages
+        """Whether one more range keeps the listing within ``1 + SPLIT_BUDGET`` times a sequential one,
+        however it ends: if every range not yet done (and the new one) needs one more request, and
+        that request lists nothing, the requests sent must still fit :meth:`_sequential_floor`'s share."""
         open_ranges = sum(not listed.done for listed in self.ranges)
-        return not_full + open_ranges + 1 <= SPLIT_BUDGET * stats.full_pages
+        return self.requests + open_ranges + 1 <= (1 + SPLIT_BUDGET) * self._sequential_floor()
+
+    def _sequential_floor(self) -> int:
+        """The fewest requests a sequential listing of the same prefix can need, from what is listed so far.
+
+        It needs a request per ``page_size`` names at least. And the first range's requests are the very
+        requests a sequential listing starts with (same query, same page tokens): while that range is not
+        done, each of its pages came with a page token, so a sequential listing sends those, then at
+        least one more, and one per ``page_size`` of the names listed beyond them. This is what lets the
+        first split go out after the first page rather than after the fourth.
+        """
+        first, size = self.ranges[0], self.page_size
+        floor = -(-self.objects // size)
+        if not first.done:
+            beyond = self.objects - first.listed
+            floor = max(floor, first.pages + max(1, -(-beyond // size)))
+        return floor
 
     def _pages_left(self, listed: _Range) -> float:
         """About how many pages a range has left to list: 0 if it cannot be split, inf if unbounded."""
@@ -289,6 +310,7 @@ class _Listing:
             items = page.get("items", [])
             logger.debug("listed %d objects of %s from %r", len(items), self.url, params["startOffset"])
             self.stats.requests += 1
+            self.requests += 1
             fresh = [  # a resumed listing repeats ``after``; a split may have cut the end
                 item
                 for item in items
@@ -296,7 +318,10 @@ class _Listing:
                 and (owned.end is None or item["name"] < owned.end)
             ]
             owned.items.extend(fresh)
+            owned.pages += 1
+            owned.listed += len(fresh)
             self.stats.objects += len(fresh)
+            self.objects += len(fresh)
             if fresh:
                 owned.after = fresh[-1]["name"]
                 self._learn(fresh)

@@ -1,17 +1,16 @@
 """Ranged reads of one object version: each range resumed from the byte it reached and checked for its
 length, handed over as it arrives, collected as chunks, or read concurrently into a caller's buffer with
-the crc32c of the whole."""
+the crc32c of the whole. Into a buffer, the transport puts each piece of a body in place
+(``Response.readinto``) and it is hashed there, while in cache: no copy of ours, no ``bytes`` per piece."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import google_crc32c
-
-from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_extend, crc32c_of_concatenation
 from .._ops.client import Client
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
@@ -21,7 +20,15 @@ from .._transport.retry import Attempts
 from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, NotFoundError
 
-__all__ = ["read_into", "read_into_buffer", "read_range", "read_ranges_into", "stream_range", "version_gone"]
+__all__ = [
+    "read_into",
+    "read_into_buffer",
+    "read_range",
+    "read_ranges_into",
+    "stream_range",
+    "take_piece",
+    "version_gone",
+]
 
 
 def version_gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError:
@@ -32,6 +39,18 @@ def version_gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFou
         url=url,
         status=exc.status,
     )
+
+
+async def _pinned(
+    context: RequestContext, url: str, params: dict[str, Any], attempt: Callable[[], Awaitable[None]]
+) -> None:
+    """Run ``attempt`` as retries allow; a 404 of a read pinned to a generation says the version is gone."""
+    try:
+        await with_retry(context, url, attempt)
+    except NotFoundError as exc:
+        if is_missing_bucket(exc):
+            raise
+        raise version_gone(url, params, exc) from exc
 
 
 def _check_range_answer(url: str, response: Response, start: int, end: int) -> None:
@@ -76,12 +95,7 @@ async def stream_range(
         if position < end:
             raise IntegrityError(f"{url}: the range answer stopped at byte {position} of {end}", url=url)
 
-    try:
-        await with_retry(context, url, attempt)
-    except NotFoundError as exc:
-        if is_missing_bucket(exc):
-            raise
-        raise version_gone(url, params, exc) from exc
+    await _pinned(context, url, params, attempt)
 
 
 async def read_range(
@@ -94,19 +108,38 @@ async def read_range(
     return chunks
 
 
+async def take_piece(response: Response, target: memoryview, crc: int) -> tuple[int, int]:
+    """The next piece of ``response``'s body put into ``target`` by the transport, and ``crc`` extended by
+    it while it is in cache: how many bytes (``0`` at the end of the body) and the new crc32c."""
+    count = await response.readinto(target)
+    return count, crc32c_extend(crc, target[:count])
+
+
 async def _read_range_into(
     context: RequestContext, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
 ) -> int:
-    """Fill ``buffer`` with the object's bytes from ``start``; returns their crc32c, computed from
-    the chunks as they arrive."""
-    crc = 0
+    """Fill ``buffer`` with the object's bytes from ``start`` by ranged GETs that resume from the byte they
+    reached; returns their crc32c (each piece hashed as it lands, once: a resumed GET adds to it)."""
+    end = start + len(buffer)
+    filled = crc = 0
 
-    def take(position: int, chunk: bytes) -> None:
-        nonlocal crc
-        buffer[position - start : position - start + len(chunk)] = chunk
-        crc = google_crc32c.extend(crc, chunk)
+    async def attempt() -> None:
+        nonlocal filled, crc
+        position = start + filled
+        async with context.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
+            _check_range_answer(url, response, position, end)
+            while filled < len(buffer):
+                count, crc = await take_piece(response, buffer[filled:], crc)
+                if not count:
+                    break
+                filled += count
+                context.stats.bytes += count
+            if filled == len(buffer) and await response.readinto(memoryview(bytearray(1))):
+                raise IntegrityError(f"{url}: the range answer ran past byte {end}", url=url)
+        if filled < len(buffer):
+            raise IntegrityError(f"{url}: the range answer stopped at byte {start + filled} of {end}", url=url)
 
-    await stream_range(context, url, path, params, start, len(buffer), take)
+    await _pinned(context, url, params, attempt)
     return crc
 
 

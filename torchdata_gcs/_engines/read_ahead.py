@@ -11,9 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass, field
 
-import google_crc32c
-
-from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
+from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_extend, crc32c_of_concatenation
 from .._transport.context import RequestContext
 from .._transport.loop import submit, wait
 from .._transport.retry import Attempts
@@ -186,7 +184,7 @@ class ReadAhead:
                 break
             whole = offset == span.start and length == span.size
             piece = memoryview(span.buffer)[offset - span.start : offset - span.start + length]
-            actual = crc if whole else google_crc32c.value(bytes(piece))
+            actual = crc if whole else crc32c_extend(0, piece)
             if actual != expected:
                 raise IntegrityError(
                     f"{span.url}: the item at [{offset}, {offset + length}) has crc32c {crc32c_base64(actual)}, "

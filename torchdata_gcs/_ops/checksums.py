@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Sequence
+import ctypes
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import google_crc32c
@@ -11,10 +14,12 @@ import google_crc32c
 from ..errors import IntegrityError
 
 __all__ = [
+    "COPIED_PIECE",
     "REQUIRED_FIELDS",
     "ObjectInfo",
     "check_crc32c",
     "crc32c_base64",
+    "crc32c_extend",
     "crc32c_of_concatenation",
     "crc32c_value",
     "hash_header",
@@ -57,6 +62,53 @@ def crc32c_base64(data: bytes | int) -> str:
     """CRC32C of ``data`` (or a CRC32C value already computed) encoded as GCS reports it."""
     value = data if isinstance(data, int) else google_crc32c.value(data)
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+COPIED_PIECE = 1024 * 1024
+"""Where google_crc32c's C library cannot be called directly, a buffer other than ``bytes`` is hashed
+in copies of at most this many bytes."""
+
+
+@functools.cache
+def _library_extend() -> Callable[[int, int, int], int] | None:
+    """``crc32c_extend(crc, address, length)`` of the C library that google_crc32c's Linux wheels ship beside
+    the package (``google_crc32c.libs/libcrc32c-*.so``), called through ctypes, which releases the interpreter
+    lock during the call; ``None`` where no such library is found (other wheel layouts, a source build)."""
+    for library in sorted(Path(google_crc32c.__file__).parent.parent.glob("google_crc32c.libs/libcrc32c*.so*")):
+        try:
+            extend = ctypes.CDLL(str(library)).crc32c_extend
+        except (OSError, AttributeError):
+            continue
+        extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
+        extend.restype = ctypes.c_uint32
+        return extend  # type: ignore[no-any-return]
+    return None
+
+
+def crc32c_extend(crc: int, data: bytes | bytearray | memoryview) -> int:
+    """``crc`` extended by the bytes of ``data``: ``bytes``, or any C-contiguous buffer (a ``bytearray``, a
+    ``memoryview`` or slice of one, an ``mmap``), read in place. ``google_crc32c.extend`` takes ``bytes``
+    only; a writable buffer goes to its C library by address instead, with no copy; a read-only one that
+    is not ``bytes`` (or any buffer, where that library is not found) in copies of :data:`COPIED_PIECE`.
+
+    >>> crc = crc32c_extend(0, b"hello ")
+    >>> crc32c_extend(crc, memoryview(bytearray(b"world"))) == google_crc32c.value(b"hello world")
+    True
+    """
+    if isinstance(data, bytes):
+        return int(google_crc32c.extend(crc, data))
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise ValueError("crc32c_extend needs a C-contiguous buffer")
+    view = view.cast("B")
+    if not view:
+        return crc
+    extend = _library_extend()
+    if extend is not None and not view.readonly:
+        return int(extend(crc, ctypes.addressof(ctypes.c_char.from_buffer(view)), len(view)))
+    for start in range(0, len(view), COPIED_PIECE):
+        crc = google_crc32c.extend(crc, bytes(view[start : start + COPIED_PIECE]))
+    return crc
 
 
 def crc32c_value(encoded: str) -> int:
@@ -187,5 +239,5 @@ def verify_bytes(url: str, parts: Sequence[bytes], size: int | None, crc32cs: di
     if any(value is not None for value in crc32cs.values()):
         crc = 0
         for part in parts:
-            crc = google_crc32c.extend(crc, part)
+            crc = crc32c_extend(crc, part)
         check_crc32c(url, crc32c_base64(crc), crc32cs)

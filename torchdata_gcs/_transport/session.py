@@ -18,8 +18,8 @@ import platform
 import re
 import ssl
 import threading
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -63,6 +63,9 @@ that sends ``Accept-Encoding: gzip``, as JSON metadata reads do (see :meth:`Sess
 API_CLIENT = f"gl-python/{platform.python_version()} {USER_AGENT}"
 """The ``x-goog-api-client`` header, as Google's own clients send it: the language and its version, then
 the library and its version (Google counts requests by client library from it)."""
+
+
+_GZIP = {"Accept-Encoding": "gzip"}  # a media read's headers (never changed): no dict made per read
 
 
 def media_url(endpoint: str, bucket: str, name: str) -> str:
@@ -191,10 +194,9 @@ class Session:
     ) -> AbstractAsyncContextManager[Response]:
         """GET the object's bytes at media ``path`` as stored (gzip-encoded ones too, which the
         checksums cover); a non-2xx answer raises its typed error naming ``url``."""
-        return self.send("GET", url, path, params, {"Accept-Encoding": "gzip", **(headers or {})}, media=True)
+        return self.send("GET", url, path, params, {**_GZIP, **headers} if headers else _GZIP, media=True)
 
-    @asynccontextmanager
-    async def send(
+    def send(
         self,
         method: str,
         url: str,
@@ -206,28 +208,16 @@ class Session:
         xml_api: bool = False,
         answer_timeout: float | None = None,
         media: bool = False,
-    ) -> AsyncIterator[Response]:
+    ) -> AbstractAsyncContextManager[Response]:
         """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
         ``data`` body if given (bytes, or pieces sent one after the other, never joined); a non-2xx
         answer raises its typed error naming ``url``. With ``answer_timeout``, the whole exchange may
         take that many seconds, and the read timeout does not apply. A ``media`` request (no body) goes
         out through the media transport."""
-        self.sent = True
         params, headers = self.billed(params, headers, xml_api=xml_api)
-        request_headers = {**(await self._headers(url)), **(headers or {})} if self.credentials else headers
         target = f"{path}?{query_string(params)}" if params else path
-        async with (self.media if media else self.transport).request(
-            method, target, request_headers, url=url, json=json, data=data, answer_timeout=answer_timeout
-        ) as response:
-            if response.status >= 400:
-                text = (await response.read()).decode("utf-8", errors="replace")
-                raise error_for_status(
-                    response.status,
-                    url,
-                    error_detail(text),
-                    retry_after=retry_after_seconds(response.headers.get("Retry-After")),
-                )
-            yield response
+        transport = self.media if media else self.transport
+        return _Sent(self, transport, method, url, target, headers, json, data, answer_timeout)
 
     @staticmethod
     async def json_answer(response: Response, url: str, required: Sequence[str] = ()) -> Any:
@@ -251,6 +241,78 @@ def _trust(endpoint: str) -> tuple[ssl.SSLContext | None, str]:
         return trusted_certificates()
     except ValueError as exc:
         raise EndpointError(str(exc)) from None
+
+
+class _Sent:
+    """One :meth:`Session.send` as an async context manager whose value is a 2xx answer (any other raises its
+    typed error, the answer released). A class, not a generator-based manager: it holds no coroutine frame
+    while the answer is read, and small requests, hundreds in flight, allocate less."""
+
+    __slots__ = (
+        "_answer_timeout",
+        "_data",
+        "_exchange",
+        "_headers",
+        "_json",
+        "_method",
+        "_session",
+        "_target",
+        "_transport",
+        "_url",
+    )
+
+    def __init__(
+        self,
+        session: Session,
+        transport: Transport,
+        method: str,
+        url: str,
+        target: str,
+        headers: dict[str, str] | None,
+        json: Any,
+        data: Body | None,
+        answer_timeout: float | None,
+    ) -> None:
+        self._session, self._method, self._url, self._target, self._headers = session, method, url, target, headers
+        self._transport = transport
+        self._json, self._data, self._answer_timeout = json, data, answer_timeout
+        self._exchange: AbstractAsyncContextManager[Response] | None = None
+
+    async def __aenter__(self) -> Response:
+        session, url, headers = self._session, self._url, self._headers
+        session.sent = True
+        if session.credentials:
+            headers = {**(await session._headers(url)), **(headers or {})}
+        exchange = self._exchange = self._transport.request(
+            self._method,
+            self._target,
+            headers,
+            url=url,
+            json=self._json,
+            data=self._data,
+            answer_timeout=self._answer_timeout,
+        )
+        response = await exchange.__aenter__()
+        if response.status < 400:
+            return response
+        try:
+            text = (await response.read()).decode("utf-8", errors="replace")
+            error = error_for_status(
+                response.status,
+                url,
+                error_detail(text),
+                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+            )
+        except BaseException as exc:  # the error body could not be read: that failure, the answer released
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await self.__aexit__(type(error), error, None)  # releases the answer
+        raise error
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            await exchange.__aexit__(exc_type, exc, tb)
 
 
 def _where_the_endpoint_comes_from(config: ClientConfig) -> str:

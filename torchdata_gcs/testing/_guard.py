@@ -139,13 +139,14 @@ def _bad_body(content_type: str, body: bytes) -> str | None:
 
 def _streamed(method: str, target: str) -> bool:
     """Whether the request's body is an object's bytes, streamed through unread: a media upload, a chunk
-    of a resumable upload (``PUT``), an XML API upload. Any other body is read and checked."""
+    of a resumable upload (``PUT``, or ``POST`` as GCS also takes it), an XML API upload. Any other body is
+    read and checked."""
     query: dict[str, str] = {}
     for key, value in parse_qsl(urlsplit(target).query, keep_blank_values=True):
         query.setdefault(key, value)  # the first, as Go's Query().Get reads it
     if query.get("uploadType") == "media":
         return True
-    if method == "PUT" and query.get("uploadType") == "resumable" and query.get("upload_id"):
+    if method in ("PUT", "POST") and query.get("uploadType") == "resumable" and query.get("upload_id"):
         return True
     return method == "PUT" and not target.startswith(("/storage/", "/upload/", "/batch/"))
 

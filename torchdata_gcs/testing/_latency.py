@@ -3,13 +3,15 @@
 A Python proxy costs more per request than the clients it should tell apart, so the latency that
 benchmarks add comes from HAProxy (compiled, event-driven) with a one-line Lua action that sleeps
 without blocking other requests. Faults and request counts live in the Python front
-(:class:`GCSFront`); chain the two when both are wanted.
+(:class:`GCSFront`); chain the two when both are wanted. With ``tls=True`` HAProxy also terminates
+HTTPS, as GCS's front ends do, with a self-signed certificate made at start by ``openssl``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -30,7 +32,7 @@ defaults
     timeout server 600s
     timeout http-keep-alive 600s
 frontend front
-    bind 127.0.0.1:{port}
+    bind 127.0.0.1:{port}{tls}
     # GCS returns at most 1,000 objects per list page; the emulator returns everything at once
     # when no maxResults is given. Cap pages here so listings cost as many requests as on GCS.
     acl is_list path_reg ^/storage/v1/b/[^/]+/o$
@@ -64,6 +66,24 @@ def _haproxy() -> str:
     return found
 
 
+def _certificate(folder: str) -> Path:
+    """A self-signed certificate for ``127.0.0.1`` (``certificate.pem``) and the file HAProxy serves
+    (``served.pem``: that certificate and its key)."""
+    certificate, key = Path(folder, "certificate.pem"), Path(folder, "key.pem")
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"),
+            *("-keyout", str(key), "-out", str(certificate), "-days", "2", "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    served = Path(folder, "served.pem")
+    served.write_bytes(certificate.read_bytes() + key.read_bytes())
+    return served
+
+
 class LatencyFront(LocalService):
     """HAProxy on a free loopback port that forwards to ``upstream`` after ``latency`` seconds.
 
@@ -75,6 +95,8 @@ class LatencyFront(LocalService):
     Args:
         upstream: base URL to forward to, such as an :class:`Emulator`'s ``endpoint``.
         latency: seconds added to each request; 0 forwards at once (to measure HAProxy alone).
+        tls: serve HTTPS with a certificate for ``127.0.0.1`` made at start; clients trust it through
+            :attr:`ca_file` (``SSL_CERT_FILE`` or ``REQUESTS_CA_BUNDLE``, or their own options).
 
     Example:
         >>> from torchdata_gcs.testing import Emulator, LatencyFront
@@ -92,7 +114,7 @@ class LatencyFront(LocalService):
         """Whether HAProxy is installed here (``LatencyFront`` needs it; ``GCSFront`` does not)."""
         return _find_haproxy() is not None
 
-    def __init__(self, upstream: str, *, latency: float = 0.02) -> None:
+    def __init__(self, upstream: str, *, latency: float = 0.02, tls: bool = False) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
@@ -100,6 +122,8 @@ class LatencyFront(LocalService):
             raise ValueError(f"latency must be >= 0 seconds, got {latency}")
         self.upstream = upstream
         self.latency = latency
+        self.tls = tls
+        self.ca_file = ""  # with ``tls``: the self-signed certificate, its own authority
         self.endpoint = ""
         self._server: ServerProcess | None = None
 
@@ -119,11 +143,15 @@ class LatencyFront(LocalService):
                 port=port,
                 upstream=f"{parts.hostname}:{parts.port}",
                 delay_rule="http-request lua.delay" if milliseconds else "",
+                tls=f" ssl crt {_certificate(scratch)}" if self.tls else "",
             )
         )
-        self.endpoint = f"http://127.0.0.1:{port}"
+        self.ca_file = str(Path(scratch, "certificate.pem")) if self.tls else ""
+        self.endpoint = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         command = [_haproxy(), "-f", str(config), "-db"]
-        self._server = ServerProcess(self, "haproxy", command, scratch, endpoint=self.endpoint, timeout=15.0)
+        self._server = ServerProcess(
+            self, "haproxy", command, scratch, endpoint=self.endpoint, timeout=15.0, verify=self.ca_file or True
+        )
         return self
 
     def stop(self) -> None:

@@ -100,8 +100,10 @@ class ServerProcess:
         endpoint: str,
         timeout: float,
         env: Mapping[str, str] | None = None,
+        verify: str | bool = True,
     ) -> None:
         self.name = name
+        self._verify = verify  # the CA file that ``endpoint``'s certificate is checked against, if HTTPS
         self._log = os.path.join(scratch, f"{name}.log")
         with open(self._log, "wb") as log:
             self._process = subprocess.Popen(
@@ -125,7 +127,8 @@ class ServerProcess:
                 raise EmulatorError(f"{self.name} exited with {self._process.returncode}: {tail}")
             try:
                 # a bucket listing, with the project GCS requires of one (a GCSFront behind refuses it without)
-                if requests.get(f"{endpoint}/storage/v1/b", params={"project": "readiness"}, timeout=1).ok:
+                params = {"project": "readiness"}
+                if requests.get(f"{endpoint}/storage/v1/b", params=params, timeout=1, verify=self._verify).ok:
                     return
             except requests.RequestException:
                 pass
