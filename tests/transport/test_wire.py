@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.tls_relay import Relay, make_authority
-from torchdata_gcs import ClientConfig, EndpointError, RetryConfig
+from torchdata_gcs import ClientConfig, EndpointError, RetryConfig, TransientError
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import run
 from torchdata_gcs._transport.session import Session
@@ -308,3 +308,60 @@ def test_a_refused_media_read_names_the_endpoint_as_aiohttp_does() -> None:
             Client(config, FAST_RETRY).read("some-bucket", "o")
     assert time.monotonic() - started < 5
     assert str(caught.value).startswith(f"cannot reach {endpoint}: connection refused; check ClientConfig(endpoint=")
+
+
+def test_interim_answers_before_the_final_one_are_skipped() -> None:
+    body = b"hello, world"
+    answer = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n" + body
+    )
+    with _one_answer_server(answer, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            for how in ("read", "readinto", "chunks"):
+                assert run(_read(session, "bbb", "o", how), timeout=10) == body
+        finally:
+            run(session.close())
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"Content-Length: 5\r\nContent-Length: 12\r\n\r\nhello, world",  # which body ends where?
+        b"Content-Length: 5, 12\r\n\r\nhello, world",
+        b"Content-Length: \xb2\r\n\r\nhello, world",  # a digit to str.isdigit, not to HTTP
+        b"Transfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",  # a size HTTP's grammar refuses
+        b"Transfer-Encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n",
+    ],
+)
+def test_ambiguous_framing_is_refused(head: bytes) -> None:
+    with _one_answer_server(b"HTTP/1.1 200 OK\r\n" + head, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            with pytest.raises(TransientError, match="Content-Length|chunk size"):
+                run(_read(session, "bbb", "o", "read"), timeout=10)
+        finally:
+            run(session.close())
+
+
+def test_several_equal_content_lengths_frame_the_body() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5, 5\r\n\r\nhello"
+    with _one_answer_server(answer, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            assert run(_read(session, "bbb", "o", "read"), timeout=10) == b"hello"
+        finally:
+            run(session.close())
+
+
+@pytest.mark.parametrize("status_line", [b"HTTP/1.1 2000 OK", b"HTTP/1.1 +20 OK", b"HTTP/1.1 20"])
+def test_a_malformed_status_line_is_refused(status_line: bytes) -> None:
+    with _one_answer_server(status_line + b"\r\nContent-Length: 0\r\n\r\n", then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            with pytest.raises(TransientError, match="status line"):
+                run(_read(session, "bbb", "o", "read"), timeout=10)
+        finally:
+            run(session.close())

@@ -36,6 +36,7 @@ CHUNK = 256 * 1024
 """The most bytes :meth:`WireResponse.chunks` hands out at once."""
 
 _UNTIL_CLOSE = -1  # a body framed by neither Content-Length nor chunks ends when the connection does
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -231,12 +232,10 @@ class WireResponse:
         line = await self._line()
         if not line:  # the end of the chunk before this one
             line = await self._line()
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise TransientError(f"{self._url}: a malformed chunk size {line[:40]!r}", url=self._url) from None
-        if size < 0:
+        digits = line.split(b";", 1)[0].rstrip(b" \t")  # chunk extensions are ignored
+        if not digits or digits.strip(_HEX_DIGITS):  # int() would take "0x5", "+5", "5_0"
             raise TransientError(f"{self._url}: a malformed chunk size {line[:40]!r}", url=self._url)
+        size = int(digits, 16)
         if size == 0:
             while await self._line():  # trailers, up to an empty line
                 pass
@@ -427,42 +426,48 @@ class WireTransport:
             self.config.read_timeout,
             deadline,
         )
-        while (end := connection.buffer.find(b"\r\n\r\n", connection.start, connection.end)) < 0:
-            if connection.end - connection.start == len(connection.buffer):
-                raise TransientError(
-                    f"{url}: an answer head longer than {len(connection.buffer)} bytes",
-                    url=url,
-                )
-            if connection.closed:
-                raise ConnectionError(f"{url}: the connection closed before an answer")
-            await response._wait()
-        lines = bytes(connection.view[connection.start : end]).decode("latin-1").split("\r\n")
-        connection.start = end + 4
-        connection.resume()
-        version, _, rest = lines[0].partition(" ")
-        try:
-            status = int(rest[:3])
-        except ValueError:
-            raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url) from None
+        status = 100
+        while 100 <= status < 200 and status != 101:  # interim answers (100 Continue, 103) come before the answer
+            while (end := connection.buffer.find(b"\r\n\r\n", connection.start, connection.end)) < 0:
+                if connection.end - connection.start == len(connection.buffer):
+                    raise TransientError(
+                        f"{url}: an answer head longer than {len(connection.buffer)} bytes",
+                        url=url,
+                    )
+                if connection.closed:
+                    raise ConnectionError(f"{url}: the connection closed before an answer")
+                await response._wait()
+            lines = bytes(connection.view[connection.start : end]).decode("latin-1").split("\r\n")
+            connection.start = end + 4
+            connection.resume()
+            version, _, rest = lines[0].partition(" ")
+            code = rest[:3]  # three digits, then a space or the end of the line
+            if not (len(code) == 3 and code.isascii() and code.isdigit() and rest[3:4] in ("", " ")):
+                raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url)
+            status = int(code)
         headers: CIMultiDict[str] = CIMultiDict()
         for line in lines[1:]:
             name, colon, value = line.partition(":")
             if not colon:
                 raise TransientError(f"{url}: a malformed header line {line[:80]!r}", url=url)
             headers.add(name.strip(), value.strip())
-        connection.keep_alive = version == "HTTP/1.1" and "close" not in headers.get("Connection", "").lower()
+        connection.keep_alive = (  # HTTP/1.0 answers and 101 (another protocol follows) end the connection
+            version == "HTTP/1.1" and status != 101 and "close" not in headers.get("Connection", "").lower()
+        )
         chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
-        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        if method == "HEAD" or status in (204, 304) or status == 101:
             left, chunked = 0, False
         elif chunked:
             left = 0
         elif "Content-Length" in headers:
-            left = int(headers["Content-Length"]) if headers["Content-Length"].strip().isdigit() else -1
-            if left < 0:
+            # several values (lines or a list) frame the body only if they agree; a digit only as HTTP knows one
+            lengths = {length.strip() for line in headers.getall("Content-Length") for length in line.split(",")}
+            if len(lengths) != 1 or not all(length.isascii() and length.isdigit() for length in lengths):
                 raise TransientError(
-                    f"{url}: a malformed Content-Length {headers['Content-Length'][:40]!r}",
+                    f"{url}: a malformed Content-Length {', '.join(headers.getall('Content-Length'))[:40]!r}",
                     url=url,
                 )
+            left = int(lengths.pop())
         else:
             left = _UNTIL_CLOSE
         return WireResponse(
