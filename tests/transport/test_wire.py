@@ -365,3 +365,47 @@ def test_a_malformed_status_line_is_refused(status_line: bytes) -> None:
                 run(_read(session, "bbb", "o", "read"), timeout=10)
         finally:
             run(session.close())
+
+
+def test_a_cancelled_readinto_leaves_the_buffer_alone_and_the_connection_unused() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    rest = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        held.append(connection)
+        connection.recv(65536)
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
+        rest.wait(10)
+        connection.sendall(b"b" * 990)  # after the reader gave up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    session = _session(ClientConfig(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", anonymous=True))
+    buffer = bytearray(1000)
+
+    async def cancel_midway() -> None:
+        async with session.read_media("gs://bbb/o", session.media_path("bbb", "o"), {"alt": "media"}) as response:
+            view = memoryview(buffer)
+            assert await response.readinto(view) == 10
+            task = asyncio.ensure_future(response.readinto(view[10:]))
+            await asyncio.sleep(0.2)  # waiting in the socket for more
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            rest.set()
+            for _ in range(20):  # the loop takes in the rest, wherever it goes
+                await asyncio.sleep(0.01)
+            assert bytes(buffer) == b"a" * 10 + bytes(990)
+
+    try:
+        run(cancel_midway(), timeout=10)
+        assert isinstance(session.media, WireTransport)
+        assert not session.media._idle  # left mid-body: closed, never pooled
+    finally:
+        run(session.close())
+        thread.join(5)
+        for connection in held:
+            connection.close()
+        listener.close()
