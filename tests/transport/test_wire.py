@@ -409,3 +409,30 @@ def test_a_cancelled_readinto_leaves_the_buffer_alone_and_the_connection_unused(
         for connection in held:
             connection.close()
         listener.close()
+
+
+def test_a_kept_alive_connection_closed_after_the_request_is_sent_is_retried_anew() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:  # each connection: one answer, then the next request is read and left unanswered
+        listener.settimeout(5)
+        for _ in range(2):
+            connection, _ = listener.accept()
+            accepted.append(connection)
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            connection.recv(65536)
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    session = _session(ClientConfig(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", anonymous=True))
+    try:
+        assert run(_read(session, "bbb", "o", "read"), timeout=10) == b"hello"
+        assert run(_read(session, "bbb", "o", "read"), timeout=10) == b"hello"  # the idle one, then a new one
+        assert len(accepted) == 2
+    finally:
+        run(session.close())
+        thread.join(5)
+        listener.close()
