@@ -334,13 +334,16 @@ def test_interim_answers_before_the_final_one_are_skipped() -> None:
         b"Content-Length: \xb2\r\n\r\nhello, world",  # a digit to str.isdigit, not to HTTP
         b"Transfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",  # a size HTTP's grammar refuses
         b"Transfer-Encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n",
+        b"Transfer-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello",  # the coding frames it, not the length
+        b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",  # bytes no one would decode
+        b"Transfer-Encoding: xchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     ],
 )
 def test_ambiguous_framing_is_refused(head: bytes) -> None:
     with _one_answer_server(b"HTTP/1.1 200 OK\r\n" + head, then_close=True) as endpoint:
         session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
         try:
-            with pytest.raises(TransientError, match="Content-Length|chunk size"):
+            with pytest.raises(TransientError, match="Content-Length|chunk size|transfer coding"):
                 run(_read(session, "bbb", "o", "read"), timeout=10)
         finally:
             run(session.close())

@@ -454,7 +454,10 @@ class WireTransport:
         connection.keep_alive = (  # HTTP/1.0 answers and 101 (another protocol follows) end the connection
             version == "HTTP/1.1" and status != 101 and "close" not in headers.get("Connection", "").lower()
         )
-        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        codings = [c.strip().lower() for line in headers.getall("Transfer-Encoding", ()) for c in line.split(",")]
+        if codings and codings != ["chunked"]:  # a Transfer-Encoding wins over Content-Length; only chunks are read
+            raise TransientError(f"{url}: a transfer coding not read here {', '.join(codings)[:40]!r}", url=url)
+        chunked = bool(codings)
         if method == "HEAD" or status in (204, 304) or status == 101:
             left, chunked = 0, False
         elif chunked:
