@@ -439,3 +439,18 @@ def test_a_kept_alive_connection_closed_after_the_request_is_sent_is_retried_ane
         run(session.close())
         thread.join(5)
         listener.close()
+
+
+def test_a_folded_header_line_continues_the_one_before_it() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nX-Note: one\r\n Content-Length: 12\r\n\ttwo\r\nContent-Length: 5\r\n\r\nhello"
+    with _one_answer_server(answer, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+
+        async def note() -> tuple[str, bytes]:
+            async with session.read_media("gs://bbb/o", session.media_path("bbb", "o"), {"alt": "media"}) as response:
+                return response.headers["X-Note"], await response.read()
+
+        try:
+            assert run(note(), timeout=10) == ("one Content-Length: 12 two", b"hello")
+        finally:
+            run(session.close())

@@ -445,12 +445,16 @@ class WireTransport:
             if not (len(code) == 3 and code.isascii() and code.isdigit() and rest[3:4] in ("", " ")):
                 raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url)
             status = int(code)
-        headers: CIMultiDict[str] = CIMultiDict()
+        fields: list[tuple[str, str]] = []
         for line in lines[1:]:
+            if line[:1] in (" ", "\t") and fields:  # a folded line (obs-fold) continues the one before it
+                fields[-1] = (fields[-1][0], f"{fields[-1][1]} {line.strip()}")
+                continue
             name, colon, value = line.partition(":")
             if not colon:
                 raise TransientError(f"{url}: a malformed header line {line[:80]!r}", url=url)
-            headers.add(name.strip(), value.strip())
+            fields.append((name.strip(), value.strip()))
+        headers: CIMultiDict[str] = CIMultiDict(fields)
         connection.keep_alive = (  # HTTP/1.0 answers and 101 (another protocol follows) end the connection
             version == "HTTP/1.1" and status != 101 and "close" not in headers.get("Connection", "").lower()
         )
