@@ -454,3 +454,27 @@ def test_a_folded_header_line_continues_the_one_before_it() -> None:
             assert run(note(), timeout=10) == ("one Content-Length: 12 two", b"hello")
         finally:
             run(session.close())
+
+
+def test_a_body_that_ends_with_its_connection_is_not_whole_when_the_connection_is_reset() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        listener.settimeout(5)
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        connection.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 1000)
+        time.sleep(0.2)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        connection.close()  # with a zero linger: a reset, not an end
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    session = _session(ClientConfig(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", anonymous=True))
+    try:
+        with pytest.raises(ConnectionError, match="closed before the end"):
+            run(_read(session, "bbb", "o", "readinto"), timeout=10)
+    finally:
+        run(session.close())
+        thread.join(5)
+        listener.close()

@@ -51,6 +51,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.landed = 0  # bytes put in target
         self.received = False  # whether a byte came since the last request was sent
         self.closed = False
+        self.reset = False  # whether the connection ended in an error (a reset), not an orderly close
         self.keep_alive = True  # whether the last answer lets the connection serve another request
         self.paused = False
         self.waiter: asyncio.Future[bool] | None = None
@@ -90,6 +91,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.reset = self.reset or exc is not None
         self._wake()
 
     def _wake(self) -> None:
@@ -194,7 +196,7 @@ class WireResponse:
                 count, connection.target, connection.landed = connection.landed, None, 0
             if count:
                 return count
-        if self._to_close:
+        if self._to_close and not connection.reset:  # only an orderly close ends such a body
             self._left = 0
             self._done = True
             return 0
