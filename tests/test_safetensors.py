@@ -16,6 +16,7 @@ import torch
 
 from torchdata_gcs import IntegrityError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs import safetensors as ours
+from torchdata_gcs._engines.tensor_files import MAX_HEADER, MAX_INDEX
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -87,6 +88,18 @@ def test_reads_what_safetensors_writes_and_safetensors_reads_what_we_save(
     assert_equal(ours.load_file(f"gs://{BUCKET}/theirs.safetensors", client=front.client_config), tensors)
     assert_equal(ours.load(theirs), tensors)
     assert_equal(safetensors.torch.load(ours.save(tensors)), tensors)
+
+
+def test_every_dtype_safetensors_torch_saves_round_trips(gcs_emulator: Emulator, front: GCSFront) -> None:
+    tensors = {
+        name: torch.arange(6, dtype=torch.float32).reshape(2, 3).to(dtype)
+        for name, dtype in safetensors.torch._TYPES.items()  # its own table of names
+    }
+    theirs = safetensors.torch.save(tensors)
+    gcs_emulator.upload(BUCKET, "all-dtypes.safetensors", theirs)
+    assert_equal(ours.load_file(f"gs://{BUCKET}/all-dtypes.safetensors", client=front.client_config), tensors)
+    ours.save_file(tensors, f"gs://{BUCKET}/all-dtypes-ours.safetensors", client=front.client_config)
+    assert_equal(safetensors.torch.load(gcs_emulator.read(BUCKET, "all-dtypes-ours.safetensors")), tensors)
 
 
 def test_a_tensor_not_aligned_to_its_dtype_gets_its_own_copy(gcs_emulator: Emulator, front: GCSFront) -> None:
@@ -175,12 +188,105 @@ def test_missing_objects_and_bad_headers_raise_typed_errors_naming_the_url(
 
 def test_a_failed_save_publishes_nothing(front: GCSFront) -> None:
     url = f"gs://{BUCKET}/never.safetensors"
-    with pytest.raises(ValueError, match="complex64"):
-        ours.save_file({"a": torch.ones(2), "z": torch.ones(2, dtype=torch.complex64)}, url, client=front.client_config)
+    with pytest.raises(ValueError, match="complex128"):
+        ours.save_file(
+            {"a": torch.ones(2), "z": torch.ones(2, dtype=torch.complex128)}, url, client=front.client_config
+        )
     with pytest.raises(ValueError, match="without compression"):
         ours.save_file({"a": torch.ones(2)}, url, client=front.client_config, write=WriteConfig(compression="zstd"))
     with pytest.raises(NotFoundError):
         ours.load_file(url, client=front.client_config)
+
+
+def test_what_safetensors_refuses_to_save_is_refused_alike_and_nothing_is_written(front: GCSFront) -> None:
+    url, config = f"gs://{BUCKET}/refused.safetensors", front.client_config
+    cases = [
+        ({"w": torch.ones(2)}, {"epoch": 3}, TypeError),  # safetensors could not read such a header back
+        ({"w": torch.ones(2)}, {1: "x"}, TypeError),
+        ({1: torch.ones(2)}, None, TypeError),
+        ({"w": [1.0]}, None, ValueError),
+        ([torch.ones(2)], None, ValueError),
+        ({"w": torch.eye(3).to_sparse()}, None, ValueError),
+    ]
+    for tensors, metadata, error in cases:
+        with pytest.raises(error):
+            safetensors.torch.save(tensors, metadata=metadata)
+        with pytest.raises(error):
+            ours.save(tensors, metadata)
+        with pytest.raises(error):
+            ours.save_file(tensors, url, metadata, client=config)
+        with pytest.raises(error):
+            ours.save_sharded(tensors, f"gs://{BUCKET}/refused/", metadata=metadata, client=config)
+    with pytest.raises(NotFoundError):
+        ours.load_file(url, client=config)
+    with pytest.raises(NotFoundError):
+        ours.load_file(f"gs://{BUCKET}/refused/model-00001-of-00001.safetensors", client=config)
+    assert not front.open_uploads  # and no upload was left begun
+
+
+def test_a_device_torch_cannot_use_fails_before_anything_is_read(gcs_emulator: Emulator, front: GCSFront) -> None:
+    url = f"gs://{BUCKET}/device.safetensors"
+    gcs_emulator.upload(BUCKET, "device.safetensors", ours.save({"w": torch.ones(4)}))
+    index = ours.save_sharded({"w": torch.ones(4)}, f"gs://{BUCKET}/device/", client=front.client_config)
+    front.reset_counts()
+    for load in (lambda: ours.load_file(url, "cuda:99", client=front.client_config),
+                 lambda: ours.load_sharded(index, "cuda:99", client=front.client_config)):  # fmt: skip
+        with pytest.raises((RuntimeError, AssertionError)):  # torch's own: no CUDA, or no such GPU
+            load()
+    assert not front.counts
+
+
+def test_a_header_longer_than_the_format_allows_is_refused_before_it_is_read(
+    gcs_emulator: Emulator, front: GCSFront
+) -> None:
+    too_long = struct.pack("<Q", MAX_HEADER + 1) + b" " * (MAX_HEADER + 1)
+    with pytest.raises(safetensors.SafetensorError, match="header too large"):
+        safetensors.torch.load(too_long)
+    with pytest.raises(IntegrityError, match=f"a {MAX_HEADER + 1}-byte header .* at most {MAX_HEADER} bytes"):
+        ours.load(too_long)
+    del too_long
+    # The object need not hold the header for the length alone to be refused, with no range asked.
+    gcs_emulator.upload(BUCKET, "long-header.safetensors", struct.pack("<Q", MAX_HEADER + 1) + b" " * 64)
+    front.reset_counts()
+    with pytest.raises(IntegrityError, match=f"at most {MAX_HEADER} bytes"):
+        ours.load_file(f"gs://{BUCKET}/long-header.safetensors", client=front.client_config)
+    assert front.counts["range_get"] == 1
+
+
+def test_an_index_given_to_load_file_is_named_as_one(front: GCSFront) -> None:
+    index = ours.save_sharded({"w": torch.ones(4)}, f"gs://{BUCKET}/indexed/", client=front.client_config)
+    with pytest.raises(IntegrityError, match="not a safetensors file.*starts like JSON.*load_sharded"):
+        ours.load_file(index, client=front.client_config)
+
+
+def test_a_safetensors_file_given_to_load_sharded_is_refused_unread(gcs_emulator: Emulator, front: GCSFront) -> None:
+    big = ours.save({"w": torch.zeros(MAX_INDEX // 4 + 1, dtype=torch.float32)})
+    gcs_emulator.upload(BUCKET, "big.safetensors", big)
+    gcs_emulator.upload(BUCKET, "small.safetensors", ours.save({"w": torch.ones(4)}))
+    front.reset_counts()
+    with pytest.raises(IntegrityError, match=r"not a safetensors index: \d+ bytes.*load_file"):
+        ours.load_sharded(f"gs://{BUCKET}/big.safetensors", client=front.client_config)
+    assert front.counts["metadata"] == 1 and set(front.counts) == {"metadata"}  # its bytes were never asked for
+    with pytest.raises(IntegrityError, match="not a safetensors index.*load_file") as caught:
+        ours.load_sharded(f"gs://{BUCKET}/small.safetensors", client=front.client_config)
+    assert len(str(caught.value)) < 400  # the message quotes none of the file's bytes
+
+
+def test_max_shard_size_takes_hugging_face_sizes(gcs_emulator: Emulator, front: GCSFront) -> None:
+    state, config = {"a": torch.ones(256), "b": torch.ones(256), "c": torch.ones(256)}, front.client_config
+    for size, shards in (("2KB", 3), ("2KiB", 2), ("3kb", 2), ("3KiB", 1), (2048, 2)):  # 1024-byte tensors
+        index = ours.save_sharded(state, f"gs://{BUCKET}/sizes/{size}/", size, client=config)
+        assert_equal(ours.load_sharded(index, client=config), state)
+        assert index.endswith(f"/{size}/{ours.INDEX_NAME}")
+        assert (
+            len(
+                set(json.loads(gcs_emulator.read(BUCKET, index.removeprefix(f"gs://{BUCKET}/")))["weight_map"].values())
+            )
+            == shards
+        ), size
+    for bad in ("5 GBs", "GB", "0GB", -1, 0, True, 2.5):
+        with pytest.raises(ValueError, match="max_shard_size"):
+            ours.save_sharded(state, f"gs://{BUCKET}/sizes/bad/", bad, client=config)  # type: ignore[arg-type]
 
 
 def test_sharded_checkpoint_round_trip(gcs_emulator: Emulator, front: GCSFront) -> None:

@@ -11,6 +11,7 @@ module. Sharded checkpoints follow Hugging Face's names (``model.safetensors.ind
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +51,7 @@ def save(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None
 
 def load_file(
     url: str,
-    device: str | torch.device = "cpu",
+    device: str | int | torch.device = "cpu",
     *,
     client: ClientConfig | None = None,
     transfer: TransferConfig | None = None,
@@ -61,7 +62,8 @@ def load_file(
     The data region is read as concurrent ranges of ``transfer.part_size``, all of the version first
     seen, into one CPU allocation that the tensors share (a tensor not aligned to its dtype gets its
     own copy). Nothing is returned unless the file's crc32c matches GCS's. For another ``device``
-    (``"cuda"``, ``"cuda:1"``) the tensors are loaded to the CPU, then moved with ``.to(device)``.
+    (``"cuda"``, ``"cuda:1"``, ``0``) the tensors are loaded to the CPU, then moved with ``.to(device)``;
+    a device this process cannot use fails with torch's error before anything is read.
 
     Raises:
         NotFoundError: no such object, or no such bucket.
@@ -77,8 +79,9 @@ def load_file(
         ...     safetensors.load_file(url, client=config)
         {'w': tensor([1., 1.])}
     """
+    target = _usable(device)
     tensors = tensor_files.load(url, Client(client or ClientConfig(), retry, transfer=transfer))
-    return _to(tensors, device)
+    return _to(tensors, target)
 
 
 def save_file(
@@ -96,7 +99,12 @@ def save_file(
     The header, then each tensor's bytes, go through the parallel writer (``write``'s part size, parts in
     flight and strategy; its compression is not used: the file must stay readable by range). Memory
     holds the parts in flight, never a copy of all the tensors; the object is published only if every
-    part was written.
+    part was written. Saving over an existing object replaces it, as a local file is replaced.
+
+    Raises:
+        TypeError: a name, metadata key or value that is not ``str`` (as ``safetensors.torch``).
+        ValueError: a value that is not a dense tensor, a dtype the format has no name for, or
+            ``write.compression`` set; in each case nothing is written.
     """
     write = WriteConfig() if write is None else write
     if write.compression is not None:
@@ -106,7 +114,7 @@ def save_file(
 
 def load_sharded(
     url: str,
-    device: str | torch.device = "cpu",
+    device: str | int | torch.device = "cpu",
     *,
     client: ClientConfig | None = None,
     transfer: TransferConfig | None = None,
@@ -118,15 +126,21 @@ def load_sharded(
 
     Raises:
         NotFoundError: the index or a shard is missing.
-        IntegrityError: the index or a shard is not what it says.
+        IntegrityError: the index or a shard is not what it says (an object of more than 32 MiB is no
+            index: it is refused unread).
     """
+    target = _usable(device)
     gcs = Client(client or ClientConfig(), retry, transfer=transfer)
-    index = tensor_files.read_small(url, gcs)
+    index = tensor_files.read_index(url, gcs)
     try:
         weight_map = json.loads(index)["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise IntegrityError(f"{url}: not a safetensors index ({exc!r})", url=url) from None
+        raise IntegrityError(
+            f"{url}: not a safetensors index ({type(exc).__name__}: {str(exc)[:200]}); a single safetensors"
+            " file is read with load_file",
+            url=url,
+        ) from None
     folder = url.rpartition("/")[0]
     loaded = tensor_files.load_many([f"{folder}/{shard}" for shard in shards], gcs)
     tensors: dict[str, torch.Tensor] = {}
@@ -137,25 +151,40 @@ def load_sharded(
                 f"{folder}/{shard} lacks {sorted(named - shard_tensors.keys())} named by {url}", url=url
             )
         tensors.update((name, shard_tensors[name]) for name in named)
-    return _to(tensors, device)
+    return _to(tensors, target)
 
 
 def save_sharded(
     tensors: Mapping[str, torch.Tensor],
     url_prefix: str,
-    max_shard_size: int = 5 * 10**9,
+    max_shard_size: int | str = 5 * 10**9,
     metadata: Mapping[str, str] | None = None,
     *,
     client: ClientConfig | None = None,
     retry: RetryConfig | None = None,
     write: WriteConfig | None = None,
 ) -> str:
-    """Write ``tensors`` as shards of at most ``max_shard_size`` bytes of tensor data (a larger tensor
+    """Write ``tensors`` as shards of at most ``max_shard_size`` bytes of tensor data (a number, or a size
+    as Hugging Face writes it: ``"5GB"``, ``"500MiB"``; a larger tensor
     gets a shard of its own) under ``url_prefix`` (a folder), named as Hugging Face names them
     (``model-00001-of-00002.safetensors``), then the index; returns the index's URL, for
     :func:`load_sharded`. The index is written last, so a reader never finds one naming missing shards.
+
+    Example:
+        >>> import torch
+        >>> from torchdata_gcs import safetensors, testing
+        >>> with testing.Emulator() as emulator:
+        ...     emulator.create_bucket("weights")
+        ...     state = {"a": torch.ones(2), "b": torch.zeros(3)}
+        ...     index = safetensors.save_sharded(state, "gs://weights/llm/", 8, client=emulator.client_config)
+        ...     print(index)
+        ...     safetensors.load_sharded(index, client=emulator.client_config)
+        gs://weights/llm/model.safetensors.index.json
+        {'a': tensor([1., 1.]), 'b': tensor([0., 0., 0.])}
     """
     parse_url(url_prefix, allow_prefix=True)
+    tensor_files.check_input(tensors, metadata)
+    max_shard_size = _size(max_shard_size)
     groups: list[list[str]] = [[]]
     filled = 0
     for name, tensor in tensors.items():
@@ -178,7 +207,29 @@ def save_sharded(
     return f"{folder}/{INDEX_NAME}"
 
 
-def _to(tensors: dict[str, Any], device: str | torch.device) -> dict[str, torch.Tensor]:
-    if torch.device(device).type == "cpu":
+_UNITS = {"B": 1, **{f"{unit}B": 1000**power for power, unit in enumerate("KMGT", 1)}}
+_UNITS.update({f"{unit}IB": 1024**power for power, unit in enumerate("KMGT", 1)})
+
+
+def _size(size: int | str) -> int:
+    """Bytes, from a number or a size such as ``"5GB"`` (powers of 1000) or ``"5GiB"`` (of 1024)."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?I?B)\s*", size.upper()) if isinstance(size, str) else None
+    if match is None or match[2] == "IB" or int(match[1]) == 0:
+        raise ValueError(f"max_shard_size: expected a positive number of bytes or a size such as '5GB', got {size!r}")
+    return int(match[1]) * _UNITS[match[2]]
+
+
+def _usable(device: str | int | torch.device) -> torch.device:
+    """``device``, once torch can allocate on it: a missing GPU fails before the download, not after."""
+    target = torch.device(device)
+    if target.type != "cpu":
+        torch.empty(0, device=target)
+    return target
+
+
+def _to(tensors: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    if device.type == "cpu":
         return tensors
     return {name: tensor.to(device) for name, tensor in tensors.items()}

@@ -30,17 +30,26 @@ from .upload import library_errors_first, new_writer
 
 __all__ = [
     "HEADER_GUESS",
+    "MAX_HEADER",
+    "MAX_INDEX",
     "Entry",
+    "check_input",
     "decode",
     "encode",
     "load",
     "load_many",
     "parse_header",
-    "read_small",
+    "read_index",
     "save",
     "tensors_of",
     "write",
 ]
+
+MAX_HEADER = 100_000_000
+"""The longest header the format allows, as safetensors enforces it: a longer one is refused before it is read."""
+
+MAX_INDEX = 32 << 20
+"""The largest sharded checkpoint index read (the largest models' indexes hold a few MiB of names)."""
 
 HEADER_GUESS = 1 << 20
 """How many bytes the first read asks for: the header of nearly every file, and more only if it is longer."""
@@ -51,6 +60,7 @@ _DTYPES = {
         "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
         "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16",
         "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+        "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "C64": "complex64",
     }.items()
     if hasattr(torch, attribute)
 }  # fmt: skip
@@ -103,8 +113,13 @@ def _header_size(url: str, first: bytes | memoryview, size: int) -> int:
     if size < 8:
         raise IntegrityError(f"{url}: not a safetensors file: {size} bytes, shorter than the header length", url=url)
     (length,) = struct.unpack("<Q", first[:8])
-    if 8 + length > size:
-        raise IntegrityError(f"{url}: not a safetensors file: a {length}-byte header in a {size}-byte file", url=url)
+    if length > MAX_HEADER or 8 + length > size:
+        json_hint = " (it starts like JSON: a sharded checkpoint's index is read with load_sharded)"
+        raise IntegrityError(
+            f"{url}: not a safetensors file: a {length}-byte header in a {size}-byte file, where the format"
+            f" allows at most {MAX_HEADER} bytes{json_hint if bytes(first[:1]) == b'{' else ''}",
+            url=url,
+        )
     return 8 + length
 
 
@@ -184,9 +199,28 @@ async def _gather(reads: list[Any]) -> list[dict[str, torch.Tensor]]:
     return list(await asyncio.gather(*reads))
 
 
+def check_input(tensors: Any, metadata: Any) -> None:
+    """Refuse what ``safetensors.torch`` refuses to save, with its exception types: a file it could not
+    read back (names or metadata that are not strings) is never written."""
+    if not isinstance(tensors, Mapping):
+        raise ValueError(f"expected a dict of [str, torch.Tensor], received {type(tensors)}")
+    for name, tensor in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, received {name!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"key {name!r} is invalid: expected torch.Tensor, received {type(tensor)}")
+        if tensor.layout != torch.strided:
+            raise ValueError(f"tensor {name!r} is {tensor.layout}: safetensors holds dense tensors (use .to_dense())")
+    if metadata is not None and not (
+        isinstance(metadata, Mapping) and all(isinstance(item, str) for pair in metadata.items() for item in pair)
+    ):
+        raise TypeError(f"metadata must map str to str, received {metadata!r}")
+
+
 def _layout(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None) -> tuple[bytes, list[str]]:
     """The header (padded with spaces to 8 bytes, so each tensor stays aligned) and the order the tensors
     follow it in: widest dtype first, then by name."""
+    check_input(tensors, metadata)
     order = sorted(tensors, key=lambda name: (-tensors[name].dtype.itemsize, name))
     header: dict[str, Any] = {} if metadata is None else {"__metadata__": dict(metadata)}
     offset = 0
@@ -241,10 +275,17 @@ def save(
     return _write(_pieces(tensors, metadata), url, client, write)
 
 
-def read_small(url: str, client: Client) -> bytearray:
-    """A small object (an index), checked."""
+def read_index(url: str, client: Client) -> bytearray:
+    """A sharded checkpoint's index, checked; an object larger than an index may be is refused unread."""
     with call_deadline(client.retry):
-        return read_into_buffer(url, _object_info(url, client), client)
+        info = _object_info(url, client)
+        if info.size > MAX_INDEX:
+            raise IntegrityError(
+                f"{url}: not a safetensors index: {info.size} bytes, more than an index may hold ({MAX_INDEX});"
+                " a single safetensors file is read with load_file",
+                url=url,
+            )
+        return read_into_buffer(url, info, client)
 
 
 def write(data: bytes, url: str, client: Client, config: WriteConfig) -> int:
