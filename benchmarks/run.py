@@ -379,7 +379,10 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                     fmt(r["seconds"], 2),
                     fmt(r["load_seconds"], 2),
                     fmt(r.get("rig_completion_seconds"), 2),
-                    ratio(1 / r["seconds_without_rig"], single and 1 / single["seconds_without_rig"]),
+                    ratio(
+                        r["bytes"] / r["seconds_without_rig"],
+                        single and single["bytes"] / single["seconds_without_rig"],
+                    ),
                     f"{fmt(r['peak_rss_growth_mib'])} ({fmt(100 * r['peak_rss_growth_mib'] * MiB / r['bytes'])}%)",
                     fmt(r["load_peak_rss_growth_mib"]),
                     f"{fmt(r['save_cpu_seconds'] * 2**30 / r['bytes'], 2)} / "
