@@ -445,7 +445,7 @@ class WireTransport:
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]  # three digits, then a space or the end of the line
             if not (len(code) == 3 and code.isascii() and code.isdigit() and rest[3:4] in ("", " ")):
-                raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url)
+                raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url) from None
             status = int(code)
         fields: list[tuple[str, str]] = []
         for line in lines[1:]:
