@@ -497,6 +497,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 "first object after ms",
                 "peak RSS growth MiB",
                 "client CPU s per 1k objects",
+                "client CPU s per GB",
                 "emulator CPU s per 1k objects",
                 "requests per object",
                 "runs",
@@ -527,11 +528,14 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def per_thousand(row: dict[str, Any]) -> list[str]:
-    """Client and emulator CPU seconds per 1,000 objects and requests per object (small objects only)."""
+    """Client CPU seconds per 1,000 objects, client CPU seconds per GB (every object workload), emulator
+    CPU seconds per 1,000 objects and requests per object (small objects only)."""
+    per_gb = fmt(row["cpu_seconds"] * 1e9 / row["bytes"], 2) if row.get("cpu_seconds") is not None else "–"
     if "small objects" not in row["workload"]:
-        return ["–"] * 3
+        return ["–", per_gb, "–", "–"]
     return [
         fmt(row["cpu_seconds"] * 1000 / row["objects"], 3),
+        per_gb,
         fmt(row["server_cpu_seconds"] * 1000 / row["objects"], 3),
         fmt(row.get("requests_per_object"), 3),
     ]

@@ -24,30 +24,10 @@ import google_crc32c
 
 from .._ops.checksums import check_crc32c, crc32c_base64
 from .._transport.loop import wait
+from .._transport.transport import FilledBytes
 from ..errors import IntegrityError
 
 __all__ = ["FilledBytes", "MemoryStream", "PartSource", "PartStream"]
-
-
-class FilledBytes:
-    """One ``bytes`` object of ``size`` bytes, written in place through :attr:`view`, then taken by
-    :meth:`take` without a copy.
-
-    An ``io.BytesIO`` made over a new ``bytes(size)`` shares it, ``getbuffer()`` writes into it (being
-    its only holder, nothing is copied first), and ``getvalue()`` hands back that same object once no
-    view of it is left (CPython's ``BytesIO`` does so whenever it can; were a view left, the result
-    would be a correct copy). ``bytes(size)`` comes zeroed from the allocator: a page counts in memory
-    only once written.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._holder = io.BytesIO(bytes(size))
-        self.view = self._holder.getbuffer()
-
-    def take(self) -> bytes:
-        """The bytes written; :attr:`view` is released (slices of it must be gone by now)."""
-        self.view.release()
-        return self._holder.getvalue()
 
 
 class MemoryStream(io.RawIOBase):

@@ -1,25 +1,23 @@
 """The aiohttp transport: one connection pool per session, its timeouts, proxy and trusted certificates, and
-what a connection that cannot be made means (see :class:`~.transport.Transport`). It imports nothing else of
-the transport layer, so the layer stays shallow."""
+what a connection that cannot be made means (see :class:`~.transport.Transport`). Of the transport layer it
+imports only :mod:`.endpoint` (what both transports say of an endpoint), so the layer stays shallow."""
 
 from __future__ import annotations
 
 import io
 import os
-import re
 import ssl
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import yarl
 
 from ..config import ClientConfig
 from ..errors import EndpointError, TransientError
+from .endpoint import answered, proxy_for, unreachable, untrusted
 
-__all__ = ["STREAM_SLICE", "AiohttpResponse", "AiohttpTransport", "verify_failure"]
+__all__ = ["NETWORK_ERRORS", "STREAM_SLICE", "AiohttpResponse", "AiohttpTransport"]
 
 
 class AiohttpResponse:
@@ -75,7 +73,7 @@ class _Exchange:
             if failure is None:
                 raise
             raise failure from None
-        _answered.add(self._transport.endpoint)
+        answered.add(self._transport.endpoint)
         return AiohttpResponse(response)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -87,9 +85,10 @@ class _Exchange:
 
 class AiohttpTransport:
     """Requests to one endpoint over aiohttp, on the I/O loop, each with ``headers`` unless it sets them
-    itself. The pool is made at the first request. A connection refused by an endpoint that has never
-    answered is raised as ``never_answered(EndpointError(...))``, the error naming ``endpoint_hint``
-    (where the endpoint came from)."""
+    itself, an https endpoint checked against ``trust`` (the certificates, and where to add one: see
+    :func:`.endpoint.trusted_certificates`). The pool is made at the first request. A connection refused
+    by an endpoint that has never answered is raised as ``never_answered(EndpointError(...))``, the error
+    naming ``endpoint_hint`` (where the endpoint came from)."""
 
     def __init__(
         self,
@@ -98,6 +97,7 @@ class AiohttpTransport:
         headers: dict[str, str],
         never_answered: Callable[[EndpointError], Exception],
         endpoint_hint: str,
+        trust: tuple[ssl.SSLContext | None, str],
     ) -> None:
         self.config, self.endpoint, self._headers = config, endpoint, headers
         self._never_answered, self._endpoint_hint = never_answered, endpoint_hint
@@ -105,13 +105,8 @@ class AiohttpTransport:
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         self._session: aiohttp.ClientSession | None = None
-        self._trusted, self._trust_hint = _trusted_certificates() if endpoint.startswith("https://") else (None, "")
-        # The proxy for the endpoint, resolved once from the environment (aiohttp's trust_env
-        # re-reads the environment and ~/.netrc on every request).
-        parts = urlsplit(endpoint)
-        proxies = urllib.request.getproxies()
-        bypass = urllib.request.proxy_bypass(parts.hostname or "") if proxies else True
-        self._proxy = None if bypass else proxies.get(parts.scheme)
+        self._trusted, self._trust_hint = trust
+        self._proxy = proxy_for(endpoint)  # aiohttp's trust_env would re-read the environment per request
 
     def request(
         self,
@@ -175,13 +170,8 @@ class AiohttpTransport:
         proxied = isinstance(exc, aiohttp.ClientProxyConnectionError)
         where = f"the proxy {self._proxy} for {self.endpoint}" if proxied else self.endpoint
         if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-            return EndpointError(
-                f"cannot trust {where}: its TLS certificate failed verification "
-                f"({verify_failure(str(exc.certificate_error))}); if a proxy or firewall on the way intercepts TLS, "
-                f"{self._trust_hint}",
-                url=self.endpoint,
-            )
-        if self.endpoint in _answered:
+            return EndpointError(untrusted(where, str(exc.certificate_error), self._trust_hint), url=self.endpoint)
+        if self.endpoint in answered:
             return None
         if isinstance(exc, aiohttp.ClientConnectorDNSError):
             cause = f"host name {exc.host!r} does not resolve"
@@ -192,44 +182,19 @@ class AiohttpTransport:
         else:
             cause = str(exc.os_error) or type(exc.os_error).__name__
         check = "check HTTP_PROXY, HTTPS_PROXY and NO_PROXY" if proxied else self._endpoint_hint
-        return self._never_answered(EndpointError(f"cannot reach {where}: {cause}; {check}", url=self.endpoint))
+        return self._never_answered(EndpointError(unreachable(where, cause, check), url=self.endpoint))
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
 
 
-_answered: set[str] = set()
-"""Endpoints that have answered in this process, or in the parent it was forked from: their refused
-connections are network faults, retried, not a wrong endpoint."""
-
-_BUNDLE_ENVS = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
-
-
-def _trusted_certificates() -> tuple[ssl.SSLContext, str]:
-    """The certificates an https endpoint is checked against, and where to add one: the bundle that
-    ``REQUESTS_CA_BUNDLE`` (else ``CURL_CA_BUNDLE``) names, as requests, and so the official client, take
-    it; else the system's, where ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` point when the session is made."""
-    named = next((name for name in _BUNDLE_ENVS if os.environ.get(name)), None)
-    if named is None:
-        hint = "add its CA certificate to the bundle that SSL_CERT_FILE names, or name one in REQUESTS_CA_BUNDLE"
-        return ssl.create_default_context(), hint
-    bundle = os.environ[named]
-    order = "" if named == "REQUESTS_CA_BUNDLE" else "; REQUESTS_CA_BUNDLE, over both"
-    hint = f"add its CA certificate to {bundle}, which {named} names (it takes precedence over SSL_CERT_FILE{order})"
-    try:
-        if os.path.isdir(bundle):
-            return ssl.create_default_context(capath=bundle), hint
-        return ssl.create_default_context(cafile=bundle), hint
-    except (OSError, ssl.SSLError) as exc:
-        raise EndpointError(f"the CA bundle {bundle}, which {named} names, cannot be used: {exc}") from None
-
-
-def verify_failure(text: str) -> str:
-    """OpenSSL's reason in a verification error's text (``self-signed certificate``...), else the text."""
-    match = re.search(r"certificate verify failed: ([^(]+?)\s*\(", text)
-    return match.group(1) if match else text
-
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientConnectionError,  # resets, refused connections, read timeouts of object reads
+    aiohttp.ClientPayloadError,  # a body cut off before its Content-Length
+)
+"""aiohttp's network faults, which a new attempt may cure (other transports raise ``ConnectionError``
+and ``TimeoutError``, as aiohttp's faults that come from the socket are too)."""
 
 STREAM_SLICE = 128 * 1024
 """Body pieces go out in slices of at most this size: no single write holds up the I/O loop, and what a

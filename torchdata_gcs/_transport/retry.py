@@ -8,11 +8,11 @@ import random
 import time
 from collections.abc import Callable
 
-import aiohttp
 import google.auth.exceptions
 
 from ..config import RetryConfig
 from ..errors import DeadlineExceededError, EndpointError, GCSError, IntegrityError, TransientError
+from .aio import NETWORK_ERRORS as AIOHTTP_NETWORK_ERRORS
 from .deadline import deadline_for
 from .http import RETRYABLE_STATUSES, Unanswered
 
@@ -25,11 +25,10 @@ short enough that a wrong endpoint is said at once."""
 
 
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    aiohttp.ClientConnectionError,  # resets, refused connections, read timeouts of object reads
-    aiohttp.ClientPayloadError,  # a body cut off before its Content-Length
+    ConnectionError,  # resets, refused connections, a body cut off before its Content-Length (any transport)
+    TimeoutError,  # no byte for the read timeout
+    *AIOHTTP_NETWORK_ERRORS,  # aiohttp's, which are not all of those
     google.auth.exceptions.TransportError,  # the token endpoint could not be reached
-    ConnectionError,
-    TimeoutError,
 )
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import re
+import ssl
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -30,7 +31,8 @@ import requests.exceptions
 from ..config import ClientConfig
 from ..errors import AccessDeniedError, EndpointError
 from . import lifecycle
-from .aio import AiohttpTransport, verify_failure
+from .aio import AiohttpTransport
+from .endpoint import proxy_for, trusted_certificates, verify_failure
 from .http import (
     EMULATOR_ENV,
     Unanswered,
@@ -45,6 +47,7 @@ from .http import (
 from .loop import run
 from .throttle import Throttle
 from .transport import Body, Response, Transport
+from .wire import WireTransport
 
 __all__ = ["API_CLIENT", "USER_AGENT", "Session", "media_url", "session_for"]
 
@@ -80,7 +83,9 @@ def query_string(params: dict[str, Any]) -> str:
 class Session:
     """One process's connections, credentials and 429 throttle for one ``ClientConfig``; lives on the
     I/O loop. Its :class:`Throttle` is shared by every loader and writer of the process that uses
-    this configuration. Requests go out through ``transport`` (aiohttp's unless one is given)."""
+    this configuration. Requests go out through ``transport`` (aiohttp's unless one is given); media reads
+    through :attr:`media`, the wire transport (:mod:`.wire`) unless a proxy is configured for the endpoint
+    or a transport is given."""
 
     def __init__(self, config: ClientConfig, transport: Transport | None = None) -> None:
         self.config = config
@@ -98,8 +103,14 @@ class Session:
         self._token_request: google.auth.transport.requests.Request | None = None
         # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
         defaults = {"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT}
-        self.transport: Transport = transport or AiohttpTransport(
-            config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(config)
+        reach = (config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(config))
+        trust = _trust(self.endpoint) if transport is None else (None, "")
+        self.transport: Transport = transport or AiohttpTransport(*reach, trust)
+        # Media reads land in the reader's buffers (see .wire); through a proxy, aiohttp takes them too.
+        self.media: Transport = (
+            self.transport
+            if transport is not None or proxy_for(self.endpoint) is not None
+            else WireTransport(*reach, trust)
         )
         self.sent = False  # whether a request went out (there is something to close)
 
@@ -183,7 +194,7 @@ class Session:
     ) -> AbstractAsyncContextManager[Response]:
         """GET the object's bytes at media ``path`` as stored (gzip-encoded ones too, which the
         checksums cover); a non-2xx answer raises its typed error naming ``url``."""
-        return self.send("GET", url, path, params, {**_GZIP, **headers} if headers else _GZIP)
+        return self.send("GET", url, path, params, {**_GZIP, **headers} if headers else _GZIP, media=True)
 
     def send(
         self,
@@ -196,14 +207,17 @@ class Session:
         data: Body | None = None,
         xml_api: bool = False,
         answer_timeout: float | None = None,
+        media: bool = False,
     ) -> AbstractAsyncContextManager[Response]:
         """Send ``method`` to ``path`` of the JSON API (the XML API if ``xml_api``), with a ``json`` or
         ``data`` body if given (bytes, or pieces sent one after the other, never joined); a non-2xx
         answer raises its typed error naming ``url``. With ``answer_timeout``, the whole exchange may
-        take that many seconds, and the read timeout does not apply."""
+        take that many seconds, and the read timeout does not apply. A ``media`` request (no body) goes
+        out through the media transport."""
         params, headers = self.billed(params, headers, xml_api=xml_api)
         target = f"{path}?{query_string(params)}" if params else path
-        return _Sent(self, method, url, target, headers, json, data, answer_timeout)
+        transport = self.media if media else self.transport
+        return _Sent(self, transport, method, url, target, headers, json, data, answer_timeout)
 
     @staticmethod
     async def json_answer(response: Response, url: str, required: Sequence[str] = ()) -> Any:
@@ -215,6 +229,18 @@ class Session:
 
     async def close(self) -> None:
         await self.transport.close()
+        if self.media is not self.transport:
+            await self.media.close()
+
+
+def _trust(endpoint: str) -> tuple[ssl.SSLContext | None, str]:
+    """The certificates an https ``endpoint`` is checked against and where to add one; none for http."""
+    if not endpoint.startswith("https://"):
+        return None, ""
+    try:
+        return trusted_certificates()
+    except ValueError as exc:
+        raise EndpointError(str(exc)) from None
 
 
 class _Sent:
@@ -222,11 +248,23 @@ class _Sent:
     typed error, the answer released). A class, not a generator-based manager: it holds no coroutine frame
     while the answer is read, and small requests, hundreds in flight, allocate less."""
 
-    __slots__ = ("_answer_timeout", "_data", "_exchange", "_headers", "_json", "_method", "_session", "_target", "_url")
+    __slots__ = (
+        "_answer_timeout",
+        "_data",
+        "_exchange",
+        "_headers",
+        "_json",
+        "_method",
+        "_session",
+        "_target",
+        "_transport",
+        "_url",
+    )
 
     def __init__(
         self,
         session: Session,
+        transport: Transport,
         method: str,
         url: str,
         target: str,
@@ -236,6 +274,7 @@ class _Sent:
         answer_timeout: float | None,
     ) -> None:
         self._session, self._method, self._url, self._target, self._headers = session, method, url, target, headers
+        self._transport = transport
         self._json, self._data, self._answer_timeout = json, data, answer_timeout
         self._exchange: AbstractAsyncContextManager[Response] | None = None
 
@@ -244,7 +283,7 @@ class _Sent:
         session.sent = True
         if session.credentials:
             headers = {**(await session._headers(url)), **(headers or {})}
-        exchange = self._exchange = session.transport.request(
+        exchange = self._exchange = self._transport.request(
             self._method,
             self._target,
             headers,

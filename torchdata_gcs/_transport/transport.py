@@ -2,15 +2,17 @@
 :class:`Response` (status, headers, a body read whole, into a caller's buffer, or as chunks).
 
 :class:`.session.Session` adds what GCS asks of every request (credentials, billing, typed errors) on top;
-the aiohttp transport (:mod:`.aio`) is today's only implementation, and ops and engines see no other type."""
+media reads go out over :mod:`.wire` (bodies land in the reader's buffer), the rest over aiohttp
+(:mod:`.aio`); ops and engines see no other type."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-__all__ = ["Body", "Headers", "Response", "Transport"]
+__all__ = ["Body", "FilledBytes", "Headers", "Response", "Transport"]
 
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 """A request body: bytes, or pieces sent in order without being joined."""
@@ -73,3 +75,24 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Close the connections; the transport is not used again."""
         ...
+
+
+class FilledBytes:
+    """One ``bytes`` object of ``size`` bytes, written in place through :attr:`view`, then taken by
+    :meth:`take` without a copy: a body read whole, or a part read into place.
+
+    An ``io.BytesIO`` made over a new ``bytes(size)`` shares it, ``getbuffer()`` writes into it (being
+    its only holder, nothing is copied first), and ``getvalue()`` hands back that same object once no
+    view of it is left (CPython's ``BytesIO`` does so whenever it can; were a view left, the result
+    would be a correct copy). ``bytes(size)`` comes zeroed from the allocator: a page counts in memory
+    only once written.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._holder = io.BytesIO(bytes(size))
+        self.view = self._holder.getbuffer()
+
+    def take(self) -> bytes:
+        """The bytes written; :attr:`view` is released (slices of it must be gone by now)."""
+        self.view.release()
+        return self._holder.getvalue()

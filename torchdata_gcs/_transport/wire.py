@@ -1,0 +1,482 @@
+"""An HTTP/1.1 client whose answer bodies land in the caller's buffer: a keep-alive pool of connections
+to one endpoint, each an ``asyncio.BufferedProtocol``. Status line, headers and chunk framing are read
+into a small buffer of the connection's own; while a reader waits in ``readinto``, the socket reads go
+straight into the reader's memoryview, and ``read`` fills one ``bytes`` of the body's length in place.
+
+It sends requests without a body (media reads); a connection goes back to the pool only once its answer
+was read whole. A body cut short raises ``ConnectionError``, a wait with no byte ``TimeoutError``, as
+:mod:`.retry` expects of any transport; see :class:`~.transport.Transport`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from multidict import CIMultiDict
+
+from ..config import ClientConfig
+from ..errors import EndpointError, TransientError
+from .endpoint import answered, unreachable, untrusted
+from .transport import FilledBytes
+
+__all__ = ["WireResponse", "WireTransport"]
+
+HEAD_BUFFER = 64 * 1024
+"""A connection's own buffer: an answer's head and chunk framing must fit in it (GCS's heads are a few
+KiB); body bytes that come before a reader asks for them wait here, and reading pauses when it is full."""
+
+CHUNK = 256 * 1024
+"""The most bytes :meth:`WireResponse.chunks` hands out at once."""
+
+_UNTIL_CLOSE = -1  # a body framed by neither Content-Length nor chunks ends when the connection does
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One connection: its socket reads land in :attr:`target` while a reader waits there, else in the
+    connection's own buffer (``buffer[start:end]`` holds what is not read yet)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(HEAD_BUFFER)
+        self.view = memoryview(self.buffer)
+        self.start = self.end = 0
+        self.target: memoryview | None = None
+        self.landed = 0  # bytes put in target
+        self.received = False  # whether a byte came since the last request was sent
+        self.closed = False
+        self.keep_alive = True  # whether the last answer lets the connection serve another request
+        self.paused = False
+        self.waiter: asyncio.Future[bool] | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.target is not None:
+            return self.target[self.landed :]
+        if self.start == self.end:
+            self.start = self.end = 0
+        elif self.end == len(self.buffer):  # room only at the front: move what is unread there
+            unread = self.end - self.start
+            self.buffer[:unread] = self.view[self.start : self.end]
+            self.start, self.end = 0, unread
+        return self.view[self.end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.received = True
+        if self.target is not None:
+            self.landed += nbytes
+            if self.landed == len(self.target):
+                self.target = None  # full: what follows waits in the connection's buffer
+        else:
+            self.end += nbytes
+            if self.end - self.start == len(self.buffer):
+                self.paused = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        self._wake()
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(True)
+
+    def resume(self) -> None:
+        if self.paused and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait for bytes or the end of the connection; ``False`` if none came within ``timeout``."""
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(max(timeout, 0), _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            self.waiter = None
+            timer.cancel()
+
+    def close(self) -> None:
+        self.target = None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class WireResponse:
+    """An answer read from a :class:`_Connection`, as a :class:`~.transport.Response`: ``_left`` bytes are
+    left of the body's current piece (the whole body, or one chunk of a chunked one)."""
+
+    __slots__ = (
+        "_chunked",
+        "_connection",
+        "_deadline",
+        "_done",
+        "_left",
+        "_read_timeout",
+        "_to_close",
+        "_url",
+        "headers",
+        "status",
+    )
+
+    def __init__(
+        self,
+        connection: _Connection,
+        status: int,
+        headers: CIMultiDict[str],
+        left: int,
+        chunked: bool,
+        url: str,
+        read_timeout: float,
+        deadline: float | None,
+    ) -> None:
+        self._connection, self.status, self.headers = connection, status, headers
+        self._to_close = left == _UNTIL_CLOSE
+        self._left = sys.maxsize if self._to_close else left
+        self._chunked, self._done = chunked, left == 0 and not chunked
+        self._url, self._read_timeout, self._deadline = url, read_timeout, deadline
+
+    async def readinto(self, buffer: memoryview) -> int:
+        if not self._left and (self._done or not await self._next_chunk()):
+            return 0
+        if buffer.format != "B" or buffer.ndim != 1:
+            buffer = buffer.cast("B")
+        want = min(len(buffer), self._left)
+        if want == 0:
+            return 0
+        connection = self._connection
+        unread = connection.end - connection.start
+        if unread:  # bytes that came before this call
+            count = min(unread, want)
+            buffer[:count] = connection.view[connection.start : connection.start + count]
+            connection.start += count
+            connection.resume()
+        else:
+            count = await self._land(buffer[:want])
+        self._left -= count
+        if not self._left and not self._chunked:
+            self._done = True
+        return count
+
+    async def _land(self, target: memoryview) -> int:
+        """Let the socket write into ``target``; how many bytes it did (``0`` at the end of a body that ends
+        with its connection)."""
+        connection = self._connection
+        if not connection.closed:
+            connection.target, connection.landed = target, 0
+            connection.resume()
+            try:
+                while not connection.landed and not connection.closed:
+                    await self._wait()
+            finally:
+                count, connection.target, connection.landed = connection.landed, None, 0
+            if count:
+                return count
+        if self._to_close:
+            self._left = 0
+            self._done = True
+            return 0
+        raise ConnectionError(f"{self._url}: the connection closed before the end of the answer's body")
+
+    async def _wait(self) -> None:
+        timeout = self._read_timeout if self._deadline is None else self._deadline - asyncio.get_running_loop().time()
+        if not await self._connection.wait(timeout):
+            self._connection.close()
+            raise TimeoutError(f"{self._url}: no answer bytes for {timeout:.3g} s")
+
+    async def _line(self) -> bytes:
+        """The next line of the connection's buffer (a chunk's size, a trailer), without its end."""
+        connection = self._connection
+        while True:
+            end = connection.buffer.find(b"\r\n", connection.start, connection.end)
+            if end >= 0:
+                line = bytes(connection.view[connection.start : end])
+                connection.start = end + 2
+                connection.resume()
+                return line
+            if connection.end - connection.start == len(connection.buffer):
+                raise TransientError(
+                    f"{self._url}: an answer line longer than {len(connection.buffer)} bytes",
+                    url=self._url,
+                )
+            if connection.closed:
+                raise ConnectionError(f"{self._url}: the connection closed before the end of the answer")
+            await self._wait()
+
+    async def _next_chunk(self) -> bool:
+        """Read up to the next chunk's bytes; ``False`` (the body is done) after the last chunk and trailers."""
+        if not self._chunked or self._done:
+            return False
+        line = await self._line()
+        if not line:  # the end of the chunk before this one
+            line = await self._line()
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise TransientError(f"{self._url}: a malformed chunk size {line[:40]!r}", url=self._url) from None
+        if size < 0:
+            raise TransientError(f"{self._url}: a malformed chunk size {line[:40]!r}", url=self._url)
+        if size == 0:
+            while await self._line():  # trailers, up to an empty line
+                pass
+            self._done = True
+            return False
+        self._left = size
+        return True
+
+    async def read(self) -> bytes:
+        if not self._chunked and not self._to_close:
+            body = FilledBytes(self._left)
+            filled = 0
+            while filled < len(body.view):
+                filled += await self.readinto(body.view[filled:])
+            return body.take()
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while self._left or (not self._done and await self._next_chunk()):
+            piece = FilledBytes(min(self._left, CHUNK))
+            filled = 0
+            while filled < len(piece.view):
+                count = await self.readinto(piece.view[filled:])
+                if not count:
+                    break
+                filled += count
+            if filled == len(piece.view):
+                yield piece.take()
+            elif filled:
+                yield bytes(piece.view[:filled])
+
+    @property
+    def done(self) -> bool:
+        """Whether the body was read to its end."""
+        return self._done
+
+
+class WireTransport:
+    """Requests without a body to one endpoint (``http://`` or ``https://``, no proxy) over a pool of
+    kept-alive connections, each request with ``headers`` unless it sets them itself. Timeouts, ``trust``
+    and what a connection that cannot be made means are as in :class:`~.aio.AiohttpTransport`:
+    a refused connection to an endpoint that has never answered is raised as
+    ``never_answered(EndpointError(...))``, the error naming ``endpoint_hint``."""
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        endpoint: str,
+        headers: dict[str, str],
+        never_answered: Callable[[EndpointError], Exception],
+        endpoint_hint: str,
+        trust: tuple[ssl.SSLContext | None, str],
+    ) -> None:
+        self.config, self.endpoint = config, endpoint
+        self._headers = {name.lower(): (name, value) for name, value in headers.items()}
+        self._never_answered, self._endpoint_hint = never_answered, endpoint_hint
+        parts = urlsplit(endpoint)
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._host_header = parts.netloc.rpartition("@")[2]
+        self._trusted, self._trust_hint = trust
+        self._idle: list[_Connection] = []
+        self._closed = False
+
+    @asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str] | None,
+        *,
+        url: str,
+        json: Any = None,
+        data: Any = None,
+        answer_timeout: float | None = None,
+    ) -> AsyncIterator[WireResponse]:
+        if json is not None or data is not None:
+            raise TypeError("WireTransport sends requests without a body")
+        if not target.startswith(self.endpoint):
+            raise ValueError(f"{target} is not on {self.endpoint}")
+        head = self._head(method, target[len(self.endpoint) :] or "/", headers)
+        loop = asyncio.get_running_loop()
+        deadline = None if answer_timeout is None else loop.time() + answer_timeout
+        for reused in (True, False):
+            connection = self._reusable() if reused else None
+            if connection is None:
+                connection, reused = await self._connect(deadline), False
+            try:
+                response = await self._answer(connection, head, method, url, deadline)
+                break
+            except ConnectionError:
+                connection.close()
+                if reused and not connection.received:  # closed by the server while idle: once more, anew
+                    continue
+                raise
+            except BaseException:
+                connection.close()
+                raise
+        answered.add(self.endpoint)
+        try:
+            yield response
+        finally:
+            reusable = response.done and connection.keep_alive and connection.start == connection.end
+            if reusable and not connection.closed and not self._closed:
+                self._idle.append(connection)
+            else:
+                connection.close()
+
+    def _head(self, method: str, path: str, headers: dict[str, str] | None) -> bytes:
+        merged = self._headers if not headers else {**self._headers, **{k.lower(): (k, v) for k, v in headers.items()}}
+        lines = [
+            f"{method} {path} HTTP/1.1",
+            f"Host: {self._host_header}",
+            *(f"{k}: {v}" for k, v in merged.values()),
+        ]
+        text = "\r\n".join(lines) + "\r\n\r\n"
+        if text.count("\n") != len(lines) + 1 or text.count("\r") != len(lines) + 1:
+            raise ValueError(f"a line break in a request header or the path: {lines!r}")
+        return text.encode("latin-1")
+
+    def _reusable(self) -> _Connection | None:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed and connection.start == connection.end:
+                return connection
+            connection.close()  # closed by the server, or it sent something unasked
+        return None
+
+    async def _connect(self, deadline: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        timeout = (
+            self.config.connect_timeout
+            if deadline is None
+            else min(self.config.connect_timeout, deadline - loop.time())
+        )
+        host = self._host
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(
+                    _Connection,
+                    host,
+                    self._port,
+                    ssl=self._trusted,
+                    server_hostname=host if self._trusted else None,
+                ),
+                max(timeout, 0),
+            )
+        except ssl.SSLCertVerificationError as exc:
+            raise EndpointError(untrusted(self.endpoint, str(exc), self._trust_hint), url=self.endpoint) from None
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"cannot connect to {self.endpoint} within {timeout:.3g} s") from None
+        except OSError as exc:
+            if self.endpoint in answered:
+                raise ConnectionError(f"cannot connect to {self.endpoint}: {exc}") from exc
+            if isinstance(exc, socket.gaierror):
+                cause = f"host name {host!r} does not resolve"
+            elif isinstance(exc, ssl.SSLError):
+                cause = f"the TLS handshake failed ({exc})"
+            elif exc.errno:
+                cause = os.strerror(exc.errno).lower()  # "connection refused", "no route to host"
+            else:
+                cause = str(exc) or type(exc).__name__
+            failure = EndpointError(
+                unreachable(self.endpoint, cause, self._endpoint_hint),
+                url=self.endpoint,
+            )
+            raise self._never_answered(failure) from None
+        return connection
+
+    async def _answer(
+        self,
+        connection: _Connection,
+        head: bytes,
+        method: str,
+        url: str,
+        deadline: float | None,
+    ) -> WireResponse:
+        """Send ``head`` on ``connection`` and read the answer's status and headers."""
+        connection.received = False
+        connection.transport.write(head)  # type: ignore[union-attr]
+        response = WireResponse(
+            connection,
+            0,
+            CIMultiDict(),
+            0,
+            False,
+            url,
+            self.config.read_timeout,
+            deadline,
+        )
+        while (end := connection.buffer.find(b"\r\n\r\n", connection.start, connection.end)) < 0:
+            if connection.end - connection.start == len(connection.buffer):
+                raise TransientError(
+                    f"{url}: an answer head longer than {len(connection.buffer)} bytes",
+                    url=url,
+                )
+            if connection.closed:
+                raise ConnectionError(f"{url}: the connection closed before an answer")
+            await response._wait()
+        lines = bytes(connection.view[connection.start : end]).decode("latin-1").split("\r\n")
+        connection.start = end + 4
+        connection.resume()
+        version, _, rest = lines[0].partition(" ")
+        try:
+            status = int(rest[:3])
+        except ValueError:
+            raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url) from None
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in lines[1:]:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise TransientError(f"{url}: a malformed header line {line[:80]!r}", url=url)
+            headers.add(name.strip(), value.strip())
+        connection.keep_alive = version == "HTTP/1.1" and "close" not in headers.get("Connection", "").lower()
+        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            left, chunked = 0, False
+        elif chunked:
+            left = 0
+        elif "Content-Length" in headers:
+            left = int(headers["Content-Length"]) if headers["Content-Length"].strip().isdigit() else -1
+            if left < 0:
+                raise TransientError(
+                    f"{url}: a malformed Content-Length {headers['Content-Length'][:40]!r}",
+                    url=url,
+                )
+        else:
+            left = _UNTIL_CLOSE
+        return WireResponse(
+            connection,
+            status,
+            headers,
+            left,
+            chunked,
+            url,
+            self.config.read_timeout,
+            deadline,
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
