@@ -549,11 +549,13 @@ def measure_checkpoint(spec: Spec) -> dict[str, Any]:
     state = _state_dict(spec)
     checkpointer = CHECKPOINTERS[spec.reader](spec)
     phases: dict[str, list[tuple[float, float, float]]] = {"save": [], "load": []}
+    names: list[str] = []
     stored = 0
     while (
         len(phases["save"]) < spec.runs and sum(s for s, _, _ in phases["save"] + phases["load"]) < spec.budget_seconds
     ):
         name = f"ckpt/{spec.reader}-{len(phases['save'])}.pt"
+        names.append(name)
         _, *save = _phase(functools.partial(checkpointer.save, state, name))
         loaded, *load = _phase(functools.partial(checkpointer.load, name))
         if not _same(loaded, state):
@@ -573,6 +575,7 @@ def measure_checkpoint(spec: Spec) -> dict[str, Any]:
     return {
         "seconds": median("save", 0),
         "all_seconds": [run[0] for run in phases["save"]],
+        "saved_names": names,  # per save, in order: the runner matches the front's multipart completions to them
         "load_seconds": median("load", 0),
         "save_cpu_seconds": median("save", 1),
         "load_cpu_seconds": median("load", 1),

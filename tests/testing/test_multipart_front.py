@@ -219,3 +219,22 @@ def test_completion_streams_through_the_emulator_guard() -> None:
         growth = _peak_rss_mib(guard) - before
         assert emulator.read(BUCKET, "big.bin") == b"".join(parts)
     assert growth < 16, f"the guard grew {growth:.0f} MiB for a 48 MiB object"
+
+
+def test_completion_time_is_recorded_per_object(front: GCSFront) -> None:
+    front.reset_counts()
+    upload_id = initiate(front, "timed/a")
+    etag = put_part(front, "timed/a", upload_id, 1, os.urandom(MiB)).headers["ETag"]
+    refused = complete(front, "timed/a", upload_id, [(1, '"0123"')])  # a refused completion makes nothing
+    assert error_code(refused) == "InvalidPart" and front.multipart_completions == []
+    started = time.perf_counter()
+    assert complete(front, "timed/a", upload_id, [(1, etag)]).status_code == 200
+    wall = time.perf_counter() - started
+    other = initiate(front, "timed/b")
+    etag = put_part(front, "timed/b", other, 1, b"x").headers["ETag"]
+    assert complete(front, "timed/b", other, [(1, etag)]).status_code == 200
+    done = front.multipart_completions
+    assert [(bucket, name) for bucket, name, _ in done] == [(BUCKET, "timed/a"), (BUCKET, "timed/b")]
+    assert 0 < done[0][2] <= wall  # the object's write, within the request's time
+    front.reset_counts()
+    assert front.multipart_completions == []

@@ -498,6 +498,12 @@ class GCSFront(LocalService):
         return self._multipart.open_uploads
 
     @property
+    def multipart_completions(self) -> list[tuple[str, str, float]]:
+        """``(bucket, object name, seconds)`` of every XML multipart upload completed since the last
+        :meth:`reset_counts`: the seconds the front took to write the object into the emulator."""
+        return self._multipart.completions
+
+    @property
     def recorded(self) -> list[RecordedRequest]:
         """Every request received, as the client sent it, when the front was made with ``record=True``."""
         with self._lock:
@@ -529,8 +535,9 @@ class GCSFront(LocalService):
             return Counter(self._injected)
 
     def reset_counts(self) -> None:
-        """Zero :attr:`counts` and :attr:`faults_injected`, and start :attr:`peak_connections` over from the
-        connections open now (``times`` allowances are kept)."""
+        """Zero :attr:`counts`, :attr:`faults_injected` and :attr:`multipart_completions`, and start
+        :attr:`peak_connections` over from the connections open now (``times`` allowances are kept)."""
+        self._multipart.forget_completions()
         with self._lock:
             self._counts.clear()
             self._injected.clear()

@@ -3,7 +3,8 @@
 Initiate, upload part, list parts, complete and abort, with GCS's XML error answers; a bucket's
 unfinished uploads listed as GCS lists them. A completed upload is written to the emulator in one
 streamed upload, so the object appears whole or not at all, and is then described as GCS describes
-it. :class:`MultipartUploads` says what each request gets.
+it. :class:`MultipartUploads` says what each request gets, and records how long each completion took
+(GCS completes in about constant time; the emulator's copy is the rig's cost, reported apart).
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class MultipartUploads:
         self.page_size = page_size  # uploads listed a page at most
         self._folder: str | None = None  # made by the first upload: a front that never sees one leaves nothing
         self._uploads: dict[str, _Upload] = {}
+        self._completions: list[tuple[str, str, float]] = []
         self._lock = threading.Lock()
 
     @property
@@ -162,6 +164,17 @@ class MultipartUploads:
         """``(bucket, object name)`` of every upload initiated and neither completed nor aborted."""
         with self._lock:
             return sorted((upload.bucket, upload.name) for upload in self._uploads.values())
+
+    @property
+    def completions(self) -> list[tuple[str, str, float]]:
+        """``(bucket, object name, seconds)`` of every completion that made its object, in the order done:
+        the seconds from the completion request's part list read to its answer ready."""
+        with self._lock:
+            return list(self._completions)
+
+    def forget_completions(self) -> None:
+        with self._lock:
+            self._completions.clear()
 
     def close(self) -> None:
         if self._folder is not None:
@@ -303,6 +316,7 @@ class MultipartUploads:
         return _ok(_xml("ListPartsResult", fields, inner))
 
     def _complete(self, upload_id: str, upload: _Upload, document: bytes) -> Answer:
+        started = time.perf_counter()
         try:
             listed = [
                 (int(part.findtext("{*}PartNumber") or ""), (part.findtext("{*}ETag") or "").strip())
@@ -346,6 +360,8 @@ class MultipartUploads:
             ("Key", upload.name),
             ("ETag", f'"{resource.get("etag", "")}"'),
         ]
+        with self._lock:
+            self._completions.append((upload.bucket, upload.name, time.perf_counter() - started))
         return _ok(_xml("CompleteMultipartUploadResult", fields), headers)
 
     def _publish(self, upload: _Upload, numbers: list[int]) -> dict[str, str]:
