@@ -38,7 +38,7 @@ from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
-from .._transport.loop import Handoff, submit
+from .._transport.loop import Handoff, Slot, submit
 from .._transport.retry import Attempts
 from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
@@ -411,7 +411,7 @@ def deliver_in_order(
     """
     handoff = Handoff()
     stats = context.stats
-    window: deque[Future[tuple[list[Outcome], int]]] = deque()
+    window: deque[Slot[tuple[list[Outcome], int]]] = deque()
     delivered = 0
 
     def keep_the_loop_busy() -> None:
@@ -454,8 +454,7 @@ def deliver_in_order(
         while window:
             yield from deliver()
     finally:
-        for future in window:
-            future.cancel()
+        handoff.cancel(window)
         handoff.call(context.budget.close)
         handoff.flush()
         logger.debug("loaded %d objects: %s", stats.objects, stats)

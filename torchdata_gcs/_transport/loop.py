@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
+from typing import Any, Generic, TypeVar
 
 from . import lifecycle
 
 T = TypeVar("T")
 
-__all__ = ["Handoff", "io_loop", "iterate", "on_io_loop", "run", "submit", "wait", "wait_unless_on_io_loop"]
+__all__ = ["Handoff", "Slot", "io_loop", "iterate", "on_io_loop", "run", "submit", "wait", "wait_unless_on_io_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -119,27 +119,35 @@ class Handoff:
     Each ``call_soon_threadsafe`` wakes the loop through a pipe and costs tens of microseconds on
     both threads (more under GIL contention), as much as a small object's own request work: one
     :meth:`flush` hands over everything gathered since the last. Calls run before the coroutines
-    start, in the order they were made. Nothing runs until :meth:`flush`.
+    start, in the order they were made. Nothing runs until :meth:`flush`. Each coroutine's result
+    comes back in a :class:`Slot`, all of a handoff's sharing one condition to wait on.
     """
 
     def __init__(self) -> None:
         self._loop = io_loop()
-        self._coroutines: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = []
+        self._settled = threading.Condition()
+        self._coroutines: list[tuple[Coroutine[Any, Any, Any], Slot[Any]]] = []
         self._calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
 
     def __len__(self) -> int:
         """Coroutines gathered and not yet handed over."""
         return len(self._coroutines)
 
-    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """A future of ``coroutine``'s result; cancelling it cancels the coroutine."""
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._coroutines.append((coroutine, future))
-        return future
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> Slot[T]:
+        """A slot for ``coroutine``'s result; cancelling it cancels the coroutine."""
+        slot: Slot[T] = Slot(self._loop, self._settled)
+        self._coroutines.append((coroutine, slot))
+        return slot
 
     def call(self, function: Callable[..., Any], *args: Any) -> None:
         """Run ``function(*args)`` on the loop at the next flush."""
         self._calls.append((function, args))
+
+    def cancel(self, slots: Iterable[Slot[Any]]) -> None:
+        """Cancel ``slots`` (of this handoff) and, at the next flush, their coroutines."""
+        cancelled = [slot for slot in slots if slot._cancel()]
+        if cancelled:
+            self.call(_cancel_tasks, cancelled)
 
     def flush(self) -> None:
         """Hand everything gathered to the loop with one wake-up."""
@@ -148,34 +156,90 @@ class Handoff:
             self._coroutines, self._calls = [], []
 
 
+class Slot(Generic[T]):
+    """One handed-over coroutine's result: what a ``concurrent.futures.Future`` gives a waiting thread,
+    in one small object without a lock, condition or callback list of its own (thousands of results
+    alive at once stay cheap for the garbage collector)."""
+
+    __slots__ = ("_loop", "_settled", "_task", "_done", "_cancelled", "_result", "_error")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, settled: threading.Condition) -> None:
+        self._loop, self._settled = loop, settled
+        self._task: asyncio.Task[T] | None = None
+        self._done = self._cancelled = False
+        self._result: T | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """Whether the result (or error, or cancellation) is in."""
+        return self._done
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def result(self, timeout: float | None = None) -> T:
+        """The coroutine's result, or its exception raised; waits at most ``timeout`` seconds if given."""
+        if not self._done:
+            with self._settled:
+                if not self._settled.wait_for(self.done, timeout):
+                    raise concurrent.futures.TimeoutError
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def cancel(self) -> bool:
+        """Cancel the coroutine (at once, on the loop); ``False`` if its result is already in."""
+        if not self._cancel():
+            return False
+        self._loop.call_soon_threadsafe(_cancel_tasks, [self])
+        return True
+
+    def _cancel(self) -> bool:
+        with self._settled:
+            if self._done:
+                return self._cancelled
+            self._cancelled = self._done = True
+            self._error = concurrent.futures.CancelledError()
+            self._settled.notify_all()
+        return True
+
+    def __call__(self, task: asyncio.Task[T]) -> None:
+        """The task's done callback (the slot itself, so no bound method is kept per task)."""
+        with self._settled:
+            if self._done:
+                return
+            if task.cancelled():
+                self._cancelled, self._error = True, concurrent.futures.CancelledError()
+            elif task.exception() is not None:
+                self._error = task.exception()
+            else:
+                self._result = task.result()
+            self._done = True
+            self._task = None
+            self._settled.notify_all()
+
+
 def _start(
     calls: list[tuple[Callable[..., Any], tuple[Any, ...]]],
-    coroutines: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]],
+    coroutines: list[tuple[Coroutine[Any, Any, Any], Slot[Any]]],
 ) -> None:
     for function, args in calls:
         function(*args)
     loop = asyncio.get_running_loop()
-    for coroutine, future in coroutines:
-        if future.cancelled():
+    for coroutine, slot in coroutines:
+        if slot._cancelled:
             coroutine.close()
             continue
-        task = loop.create_task(coroutine)
-        task.add_done_callback(lambda task, future=future: _settle(future, task))
-        future.add_done_callback(
-            lambda future, task=task: future.cancelled() and loop.call_soon_threadsafe(task.cancel)
-        )
+        slot._task = task = loop.create_task(coroutine)
+        task.add_done_callback(slot)
 
 
-def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
-    """Pass a finished task's outcome to its future, unless the future was cancelled meanwhile."""
-    if task.cancelled():
-        future.cancel()
-    if not future.set_running_or_notify_cancel():
-        return
-    if task.exception() is not None:
-        future.set_exception(task.exception())
-    else:
-        future.set_result(task.result())
+def _cancel_tasks(slots: list[Slot[Any]]) -> None:
+    """On the loop: cancel the started tasks of cancelled slots (those not started yet never will be)."""
+    for slot in slots:
+        if slot._task is not None:
+            slot._task.cancel()
+            slot._task = None
 
 
 def _forget_after_fork() -> None:
