@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.tls_relay import Relay, make_authority
-from torchdata_gcs import ClientConfig, EndpointError, RetryConfig
+from torchdata_gcs import ClientConfig, EndpointError, RetryConfig, TransientError
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import run
 from torchdata_gcs._transport.session import Session
@@ -308,3 +308,173 @@ def test_a_refused_media_read_names_the_endpoint_as_aiohttp_does() -> None:
             Client(config, FAST_RETRY).read("some-bucket", "o")
     assert time.monotonic() - started < 5
     assert str(caught.value).startswith(f"cannot reach {endpoint}: connection refused; check ClientConfig(endpoint=")
+
+
+def test_interim_answers_before_the_final_one_are_skipped() -> None:
+    body = b"hello, world"
+    answer = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n" + body
+    )
+    with _one_answer_server(answer, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            for how in ("read", "readinto", "chunks"):
+                assert run(_read(session, "bbb", "o", how), timeout=10) == body
+        finally:
+            run(session.close())
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"Content-Length: 5\r\nContent-Length: 12\r\n\r\nhello, world",  # which body ends where?
+        b"Content-Length: 5, 12\r\n\r\nhello, world",
+        b"Content-Length: \xb2\r\n\r\nhello, world",  # a digit to str.isdigit, not to HTTP
+        b"Transfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",  # a size HTTP's grammar refuses
+        b"Transfer-Encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n",
+        b"Transfer-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello",  # the coding frames it, not the length
+        b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",  # bytes no one would decode
+        b"Transfer-Encoding: xchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ],
+)
+def test_ambiguous_framing_is_refused(head: bytes) -> None:
+    with _one_answer_server(b"HTTP/1.1 200 OK\r\n" + head, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            with pytest.raises(TransientError, match="Content-Length|chunk size|transfer coding"):
+                run(_read(session, "bbb", "o", "read"), timeout=10)
+        finally:
+            run(session.close())
+
+
+def test_several_equal_content_lengths_frame_the_body() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5, 5\r\n\r\nhello"
+    with _one_answer_server(answer, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            assert run(_read(session, "bbb", "o", "read"), timeout=10) == b"hello"
+        finally:
+            run(session.close())
+
+
+@pytest.mark.parametrize("status_line", [b"HTTP/1.1 2000 OK", b"HTTP/1.1 +20 OK", b"HTTP/1.1 20"])
+def test_a_malformed_status_line_is_refused(status_line: bytes) -> None:
+    with _one_answer_server(status_line + b"\r\nContent-Length: 0\r\n\r\n", then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+        try:
+            with pytest.raises(TransientError, match="status line"):
+                run(_read(session, "bbb", "o", "read"), timeout=10)
+        finally:
+            run(session.close())
+
+
+def test_a_cancelled_readinto_leaves_the_buffer_alone_and_the_connection_unused() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    rest = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        held.append(connection)
+        connection.recv(65536)
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
+        rest.wait(10)
+        connection.sendall(b"b" * 990)  # after the reader gave up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    session = _session(ClientConfig(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", anonymous=True))
+    buffer = bytearray(1000)
+
+    async def cancel_midway() -> None:
+        async with session.read_media("gs://bbb/o", session.media_path("bbb", "o"), {"alt": "media"}) as response:
+            view = memoryview(buffer)
+            assert await response.readinto(view) == 10
+            task = asyncio.ensure_future(response.readinto(view[10:]))
+            await asyncio.sleep(0.2)  # waiting in the socket for more
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            rest.set()
+            for _ in range(20):  # the loop takes in the rest, wherever it goes
+                await asyncio.sleep(0.01)
+            assert bytes(buffer) == b"a" * 10 + bytes(990)
+
+    try:
+        run(cancel_midway(), timeout=10)
+        assert isinstance(session.media, WireTransport)
+        assert not session.media._idle  # left mid-body: closed, never pooled
+    finally:
+        run(session.close())
+        thread.join(5)
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
+def test_a_kept_alive_connection_closed_after_the_request_is_sent_is_retried_anew() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:  # each connection: one answer, then the next request is read and left unanswered
+        listener.settimeout(5)
+        for _ in range(2):
+            connection, _ = listener.accept()
+            accepted.append(connection)
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            connection.recv(65536)
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    session = _session(ClientConfig(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", anonymous=True))
+    try:
+        assert run(_read(session, "bbb", "o", "read"), timeout=10) == b"hello"
+        assert run(_read(session, "bbb", "o", "read"), timeout=10) == b"hello"  # the idle one, then a new one
+        assert len(accepted) == 2
+    finally:
+        run(session.close())
+        thread.join(5)
+        listener.close()
+
+
+def test_a_folded_header_line_continues_the_one_before_it() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nX-Note: one\r\n Content-Length: 12\r\n\ttwo\r\nContent-Length: 5\r\n\r\nhello"
+    with _one_answer_server(answer, then_close=True) as endpoint:
+        session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
+
+        async def note() -> tuple[str, bytes]:
+            async with session.read_media("gs://bbb/o", session.media_path("bbb", "o"), {"alt": "media"}) as response:
+                return response.headers["X-Note"], await response.read()
+
+        try:
+            assert run(note(), timeout=10) == ("one Content-Length: 12 two", b"hello")
+        finally:
+            run(session.close())
+
+
+def test_a_body_that_ends_with_its_connection_is_not_whole_when_the_connection_is_reset() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        listener.settimeout(5)
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        connection.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 1000)
+        time.sleep(0.2)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        connection.close()  # with a zero linger: a reset, not an end
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    session = _session(ClientConfig(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", anonymous=True))
+    try:
+        with pytest.raises(ConnectionError, match="closed before the end"):
+            run(_read(session, "bbb", "o", "readinto"), timeout=10)
+    finally:
+        run(session.close())
+        thread.join(5)
+        listener.close()

@@ -36,6 +36,7 @@ CHUNK = 256 * 1024
 """The most bytes :meth:`WireResponse.chunks` hands out at once."""
 
 _UNTIL_CLOSE = -1  # a body framed by neither Content-Length nor chunks ends when the connection does
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -50,6 +51,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.landed = 0  # bytes put in target
         self.received = False  # whether a byte came since the last request was sent
         self.closed = False
+        self.reset = False  # whether the connection ended in an error (a reset), not an orderly close
         self.keep_alive = True  # whether the last answer lets the connection serve another request
         self.paused = False
         self.waiter: asyncio.Future[bool] | None = None
@@ -89,6 +91,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.reset = self.reset or exc is not None
         self._wake()
 
     def _wake(self) -> None:
@@ -193,7 +196,7 @@ class WireResponse:
                 count, connection.target, connection.landed = connection.landed, None, 0
             if count:
                 return count
-        if self._to_close:
+        if self._to_close and not connection.reset:  # only an orderly close ends such a body
             self._left = 0
             self._done = True
             return 0
@@ -231,12 +234,10 @@ class WireResponse:
         line = await self._line()
         if not line:  # the end of the chunk before this one
             line = await self._line()
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise TransientError(f"{self._url}: a malformed chunk size {line[:40]!r}", url=self._url) from None
-        if size < 0:
+        digits = line.split(b";", 1)[0].rstrip(b" \t")  # chunk extensions are ignored
+        if not digits or digits.strip(_HEX_DIGITS):  # int() would take "0x5", "+5", "5_0"
             raise TransientError(f"{self._url}: a malformed chunk size {line[:40]!r}", url=self._url)
+        size = int(digits, 16)
         if size == 0:
             while await self._line():  # trailers, up to an empty line
                 pass
@@ -427,42 +428,55 @@ class WireTransport:
             self.config.read_timeout,
             deadline,
         )
-        while (end := connection.buffer.find(b"\r\n\r\n", connection.start, connection.end)) < 0:
-            if connection.end - connection.start == len(connection.buffer):
-                raise TransientError(
-                    f"{url}: an answer head longer than {len(connection.buffer)} bytes",
-                    url=url,
-                )
-            if connection.closed:
-                raise ConnectionError(f"{url}: the connection closed before an answer")
-            await response._wait()
-        lines = bytes(connection.view[connection.start : end]).decode("latin-1").split("\r\n")
-        connection.start = end + 4
-        connection.resume()
-        version, _, rest = lines[0].partition(" ")
-        try:
-            status = int(rest[:3])
-        except ValueError:
-            raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url) from None
-        headers: CIMultiDict[str] = CIMultiDict()
+        status = 100
+        while 100 <= status < 200 and status != 101:  # interim answers (100 Continue, 103) come before the answer
+            while (end := connection.buffer.find(b"\r\n\r\n", connection.start, connection.end)) < 0:
+                if connection.end - connection.start == len(connection.buffer):
+                    raise TransientError(
+                        f"{url}: an answer head longer than {len(connection.buffer)} bytes",
+                        url=url,
+                    )
+                if connection.closed:
+                    raise ConnectionError(f"{url}: the connection closed before an answer")
+                await response._wait()
+            lines = bytes(connection.view[connection.start : end]).decode("latin-1").split("\r\n")
+            connection.start = end + 4
+            connection.resume()
+            version, _, rest = lines[0].partition(" ")
+            code = rest[:3]  # three digits, then a space or the end of the line
+            if not (len(code) == 3 and code.isascii() and code.isdigit() and rest[3:4] in ("", " ")):
+                raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url) from None
+            status = int(code)
+        fields: list[tuple[str, str]] = []
         for line in lines[1:]:
+            if line[:1] in (" ", "\t") and fields:  # a folded line (obs-fold) continues the one before it
+                fields[-1] = (fields[-1][0], f"{fields[-1][1]} {line.strip()}")
+                continue
             name, colon, value = line.partition(":")
             if not colon:
                 raise TransientError(f"{url}: a malformed header line {line[:80]!r}", url=url)
-            headers.add(name.strip(), value.strip())
-        connection.keep_alive = version == "HTTP/1.1" and "close" not in headers.get("Connection", "").lower()
-        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
-        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            fields.append((name.strip(), value.strip()))
+        headers: CIMultiDict[str] = CIMultiDict(fields)
+        connection.keep_alive = (  # HTTP/1.0 answers and 101 (another protocol follows) end the connection
+            version == "HTTP/1.1" and status != 101 and "close" not in headers.get("Connection", "").lower()
+        )
+        codings = [c.strip().lower() for line in headers.getall("Transfer-Encoding", ()) for c in line.split(",")]
+        if codings and codings != ["chunked"]:  # a Transfer-Encoding wins over Content-Length; only chunks are read
+            raise TransientError(f"{url}: a transfer coding not read here {', '.join(codings)[:40]!r}", url=url)
+        chunked = bool(codings)
+        if method == "HEAD" or status in (204, 304) or status == 101:
             left, chunked = 0, False
         elif chunked:
             left = 0
         elif "Content-Length" in headers:
-            left = int(headers["Content-Length"]) if headers["Content-Length"].strip().isdigit() else -1
-            if left < 0:
+            # several values (lines or a list) frame the body only if they agree; a digit only as HTTP knows one
+            lengths = {length.strip() for line in headers.getall("Content-Length") for length in line.split(",")}
+            if len(lengths) != 1 or not all(length.isascii() and length.isdigit() for length in lengths):
                 raise TransientError(
-                    f"{url}: a malformed Content-Length {headers['Content-Length'][:40]!r}",
+                    f"{url}: a malformed Content-Length {', '.join(headers.getall('Content-Length'))[:40]!r}",
                     url=url,
                 )
+            left = int(lengths.pop())
         else:
             left = _UNTIL_CLOSE
         return WireResponse(
