@@ -6,7 +6,8 @@ import base64
 import hashlib
 import json
 import os
-from urllib.parse import quote
+import socket
+from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 import google_crc32c
@@ -198,3 +199,31 @@ def test_the_damaged_answer_fault_flips_one_byte(front: GCSFront, gcs_emulator: 
     assert len(damaged) == len(data) and sum(a != b for a, b in zip(damaged, data, strict=True)) == 1
     assert requests.get(f"{object_url(front, gcs_bucket, 'z')}?alt=media", timeout=30).content == data
     assert json.loads(json.dumps(front.faults_injected)) == {"corrupt": 1}
+
+
+def test_a_conditional_upload_whose_body_is_slow_holds_up_no_other_write(front: GCSFront, gcs_bucket: str) -> None:
+    # GCS writes different objects independently: one client's slow body must not stall another's write
+    address = urlsplit(front.endpoint)
+    first = b"a" * MiB
+    slow = socket.create_connection((address.hostname, address.port), timeout=10)
+    with slow:
+        slow.sendall(
+            f"POST /upload/storage/v1/b/{gcs_bucket}/o?uploadType=media&name=slow&ifGenerationMatch=0 HTTP/1.1\r\n"
+            f"Host: {address.netloc}\r\nContent-Type: application/octet-stream\r\nContent-Length: {len(first)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + first[: MiB // 2]
+        )
+        other = requests.post(
+            f"{front.endpoint}/upload/storage/v1/b/{gcs_bucket}/o",
+            params={"uploadType": "media", "name": "other", "ifGenerationMatch": "0"},
+            data=b"b" * 1000,
+            timeout=5,  # a deadline: before, the second write waited on the first body, which waited on it
+        )
+        assert other.status_code == 200, other.text
+        slow.sendall(first[MiB // 2 :])
+        answer = b""
+        while chunk := slow.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") or answer.startswith(b"HTTP/1.0 200"), answer[:200]
+    for name, data in (("slow", first), ("other", b"b" * 1000)):
+        assert requests.get(object_url(front, gcs_bucket, name), params={"alt": "media"}, timeout=30).content == data

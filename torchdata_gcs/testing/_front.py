@@ -955,6 +955,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._answer_json(json.loads(answer))
                 return
             body = iter([data])
+        if checked and body is not None:  # taken in at the client's pace first, so only the write holds the lock
+            body = iter([b"".join(body)])
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
