@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import safetensors.torch
 import torch
 
+from tests.children import run_child
 from torchdata_gcs import IntegrityError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs import safetensors as ours
 from torchdata_gcs._engines.tensor_files import MAX_HEADER, MAX_INDEX
@@ -338,17 +337,7 @@ MEMORY_CHILD = textwrap.dedent(
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's peak RSS reset")
 def test_memory_saving_holds_the_parts_in_flight_and_loading_about_the_file(front: GCSFront) -> None:
     spec = {"endpoint": front.endpoint, "url": f"gs://{BUCKET}/memory.safetensors", "part": MIN_PART_SIZE}
-    child = subprocess.run(
-        [sys.executable, "-c", MEMORY_CHILD],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    result = json.loads(child.stdout)
+    result = run_child(MEMORY_CHILD, spec)
     assert result["same"]
     # saving: the parts in flight (3 x 5 MiB) and the writer's buffers; a copy of the state would add 64 MiB
     assert result["saving"] < 40 * MiB, f"peak RSS grew {result['saving'] / MiB:.0f} MiB saving 64 MiB"

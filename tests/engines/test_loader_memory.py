@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 import textwrap
 
 import google_crc32c
 
+from tests.children import run_child
 from torchdata_gcs.testing import Emulator
 
 MiB = 1024 * 1024
@@ -76,17 +73,7 @@ def test_peak_memory_stays_under_the_budget_plus_a_constant() -> None:
             "in_flight": IN_FLIGHT,
             "urls": sorted(expected),
         }
-        child = subprocess.run(
-            [sys.executable, "-c", CHILD],
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-            check=False,
-        )
-    assert child.returncode == 0, child.stderr[-3000:]
-    result = json.loads(child.stdout)
+        result = run_child(CHILD, spec, timeout=600)
     assert result["checks"] == expected  # every object, bit-exact
     assert sum(sizes) > 2 * 1024**3 * 0.94
     assert result["growth"] < BUDGET + OVERHEAD, f"peak RSS grew {result['growth'] / MiB:.0f} MiB"

@@ -4,16 +4,14 @@ damaged bytes never handed out, and held once in memory."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import google_crc32c
 import pytest
 
+from tests.children import run_child
 from torchdata_gcs import GCSFileLoaderIterDataPipe, RetryConfig, TransferConfig
 from torchdata_gcs.errors import IntegrityError
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
@@ -136,17 +134,7 @@ def test_a_large_object_read_whole_is_held_once(gcs_emulator: Emulator, gcs_buck
         "url": f"gs://{gcs_bucket}/whole.bin",
         "warm": f"gs://{gcs_bucket}/warm.bin",
     }
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    result = json.loads(child.stdout)
+    result = run_child(CHILD, spec)
     assert (result["size"], result["crc"]) == (size, google_crc32c.value(data))
     # the object's one buffer, plus the transport's in-flight pieces; ranges joined would hold it twice
     assert result["growth"] < 1.5 * size, f"peak RSS grew {result['growth'] / MiB:.0f} MiB for {size // MiB} MiB"
