@@ -12,6 +12,8 @@ if [ ! -x "$venv/bin/python" ]; then
   # Dataflux declares lightning and absl-py, which its datasets and fast listing never import.
   "$venv/bin/pip" install -q --no-deps gcs-torch-dataflux==1.4.0
 fi
+# torchdata 0.9 (the last with DataPipes over fsspec), a peer of the small-object rows
+"$venv/bin/python" -c "import torchdata.datapipes" 2>/dev/null || "$venv/bin/pip" install -q "torchdata>=0.8,<0.10"
 "$venv/bin/python" -c "import obstore" 2>/dev/null || "$venv/bin/pip" install -q obstore
 "$venv/bin/python" -c "import safetensors" 2>/dev/null || "$venv/bin/pip" install -q safetensors
 # Run:ai Model Streamer, a peer of the safetensors workload (its C++ library reads GCS itself)
