@@ -253,7 +253,7 @@ def build_workloads(quick: bool) -> list[Workload]:
         # gs:// to tensors: safetensors.torch.load after each peer's download, Run:ai's streamer, ours.
         Workload(
             "safetensors",
-            "bench-safetensors",
+            "bench-weights",  # a bucket of its own: the file is made anew, unlike the fsspec workload's
             "st/",
             0,
             [
