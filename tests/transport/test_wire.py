@@ -298,9 +298,11 @@ print("pooled:", len(pooled))
 
 
 def test_a_refused_media_read_names_the_endpoint_as_aiohttp_does() -> None:
+    # Bound, not listening: refused. On a loopback address no other test serves from, so this endpoint
+    # has never answered in this process (a port an earlier server used would count as a blip).
     with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        endpoint = f"http://127.0.0.1:{unused.getsockname()[1]}"  # bound, not listening: refused
+        unused.bind(("127.77.0.1", 0))
+        endpoint = f"http://127.77.0.1:{unused.getsockname()[1]}"
         config = ClientConfig(endpoint=endpoint, anonymous=True)
         assert isinstance(Session(config).media, WireTransport)
         started = time.monotonic()
