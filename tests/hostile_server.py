@@ -1,4 +1,5 @@
-"""An HTTP server that never lets a request end: for faults no forwarding front can make.
+"""HTTP servers for faults no forwarding front can make: one that never lets a request end, one that
+gives every request the same raw answer.
 
 ``"trickle"`` reads each request whole, answers ``200`` with headers that promise a 100,000-byte body,
 then sends one byte every ``interval`` seconds, so a read timeout (which restarts on every byte) never
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Literal, final
 
@@ -115,3 +118,41 @@ class HostileServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+@contextmanager
+def one_answer_server(answer: bytes, *, then_close: bool) -> Iterator[str]:
+    """An endpoint that answers every request with the raw bytes ``answer``, then closes the connection or
+    holds it until the server stops."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(connection)
+            try:
+                connection.recv(65536)
+                connection.sendall(answer)
+            except OSError:
+                pass
+            if then_close:
+                connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for connection in held:
+            connection.close()
+        listener.close()

@@ -4,12 +4,11 @@ connection closed, not kept open) whatever ends the exchange."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 
+from tests.hostile_server import one_answer_server
 from torchdata_gcs import ClientConfig
 from torchdata_gcs._transport.loop import run
 from torchdata_gcs._transport.retry import is_retryable
@@ -95,34 +94,8 @@ def test_an_answer_abandoned_by_an_error_is_given_back(gcs_emulator: Emulator, g
 @pytest.fixture
 def malformed_endpoint() -> Iterator[str]:
     """A server that answers every request with a status line no HTTP parser accepts."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with connection:
-                connection.settimeout(2)
-                try:
-                    connection.recv(65536)
-                    connection.sendall(b"HTTP/1.1 2x0 What\r\nContent-Length: 0\r\n\r\n")
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        listener.close()
-        thread.join(5)
+    with one_answer_server(b"HTTP/1.1 2x0 What\r\nContent-Length: 0\r\n\r\n", then_close=True) as endpoint:
+        yield endpoint
 
 
 def test_a_malformed_answer_raises_a_transient_error_naming_the_object(malformed_endpoint: str) -> None:

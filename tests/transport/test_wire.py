@@ -12,12 +12,11 @@ import sys
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.hostile_server import one_answer_server
 from tests.tls_relay import Relay, make_authority
 from torchdata_gcs import ClientConfig, EndpointError, RetryConfig, TransientError
 from torchdata_gcs._ops.client import Client
@@ -146,43 +145,11 @@ def test_a_reset_is_retried(gcs_emulator: Emulator, gcs_bucket: str) -> None:
         assert front.faults_injected["reset"] == 2
 
 
-@contextmanager
-def _one_answer_server(answer: bytes, *, then_close: bool) -> Iterator[str]:
-    """An endpoint that answers every request with ``answer``, then closes the connection or holds it."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-    held: list[socket.socket] = []
-
-    def serve() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            held.append(connection)
-            connection.recv(65536)
-            connection.sendall(answer)
-            if then_close:
-                connection.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for connection in held:
-            connection.close()
-        listener.close()
-
-
 def test_a_body_without_length_ends_with_its_connection() -> None:
     body = bytes(range(256)) * 1000
     answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body
     for how in ("read", "readinto", "chunks"):
-        with _one_answer_server(answer, then_close=True) as endpoint:
+        with one_answer_server(answer, then_close=True) as endpoint:
             session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
             try:
                 assert run(_read(session, "bbb", "o", how), timeout=10) == body
@@ -206,7 +173,7 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(gcs_emulator: Emu
 
 def test_a_stalled_body_times_out() -> None:
     stalled = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789"  # then nothing
-    with _one_answer_server(stalled, then_close=False) as endpoint:
+    with one_answer_server(stalled, then_close=False) as endpoint:
         session = _session(ClientConfig(endpoint=endpoint, anonymous=True, read_timeout=0.3))
         started = time.monotonic()
         try:
@@ -319,7 +286,7 @@ def test_interim_answers_before_the_final_one_are_skipped() -> None:
         b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
         b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n" + body
     )
-    with _one_answer_server(answer, then_close=True) as endpoint:
+    with one_answer_server(answer, then_close=True) as endpoint:
         session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
         try:
             for how in ("read", "readinto", "chunks"):
@@ -342,7 +309,7 @@ def test_interim_answers_before_the_final_one_are_skipped() -> None:
     ],
 )
 def test_ambiguous_framing_is_refused(head: bytes) -> None:
-    with _one_answer_server(b"HTTP/1.1 200 OK\r\n" + head, then_close=True) as endpoint:
+    with one_answer_server(b"HTTP/1.1 200 OK\r\n" + head, then_close=True) as endpoint:
         session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
         try:
             with pytest.raises(TransientError, match="Content-Length|chunk size|transfer coding"):
@@ -353,7 +320,7 @@ def test_ambiguous_framing_is_refused(head: bytes) -> None:
 
 def test_several_equal_content_lengths_frame_the_body() -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5, 5\r\n\r\nhello"
-    with _one_answer_server(answer, then_close=True) as endpoint:
+    with one_answer_server(answer, then_close=True) as endpoint:
         session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
         try:
             assert run(_read(session, "bbb", "o", "read"), timeout=10) == b"hello"
@@ -363,7 +330,7 @@ def test_several_equal_content_lengths_frame_the_body() -> None:
 
 @pytest.mark.parametrize("status_line", [b"HTTP/1.1 2000 OK", b"HTTP/1.1 +20 OK", b"HTTP/1.1 20"])
 def test_a_malformed_status_line_is_refused(status_line: bytes) -> None:
-    with _one_answer_server(status_line + b"\r\nContent-Length: 0\r\n\r\n", then_close=True) as endpoint:
+    with one_answer_server(status_line + b"\r\nContent-Length: 0\r\n\r\n", then_close=True) as endpoint:
         session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
         try:
             with pytest.raises(TransientError, match="status line"):
@@ -445,7 +412,7 @@ def test_a_kept_alive_connection_closed_after_the_request_is_sent_is_retried_ane
 
 def test_a_folded_header_line_continues_the_one_before_it() -> None:
     answer = b"HTTP/1.1 200 OK\r\nX-Note: one\r\n Content-Length: 12\r\n\ttwo\r\nContent-Length: 5\r\n\r\nhello"
-    with _one_answer_server(answer, then_close=True) as endpoint:
+    with one_answer_server(answer, then_close=True) as endpoint:
         session = _session(ClientConfig(endpoint=endpoint, anonymous=True))
 
         async def note() -> tuple[str, bytes]:
