@@ -15,7 +15,6 @@ import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -275,6 +274,23 @@ class WireResponse:
         return self._done
 
 
+class _Exchange:
+    """One request's context (a class, not a generator: it is made for every media read): the answer on
+    entry, the connection pooled or closed on exit."""
+
+    __slots__ = ("_transport", "_request", "_connection", "_response")
+
+    def __init__(self, transport: WireTransport, *request: Any) -> None:
+        self._transport, self._request = transport, request
+
+    async def __aenter__(self) -> WireResponse:
+        self._connection, self._response = await self._transport._open(*self._request)
+        return self._response
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._transport._release(self._connection, self._response)
+
+
 class WireTransport:
     """Requests without a body to one endpoint (``http://`` or ``https://``, no proxy) over a pool of
     kept-alive connections, each request with ``headers`` unless it sets them itself. Timeouts, ``trust``
@@ -302,8 +318,7 @@ class WireTransport:
         self._idle: list[_Connection] = []
         self._closed = False
 
-    @asynccontextmanager
-    async def request(
+    def request(
         self,
         method: str,
         target: str,
@@ -313,11 +328,17 @@ class WireTransport:
         json: Any = None,
         data: Any = None,
         answer_timeout: float | None = None,
-    ) -> AsyncIterator[WireResponse]:
+    ) -> _Exchange:
         if json is not None or data is not None:
             raise TypeError("WireTransport sends requests without a body")
         if not target.startswith(self.endpoint):
             raise ValueError(f"{target} is not on {self.endpoint}")
+        return _Exchange(self, method, target, headers, url, answer_timeout)
+
+    async def _open(
+        self, method: str, target: str, headers: dict[str, str] | None, url: str, answer_timeout: float | None
+    ) -> tuple[_Connection, WireResponse]:
+        """A connection (kept-alive or new) and the answer's head read from it."""
         head = self._head(method, target[len(self.endpoint) :] or "/", headers)
         loop = asyncio.get_running_loop()
         deadline = None if answer_timeout is None else loop.time() + answer_timeout
@@ -337,14 +358,15 @@ class WireTransport:
                 connection.close()
                 raise
         answered.add(self.endpoint)
-        try:
-            yield response
-        finally:
-            reusable = response.done and connection.keep_alive and connection.start == connection.end
-            if reusable and not connection.closed and not self._closed:
-                self._idle.append(connection)
-            else:
-                connection.close()
+        return connection, response
+
+    def _release(self, connection: _Connection, response: WireResponse) -> None:
+        """Pool the connection if its answer was read whole and nothing else waits on it; else close it."""
+        reusable = response.done and connection.keep_alive and connection.start == connection.end
+        if reusable and not connection.closed and not self._closed:
+            self._idle.append(connection)
+        else:
+            connection.close()
 
     def _head(self, method: str, path: str, headers: dict[str, str] | None) -> bytes:
         merged = self._headers if not headers else {**self._headers, **{k.lower(): (k, v) for k, v in headers.items()}}
