@@ -24,7 +24,8 @@ from .._transport.deadline import call_deadline
 from .._transport.loop import run
 from .._transport.retry import Attempts
 from ..config import WriteConfig
-from ..errors import IntegrityError
+from ..errors import IntegrityError, NotFoundError
+from .listing import describe
 from .ranges import read_into_buffer, read_ranges_into
 from .upload import library_errors_first, new_writer
 
@@ -182,10 +183,8 @@ def load(url: str, client: Client) -> dict[str, torch.Tensor]:
 
 def load_many(urls: list[str], client: Client) -> list[dict[str, torch.Tensor]]:
     """The tensors of each file, read concurrently, each checked."""
-    context = client.context()
     with call_deadline(client.retry):
-        infos = [_object_info(url, client) for url in urls]
-        return run(_gather([_read_checked(context, url, info, client) for url, info in zip(urls, infos, strict=True)]))
+        return run(_load_all(client.context(), urls, client))
 
 
 def _object_info(url: str, client: Client) -> ObjectInfo:
@@ -195,8 +194,14 @@ def _object_info(url: str, client: Client) -> ObjectInfo:
     return ObjectInfo.from_json(resource)
 
 
-async def _gather(reads: list[Any]) -> list[dict[str, torch.Tensor]]:
-    return list(await asyncio.gather(*reads))
+async def _load_all(context: RequestContext, urls: list[str], client: Client) -> list[dict[str, torch.Tensor]]:
+    """Every file's metadata asked at once, then every file read at once."""
+    infos = await describe(context, urls)
+    missing = next((info for info in infos if isinstance(info, NotFoundError)), None)
+    if missing is not None:
+        raise missing
+    reads = (_read_checked(context, url, info, client) for url, info in zip(urls, infos, strict=True))
+    return list(await asyncio.gather(*reads))  # type: ignore[arg-type]
 
 
 def check_input(tensors: Any, metadata: Any) -> None:
