@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from .deadline import RequestDeadline, consumer_wait, deadline_for
+from .deadline import RequestDeadline, consumer_wait, deadline_for, progress_deadline
 from .retry import Attempts
 from .session import Session, session_for
 from .slots import Slots
@@ -150,7 +150,7 @@ class RequestContext:
             try:
                 await self.budget.acquire(nbytes, seq)
             finally:
-                await self.session.throttle.acquire()
+                await self.session.throttle.acquire(paced=False)
                 await self.slots.acquire()
 
 
@@ -164,21 +164,26 @@ async def with_retry(
     stats = context.stats
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
     clock: RequestDeadline | None = None
+    sent: float | None = None
     while True:
         try:
-            async with context.slots, context.session.throttle:
+            async with context.slots, context.session.throttle.turn(retry=attempts is not None):
                 if clock is None:
                     clock = RequestDeadline(deadline_for(context.retry, time.monotonic()))
                 stats.requests += 1
+                sent = time.monotonic()
                 result = await clock.attempt(attempt_once(), url, attempts.attempt if attempts else 1)
             context.session.throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
+            throttle = context.session.throttle
             if getattr(exc, "status", None) == 429:
                 stats.throttled += 1
-                context.session.throttle.throttled()
+                throttle.throttled(sent)
+                if clock is not None:  # throttled while the process makes progress: not a failure
+                    clock.deadline = progress_deadline(clock.deadline, throttle.last_success)
             if attempts is None:
-                attempts = Attempts(context.retry, url, stats.count_retry, repeatable=repeatable)
+                attempts = Attempts(context.retry, url, stats.count_retry, repeatable=repeatable, throttle=throttle)
             if clock is not None:
                 attempts.deadline = clock.deadline
             await asyncio.sleep(attempts.delay_after(exc))
