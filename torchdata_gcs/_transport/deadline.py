@@ -105,12 +105,12 @@ def deadline_for(retry: RetryConfig, started: float) -> Deadline:
     return call if call is not None and call.ends < own.ends else own
 
 
-def progress_deadline(deadline: Deadline, last_success: float | None) -> Deadline:
-    """A throttled request's deadline: ``deadline.seconds`` after the process's last success, if that is later;
-    a call's deadline (``whole_call``) stays as it is."""
-    if deadline.whole_call or last_success is None:
+def progress_deadline(deadline: Deadline, progress: float | None) -> Deadline:
+    """A throttled request's deadline: ``deadline.seconds`` after the process last made ``progress`` (its last
+    success), if that is later; a call's deadline (``whole_call``) stays as it is."""
+    if deadline.whole_call or progress is None:
         return deadline
-    return deadline._replace(ends=max(deadline.ends, last_success + deadline.seconds))
+    return deadline._replace(ends=max(deadline.ends, progress + deadline.seconds))
 
 
 _UNCANCEL = sys.version_info >= (3, 11)  # Task.cancelling() and uncancel(), as asyncio.timeout uses them

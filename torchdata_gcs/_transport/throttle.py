@@ -64,7 +64,7 @@ class Throttle:
         self.in_flight = 0
         self.pace: float | None = None  # requests per second; None until the first 429
         self.level = 0  # the backoff step of 429 retries: one more per cut, back to 0 on a success
-        self.last_success: float | None = None  # time.monotonic() of the last request that succeeded
+        self.progress: float | None = None  # time.monotonic() of the last success (before any: the first request)
         self._waiting = 0
         self._last_cut = float("-inf")
         self._next_start = 0.0
@@ -98,7 +98,10 @@ class Throttle:
             else:
                 self._next_start = now + 1.0 / self.pace
         if paced:
-            self._sent.add(time.monotonic())
+            now = time.monotonic()
+            self._sent.add(now)
+            if self.progress is None:
+                self.progress = now
         if self.in_flight >= self.limit:
             self._waiting += 1
             try:
@@ -143,15 +146,15 @@ class Throttle:
         granted = self._succeeded.per_second(now)
         if self.pace is None:  # the first 429: what got through may not be counted yet; a second cut corrects
             granted = max(granted, self._sent.per_second(now) / 2)
-        else:
-            granted = min(granted, self.pace)
+        else:  # at most halved per cut: a process others crowd out still gets its turns
+            granted = max(min(granted, self.pace), self.pace / (2 * DECREASE))
         self.pace = max(MIN_PACE, DECREASE * granted)
 
     def succeeded(self) -> None:
         """A request succeeded: grow the limit by one per ``limit`` successes, and the pace as :data:`GROWTH`
         says; the backoff step goes back to 0."""
         now = time.monotonic()
-        self.last_success = now
+        self.progress = now
         self.level = 0
         self._succeeded.add(now)
         if self.limit < self.ceiling:
