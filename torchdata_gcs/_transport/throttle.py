@@ -24,9 +24,9 @@ CUT_INTERVAL = 1.0
 DECREASE = 0.7
 """A cut sets the pace to this share of the requests per second that succeeded lately."""
 
-GROWTH = 0.05
+GROWTH = 0.1
 """Each success raises the pace by this share of a request per second (at least ``1 / pace``): a pace
-that is met grows about 5% a second, and by at least one request per second each second."""
+that is met grows about 10% a second, and by at least one request per second each second."""
 
 MIN_PACE = 1.0
 """Requests per second a cut never goes below."""
@@ -145,7 +145,7 @@ class Throttle:
         self.limit = max(1.0, min(self.limit, self.in_flight) / 2)
         granted = self._succeeded.per_second(now)
         if self.pace is None:  # the first 429: what got through may not be counted yet; a second cut corrects
-            granted = max(granted, self._sent.per_second(now) / 2)
+            granted = max(granted, self._sent.per_second(now))
         else:  # at most halved per cut: a process others crowd out still gets its turns
             granted = max(min(granted, self.pace), self.pace / (2 * DECREASE))
         self.pace = max(MIN_PACE, DECREASE * granted)
