@@ -164,6 +164,26 @@ def write_row(emulator: Emulator, args: argparse.Namespace, processes: int) -> d
     }  # fmt: skip
 
 
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a markdown table."""
+    lines = [
+        "| phase | client | processes | done | seconds | goodput /s | allowed /s (ramp integrated) | goodput / allowed "
+        "| requests | 429 share | retries | failures |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        client = "torchdata-gcs" if row["reader"] == "ours" else "google-cloud-storage"
+        done = row["objects"] if row["phase"] == "read" else row["saved"]
+        requests = row["requests"] if row["phase"] == "read" else row["write_requests"]
+        retries = "-" if row.get("retries") is None else f"{row['retries']:,}"
+        lines.append(
+            f"| {row['phase']} | {client} | {row['processes']} | {done:,}/{row['expected']:,} | {row['seconds']:.1f} "
+            f"| {row['goodput']:.0f} | {row['allowed_rate']:.0f} | {row['goodput_share']:.2f} | {requests:,} "
+            f"| {row['share_429']:.1%} | {retries} | {row['failures']} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", default="1,2,4,8", help="process counts, comma-separated")
@@ -176,7 +196,11 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=3, help="checkpoints each process saves")
     parser.add_argument("--floats", type=int, default=1 << 20, help="float32 values in each checkpoint")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--table", type=Path, help="print the table of an earlier run's scale.json, run nothing")
     args = parser.parse_args()
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())["rows"]))
+        return
     rows = []
     with Emulator() as emulator:
         for processes in (int(p) for p in args.processes.split(",")):
