@@ -28,8 +28,9 @@ GROWTH = 0.1
 """Each success raises the pace by this share of a request per second (at least ``1 / pace``): a pace
 that is met grows about 10% a second, and by at least one request per second each second."""
 
-MIN_PACE = 1.0
-"""Requests per second a cut never goes below."""
+MIN_PACE = 10.0
+"""Requests per second a cut never goes below: slower than that, the shared backoff step slows a process
+whose requests keep being refused (it grows while nothing succeeds), not the pace."""
 
 
 class _Rate:
@@ -71,7 +72,7 @@ class Throttle:
         self._queue: deque[asyncio.Future[None]] = deque()  # new requests waiting for their turn at the pace
         self._retries: deque[asyncio.Future[None]] = deque()  # retries waiting: they go first
         self._pacer: asyncio.Task[None] | None = None
-        self._sent, self._succeeded = _Rate(), _Rate()
+        self._succeeded = _Rate()
         self._free = asyncio.Condition()
 
     async def __aenter__(self) -> None:
@@ -97,11 +98,8 @@ class Throttle:
                 await turn
             else:
                 self._next_start = now + 1.0 / self.pace
-        if paced:
-            now = time.monotonic()
-            self._sent.add(now)
-            if self.progress is None:
-                self.progress = now
+        if paced and self.progress is None:
+            self.progress = time.monotonic()
         if self.in_flight >= self.limit:
             self._waiting += 1
             try:
@@ -144,9 +142,9 @@ class Throttle:
         self.level += 1
         self.limit = max(1.0, min(self.limit, self.in_flight) / 2)
         granted = self._succeeded.per_second(now)
-        if self.pace is None:  # the first 429: what got through may not be counted yet; a second cut corrects
-            granted = max(granted, self._sent.per_second(now))
-        else:  # at most halved per cut: a process others crowd out still gets its turns
+        if not granted:  # nothing got through lately, no measure of the bucket's rate: the shared backoff alone
+            return
+        if self.pace is not None:  # at most halved per cut: a process others crowd out still gets its turns
             granted = max(min(granted, self.pace), self.pace / (2 * DECREASE))
         self.pace = max(MIN_PACE, DECREASE * granted)
 
