@@ -10,8 +10,9 @@ import pytest
 
 from tests.children import run_child
 from torchdata_gcs import GCSFileLoaderIterDataPipe, RetryConfig, TransferConfig, TransientError
+from torchdata_gcs._transport import throttle as throttle_module
 from torchdata_gcs._transport.retry import Attempts
-from torchdata_gcs._transport.throttle import Throttle
+from torchdata_gcs._transport.throttle import CUT_INTERVAL, Throttle
 from torchdata_gcs.testing import Emulator, GCSFront, RateRamp
 
 RETRY = RetryConfig(initial_delay=0.1, max_delay=5.0)
@@ -67,6 +68,9 @@ def test_answers_to_requests_sent_before_a_cut_cut_nothing_more() -> None:
         assert first is not None and throttle.level == 1
         throttle.throttled(sent)  # the same burst
         assert throttle.pace == first and throttle.level == 1
+        await asyncio.sleep(CUT_INTERVAL)
+        throttle.throttled(sent)  # a late answer to a request sent before the cut
+        assert throttle.pace == first and throttle.level == 1
         throttle.throttled(time.monotonic())  # a request sent after the cut, refused too: the pace was too fast
         assert throttle.pace is not None and throttle.pace < first and throttle.level == 2
         throttle.succeeded()
@@ -75,7 +79,9 @@ def test_answers_to_requests_sent_before_a_cut_cut_nothing_more() -> None:
     asyncio.run(scenario())
 
 
-def test_a_429_waits_by_the_process_s_step_with_full_jitter() -> None:
+def test_a_429_waits_by_the_process_s_step_with_full_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(throttle_module, "CUT_INTERVAL", 0.0)  # cuts one after another, without waiting
+
     async def scenario() -> None:
         throttle = Throttle()
         throttle.succeeded()
@@ -136,7 +142,7 @@ def test_processes_sharing_a_bucket_all_finish_with_few_429s(
 ) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    objects = {f"m/{i:04d}": i.to_bytes(4, "big") * 25 for i in range(450)}
+    objects = {f"m/{i:04d}": i.to_bytes(4, "big") * 25 for i in range(900)}
     gcs_emulator.seed(gcs_bucket, objects, concurrency=32)
     urls = sorted(f"gs://{gcs_bucket}/{name}" for name in objects)
     ramp = RateRamp(reads=150, writes=30, period=1000)

@@ -19,18 +19,20 @@ CEILING = 4096
 """The limit when nothing has been throttled: per-loader limits (``max_in_flight``) bind first."""
 
 CUT_INTERVAL = 1.0
-"""Seconds after a cut during which further 429s whose sending time is unknown cut nothing more."""
+"""Seconds after a cut during which further 429s cut nothing more (the backoff step grows at most this often)."""
 
 DECREASE = 0.7
 """A cut sets the pace to this share of the requests per second that succeeded lately."""
 
-GROWTH = 0.1
-"""Each success raises the pace by this share of a request per second (at least ``1 / pace``): a pace
-that is met grows about 10% a second, and by at least one request per second each second."""
+GROWTH = 10.0
+"""Each success raises the pace by this over the pace: a pace that is met grows by this many requests per
+second each second, whatever it is, so processes that share a bucket converge on equal shares (additive
+increase, multiplicative decrease)."""
 
 MIN_PACE = 10.0
-"""Requests per second a cut never goes below: slower than that, the shared backoff step slows a process
-whose requests keep being refused (it grows while nothing succeeds), not the pace."""
+"""Requests per second a cut never goes below (and where the first cut starts if nothing got through): slower
+than that, the shared backoff step slows a process whose requests keep being refused (it grows while nothing
+succeeds), not the pace."""
 
 
 class _Rate:
@@ -133,17 +135,15 @@ class Throttle:
 
     def throttled(self, sent: float | None = None) -> None:
         """A request sent at ``sent`` (``time.monotonic()``) got 429: halve the limit, set the pace to a share of
-        what succeeded lately, and step the shared backoff up. Answers to requests sent before the last cut
-        cut nothing more (without ``sent``: none within :data:`CUT_INTERVAL` of it), so one burst counts once."""
+        what succeeded lately, and step the shared backoff up. Answers to requests sent before the last cut, and
+        any within :data:`CUT_INTERVAL` of it, cut nothing more: one burst counts once."""
         now = time.monotonic()
-        if (sent if sent is not None else now - CUT_INTERVAL) < self._last_cut:
+        if now - self._last_cut < CUT_INTERVAL or (sent is not None and sent < self._last_cut):
             return
         self._last_cut = now
         self.level += 1
         self.limit = max(1.0, min(self.limit, self.in_flight) / 2)
-        granted = self._succeeded.per_second(now)
-        if not granted:  # nothing got through lately, no measure of the bucket's rate: the shared backoff alone
-            return
+        granted = self._succeeded.per_second(now)  # 0 when nothing got through: start from MIN_PACE
         if self.pace is not None:  # at most halved per cut: a process others crowd out still gets its turns
             granted = max(min(granted, self.pace), self.pace / (2 * DECREASE))
         self.pace = max(MIN_PACE, DECREASE * granted)
@@ -158,7 +158,7 @@ class Throttle:
         if self.limit < self.ceiling:
             self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
         if self.pace is not None:
-            self.pace += max(GROWTH, 1.0 / self.pace)
+            self.pace += GROWTH / self.pace
 
 
 class _Turn:
