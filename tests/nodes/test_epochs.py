@@ -18,6 +18,7 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 from torchdata.nodes import BaseNode, Batcher, Loader, ParallelMapper
 
 from tests.delivery import assert_exactly_once, read
+from tests.nodes.test_nodes import readme_block
 from torchdata_gcs import ClientConfig, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.nodes import ComposeShards, EpochObjects, ListFiles, LoadFiles
@@ -173,3 +174,28 @@ def test_a_state_is_checked_against_the_listing_and_the_order_and_a_refused_one_
     rest = [next(node) for _ in range(26)]
     assert rest == [next(resumed) for _ in range(26)], "the node reads on where it was"
     assert len(set(first + rest)) == 30 and set(first + rest) < set(contents)
+
+
+def test_the_readme_ddp_snippet_reads_each_epoch_once_across_two_ranks(
+    gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = f"epochs-readme-{uuid.uuid4().hex[:8]}"
+    objects = {f"train/{i:03d}.jpg": f"image {i}".encode() for i in range(130)}
+    gcs_emulator.seed(bucket, objects)
+    expected = {f"gs://{bucket}/{name}": data for name, data in objects.items()}
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
+    snippet = readme_block("EpochObjects(listed").replace("gs://my-bucket/train/", f"gs://{bucket}/train/")
+    read_by_rank = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        decoded: list[tuple[str, bytes]] = []
+        namespace = {"decode": lambda pair, into=decoded: into.append(read(*pair)), "epochs": 2}
+        exec(snippet, namespace)  # noqa: S102 - our own README
+        read_by_rank.append(decoded)
+    assert [len(decoded) for decoded in read_by_rank] == [130, 130], "65 objects per rank, each of 2 epochs"
+    for epoch in range(2):
+        assert_exactly_once(
+            [item for decoded in read_by_rank for item in decoded[65 * epoch : 65 * (epoch + 1)]], expected
+        )
+    assert read_by_rank[0][:65] != read_by_rank[0][65:], "the second epoch has another order"
