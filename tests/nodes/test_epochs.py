@@ -18,7 +18,7 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 from torchdata.nodes import BaseNode, Batcher, Loader, ParallelMapper
 
 from tests.delivery import assert_exactly_once, read
-from tests.nodes.test_nodes import readme_block
+from tests.readme import readme_block
 from torchdata_gcs import ClientConfig, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.nodes import ComposeShards, EpochObjects, ListFiles, LoadFiles
