@@ -31,7 +31,7 @@ from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.objects import MAX_SOURCES
 from ._ops.paging import MAX_PAGE_SIZE
-from ._ops.urls import url_list
+from ._ops.urls import parse_url, url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
 
@@ -120,7 +120,8 @@ class EpochObjects(BaseNode[Item]):
     fingerprint of the listing and how many items each rank has consumed; a reset to it, on any number
     of ranks, deals what the ranks had not consumed, so every item is read once. A state taken over
     another listing (objects added, removed or renamed since) or another ``shuffle`` raises
-    ``ResumeError`` saying what differs, and changes nothing.
+    ``ResumeError`` saying what differs, and changes nothing; an item that is not an object's ``gs://``
+    URL (or a pair of one) raises ``InvalidURIError`` at the first reset.
 
     Example:
         >>> from torchdata.nodes import Batcher, Loader
@@ -162,8 +163,10 @@ class EpochObjects(BaseNode[Item]):
         if self._items is None:
             self.source.reset(None)
             items = list(self.source)
-            self._listing = fingerprint([item[0] if isinstance(item, tuple) else item for item in items])
-            self._items = items
+            urls = [item[0] if isinstance(item, tuple) else item for item in items]
+            for url in urls:
+                parse_url(url, allow_prefix=False)  # InvalidURIError for anything but an object's URL
+            self._listing, self._items = fingerprint(urls), items
         seed, epoch, start = self.seed, self._epoch + 1, Consumed()
         if initial_state is not None:  # what all ranks consumed, whatever their number: dealt anew below
             epoch, seed, start = elastic_start(elastic_position([initial_state]), self._listing, self.shuffle)

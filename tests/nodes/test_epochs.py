@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >= 0.10 (the second test environment)")
 
-from torchdata.nodes import BaseNode, Batcher, Loader, ParallelMapper
+from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Loader, ParallelMapper
 
 from tests.delivery import assert_exactly_once, read
 from tests.readme import readme_block
-from torchdata_gcs import ClientConfig, ResumeError
+from torchdata_gcs import ClientConfig, InvalidURIError, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.nodes import ComposeShards, EpochObjects, ListFiles, LoadFiles
-from torchdata_gcs.testing import Emulator
+from torchdata_gcs.testing import Emulator, GCSFront
 
 N = 60
 BATCH = 3
@@ -199,3 +199,23 @@ def test_the_readme_ddp_snippet_reads_each_epoch_once_across_two_ranks(
             [item for decoded in read_by_rank for item in decoded[65 * epoch : 65 * (epoch + 1)]], expected
         )
     assert read_by_rank[0][:65] != read_by_rank[0][65:], "the second epoch has another order"
+
+
+def test_the_source_is_listed_once_for_every_epoch_and_anything_but_object_urls_is_refused(
+    objects: tuple[str, dict[str, bytes]], gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, contents = objects
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with GCSFront(gcs_emulator.endpoint) as front:
+        loader = Loader(EpochObjects(ListFiles(prefix, client=front.client_config), shuffle=True))
+        epochs = [list(loader) for _ in range(3)]
+        assert front.counts["list"] == 1, "one page of 60 names, listed at the first pass only"
+    assert all(sorted(epoch) == sorted(contents) for epoch in epochs) and epochs[0] != epochs[1] != epochs[2]
+    for items, words in [
+        (["gs://a-bucket/"], "object name must not be empty"),
+        ([3], "expected"),
+        (["/data/a.bin"], "not a GCS URL"),
+    ]:
+        with pytest.raises(InvalidURIError, match=words):
+            next(EpochObjects(IterableWrapper(items)))
