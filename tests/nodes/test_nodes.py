@@ -94,7 +94,7 @@ def test_the_readme_nodes_snippet_delivers_every_object_the_last_partial_batch_t
     objects = {f"train/{i:03d}.jpg": f"image {i}".encode() for i in range(300)}  # 4 batches of 64, then 44
     gcs_emulator.seed(bucket, objects)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
-    snippet = readme_block("from torchdata.nodes import Batcher, Loader")
+    snippet = readme_block("node = LoadFiles(ListFiles(")
     namespace = {"decode": read}
     exec(snippet.replace("gs://my-bucket/train/", f"gs://{bucket}/train/"), namespace)  # noqa: S102 - our own README
     batches = list(namespace["loader"])
