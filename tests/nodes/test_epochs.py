@@ -36,12 +36,12 @@ def objects(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
     return f"gs://{bucket}/e/", {f"gs://{bucket}/{name}": data for name, data in contents.items()}
 
 
-def pipeline(prefix: str, client: ClientConfig, kind: type = LoadFiles, **settings: Any) -> BaseNode:
-    """List -> this rank's share of the epoch -> read -> map in threads (in order) -> batches."""
+def pipeline(prefix: str, client: ClientConfig, kind: type = LoadFiles, workers: int = 2, **settings: Any) -> BaseNode:
+    """List -> this rank's share of the epoch -> read -> map in ``workers`` threads (in order) -> batches."""
     epochs = EpochObjects(
         ListFiles(prefix, with_metadata=True, client=client), **{"shuffle": True, "seed": 5, **settings}
     )
-    mapped = ParallelMapper(kind(epochs, transform=read, client=client), map_fn=lambda item: item, num_workers=2)
+    mapped = ParallelMapper(kind(epochs, transform=read, client=client), map_fn=lambda item: item, num_workers=workers)
     return Batcher(mapped, batch_size=BATCH, drop_last=False)
 
 
@@ -101,16 +101,16 @@ def test_every_world_size_reads_one_order_per_epoch_whose_prefix_is_read_after_e
 
 
 @pytest.mark.parametrize("kind", [LoadFiles, ComposeShards])
-def test_stopped_on_two_ranks_resumes_on_three_ranks_then_one_reading_each_object_once(
+def test_stopped_on_two_ranks_of_two_workers_resumes_on_three_ranks_of_one_then_one_reading_each_object_once(
     objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch, kind: type
 ) -> None:
     prefix, contents = objects
-    two = loaders([pipeline(prefix, client, kind) for _ in range(2)])
+    two = loaders([pipeline(prefix, client, kind, workers=2) for _ in range(2)])
     delivered = items(steps(passes(monkeypatch, two), 3))
     saved = [loader.state_dict() for loader in two]
     assert saved[0] == saved[1], "every rank saves the same state"
 
-    three = loaders([pipeline(prefix, client, kind) for _ in range(3)], saved[0])
+    three = loaders([pipeline(prefix, client, kind, workers=1) for _ in range(3)], saved[0])
     delivered += items(steps(passes(monkeypatch, three), 2))
     state = three[2].state_dict()
 
