@@ -219,3 +219,9 @@ def test_the_source_is_listed_once_for_every_epoch_and_anything_but_object_urls_
     ]:
         with pytest.raises(InvalidURIError, match=words):
             next(EpochObjects(IterableWrapper(items)))
+    with pytest.raises(TypeError, match="seed must be an integer, got str"):
+        EpochObjects(IterableWrapper([]), seed="5")  # type: ignore[arg-type]
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="RANK must be in 0..WORLD_SIZE-1, got RANK=2, WORLD_SIZE=2"):
+        next(EpochObjects(IterableWrapper([f"{prefix}000.bin"])))
