@@ -31,9 +31,10 @@ from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.objects import MAX_SOURCES
 from ._ops.paging import MAX_PAGE_SIZE
-from ._ops.urls import parse_url, url_list
+from ._ops.urls import not_a_url, url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
+from .errors import InvalidURIError
 
 __all__ = ["ComposeShards", "EpochObjects", "ListFiles", "LoadFiles"]
 
@@ -120,8 +121,8 @@ class EpochObjects(BaseNode[Item]):
     fingerprint of the listing and how many items each rank has consumed; a reset to it, on any number
     of ranks, deals what the ranks had not consumed, so every item is read once. A state taken over
     another listing (objects added, removed or renamed since) or another ``shuffle`` raises
-    ``ResumeError`` saying what differs, and changes nothing; an item that is not an object's ``gs://``
-    URL (or a pair of one) raises ``InvalidURIError`` at the first reset.
+    ``ResumeError`` saying what differs, and changes nothing; an item that is neither a URL string nor a
+    pair of one raises ``InvalidURIError`` at the first reset (the reader checks each URL it reads).
 
     Example:
         >>> from torchdata.nodes import Batcher, Loader
@@ -164,8 +165,9 @@ class EpochObjects(BaseNode[Item]):
             self.source.reset(None)
             items = list(self.source)
             urls = [item[0] if isinstance(item, tuple) else item for item in items]
-            for url in urls:
-                parse_url(url, allow_prefix=False)  # InvalidURIError for anything but an object's URL
+            for url in urls:  # the reader checks each URL's form as it reads it (parsing them all here is slow)
+                if not isinstance(url, str):
+                    raise InvalidURIError(not_a_url(url))
             self._listing, self._items = fingerprint(urls), items
         seed, epoch, start = self.seed, self._epoch + 1, Consumed()
         if initial_state is not None:  # what all ranks consumed, whatever their number: dealt anew below
