@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
@@ -42,6 +43,9 @@ try:
     from torchdata.stateful_dataloader import StatefulDataLoader
 except ImportError as missing:
     raise SystemExit(f"examples/elastic.py needs torchdata 0.8 or later ({missing}): pip install torchdata") from None
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in a single process
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata's loader on torch 2.13
 
 FEATURES = 8
 
