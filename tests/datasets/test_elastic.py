@@ -187,3 +187,36 @@ def test_a_state_saved_between_snapshots_is_refused(
         elastic_state(loader.state_dict())
     with pytest.raises(ResumeError, match="expected a dict"):
         elastic_state([1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_only_the_first_pass_after_a_resume_starts_from_the_position(
+    objects: tuple[str, dict[str, bytes]],
+    client: ClientConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    persistent: bool,
+) -> None:
+    """Passes over the epoch resumed into without set_epoch between them (as with shuffle=False): the first
+    reads what was left, every later one the whole epoch, whether the DataLoader's workers are forked from
+    the process that loaded the position or kept from pass to pass."""
+    prefix, contents = objects
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    first = StatefulDataLoader(dataset(prefix, client), batch_size=BATCH, num_workers=0, collate_fn=list)
+    batches = iter(first)
+    consumed = [item for _ in range(5) for item in next(batches)]
+    resumed = dataset(prefix, client)
+    resumed.load_state_dict(elastic_state(first.state_dict()))
+    loader = StatefulDataLoader(
+        resumed,
+        batch_size=BATCH,
+        num_workers=workers,
+        collate_fn=list,
+        persistent_workers=persistent,
+        multiprocessing_context="fork" if workers else None,
+    )
+    passes = [[item for batch in loader for item in batch] for _ in range(3)]
+    assert_exactly_once(consumed + passes[0], contents)
+    for again in passes[1:]:
+        assert_exactly_once(again, contents)

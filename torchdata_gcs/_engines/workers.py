@@ -20,7 +20,7 @@ from torch.utils.data import get_worker_info
 
 from .._transport.context import LoadStats
 
-__all__ = ["MAX_WORKERS", "SharedEpoch", "WorkerStats"]
+__all__ = ["MAX_WORKERS", "SharedEpoch", "SharedTurns", "WorkerStats"]
 
 FIELDS = tuple(field.name for field in dataclasses.fields(LoadStats))
 MAX_WORKERS = 256
@@ -96,3 +96,25 @@ class SharedEpoch:
     @value.setter
     def value(self, epoch: int) -> None:
         self._cell.value = epoch
+
+
+class SharedTurns:
+    """A count that a process and its DataLoader workers share, of the workers that took something once per
+    pass (a resumed position): the first pass's workers each take it, and workers forked for a later pass
+    from the process that holds it find it taken."""
+
+    def __init__(self, cell: Any = None) -> None:
+        self._cell: Any = multiprocessing.Value(ctypes.c_int64, 0) if cell is None else cell
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled to a worker being spawned, the cell goes along (shared); pickled otherwise, a copy counts
+        on its own from nothing taken."""
+        return SharedTurns, (None if get_spawning_popen() is None else self._cell,)
+
+    def take(self, workers: int) -> bool:
+        """Whether this worker of a pass of ``workers`` takes it: the first ``workers`` calls do."""
+        with self._cell.get_lock():
+            if self._cell.value >= workers:
+                return False
+            self._cell.value += 1
+            return True
