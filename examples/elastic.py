@@ -11,8 +11,8 @@ On start it loads the latest checkpoint, whatever world size and ``--workers`` s
 
     torchrun --standalone --nproc-per-node=2 examples/elastic.py --stop-at-step 6
     torchrun --standalone --nproc-per-node=3 examples/elastic.py --workers 1      # resumes at step 6
-    torchrun --nnodes=1:4 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 --rdzv-id=run-1 \\
-        --max-restarts=3 examples/elastic.py --bucket gs://my-bucket/elastic --seed
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=1:4 --nproc-per-node=8 --rdzv-backend=c10d \\
+        --rdzv-endpoint=HOST:29400 --rdzv-id=run-1 --max-restarts=3 examples/elastic.py --bucket gs://b/elastic --seed
 """
 
 from __future__ import annotations
