@@ -391,11 +391,9 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         return [order[p] for p in self._started().share(len(order), self._split())]
 
     def __iter__(self) -> Iterator[T]:
-        if self._turns is not None:  # workers forked for a later pass find the loaded position taken
-            worker = get_worker_info()
-            if not self._turns.take(1 if worker is None else worker.num_workers):
-                self._start, self._resume = (0, Consumed()), 0
-            self._turns = None
+        if self._turns is not None and not self._turns.take():  # workers forked for a later pass find it taken
+            self._start, self._resume = (0, Consumed()), 0
+        self._turns = None
         share = self.share()
         skip, self._resume = self._resume, 0
         self._done = skip

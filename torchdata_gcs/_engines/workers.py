@@ -99,22 +99,26 @@ class SharedEpoch:
 
 
 class SharedTurns:
-    """A count that a process and its DataLoader workers share, of the workers that took something once per
-    pass (a resumed position): the first pass's workers each take it, and workers forked for a later pass
-    from the process that holds it find it taken."""
+    """Which of a process and its DataLoader workers took what is meant for one pass (a resumed position),
+    shared with the workers: each worker of the next pass takes it once, and workers forked for a later
+    pass find their turn taken. Each writes only its own slot, so no lock is needed (a lock made in one
+    multiprocessing context cannot go to workers of another)."""
 
-    def __init__(self, cell: Any = None) -> None:
-        self._cell: Any = multiprocessing.Value(ctypes.c_int64, 0) if cell is None else cell
+    def __init__(self, slots: Any = None) -> None:
+        self._slots: Any = multiprocessing.RawArray(ctypes.c_bool, 1 + MAX_WORKERS) if slots is None else slots
+        self._taken = False  # a worker numbered beyond MAX_WORKERS has no slot: its process's own flag
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled to a worker being spawned, the cell goes along (shared); pickled otherwise, a copy counts
-        on its own from nothing taken."""
-        return SharedTurns, (None if get_spawning_popen() is None else self._cell,)
+        """Pickled to a worker being spawned, the slots go along (shared); pickled otherwise, a copy starts
+        with nothing taken."""
+        return SharedTurns, (() if get_spawning_popen() is None else (self._slots,))
 
-    def take(self, workers: int) -> bool:
-        """Whether this worker of a pass of ``workers`` takes it: the first ``workers`` calls do."""
-        with self._cell.get_lock():
-            if self._cell.value >= workers:
-                return False
-            self._cell.value += 1
-            return True
+    def take(self) -> bool:
+        """Whether this process or worker takes it now: the first time it asks."""
+        worker = get_worker_info()
+        slot = 0 if worker is None else 1 + worker.id
+        if slot > MAX_WORKERS:
+            taken, self._taken = self._taken, True
+        else:
+            taken, self._slots[slot] = bool(self._slots[slot]), True
+        return not taken
