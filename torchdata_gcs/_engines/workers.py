@@ -1,10 +1,12 @@
 """What a dataset shares with its DataLoader workers, through shared memory that forked workers inherit
-and spawned ones receive with the dataset: load statistics summed over every process, and the epoch.
+and spawned ones receive with the dataset: load statistics summed over every process, the epoch, and
+which workers took a resumed position.
 
 Each process counts into a plain :class:`LoadStats` of its own, so the I/O hot path stays an attribute
 add. After each item a worker copies its totals into its row of a small shared-memory table; reading the
 statistics sums the rows. The epoch is one shared integer, so ``set_epoch`` in the main process reaches
-persistent workers, which are copies made once.
+persistent workers, which are copies made once. A loaded position is for the next pass only: workers
+forked for a later one must find it taken.
 """
 
 from __future__ import annotations
