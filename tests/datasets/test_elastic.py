@@ -197,3 +197,38 @@ def test_a_state_saved_between_snapshots_is_refused(
     list(batches)
     with pytest.raises(ResumeError, match="expected a dict"):
         elastic_state([1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "workers, context, persistent", [(0, None, False), (2, "fork", False), (2, "fork", True), (1, "spawn", False)]
+)
+def test_only_the_first_pass_after_a_resume_starts_from_the_position(
+    objects: tuple[str, dict[str, bytes]],
+    client: ClientConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    context: str | None,
+    persistent: bool,
+) -> None:
+    """Passes over the epoch resumed into without set_epoch between them (as with shuffle=False): the first
+    reads what was left, every later one the whole epoch, whether the DataLoader's workers are forked or
+    spawned anew from the process that loaded the position, or kept from pass to pass."""
+    prefix, contents = objects
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    first = StatefulDataLoader(dataset(prefix, client), batch_size=BATCH, num_workers=0, collate_fn=list)
+    batches = iter(first)
+    consumed = [item for _ in range(5) for item in next(batches)]
+    resumed = dataset(prefix, client)
+    resumed.load_state_dict(elastic_state(first.state_dict()))
+    loader = StatefulDataLoader(
+        resumed,
+        batch_size=BATCH,
+        num_workers=workers,
+        collate_fn=list,
+        persistent_workers=persistent,
+        multiprocessing_context=context,
+    )
+    resumed_pass, next_pass = ([item for batch in loader for item in batch] for _ in range(2))
+    assert_exactly_once(consumed + resumed_pass, contents)
+    assert_exactly_once(next_pass, contents)
