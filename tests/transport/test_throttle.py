@@ -100,7 +100,7 @@ def test_a_429_waits_by_the_process_s_step_with_full_jitter(monkeypatch: pytest.
 
 
 def test_one_process_reads_everything_with_few_429s(gcs_emulator: Emulator, gcs_bucket: str) -> None:
-    objects = {f"s/{i:04d}": i.to_bytes(4, "big") * 50 for i in range(400)}
+    objects = {f"s/{i:04d}": i.to_bytes(4, "big") * 50 for i in range(800)}
     gcs_emulator.seed(gcs_bucket, objects, concurrency=32)
     urls = [f"gs://{gcs_bucket}/{name}" for name in objects]
     ramp = RateRamp(reads=150, writes=30, period=1000)
