@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections import deque
 
-__all__ = ["Throttle"]
+__all__ = ["CUT_INTERVAL", "Throttle"]
 
 CEILING = 4096
 """The limit when nothing has been throttled: per-loader limits (``max_in_flight``) bind first."""

@@ -23,7 +23,7 @@ __all__ = [
     "Fault",
     "GCSFront",
     "LatencyFront",
-    "RateRamp",
     "REQUEST_KINDS",
+    "RateRamp",
     "RecordedRequest",
 ]

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-__all__ = ["RateRamp", "bucket_of", "rate_limited"]
+__all__ = ["READS", "RateRamp", "WRITES", "bucket_of", "rate_limited"]
 
 READS = ("get", "range_get", "metadata", "list")  # GCS's "object read requests"
 WRITES = ("upload", "compose", "delete", "metadata")  # "object write requests" (a metadata PATCH among them)
