@@ -1,0 +1,159 @@
+"""One listing per job: on 32 ranks (processes forked from this one, gloo over a file store) the datasets
+send one listing's list requests for the whole job, and every rank holds the same objects in the same
+order; ``list_once=False`` lists on every rank. On 3 ranks: a listing that fails on rank 0 fails on
+every rank with the same error, ranks asking for different listings all raise, and ranks whose peers
+never come raise within the process group's timeout."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import pickle
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
+from torchdata_gcs.errors import ListingError, NotFoundError
+from torchdata_gcs.testing import Emulator, GCSFront
+
+OBJECTS = 300
+DEADLINE = 90.0  # seconds for a whole run of ranks, start to end
+
+
+@pytest.fixture(scope="module")
+def front(gcs_emulator: Emulator) -> Any:
+    for bucket in ("once-a", "once-b"):
+        gcs_emulator.seed(bucket, {f"items/{i:03d}.bin": b"%d" % i for i in range(OBJECTS)})
+    with GCSFront(gcs_emulator.endpoint, record=True) as running:
+        yield running
+
+
+def list_requests(front: GCSFront, since: int = 0) -> Counter[str]:
+    """List requests the front received after its first ``since`` requests, by bucket."""
+    return Counter(
+        request.target.split("/")[4]
+        for request in front.recorded[since:]
+        if request.method == "GET" and request.target.startswith("/storage/v1/b/") and "/o?" in request.target
+    )
+
+
+def _rank(
+    rank: int, world: int, folder: str, timeout: float, work: Callable[[int, ClientConfig], Any], endpoint: str
+) -> None:
+    outcome: dict[str, Any] = {}
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{folder}/store",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        outcome["result"] = work(rank, ClientConfig(endpoint=endpoint))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        outcome["error"] = (type(exc).__name__, str(exc), traceback.format_exc())
+    Path(folder, f"rank-{rank}.pkl").write_bytes(pickle.dumps(outcome))
+
+
+def run_ranks(
+    world: int, folder: Path, endpoint: str, work: Callable[[int, ClientConfig], Any], timeout: float = 60.0
+) -> list[dict[str, Any]]:
+    """Run ``work(rank, client)`` on ``world`` forked ranks of one gloo process group; each rank's
+    ``{"result": ...}`` or ``{"error": (type name, message, traceback)}``."""
+    context = multiprocessing.get_context("fork")  # this process has imported torch: forks start fast
+    ranks = [
+        context.Process(target=_rank, args=(rank, world, str(folder), timeout, work, endpoint), daemon=True)
+        for rank in range(world)
+    ]
+    for process in ranks:
+        process.start()
+    end = time.monotonic() + DEADLINE
+    for process in ranks:
+        process.join(max(end - time.monotonic(), 0.1))
+    hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
+    for rank in hung:
+        ranks[rank].kill()
+    assert not hung, f"ranks {hung} still running after {DEADLINE} s"
+    assert [process.exitcode for process in ranks] == [0] * world
+    return [pickle.loads((folder / f"rank-{rank}.pkl").read_bytes()) for rank in range(world)]
+
+
+def _on_32_ranks(rank: int, client: ClientConfig) -> dict[str, Any]:
+    shared = GCSMapDataset("gs://once-a/items/", client=client)
+    alone = GCSIterableDataset("gs://once-b/items/", client=client, list_once=False)
+    return {
+        "shared": [(url, info.generation, info.crc32c) for url, info in shared.objects],
+        "alone": [url for url, _ in alone.objects],
+    }
+
+
+def test_32_ranks_list_once(front: GCSFront, tmp_path: Path) -> None:
+    start = len(front.recorded)
+    GCSMapDataset("gs://once-a/items/", client=ClientConfig(endpoint=front.endpoint))
+    one_listing = list_requests(front, start)["once-a"]
+    assert one_listing >= 1
+    start = len(front.recorded)
+
+    outcomes = run_ranks(32, tmp_path, front.endpoint, _on_32_ranks)
+
+    assert [outcome.get("error") for outcome in outcomes] == [None] * 32
+    results = [outcome["result"] for outcome in outcomes]
+    assert len(results[0]["shared"]) == OBJECTS
+    assert [result["shared"] for result in results] == [results[0]["shared"]] * 32, "the same objects, in order"
+    assert [url for url, _, _ in results[0]["shared"]] == [f"gs://once-a/items/{i:03d}.bin" for i in range(OBJECTS)]
+    counted = list_requests(front, start)
+    assert counted["once-a"] == one_listing, "one listing for the whole job"
+    assert counted["once-b"] == 32 * one_listing, "list_once=False lists on every rank"
+    assert [result["alone"] for result in results] == [[f"gs://once-b/items/{i:03d}.bin" for i in range(OBJECTS)]] * 32
+
+
+def _empty_prefix(rank: int, client: ClientConfig) -> None:
+    GCSMapDataset("gs://once-a/nothing/", client=client)
+
+
+def _mismatched(rank: int, client: ClientConfig) -> None:
+    GCSMapDataset("gs://once-a/items/", masks="*.bin" if rank == 2 else "", client=client)
+
+
+def _rank_0_never_lists(rank: int, client: ClientConfig) -> None:
+    GCSMapDataset("gs://once-a/items/", client=client)  # the group is made; the job then meets once
+    if rank != 0:
+        GCSMapDataset("gs://once-b/items/", client=client)
+    else:
+        time.sleep(5)  # past the others' timeout, then leaves
+
+
+def test_a_failed_listing_fails_on_every_rank_with_rank_0s_error(front: GCSFront, tmp_path: Path) -> None:
+    start = len(front.recorded)
+    outcomes = run_ranks(3, tmp_path, front.endpoint, _empty_prefix)
+    errors = [outcome["error"][:2] for outcome in outcomes]
+    assert errors[0][0] == NotFoundError.__name__ and "gs://once-a/nothing/" in errors[0][1]
+    assert errors == [errors[0]] * 3, "the same error on every rank"
+    assert list_requests(front, start)["once-a"] == 1, "listed on rank 0 only"
+
+
+def test_ranks_asking_for_different_listings_all_raise(front: GCSFront, tmp_path: Path) -> None:
+    start = len(front.recorded)
+    outcomes = run_ranks(3, tmp_path, front.endpoint, _mismatched)
+    errors = [outcome["error"] for outcome in outcomes]
+    assert [error[0] for error in errors] == [ListingError.__name__] * 3
+    assert all("rank(s) [2] asked for another" in error[1] for error in errors)
+    assert list_requests(front, start)["once-a"] == 0, "nothing listed, nothing handed out"
+
+
+def test_ranks_whose_peers_never_come_raise_within_the_timeout(front: GCSFront, tmp_path: Path) -> None:
+    started = time.monotonic()
+    outcomes = run_ranks(3, tmp_path, front.endpoint, _rank_0_never_lists, timeout=3.0)
+    assert "result" in outcomes[0]
+    for outcome in outcomes[1:]:
+        name, message, _ = outcome["error"]
+        assert name == ListingError.__name__
+        assert "within the process group's timeout (3 s)" in message and "list_once=False" in message
+    assert time.monotonic() - started < DEADLINE
