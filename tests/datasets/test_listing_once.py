@@ -6,25 +6,18 @@ never come raise within the process group's timeout."""
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing
-import pickle
 import time
-import traceback
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 
+from tests.ranks import DEADLINE, list_requests, run_ranks
 from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
 from torchdata_gcs.errors import ListingError, NotFoundError
 from torchdata_gcs.testing import Emulator, GCSFront
 
 OBJECTS = 300
-DEADLINE = 90.0  # seconds for a whole run of ranks, start to end
 
 
 @pytest.fixture(scope="module")
@@ -33,56 +26,6 @@ def front(gcs_emulator: Emulator) -> Any:
         gcs_emulator.seed(bucket, {f"items/{i:03d}.bin": b"%d" % i for i in range(OBJECTS)})
     with GCSFront(gcs_emulator.endpoint, record=True) as running:
         yield running
-
-
-def list_requests(front: GCSFront, since: int = 0) -> Counter[str]:
-    """List requests the front received after its first ``since`` requests, by bucket."""
-    return Counter(
-        request.target.split("/")[4]
-        for request in front.recorded[since:]
-        if request.method == "GET" and request.target.startswith("/storage/v1/b/") and "/o?" in request.target
-    )
-
-
-def _rank(
-    rank: int, world: int, folder: str, timeout: float, work: Callable[[int, ClientConfig], Any], endpoint: str
-) -> None:
-    outcome: dict[str, Any] = {}
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{folder}/store",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=timeout),
-        )
-        outcome["result"] = work(rank, ClientConfig(endpoint=endpoint))
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        outcome["error"] = (type(exc).__name__, str(exc), traceback.format_exc())
-    Path(folder, f"rank-{rank}.pkl").write_bytes(pickle.dumps(outcome))
-
-
-def run_ranks(
-    world: int, folder: Path, endpoint: str, work: Callable[[int, ClientConfig], Any], timeout: float = 60.0
-) -> list[dict[str, Any]]:
-    """Run ``work(rank, client)`` on ``world`` forked ranks of one gloo process group; each rank's
-    ``{"result": ...}`` or ``{"error": (type name, message, traceback)}``."""
-    context = multiprocessing.get_context("fork")  # this process has imported torch: forks start fast
-    ranks = [
-        context.Process(target=_rank, args=(rank, world, str(folder), timeout, work, endpoint), daemon=True)
-        for rank in range(world)
-    ]
-    for process in ranks:
-        process.start()
-    end = time.monotonic() + DEADLINE
-    for process in ranks:
-        process.join(max(end - time.monotonic(), 0.1))
-    hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
-    for rank in hung:
-        ranks[rank].kill()
-    assert not hung, f"ranks {hung} still running after {DEADLINE} s"
-    assert [process.exitcode for process in ranks] == [0] * world
-    return [pickle.loads((folder / f"rank-{rank}.pkl").read_bytes()) for rank in range(world)]
 
 
 def _on_32_ranks(rank: int, client: ClientConfig) -> dict[str, Any]:
