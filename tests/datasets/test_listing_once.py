@@ -1,12 +1,14 @@
 """One listing per job: on 32 ranks (processes forked from this one, gloo over a file store) the datasets
 send one listing's list requests for the whole job, and every rank holds the same objects in the same
 order; ``list_once=False`` lists on every rank. On 3 ranks: a listing that fails on rank 0 fails on
-every rank with the same error, ranks asking for different listings all raise, and ranks whose peers
-never come raise within the process group's timeout."""
+every rank with the same error, what rank 0 skipped is counted on every rank, ranks asking for
+different listings all raise, and ranks whose peers never come raise within the process group's
+timeout."""
 
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from tests.ranks import DEADLINE, list_requests, run_ranks
 from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
-from torchdata_gcs.errors import ListingError, NotFoundError
+from torchdata_gcs.errors import ListingError, MissingObjectWarning, NotFoundError
 from torchdata_gcs.testing import Emulator, GCSFront
 
 OBJECTS = 300
@@ -65,6 +67,18 @@ def _mismatched(rank: int, client: ClientConfig) -> None:
     GCSMapDataset("gs://once-a/items/", masks="*.bin" if rank == 2 else "", client=client)
 
 
+def _one_missing(rank: int, client: ClientConfig) -> dict[str, Any]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        urls = ["gs://once-a/items/007.bin", "gs://once-a/gone.bin"]
+        dataset = GCSIterableDataset(urls, client=client, skip_missing=True)
+    return {
+        "urls": [url for url, _ in dataset.objects],
+        "missing": dataset.stats.missing,
+        "warned": sum(issubclass(warning.category, MissingObjectWarning) for warning in caught),
+    }
+
+
 def _rank_0_never_lists(rank: int, client: ClientConfig) -> None:
     GCSMapDataset("gs://once-a/items/", client=client)  # the group is made; the job then meets once
     if rank != 0:
@@ -80,6 +94,16 @@ def test_a_failed_listing_fails_on_every_rank_with_rank_0s_error(front: GCSFront
     assert errors[0][0] == NotFoundError.__name__ and "gs://once-a/nothing/" in errors[0][1]
     assert errors == [errors[0]] * 3, "the same error on every rank"
     assert list_requests(front, start)["once-a"] == 1, "listed on rank 0 only"
+
+
+def test_every_rank_counts_what_rank_0_skipped(front: GCSFront, tmp_path: Path) -> None:
+    outcomes = run_ranks(3, tmp_path, front.endpoint, _one_missing)
+    expected = {"urls": ["gs://once-a/items/007.bin"], "missing": 1}
+    assert [outcome.get("result") for outcome in outcomes] == [
+        {**expected, "warned": 1},
+        {**expected, "warned": 0},
+        {**expected, "warned": 0},
+    ], "counted on every rank, warned on rank 0, which listed"
 
 
 def test_ranks_asking_for_different_listings_all_raise(front: GCSFront, tmp_path: Path) -> None:
