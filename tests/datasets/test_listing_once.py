@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader, IterableDataset
 
 from tests.ranks import DEADLINE, list_requests, run_ranks
 from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
@@ -79,6 +81,20 @@ def _one_missing(rank: int, client: ClientConfig) -> dict[str, Any]:
     }
 
 
+class _MadeInWorkers(IterableDataset):
+    def __init__(self, client: ClientConfig) -> None:
+        self.client = client
+
+    def __iter__(self) -> Iterator[int]:
+        yield len(GCSMapDataset("gs://once-a/items/", client=self.client))
+
+
+def _in_forked_workers(rank: int, client: ClientConfig) -> list[int]:
+    # Forked workers inherit the rank's process-group state, but may not use it: each lists alone.
+    loader = DataLoader(_MadeInWorkers(client), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    return list(loader)
+
+
 def _rank_0_never_lists(rank: int, client: ClientConfig) -> None:
     GCSMapDataset("gs://once-a/items/", client=client)  # the group is made; the job then meets once
     if rank != 0:
@@ -113,6 +129,13 @@ def test_ranks_asking_for_different_listings_all_raise(front: GCSFront, tmp_path
     assert [error[0] for error in errors] == [ListingError.__name__] * 3
     assert all("rank(s) [2] asked for another" in error[1] for error in errors)
     assert list_requests(front, start)["once-a"] == 0, "nothing listed, nothing handed out"
+
+
+def test_a_dataset_made_in_a_forked_worker_lists_alone(front: GCSFront, tmp_path: Path) -> None:
+    start = len(front.recorded)
+    outcomes = run_ranks(3, tmp_path, front.endpoint, _in_forked_workers, timeout=5.0)
+    assert [outcome.get("result") for outcome in outcomes] == [[OBJECTS, OBJECTS]] * 3
+    assert list_requests(front, start)["once-a"] == 6
 
 
 def test_ranks_whose_peers_never_come_raise_within_the_timeout(front: GCSFront, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from torch.utils.data import get_worker_info
 
 from ..errors import ListingError
 from .parallel_listing import ListingStats
@@ -36,8 +37,9 @@ _group: tuple[Any, Any] | None = None
 
 def job_size() -> int:
     """The number of ranks a listing here is shared with: the default process group's world size, or 1
-    where none is initialized (only its state is read; nothing is initialized)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    where none is initialized or this is a DataLoader worker (a forked one inherits its parent's group
+    state, which only the parent may use). Only state is read; nothing is initialized."""
+    if not (dist.is_available() and dist.is_initialized()) or get_worker_info() is not None:
         return 1
     return dist.get_world_size()
 
