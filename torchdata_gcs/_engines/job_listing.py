@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["job_size", "list_for_job"]
 
 _lock = threading.Lock()
+_listing = threading.Lock()
 _group: tuple[Any, Any] | None = None
 """(the default process group, the gloo group job listings travel over) once one has been made."""
 
@@ -53,6 +54,13 @@ def list_for_job(
     Raises ``ListingError`` on every rank if the ranks asked for different listings or did not meet within
     the default process group's timeout; rank 0's own error, on every rank, if its listing failed.
     """
+    with _listing:  # one job listing at a time in a process: two threads' collectives never interleave
+        return _list_for_job(request, list_here, stats)
+
+
+def _list_for_job(
+    request: Mapping[str, Any], list_here: Callable[[], Iterable[list[Entry]]], stats: ListingStats
+) -> list[Entry]:
     key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
     group, timeout = _job_group()
     rank, world = dist.get_rank(), dist.get_world_size()
