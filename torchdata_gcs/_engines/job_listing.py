@@ -74,15 +74,15 @@ def _list_for_job(
             f"to list on each rank alone); this rank asked for {request['inputs']!r}, masks {request['masks']!r}"
         )
     payload: list[Any] = [None]
+    failure: BaseException | None = None
     if rank == 0:
         try:
-            entries = [entry for batch in list_here() for entry in batch]
-            payload[0] = (entries, stats.missing)
-        except BaseException as exc:  # every rank raises it; rank 0 then raises its own
-            payload[0] = _sendable(exc)
-            _meet(lambda: dist.broadcast_object_list(payload, src=0, group=group), "hear the listing", rank, timeout)
-            raise
+            payload[0] = ([entry for batch in list_here() for entry in batch], stats.missing)
+        except BaseException as exc:  # sent to every rank; rank 0 then raises its own
+            failure, payload[0] = exc, _sendable(exc)
     _meet(lambda: dist.broadcast_object_list(payload, src=0, group=group), "hear the listing", rank, timeout)
+    if failure is not None:
+        raise failure
     if isinstance(payload[0], BaseException):
         raise payload[0]
     entries, missing = payload[0]
