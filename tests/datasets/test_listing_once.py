@@ -81,6 +81,12 @@ def _one_missing(rank: int, client: ClientConfig) -> dict[str, Any]:
     }
 
 
+def _manifest_on_rank_0_alone(rank: int, client: ClientConfig) -> int | None:
+    if rank != 0:
+        return None
+    return len(GCSMapDataset("gs://once-a/items/", client=client, manifest="gs://once-a/listings/"))
+
+
 class _MadeInWorkers(IterableDataset):
     def __init__(self, client: ClientConfig) -> None:
         self.client = client
@@ -129,6 +135,11 @@ def test_ranks_asking_for_different_listings_all_raise(front: GCSFront, tmp_path
     assert [error[0] for error in errors] == [ListingError.__name__] * 3
     assert all("rank(s) [2] asked for another" in error[1] for error in errors)
     assert list_requests(front, start)["once-a"] == 0, "nothing listed, nothing handed out"
+
+
+def test_a_manifest_takes_the_place_of_the_ranks_listing_together(front: GCSFront, tmp_path: Path) -> None:
+    outcomes = run_ranks(3, tmp_path, front.endpoint, _manifest_on_rank_0_alone, timeout=5.0)
+    assert [outcome.get("result") for outcome in outcomes] == [OBJECTS, None, None], "no rank waited for the others"
 
 
 def test_a_dataset_made_in_a_forked_worker_lists_alone(front: GCSFront, tmp_path: Path) -> None:
