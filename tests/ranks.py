@@ -1,5 +1,5 @@
 """Ranks of one gloo process group, forked from the test process (which has imported torch already, so
-32 of them start in about a second), and the list requests a front received."""
+they start fast), and the list requests a front received."""
 
 from __future__ import annotations
 
