@@ -63,7 +63,8 @@ class GCSFileListerIterDataPipe(IterDataPipe):
             ``torch.distributed`` process group of several ranks is initialized there, each iteration
             is one listing for the job: rank 0 lists and the other ranks receive its listing (every
             rank must then iterate at the same point). Worker processes have no process group and
-            list alone: give them ``manifest`` to list once. ``False`` lists on each rank.
+            list alone: give them ``manifest``, or list in the rank and hand them the listed
+            ``(url, ObjectInfo)`` pairs, to list once. ``False`` lists on each rank.
 
     State:
         :meth:`state_dict` records the last object yielded; a DataPipe given it with
