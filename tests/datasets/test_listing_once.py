@@ -1,12 +1,16 @@
 """One listing per job: on 32 ranks (processes forked from this one, gloo over a file store) the datasets
 send one listing's list requests for the whole job, and every rank holds the same objects in the same
 order; ``list_once=False`` lists on every rank. On 3 ranks: a listing that fails on rank 0 fails on
-every rank with the same error, what rank 0 skipped is counted on every rank, ranks asking for
-different listings all raise, and ranks whose peers never come raise within the process group's
-timeout."""
+every rank with the same error (an interrupt there as a ``ListingError``), what rank 0 skipped is
+counted on every rank, ranks asking for different listings all raise, ranks whose peers never come
+raise within the process group's timeout, a manifest takes the place of listing together, and a
+dataset made in a DataLoader worker lists alone."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -19,7 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from tests.ranks import DEADLINE, list_requests, run_ranks
 from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset
 from torchdata_gcs.errors import ListingError, MissingObjectWarning, NotFoundError
-from torchdata_gcs.testing import Emulator, GCSFront
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 OBJECTS = 300
 
@@ -69,6 +73,16 @@ def _mismatched(rank: int, client: ClientConfig) -> None:
     GCSMapDataset("gs://once-a/items/", masks="*.bin" if rank == 2 else "", client=client)
 
 
+def _interrupted_on_rank_0(rank: int, client: ClientConfig) -> str:
+    if rank == 0:  # Ctrl-C while the listing waits on a list request that stalls
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        GCSMapDataset("gs://once-b/items/", client=client)
+    except KeyboardInterrupt:
+        return "interrupted"
+    return "listed"
+
+
 def _one_missing(rank: int, client: ClientConfig) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -116,6 +130,18 @@ def test_a_failed_listing_fails_on_every_rank_with_rank_0s_error(front: GCSFront
     assert errors[0][0] == NotFoundError.__name__ and "gs://once-a/nothing/" in errors[0][1]
     assert errors == [errors[0]] * 3, "the same error on every rank"
     assert list_requests(front, start)["once-a"] == 1, "listed on rank 0 only"
+
+
+def test_an_interrupt_on_rank_0_reaches_every_rank(front: GCSFront, tmp_path: Path) -> None:
+    front.set_faults([Fault("stall", match="list", stall_seconds=20)])
+    try:
+        outcomes = run_ranks(3, tmp_path, front.endpoint, _interrupted_on_rank_0)
+    finally:
+        front.set_faults([])
+    assert outcomes[0] == {"result": "interrupted"}
+    for outcome in outcomes[1:]:
+        name, message, _ = outcome["error"]
+        assert name == ListingError.__name__ and "interrupted on rank 0 (KeyboardInterrupt)" in message
 
 
 def test_every_rank_counts_what_rank_0_skipped(front: GCSFront, tmp_path: Path) -> None:
