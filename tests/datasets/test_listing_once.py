@@ -8,6 +8,7 @@ dataset made in a DataLoader worker lists alone."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -115,12 +116,20 @@ def _in_forked_workers(rank: int, client: ClientConfig) -> list[int]:
     return list(loader)
 
 
-def _rank_0_never_lists(rank: int, client: ClientConfig) -> None:
+def _rank_0_never_lists(rank: int, client: ClientConfig) -> dict[str, Any]:
     GCSMapDataset("gs://once-a/items/", client=client)  # the group is made; the job then meets once
-    if rank != 0:
-        GCSMapDataset("gs://once-b/items/", client=client)
-    else:
+    if rank == 0:
         time.sleep(5)  # past the others' timeout, then leaves
+        return {}
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("torchdata_gcs").addHandler(handler)
+    try:
+        GCSMapDataset("gs://once-b/items/", client=client)
+    except ListingError as exc:
+        return {"error": str(exc), "warned": warned}
+    return {"warned": warned}
 
 
 def test_a_failed_listing_fails_on_every_rank_with_rank_0s_error(front: GCSFront, tmp_path: Path) -> None:
@@ -178,9 +187,12 @@ def test_a_dataset_made_in_a_forked_worker_lists_alone(front: GCSFront, tmp_path
 def test_ranks_whose_peers_never_come_raise_within_the_timeout(front: GCSFront, tmp_path: Path) -> None:
     started = time.monotonic()
     outcomes = run_ranks(3, tmp_path, front.endpoint, _rank_0_never_lists, timeout=3.0)
-    assert "result" in outcomes[0]
-    for outcome in outcomes[1:]:
-        name, message, _ = outcome["error"]
-        assert name == ListingError.__name__
+    assert outcomes[0] == {"result": {}}
+    for rank, outcome in enumerate(outcomes[1:], start=1):
+        message = outcome["result"]["error"]
         assert "within the process group's timeout (3 s)" in message and "list_once=False" in message
+        assert outcome["result"]["warned"] == [
+            f"rank {rank} has waited 1.5 s to compare what they list with the job's other ranks (list_once): every"
+            " rank must list at the same point; a listing on some ranks alone needs list_once=False"
+        ], "a warning while it waited, before the timeout"
     assert time.monotonic() - started < DEADLINE

@@ -32,6 +32,8 @@ __all__ = ["job_size", "list_for_job"]
 
 _lock = threading.Lock()
 _listing = threading.Lock()
+_PATIENCE = 60.0
+"""Seconds a rank waits for the others before it logs a warning (or half the process group's timeout)."""
 _group: tuple[Any, Any] | None = None
 """(the default process group, the gloo group job listings travel over) once one has been made."""
 
@@ -120,8 +122,23 @@ def _timeout_of(group: Any) -> timedelta | None:
 
 
 def _meet(collective: Callable[[], object], what: str, rank: int, timeout: timedelta | None) -> None:
-    """Run ``collective``; torch's error (a rank that never came, or died) as a ``ListingError``."""
+    """Run ``collective``, with a warning logged if it waits long; torch's error (a rank that never came, or
+    died) as a ``ListingError``."""
     global _group
+    patience = _PATIENCE if timeout is None else min(_PATIENCE, timeout.total_seconds() / 2)
+    warning = threading.Timer(
+        patience,
+        logger.warning,
+        (
+            "rank %d has waited %g s to %s with the job's other ranks (list_once): every rank must list at the "
+            "same point; a listing on some ranks alone needs list_once=False",
+            rank,
+            patience,
+            what,
+        ),
+    )
+    warning.daemon = True
+    warning.start()
     try:
         collective()
     except RuntimeError as exc:  # torch's DistBackendError and DistStoreError are RuntimeErrors
@@ -133,6 +150,8 @@ def _meet(collective: Callable[[], object], what: str, rank: int, timeout: timed
             "(or iterate the lister) at the same point, and rank 0 must finish listing within that timeout; pass "
             f"list_once=False to list on each rank alone ({exc})"
         ) from exc
+    finally:
+        warning.cancel()
 
 
 def _sendable(exc: BaseException) -> BaseException:
