@@ -116,8 +116,12 @@ def _in_forked_workers(rank: int, client: ClientConfig) -> list[int]:
     return list(loader)
 
 
+def _rank_0_never_lists_again(rank: int, client: ClientConfig) -> dict[str, Any]:
+    GCSMapDataset("gs://once-a/items/", client=client)  # the listing's group is made; the job then meets once
+    return _rank_0_never_lists(rank, client)
+
+
 def _rank_0_never_lists(rank: int, client: ClientConfig) -> dict[str, Any]:
-    GCSMapDataset("gs://once-a/items/", client=client)  # the group is made; the job then meets once
     if rank == 0:
         time.sleep(5)  # past the others' timeout, then leaves
         return {}
@@ -184,15 +188,23 @@ def test_a_dataset_made_in_a_forked_worker_lists_alone(front: GCSFront, tmp_path
     assert list_requests(front, start)["once-a"] == 6
 
 
-def test_ranks_whose_peers_never_come_raise_within_the_timeout(front: GCSFront, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("work", "waiting_to"),
+    [(_rank_0_never_lists, "make the listing's process group"), (_rank_0_never_lists_again, "compare what they list")],
+    ids=["first listing", "a later listing"],
+)
+def test_ranks_whose_peers_never_come_raise_within_the_timeout(
+    front: GCSFront, tmp_path: Path, work: Any, waiting_to: str
+) -> None:
     started = time.monotonic()
-    outcomes = run_ranks(3, tmp_path, front.endpoint, _rank_0_never_lists, timeout=3.0)
+    outcomes = run_ranks(3, tmp_path, front.endpoint, work, timeout=3.0)
     assert outcomes[0] == {"result": {}}
     for rank, outcome in enumerate(outcomes[1:], start=1):
         message = outcome["result"]["error"]
-        assert "within the process group's timeout (3 s)" in message and "list_once=False" in message
+        assert f"rank {rank} could not {waiting_to} with the job's other ranks within the process group's" in message
+        assert "timeout (3 s)" in message and "list_once=False" in message
         assert outcome["result"]["warned"] == [
-            f"rank {rank} has waited 1.5 s to compare what they list with the job's other ranks (list_once): every"
-            " rank must list at the same point; a listing on some ranks alone needs list_once=False"
+            f"rank {rank} has waited 1.5 s to {waiting_to} with the job's other ranks (list_once): every rank must"
+            " list at the same point; a listing on some ranks alone needs list_once=False"
         ], "a warning while it waited, before the timeout"
     assert time.monotonic() - started < DEADLINE

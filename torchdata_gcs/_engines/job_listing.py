@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["job_size", "list_for_job"]
 
-_lock = threading.Lock()
 _listing = threading.Lock()
+"""Held through each job listing (and so around the group's state): two threads' collectives never interleave."""
 _PATIENCE = 60.0
 """Seconds a rank waits for the others before it logs a warning (or half the process group's timeout)."""
 _group: tuple[Any, Any] | None = None
@@ -100,15 +100,17 @@ def _job_group() -> tuple[Any, timedelta | None]:
     global _group
     default = dist.group.WORLD
     timeout = _timeout_of(default)
-    with _lock:
-        if _group is None or _group[0] is not default:
-            if not dist.is_gloo_available():
-                raise ListingError(
-                    "one listing per job sends it over a gloo process group, and this torch has no gloo: "
-                    "pass list_once=False to list on each rank, or manifest= to share a listing through GCS"
-                )
-            _group = default, dist.new_group(backend="gloo", timeout=timeout)
-        return _group[1], timeout
+    if _group is None or _group[0] is not default:
+        if not dist.is_gloo_available():
+            raise ListingError(
+                "one listing per job sends it over a gloo process group, and this torch has no gloo: "
+                "pass list_once=False to list on each rank, or manifest= to share a listing through GCS"
+            )
+        made: list[Any] = []
+        what = "make the listing's process group"
+        _meet(lambda: made.append(dist.new_group(backend="gloo", timeout=timeout)), what, dist.get_rank(), timeout)
+        _group = default, made[0]
+    return _group[1], timeout
 
 
 def _timeout_of(group: Any) -> timedelta | None:
@@ -142,8 +144,7 @@ def _meet(collective: Callable[[], object], what: str, rank: int, timeout: timed
     try:
         collective()
     except RuntimeError as exc:  # torch's DistBackendError and DistStoreError are RuntimeErrors
-        with _lock:
-            _group = None  # a collective that failed leaves its group unusable
+        _group = None  # a collective that failed leaves its group unusable
         within = "" if timeout is None else f" within the process group's timeout ({timeout.total_seconds():g} s)"
         raise ListingError(
             f"rank {rank} could not {what} with the job's other ranks{within}: every rank must make the dataset "
