@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from tests.ranks import DEADLINE, list_requests, run_ranks
@@ -97,9 +98,11 @@ def _one_missing(rank: int, client: ClientConfig) -> dict[str, Any]:
 
 
 def _manifest_on_rank_0_alone(rank: int, client: ClientConfig) -> int | None:
-    if rank != 0:
-        return None
-    return len(GCSMapDataset("gs://once-a/items/", client=client, manifest="gs://once-a/listings/"))
+    made = None
+    if rank == 0:  # the others wait at a barrier meanwhile
+        made = len(GCSMapDataset("gs://once-a/items/", client=client, manifest="gs://once-a/listings/"))
+    dist.barrier()
+    return made
 
 
 class _MadeInWorkers(IterableDataset):
@@ -114,6 +117,15 @@ def _in_forked_workers(rank: int, client: ClientConfig) -> list[int]:
     # Forked workers inherit the rank's process-group state, but may not use it: each lists alone.
     loader = DataLoader(_MadeInWorkers(client), batch_size=None, num_workers=2, multiprocessing_context="fork")
     return list(loader)
+
+
+def _warned(rank: int, client: ClientConfig) -> list[str]:
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("torchdata_gcs").addHandler(handler)
+    GCSMapDataset("gs://once-b/items/", client=client)
+    return warned
 
 
 def _rank_0_never_lists_again(rank: int, client: ClientConfig) -> dict[str, Any]:
@@ -157,6 +169,20 @@ def test_an_interrupt_on_rank_0_reaches_every_rank(front: GCSFront, tmp_path: Pa
         assert name == ListingError.__name__ and "interrupted on rank 0 (KeyboardInterrupt)" in message
 
 
+def test_ranks_waiting_for_a_slow_listing_say_so_and_get_it(front: GCSFront, tmp_path: Path) -> None:
+    front.set_faults([Fault("stall", match="list", stall_seconds=4, times=1)])  # the first list request stalls
+    try:
+        outcomes = run_ranks(3, tmp_path, front.endpoint, _warned, timeout=6.0)
+    finally:
+        front.set_faults([])
+    assert outcomes[0] == {"result": []}
+    for rank, outcome in enumerate(outcomes[1:], start=1):
+        assert outcome["result"] == [
+            f"rank {rank} has waited 3 s to hear the listing with the job's other ranks (list_once): rank 0 is"
+            " listing, and must finish within the timeout"
+        ]
+
+
 def test_every_rank_counts_what_rank_0_skipped(front: GCSFront, tmp_path: Path) -> None:
     outcomes = run_ranks(3, tmp_path, front.endpoint, _one_missing)
     expected = {"urls": ["gs://once-a/items/007.bin"], "missing": 1}
@@ -178,7 +204,7 @@ def test_ranks_asking_for_different_listings_all_raise(front: GCSFront, tmp_path
 
 def test_a_manifest_takes_the_place_of_the_ranks_listing_together(front: GCSFront, tmp_path: Path) -> None:
     outcomes = run_ranks(3, tmp_path, front.endpoint, _manifest_on_rank_0_alone, timeout=5.0)
-    assert [outcome.get("result") for outcome in outcomes] == [OBJECTS, None, None], "no rank waited for the others"
+    assert [outcome.get("result") for outcome in outcomes] == [OBJECTS, None, None], outcomes[0].get("error")
 
 
 def test_a_dataset_made_in_a_forked_worker_lists_alone(front: GCSFront, tmp_path: Path) -> None:

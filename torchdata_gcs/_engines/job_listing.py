@@ -82,7 +82,11 @@ def _list_for_job(
             payload[0] = ([entry for batch in list_here() for entry in batch], stats.missing)
         except BaseException as exc:  # sent to every rank; rank 0 then raises its own
             failure, payload[0] = exc, _sendable(exc)
-    _meet(lambda: dist.broadcast_object_list(payload, src=0, group=group), "hear the listing", rank, timeout)
+
+    def broadcast() -> None:
+        dist.broadcast_object_list(payload, src=0, group=group)
+
+    _meet(broadcast, "hear the listing", rank, timeout, "rank 0 is listing, and must finish within the timeout")
     if failure is not None:
         raise failure
     if isinstance(payload[0], BaseException):
@@ -123,22 +127,18 @@ def _timeout_of(group: Any) -> timedelta | None:
     return None
 
 
-def _meet(collective: Callable[[], object], what: str, rank: int, timeout: timedelta | None) -> None:
-    """Run ``collective``, with a warning logged if it waits long; torch's error (a rank that never came, or
-    died) as a ``ListingError``."""
+_SAME_POINT = "every rank must list at the same point; a listing on some ranks alone needs list_once=False"
+
+
+def _meet(
+    collective: Callable[[], object], what: str, rank: int, timeout: timedelta | None, why: str = _SAME_POINT
+) -> None:
+    """Run ``collective``, with a warning (saying ``why`` it may wait) logged if it waits long; torch's error
+    (a rank that never came, or died) as a ``ListingError``."""
     global _group
     patience = _PATIENCE if timeout is None else min(_PATIENCE, timeout.total_seconds() / 2)
-    warning = threading.Timer(
-        patience,
-        logger.warning,
-        (
-            "rank %d has waited %g s to %s with the job's other ranks (list_once): every rank must list at the "
-            "same point; a listing on some ranks alone needs list_once=False",
-            rank,
-            patience,
-            what,
-        ),
-    )
+    message = "rank %d has waited %g s to %s with the job's other ranks (list_once): %s"
+    warning = threading.Timer(patience, logger.warning, (message, rank, patience, what, why))
     warning.daemon = True
     warning.start()
     try:
