@@ -45,6 +45,10 @@ def _rank(
         outcome["result"] = work(rank, ClientConfig(endpoint=endpoint))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         outcome["error"] = (type(exc).__name__, str(exc), traceback.format_exc())
+    try:  # no rank leaves while another is still starting its process group
+        dist.barrier()
+    except (RuntimeError, ValueError):  # a rank that never started one, or one that outwaited the timeout
+        pass
     Path(folder, f"rank-{rank}.pkl").write_bytes(pickle.dumps(outcome))
 
 
