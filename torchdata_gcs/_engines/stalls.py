@@ -1,5 +1,6 @@
-"""Where a loader's time goes: fixed-size histograms of waits, mergeable across processes, and the report a
-training loop logs (per rank, per DataLoader worker: waits as percentiles, requests, bytes, retries, 429s).
+"""Where a loader's time goes: fixed-size histograms of waits, mergeable across processes, and the report
+a training loop logs (per rank and DataLoader worker: waits as percentiles, requests, bytes, retries and
+answers of status 429).
 
 A histogram is a flat array of doubles, so it can live in shared memory: a DataLoader worker records its
 waits into its own row, and the process that made the dataset reads every row. Buckets are logarithmic

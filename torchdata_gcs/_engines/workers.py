@@ -36,8 +36,10 @@ class WorkerStats:
     :meth:`waits` are what this process counts into, :meth:`publish` shares the counts, :meth:`total`
     sums every process's, :meth:`processes` gives each one's."""
 
-    def __init__(self, table: Any = None, waits: Any = None) -> None:
-        """New tables, or (a worker being spawned) the tables its parent made."""
+    def __init__(self, table: Any = None, waits: Any = None, spawned: bool = True) -> None:
+        """New tables, or (a worker being spawned) the tables its parent made. Without ``spawned``, the
+        tables go to forked workers only: for an owner pickled into bytes on its way to a spawned worker
+        (as torch sends DataPipes), where shared memory cannot follow."""
         self._table: Any = (
             multiprocessing.RawArray(ctypes.c_double, (1 + MAX_WORKERS) * len(FIELDS)) if table is None else table
         )
@@ -49,11 +51,14 @@ class WorkerStats:
         self._row: int | None = 0  # the process that made it; a worker takes 1 + its id
         self._base = [0.0] * len(FIELDS)  # what earlier workers of the same id had published
         self._waits = self._histogram(0)
+        self._spawned = spawned
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled to a worker being spawned, the tables go along (shared); pickled otherwise, a copy
         starts counting afresh."""
-        return WorkerStats, (() if get_spawning_popen() is None else (self._table, self._waits_table))
+        if self._spawned and get_spawning_popen() is not None:
+            return WorkerStats, (self._table, self._waits_table)
+        return WorkerStats, (None, None, self._spawned)
 
     def local(self) -> LoadStats:
         """This process's statistics (a worker's own start from zero)."""
@@ -63,6 +68,13 @@ class WorkerStats:
             self._row = None if worker is None or worker.id >= MAX_WORKERS else 1 + worker.id
             self._base = self._read(self._row) if self._row is not None else [0.0] * len(FIELDS)
             self._waits = WaitHistogram() if self._row is None else self._histogram(self._row)
+        return self._local
+
+    def restart(self) -> LoadStats:
+        """Count afresh in this process (one iteration's own), keeping what was counted in the totals."""
+        local = self.local()
+        self._base = [base + getattr(local, name) for name, base in zip(FIELDS, self._base, strict=True)]
+        self._local = LoadStats()
         return self._local
 
     def waits(self) -> WaitHistogram:

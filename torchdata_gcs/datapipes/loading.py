@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from .._engines.download import Loaded, as_stream, load_in_order
+from .._engines.stalls import stall_report, timed
+from .._engines.workers import WorkerStats
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.urls import parse_url
@@ -83,13 +86,24 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
         self.stats = LoadStats()
+        self._shared = WorkerStats(spawned=False)  # every iteration's counts and waits, in forked workers too
 
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
         """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
-        self.stats = LoadStats()
+        self.stats = self._shared.restart()
         gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
-        for url, data in self._load((split_item(item) for item in self.source_datapipe), gcs):
+        loaded = self._load((split_item(item) for item in self.source_datapipe), gcs)
+        for url, data in timed(loaded, self._shared.waits()):
+            self._shared.publish()
             yield url, as_stream(url, data)
+
+    def stall_stats(self) -> dict[str, Any]:
+        """Where loading time went in this process and the DataLoader workers it started (as of the last
+        item each read; ``DataLoader2``'s workers count in their own process only), every iteration
+        so far: each one's wait for its next object (count, total, p50, p95, p99, max in seconds),
+        objects, requests, bytes, retries and 429 answers, and their sums, as a dict to log (see
+        ``torchdata_gcs.stalls``, whose ``StallWatch`` adds the training loop's batch waits)."""
+        return stall_report(self._shared.processes())
 
     def _load(self, items: Iterator[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
         return load_in_order(items, gcs, skip_missing=self.skip_missing)
