@@ -107,13 +107,11 @@ class WorkerStats:
     def _rows(self) -> Iterator[tuple[int | None, list[float]]]:
         """Each row's statistics, this process's live (``None`` for a worker beyond the table)."""
         local = self.local()
+        live = [base + getattr(local, name) for name, base in zip(FIELDS, self._base, strict=True)]
         if self._row is None:
-            yield None, [getattr(local, name) for name in FIELDS]
+            yield None, live
         for row in range(1 + MAX_WORKERS):
-            if row == self._row:
-                yield row, [base + getattr(local, name) for name, base in zip(FIELDS, self._base, strict=True)]
-            else:
-                yield row, self._read(row)
+            yield row, live if row == self._row else self._read(row)
 
     @staticmethod
     def _stats(values: list[float]) -> LoadStats:

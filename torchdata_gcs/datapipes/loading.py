@@ -102,7 +102,20 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         item each read; ``DataLoader2``'s workers count in their own process only), every iteration
         so far: each one's wait for its next object (count, total, p50, p95, p99, max in seconds),
         objects, requests, bytes, retries and 429 answers, and their sums, as a dict to log (see
-        ``torchdata_gcs.stalls``, whose ``StallWatch`` adds the training loop's batch waits)."""
+        ``torchdata_gcs.stalls``, whose ``StallWatch`` adds the training loop's batch waits).
+
+        Example:
+            >>> from torchdata_gcs import GCSFileLoaderIterDataPipe
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.seed("demo", {"a.txt": b"alpha", "b.txt": b"beta"})
+            ...     urls = ["gs://demo/a.txt", "gs://demo/b.txt"]
+            ...     pipe = GCSFileLoaderIterDataPipe(urls, client=emulator.client_config)
+            ...     data = [stream.read() for _, stream in pipe]
+            >>> report = pipe.stall_stats()
+            >>> report["objects"], report["requests"], list(report["workers"]), report["object_wait_s"]["count"]
+            (2, 2, ['main'], 2.0)
+        """
         return stall_report(self._shared.processes())
 
     def _load(self, items: Iterator[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
