@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ._engines.download import as_stream, load_in_order
-from ._engines.epoch_order import Consumed, Split, epoch_order
+from ._engines.epoch_order import Consumed, Split, epoch_order, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
@@ -369,20 +369,9 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     def rank_and_world_size(self) -> tuple[int, int]:
         """This process's rank and the world size, as the next epoch will split the objects."""
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        if self._sender is not None:  # a spawned worker: its parent's process group
-            return self._sender
-        try:
-            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        except ValueError:
-            raise ValueError(
-                "RANK and WORLD_SIZE must be integers, "
-                f"got {os.environ.get('RANK')!r}, {os.environ.get('WORLD_SIZE')!r}"
-            ) from None
-        if not 0 <= rank < world:
-            raise ValueError(f"RANK must be in 0..WORLD_SIZE-1, got RANK={rank}, WORLD_SIZE={world}")
-        return rank, world
+        if self._sender is not None and not (dist.is_available() and dist.is_initialized()):
+            return self._sender  # a spawned worker: its parent's process group
+        return rank_and_world_size()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
