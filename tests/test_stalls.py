@@ -134,3 +134,26 @@ def test_bad_settings_are_refused() -> None:
     with pytest.raises(TypeError, match="stall_stats"):
         StallWatch([], source=object())
     assert StallWatch([1, 2]).report()["workers"] == {}
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.9's StatefulDataLoader on torch 2.13
+def test_the_watch_passes_state_dict_through_and_a_resumed_loader_reads_the_rest(dataset, client) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    bucket, expected = dataset
+
+    def watched() -> StallWatch:
+        ds = GCSIterableDataset(f"gs://{bucket}/s/", transform=read, client=client)
+        return StallWatch(StatefulDataLoader(ds, batch_size=2, num_workers=2, collate_fn=list))
+
+    loader = watched()
+    iterator = iter(loader)
+    before = [item for _ in range(3) for item in next(iterator)]
+    state = loader.state_dict()
+    del iterator
+    fresh = watched()
+    fresh.load_state_dict(state)
+    after = [item for batch in fresh for item in batch]
+    assert_exactly_once(before + after, expected)
+    assert loader.report()["batch_wait_s"]["count"] == 3
+    assert fresh.report()["batch_wait_s"]["count"] == (N_OBJECTS - 6) // 2
