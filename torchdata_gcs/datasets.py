@@ -22,7 +22,7 @@ from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
 from ._engines.stalls import stall_report, timed
-from ._engines.workers import SharedEpoch, WorkerStats
+from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.paging import MAX_PAGE_SIZE
@@ -355,6 +355,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         self._done = 0  # items of this worker's share delivered this epoch
         self._resume = 0  # items of this worker's share to skip at the start of the next iteration
         self._start: tuple[int, Consumed] = (0, Consumed())  # an epoch, and what was consumed of it before this run
+        self._turns: SharedTurns | None = None  # after a load: the next pass's workers each start from it once
 
     @property
     def epoch(self) -> int:
@@ -400,6 +401,9 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         return [order[p] for p in self._started().share(len(order), self._split())]
 
     def __iter__(self) -> Iterator[T]:
+        if self._turns is not None and not self._turns.take():  # workers forked for a later pass find it taken
+            self._start, self._resume = (0, Consumed()), 0
+        self._turns = None
         share = self.share()
         skip, self._resume = self._resume, 0
         self._done = skip
@@ -440,7 +444,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``: this worker's own (from :meth:`state_dict`, as ``StatefulDataLoader``
         restores it on the same ranks and workers), or a position from :func:`elastic_state`, which fits
-        any world size and worker count: the rest of its epoch is dealt anew and read exactly once.
+        any world size and worker count: the rest of its epoch is dealt anew and read exactly once. Only the
+        next pass starts from it; a later one reads its epoch whole, whether or not its workers are new.
 
         Raises ``ResumeError`` (nothing changed) for a malformed state, or one taken over another listing
         (objects added, removed or renamed since: another order, where resuming would skip or repeat
@@ -450,6 +455,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         if isinstance(state, Mapping) and "consumed" in state:
             epoch, seed, consumed = elastic_start(state, self._listing, self.shuffle)
             self._epoch.value, self.seed, self._resume, self._start = epoch, seed, 0, (epoch, consumed)
+            self._turns = SharedTurns()
             return
         order = self._order()
         saved_start = state.get("order", {}).get("start") if isinstance(state, Mapping) else None
@@ -459,6 +465,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         share = len(start.share(len(self.objects), split))
         epoch, seed, done = resume_position(state, self._listing, order, share)
         self._epoch.value, self.seed, self._resume, self._start = epoch, seed, done, (epoch, start)
+        self._turns = SharedTurns()
 
 
 def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
