@@ -98,9 +98,9 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
             yield url, as_stream(url, data)
 
     def stall_stats(self) -> dict[str, Any]:
-        """Where loading time went in this process and the DataLoader workers it started (as of the last
-        item each read; ``DataLoader2``'s workers count in their own process only), every iteration
-        so far: each one's wait for its next object (count, total, p50, p95, p99, max in seconds),
+        """Where loading time went in this process and the DataLoader workers it forked (as of the last
+        item each read; spawned workers, ``DataLoader2``'s included, count in their own process only),
+        every iteration so far: each one's wait for its next object (count, total, p50, p95, p99, max in seconds),
         objects, requests, bytes, retries and 429 answers, and their sums, as a dict to log (see
         ``torchdata_gcs.stalls``, whose ``StallWatch`` adds the training loop's batch waits).
 
