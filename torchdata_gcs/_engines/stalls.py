@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
 from .._transport.context import LoadStats
+from .epoch_order import rank_and_world_size
 
-__all__ = ["SLOTS", "WaitHistogram", "flatten", "log_report", "process_name", "rank", "stall_report", "timed"]
+__all__ = ["SLOTS", "WaitHistogram", "flatten", "log_report", "process_name", "stall_report", "timed"]
 
 T = TypeVar("T")
 
@@ -158,14 +157,6 @@ def _costs(stats: LoadStats) -> dict[str, int]:
     }
 
 
-def rank() -> int:
-    """This process's rank: the default process group's, else torchrun's ``RANK``, else 0."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    value = os.environ.get("RANK", "0")
-    return int(value) if value.isdigit() else 0
-
-
 def stall_report(processes: Mapping[str, tuple[LoadStats, WaitHistogram]]) -> dict[str, Any]:
     """The report of one rank from each reading process's statistics and waits for its next object
     (``"main"`` for the rank's own process, the worker's id for a DataLoader worker): totals first."""
@@ -176,7 +167,7 @@ def stall_report(processes: Mapping[str, tuple[LoadStats, WaitHistogram]]) -> di
         for field, value in _costs(stats).items():
             setattr(total, field, getattr(total, field) + value)
         workers[name] = {"object_wait_s": histogram.summary(), **_costs(stats)}
-    return {"rank": rank(), "object_wait_s": waits.summary(), **_costs(total), "workers": workers}
+    return {"rank": rank_and_world_size()[0], "object_wait_s": waits.summary(), **_costs(total), "workers": workers}
 
 
 def flatten(report: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
