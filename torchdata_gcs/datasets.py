@@ -16,12 +16,13 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ._engines.download import as_stream, load_in_order
-from ._engines.epoch_order import Consumed, Split, epoch_order
+from ._engines.epoch_order import Consumed, Split, epoch_order, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
-from ._engines.workers import SharedEpoch, WorkerStats
+from ._engines.stalls import stall_report, timed
+from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.paging import MAX_PAGE_SIZE
@@ -171,11 +172,31 @@ class _Dataset(Generic[T]):
         workers (each worker's as of the last item it read); ``missing`` counts objects skipped."""
         return self._stats.total()
 
+    def stall_stats(self) -> dict[str, Any]:
+        """Where this rank's loading time went, as a dict to log (see ``torchdata_gcs.stalls``): each
+        reading process's (``"main"``, or a DataLoader worker's id) wait for its next object
+        (``object_wait_s``: count, total, p50, p95, p99, max in seconds), objects, requests, bytes,
+        retries and 429 answers (``throttled``), each worker's as of the last item it read, and their sums.
+
+        Example:
+            >>> from torch.utils.data import DataLoader
+            >>> from torchdata_gcs import GCSMapDataset
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.seed("demo", {f"{i}.txt": b"x" for i in range(6)})
+            ...     ds = GCSMapDataset("gs://demo/", client=emulator.client_config)
+            ...     batches = list(DataLoader(ds, batch_size=3, num_workers=2))
+            ...     report = ds.stall_stats()
+            >>> report["objects"], report["requests"], sorted(report["workers"]), report["object_wait_s"]["count"]
+            (6, 6, ['0', '1'], 6.0)
+        """
+        return stall_report(self._stats.processes())
+
     def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
         gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
         transform: Callable[..., T] = self.transform
-        for url, data in load_in_order(items, gcs, skip_missing=False):
+        for url, data in timed(load_in_order(items, gcs, skip_missing=False), self._stats.waits()):
             stream = cast(IO[bytes], as_stream(url, data))
             item = transform(stream) if self._stream_only else transform(url, stream)
             self._stats.publish()
@@ -343,6 +364,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         self._done = 0  # items of this worker's share delivered this epoch
         self._resume = 0  # items of this worker's share to skip at the start of the next iteration
         self._start: tuple[int, Consumed] = (0, Consumed())  # an epoch, and what was consumed of it before this run
+        self._turns: SharedTurns | None = None  # after a load: the next pass's workers each start from it once
 
     @property
     def epoch(self) -> int:
@@ -357,20 +379,9 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     def rank_and_world_size(self) -> tuple[int, int]:
         """This process's rank and the world size, as the next epoch will split the objects."""
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        if self._sender is not None:  # a spawned worker: its parent's process group
-            return self._sender
-        try:
-            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        except ValueError:
-            raise ValueError(
-                "RANK and WORLD_SIZE must be integers, "
-                f"got {os.environ.get('RANK')!r}, {os.environ.get('WORLD_SIZE')!r}"
-            ) from None
-        if not 0 <= rank < world:
-            raise ValueError(f"RANK must be in 0..WORLD_SIZE-1, got RANK={rank}, WORLD_SIZE={world}")
-        return rank, world
+        if self._sender is not None and not (dist.is_available() and dist.is_initialized()):
+            return self._sender  # a spawned worker: its parent's process group
+        return rank_and_world_size()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -399,6 +410,9 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         return [order[p] for p in self._started().share(len(order), self._split())]
 
     def __iter__(self) -> Iterator[T]:
+        if self._turns is not None and not self._turns.take():  # workers forked for a later pass find it taken
+            self._start, self._resume = (0, Consumed()), 0
+        self._turns = None
         share = self.share()
         skip, self._resume = self._resume, 0
         self._done = skip
@@ -439,7 +453,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``: this worker's own (from :meth:`state_dict`, as ``StatefulDataLoader``
         restores it on the same ranks and workers), or a position from :func:`elastic_state`, which fits
-        any world size and worker count: the rest of its epoch is dealt anew and read exactly once.
+        any world size and worker count: the rest of its epoch is dealt anew and read exactly once. Only the
+        next pass starts from it; a later one reads its epoch whole, whether or not its workers are new.
 
         Raises ``ResumeError`` (nothing changed) for a malformed state, or one taken over another listing
         (objects added, removed or renamed since: another order, where resuming would skip or repeat
@@ -449,6 +464,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         if isinstance(state, Mapping) and "consumed" in state:
             epoch, seed, consumed = elastic_start(state, self._listing, self.shuffle)
             self._epoch.value, self.seed, self._resume, self._start = epoch, seed, 0, (epoch, consumed)
+            self._turns = SharedTurns()
             return
         order = self._order()
         saved_start = state.get("order", {}).get("start") if isinstance(state, Mapping) else None
@@ -458,6 +474,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         share = len(start.share(len(self.objects), split))
         epoch, seed, done = resume_position(state, self._listing, order, share)
         self._epoch.value, self.seed, self._resume, self._start = epoch, seed, done, (epoch, start)
+        self._turns = SharedTurns()
 
 
 def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
