@@ -21,6 +21,7 @@ from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
+from ._engines.stalls import stall_report, timed
 from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
@@ -75,6 +76,7 @@ class _Dataset(Generic[T]):
         concurrency: int,
         allow_empty: bool,
         skip_missing: bool,
+        list_once: bool,
     ) -> None:
         require_integer("concurrency", concurrency, 1, 256)
         if transform is not None and not callable(transform):
@@ -102,6 +104,7 @@ class _Dataset(Generic[T]):
             manifest=manifest,
             allow_empty=allow_empty,
             skip_missing=skip_missing,
+            once=list_once,
         )
         self.objects = [(url, cast(ObjectInfo, info)) for batch in batches for _, url, info in batch]
         self._stats.local().missing += listing.missing
@@ -169,11 +172,31 @@ class _Dataset(Generic[T]):
         workers (each worker's as of the last item it read); ``missing`` counts objects skipped."""
         return self._stats.total()
 
+    def stall_stats(self) -> dict[str, Any]:
+        """Where this rank's loading time went, as a dict to log (see ``torchdata_gcs.stalls``): each
+        reading process's (``"main"``, or a DataLoader worker's id) wait for its next object
+        (``object_wait_s``: count, total, p50, p95, p99, max in seconds), objects, requests, bytes,
+        retries and 429 answers (``throttled``), each worker's as of the last item it read, and their sums.
+
+        Example:
+            >>> from torch.utils.data import DataLoader
+            >>> from torchdata_gcs import GCSMapDataset
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.seed("demo", {f"{i}.txt": b"x" for i in range(6)})
+            ...     ds = GCSMapDataset("gs://demo/", client=emulator.client_config)
+            ...     batches = list(DataLoader(ds, batch_size=3, num_workers=2))
+            ...     report = ds.stall_stats()
+            >>> report["objects"], report["requests"], sorted(report["workers"]), report["object_wait_s"]["count"]
+            (6, 6, ['0', '1'], 6.0)
+        """
+        return stall_report(self._stats.processes())
+
     def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
         gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
         transform: Callable[..., T] = self.transform
-        for url, data in load_in_order(items, gcs, skip_missing=False):
+        for url, data in timed(load_in_order(items, gcs, skip_missing=False), self._stats.waits()):
             stream = cast(IO[bytes], as_stream(url, data))
             item = transform(stream) if self._stream_only else transform(url, stream)
             self._stats.publish()
@@ -213,7 +236,7 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         masks: patterns objects must match, as for ``list_files_by_gcs`` (``*.jpg`` on base names,
             ``**/*.jpg`` on names below the prefix); none keeps all.
         manifest: a ``gs://bucket/folder/`` where the listing is shared by every process that makes
-            this dataset (see ``list_files_by_gcs``).
+            this dataset (see ``list_files_by_gcs``); it takes the place of ``list_once``.
         transform: makes the item of each object: ``transform(stream)`` for a callable that requires one
             positional argument (``PIL.Image.open``, ``torch.load``; ``stream.name`` is the URL), else
             ``transform(url, stream)``. The default gives ``(url, bytes)``.
@@ -222,10 +245,15 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         allow_empty: an input that matches no object is not an error.
         skip_missing: an input naming one object that does not exist is left out with a
             ``MissingObjectWarning`` (counted in ``stats.missing``) instead of raising.
+        list_once: where a ``torch.distributed`` default process group of several ranks is initialized,
+            rank 0 lists and the other ranks receive its listing (every rank must then make the dataset,
+            over the same inputs, at the same point); ``False`` lists on each rank.
 
     Raises:
         NotFoundError: a bucket does not exist, or an input matches no object.
         InvalidURIError: an input is not a ``gs://`` URL (a local path, say).
+        ListingError: with ``list_once``, the ranks asked for different listings, or did not all make the
+            dataset within the process group's timeout.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -251,9 +279,10 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         concurrency: int = 16,
         allow_empty: bool = False,
         skip_missing: bool = False,
+        list_once: bool = True,
     ) -> None:
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing
+            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
         )
 
     def __len__(self) -> int:
@@ -287,8 +316,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     position that :meth:`load_state_dict` takes on any world size and worker count.
 
     Args:
-        urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing:
-            as for :class:`GCSMapDataset`.
+        urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing,
+            list_once: as for :class:`GCSMapDataset`.
         shuffle: shuffle the order each epoch.
         seed: the shuffle's seed; every rank and worker must use the same one.
         drop_last: drop the tail that would leave ranks unequal, instead of padding the order.
@@ -323,10 +352,11 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         concurrency: int = 16,
         allow_empty: bool = False,
         skip_missing: bool = False,
+        list_once: bool = True,
     ) -> None:
         require_integer("batch_size", batch_size, 1)
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing
+            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
         )
         self.shuffle, self.seed, self.drop_last, self.batch_size = shuffle, seed, drop_last, batch_size
         self._epoch = SharedEpoch()  # set here, read in persistent workers too

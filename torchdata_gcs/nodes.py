@@ -9,6 +9,7 @@ says what all ranks consumed, so it resumes on any number of ranks.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import IO, Any, cast
@@ -27,6 +28,7 @@ from ._engines.inputs import list_inputs
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
 from ._engines.shared_listing import Entry
+from ._engines.stalls import WaitHistogram, process_name, stall_report, timed
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.objects import MAX_SOURCES
@@ -48,7 +50,10 @@ class ListFiles(BaseNode[Item]):
     Args are those of ``list_files_by_gcs``: globs in URLs and masks, and an input that matches no
     object raises ``NotFoundError`` unless ``allow_empty`` (or, for a missing named object,
     ``skip_missing``). The state is the position of the last object handed out; a reset to it lists
-    again from there.
+    again from there. With ``list_once`` (the default), where a ``torch.distributed`` process group of
+    several ranks is initialized, each reset in the process that made the node is one listing for the
+    job: rank 0 lists, the other ranks receive its listing (every rank must then reset at the same
+    point); ``list_once=False`` lists on each rank.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class ListFiles(BaseNode[Item]):
         concurrency: int = 16,
         allow_empty: bool = False,
         skip_missing: bool = False,
+        list_once: bool = True,
     ) -> None:
         super().__init__()
         self.urls = url_list(urls)
@@ -70,6 +76,7 @@ class ListFiles(BaseNode[Item]):
         self.masks = [masks] if isinstance(masks, str) else list(masks)
         self.with_metadata, self.manifest, self.concurrency = with_metadata, manifest, concurrency
         self.allow_empty, self.skip_missing = allow_empty, skip_missing
+        self.list_once, self._made_in = list_once, os.getpid()  # a copy in a worker process lists alone
         self.client, self.retry = client or ClientConfig(), retry or RetryConfig()
         self._gcs = Client(self.client, self.retry)
         self.stats = ListingStats()
@@ -92,6 +99,7 @@ class ListFiles(BaseNode[Item]):
             after=self._position,
             allow_empty=self.allow_empty,
             skip_missing=self.skip_missing,
+            once=self.list_once and os.getpid() == self._made_in,
         )
         self._entries = (entry for batch in batches for entry in batch)
 
@@ -225,6 +233,7 @@ class _Reading(BaseNode[Any]):
         )
         self._gcs = Client(self.client, self.retry, transfer=self.transfer)
         self.stats = LoadStats()
+        self._waits = WaitHistogram()
         self._states: deque[tuple[str, dict[str, Any]]] = deque()  # (url, source's state after it) read ahead
         self._state: dict[str, Any] | None = None
         self._loaded: Iterator[tuple[str, Loaded]] = iter(())
@@ -240,8 +249,8 @@ class _Reading(BaseNode[Any]):
         self._state = None if initial_state is None else initial_state["source"]
         self.source.reset(self._state)
         self._states.clear()
-        self.stats = LoadStats()
-        self._loaded = self._engine(self._pulled(), self._gcs.replace(stats=self.stats))
+        self.stats, self._waits = LoadStats(), WaitHistogram()
+        self._loaded = timed(self._engine(self._pulled(), self._gcs.replace(stats=self.stats)), self._waits)
 
     def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
         for item in self.source:
@@ -259,6 +268,12 @@ class _Reading(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"source": self._state}
+
+    def stall_stats(self) -> dict[str, Any]:
+        """Since the last reset: this process's wait for its next object (count, total, p50, p95, p99,
+        max in seconds), objects, requests, bytes, retries and 429 answers, as a dict to log (see
+        ``torchdata_gcs.stalls``, whose ``StallWatch(loader, source=node)`` adds the batch waits)."""
+        return stall_report({process_name(): (self.stats, self._waits)})
 
 
 class LoadFiles(_Reading):
