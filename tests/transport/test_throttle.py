@@ -79,6 +79,22 @@ def test_answers_to_requests_sent_before_a_cut_cut_nothing_more() -> None:
     asyncio.run(scenario())
 
 
+def test_a_pace_met_long_after_its_cut_grows_in_proportion() -> None:
+    throttle = Throttle()
+    throttle.pace, throttle._last_cut = 1000.0, time.monotonic() - 10.0  # a cut long ago
+    for _ in range(1000):  # a second's successes at the pace
+        throttle.succeeded()
+    assert throttle.pace is not None and throttle.pace >= 1090.0  # a tenth more, not 10 requests/s more
+
+
+def test_a_pace_met_just_after_its_cut_grows_by_a_constant() -> None:
+    throttle = Throttle()
+    throttle.pace, throttle._last_cut = 1000.0, time.monotonic()  # just cut
+    for _ in range(1000):
+        throttle.succeeded()
+    assert throttle.pace is not None and 1005.0 <= throttle.pace <= 1015.0
+
+
 def test_a_429_waits_by_the_process_s_step_with_full_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(throttle_module, "CUT_INTERVAL", 0.0)  # cuts one after another, without waiting
 

@@ -29,6 +29,14 @@ GROWTH = 10.0
 second each second, whatever it is, so processes that share a bucket converge on equal shares (additive
 increase, multiplicative decrease)."""
 
+QUIET = 3.0
+"""Seconds without a cut after which a met pace grows in proportion again (as TCP's slow start)."""
+
+SPURT = 0.1
+"""After :data:`QUIET` seconds without a cut, each success raises the pace by at least this: a met pace grows
+by a tenth each second, fast enough to follow the bucket's doubling, while after a recent cut growth stays
+additive so that processes sharing a bucket converge."""
+
 MIN_PACE = 10.0
 """Requests per second a cut never goes below (and where the first cut starts if nothing got through): slower
 than that, the shared backoff step slows a process whose requests keep being refused (it grows while nothing
@@ -150,7 +158,7 @@ class Throttle:
 
     def succeeded(self) -> None:
         """A request succeeded: grow the limit by one per ``limit`` successes, and the pace as :data:`GROWTH`
-        says; the backoff step goes back to 0."""
+        and :data:`SPURT` say; the backoff step goes back to 0."""
         now = time.monotonic()
         self.progress = now
         self.level = 0
@@ -158,7 +166,8 @@ class Throttle:
         if self.limit < self.ceiling:
             self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
         if self.pace is not None:
-            self.pace += GROWTH / self.pace
+            quiet = now - self._last_cut >= QUIET
+            self.pace += max(GROWTH / self.pace, SPURT if quiet else 0.0)
 
 
 class _Turn:
