@@ -506,7 +506,7 @@ def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
     if "order" in state:  # the dataset's own
         return elastic_position([state])
     if "_snapshot" not in state:  # a StatefulDataLoader without workers
-        return elastic_position([state.get("dataset_state")])
+        return elastic_position([state.get("dataset_state", state)])
     snapshot = state["_snapshot"]
     if not isinstance(snapshot, Mapping) or not isinstance(snapshot.get("_worker_snapshots"), Mapping):
         raise ResumeError(

@@ -199,6 +199,26 @@ def test_a_state_saved_between_snapshots_is_refused(
         elastic_state([1])  # type: ignore[arg-type]
 
 
+def test_a_loaders_state_given_to_the_dataset_or_an_empty_one_is_refused_saying_what_to_do(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mistake of loading the StatefulDataLoader's own state into the dataset names what it is and the
+    way out, and changes nothing; a dict that holds no state at all says what was expected."""
+    prefix, _ = objects
+    for workers in (0, 2):
+        ranks = loaders(monkeypatch, [dataset(prefix, client)], workers=workers)
+        steps(ranks, 2)
+        state = ranks[0][0].state_dict()
+        finish(ranks)
+        ds = dataset(prefix, client)
+        with pytest.raises(ResumeError, match=r"a StatefulDataLoader's state_dict\(\).*elastic_state\(state\)"):
+            ds.load_state_dict(state)
+        assert ds.share() == dataset(prefix, client).share(), "a refused state changes nothing"
+        assert elastic_state(state)["consumed"] == [2 * BATCH, []]
+    with pytest.raises(ResumeError, match=r"expected a dataset's state_dict\(\) or a position .* got a dict of \[\]"):
+        elastic_state({})
+
+
 @pytest.mark.parametrize(
     "workers, context, persistent", [(0, None, False), (2, "fork", False), (2, "fork", True), (1, "spawn", False)]
 )
