@@ -122,6 +122,12 @@ def multipart_save_requests(size: int, write: WriteConfig = DEFAULT_WRITE) -> Co
     return Counter(upload=1 + 1 + parts(size, write) + 1, delete=1)
 
 
+DCP_RANK = Counter(metadata=1)
+"""What every rank of a DCP save adds to its data file: torch asks whether ``.metadata`` exists."""
+DCP_COORDINATOR = Counter(metadata=2, upload=1)
+"""What the coordinator adds, saving to a new path: the old ``.metadata`` looked for (to delete it), then
+the new one written in one upload after asking for the live generation (its precondition)."""
+
 MULTIPART_PROBE = Counter(list=1)
 """What the first multipart save of a process adds: one listing of the bucket's unfinished uploads."""
 
@@ -184,10 +190,9 @@ def listing(job: Job) -> list[tuple[str, int, int]]:
 
 
 def checkpoint(job: Job, write: WriteConfig = DEFAULT_WRITE) -> tuple[int, Counter[str]]:
-    """Bytes per rank's file, and the requests of one DCP save (data files, then ``.metadata``: one
-    upload, after the delete of the old one)."""
+    """Bytes per rank's file, and the requests of one DCP save: every rank's data file, and ``.metadata``."""
     per_rank = job.checkpoint_bytes // job.ranks
-    return per_rank, scale(multipart_save_requests(per_rank, write), job.ranks) + Counter(upload=1, delete=1)
+    return per_rank, scale(multipart_save_requests(per_rank, write) + DCP_RANK, job.ranks) + DCP_COORDINATOR
 
 
 # -- tables -------------------------------------------------------------------------------------------------

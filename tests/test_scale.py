@@ -10,10 +10,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from benchmarks import scale
 from torchdata_gcs import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, TransferConfig, WriteConfig, checkpoint
 from torchdata_gcs.datapipes.composing import GCSShardComposerIterDataPipe
+from torchdata_gcs.dcp import GCSStorageWriter
 from torchdata_gcs.testing import Emulator, GCSFront
 
 pytestmark = pytest.mark.timeout(120)
@@ -119,3 +122,19 @@ def test_the_doc_holds_the_calculators_tables_and_the_readme_links_it() -> None:
         assert found is not None, f"docs/scale.md has no table {name!r}"
         assert found.group(1) == table, f"docs/scale.md's table {name!r} is not what benchmarks/scale.py prints"
     assert "(docs/scale.md)" in (ROOT / "README.md").read_text()
+
+
+def test_a_dcp_save_sends_its_data_file_and_metadata_as_the_calculator_counts(
+    gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    write = WriteConfig(part_size=5 * MiB)
+    state = {"w": torch.arange(3 * MiB // 4, dtype=torch.float32) * 0.5, "step": 7}  # a 3 MiB file: one upload
+    with GCSFront(gcs_emulator.endpoint) as front:
+        for step in (1, 2):  # the first save of the process also asks whether the endpoint serves multipart uploads
+            front.reset_counts()
+            writer = GCSStorageWriter(f"gs://{gcs_bucket}/run/step-{step}", client=front.client_config, write=write)
+            dcp.save(state, storage_writer=writer)
+        counts = sent(front)
+    size = len(gcs_emulator.read(gcs_bucket, "run/step-2/__0_0.distcp"))
+    assert size < write.part_size
+    assert counts == scale.multipart_save_requests(size, write) + scale.DCP_RANK + scale.DCP_COORDINATOR
