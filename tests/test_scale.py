@@ -124,6 +124,7 @@ def test_the_doc_holds_the_calculators_tables_and_the_readme_links_it() -> None:
     assert "(docs/scale.md)" in (ROOT / "README.md").read_text()
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp in one process, as meant
 def test_a_dcp_save_sends_its_data_file_and_metadata_as_the_calculator_counts(
     gcs_emulator: Emulator, gcs_bucket: str
 ) -> None:
