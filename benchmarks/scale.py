@@ -224,6 +224,27 @@ def tables(job: Job = Job()) -> dict[str, str]:
         )
     out["rates"] = "\n".join(rows)
 
+    ways = [
+        ("one GET per image", read_requests(job.image_bytes)["get"], 1),
+        ("shards, 32 MiB ranges", read_requests(job.shard_bytes)["get"], job.images_per_shard),
+        (
+            "shards, 128 MiB ranges",
+            read_requests(job.shard_bytes, TransferConfig(part_size=128 * 2**20))["get"],
+            job.images_per_shard,
+        ),
+    ]
+    rows = [
+        "| minutes | reads/s the bucket allows | "
+        + " | ".join(f"images/s per GPU, {name}" for name, _, _ in ways)
+        + " |",
+        "| ---: | ---: |" + " ---: |" * len(ways),
+    ]
+    for minutes in (0, 20, 40, 60, 80, 120, 180, 240):
+        allowed = READS * 2 ** (minutes / DOUBLING_MINUTES)
+        per_gpu = [min(job.images_per_second_per_gpu, allowed / gets * images / job.ranks) for _, gets, images in ways]
+        rows.append(f"| {minutes} | {_n(allowed)} | " + " | ".join(f"{rate:,.1f}" for rate in per_gpu) + " |")
+    out["warmup"] = "\n".join(rows)
+
     rows = [
         "| reading, per epoch | Class A | Class B | free deletes | operations, $ | soft delete on, $ more |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
