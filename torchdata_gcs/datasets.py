@@ -3,13 +3,12 @@ listed once and read through the same engine as ``load_files_by_gcs``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-import math
 import os
-import random
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -17,10 +16,11 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ._engines.download import as_stream, load_in_order
+from ._engines.epoch_order import Consumed, Split, epoch_order
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
-from ._engines.resume import fingerprint, resume_position
+from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
 from ._engines.workers import SharedEpoch, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
@@ -28,12 +28,12 @@ from ._ops.paging import MAX_PAGE_SIZE
 from ._ops.urls import brief, parse_url, url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
-from .errors import InvalidURIError, MissingObjectWarning
+from .errors import InvalidURIError, MissingObjectWarning, ResumeError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["GCSIterableDataset", "GCSMapDataset"]
+__all__ = ["GCSIterableDataset", "GCSMapDataset", "elastic_state"]
 
 T = TypeVar("T")
 Transform = Callable[[str, IO[bytes]], T] | Callable[[IO[bytes]], T]
@@ -270,15 +270,21 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
 class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     """An iterable dataset of the objects under ``gs://`` prefixes, globs or URLs, listed once when it is made.
 
-    Each epoch's order (shuffled with ``seed`` and the epoch when ``shuffle``; see :meth:`set_epoch`) is
-    split across ranks and DataLoader workers by itself, as ``DistributedSampler`` splits it: every
-    rank gets the same number of items, the order padded by repeating from its start (or, with
-    ``drop_last``, its tail dropped), so DDP ranks run the same number of steps; the workers of a
-    rank differ by at most one item and add up to the rank's share. The rank and world size are read
-    when an epoch starts: from the default process group if it is initialized (in a DataLoader worker,
-    the one of the process that started it), else from torchrun's ``RANK`` and ``WORLD_SIZE``.
-    Objects are read ahead concurrently, in order. :meth:`state_dict` says how far this worker's
-    share has been read, so ``StatefulDataLoader`` resumes mid-epoch without reading anything twice.
+    Each epoch has one order, which depends on ``seed`` and the epoch alone (shuffled when ``shuffle``;
+    see :meth:`set_epoch`), never on the number of ranks or workers. It is split across ranks and
+    DataLoader workers by itself, as ``DistributedSampler`` splits it: rank ``r`` of ``W`` takes every
+    ``W``-th item, every rank the same number, the order padded by repeating from its start (or, with
+    ``drop_last``, its tail dropped), so DDP ranks run the same number of steps. A rank's workers take
+    its share in turns of ``batch_size`` items, as the DataLoader asks them for batches, so that after
+    every step what all ranks have read is a prefix of the epoch's order. The rank and world size are
+    read when an epoch starts: from the default process group if it is initialized (in a DataLoader
+    worker, the one of the process that started it), else from torchrun's ``RANK`` and ``WORLD_SIZE``.
+    Objects are read ahead concurrently, in order.
+
+    :meth:`state_dict` says how far this worker's share has been read, so ``StatefulDataLoader``
+    resumes mid-epoch without reading anything twice. To resume on another number of ranks or
+    workers, :func:`elastic_state` turns any one rank's saved ``StatefulDataLoader`` state into a
+    position that :meth:`load_state_dict` takes on any world size and worker count.
 
     Args:
         urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing:
@@ -286,6 +292,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         shuffle: shuffle the order each epoch.
         seed: the shuffle's seed; every rank and worker must use the same one.
         drop_last: drop the tail that would leave ranks unequal, instead of padding the order.
+        batch_size: the DataLoader's ``batch_size``: each worker takes this many items a turn. Any value
+            resumes exactly; only the prefix after every step needs the DataLoader's.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -305,6 +313,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
+        batch_size: int = 1,
         masks: str | Sequence[str] = "",
         manifest: str | None = None,
         transform: Transform[T] | None = None,
@@ -315,14 +324,16 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         allow_empty: bool = False,
         skip_missing: bool = False,
     ) -> None:
+        require_integer("batch_size", batch_size, 1)
         self._configure(
             urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing
         )
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.shuffle, self.seed, self.drop_last, self.batch_size = shuffle, seed, drop_last, batch_size
         self._epoch = SharedEpoch()  # set here, read in persistent workers too
         self._sender: tuple[int, int] | None = None  # (rank, world size) of the process that pickled this copy
         self._done = 0  # items of this worker's share delivered this epoch
-        self._resume = 0  # items to skip at the start of the next iteration
+        self._resume = 0  # items of this worker's share to skip at the start of the next iteration
+        self._start: tuple[int, Consumed] = (0, Consumed())  # an epoch, and what was consumed of it before this run
 
     @property
     def epoch(self) -> int:
@@ -360,15 +371,23 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     def share(self) -> list[tuple[str, ObjectInfo]]:
         """This rank's and worker's objects for the current epoch, in order."""
-        order = list(range(len(self.objects)))
-        if self.shuffle:
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        return [self.objects[i] for i in self._positions()]
+
+    def _split(self) -> Split:
         rank, world = self.rank_and_world_size()
-        mine = [order[i] for i in _rank_slice(len(order), rank, world, self.drop_last)]
         worker = get_worker_info()
-        if worker is not None:
-            mine = mine[worker.id :: worker.num_workers]
-        return [self.objects[i] for i in mine]
+        workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        return Split(rank, world, workers[0], workers[1], self.batch_size, self.drop_last)
+
+    def _started(self) -> Consumed:
+        """What was consumed of the current epoch before this run (nothing, unless resumed into it)."""
+        epoch, consumed = self._start
+        return consumed if epoch == self.epoch else Consumed()
+
+    def _positions(self) -> list[int]:
+        """The objects (indices into ``objects``) this rank and worker read this epoch, in order."""
+        order = epoch_order(len(self.objects), self.seed, self.epoch, self.shuffle)
+        return [order[p] for p in self._started().share(len(order), self._split())]
 
     def __iter__(self) -> Iterator[T]:
         share = self.share()
@@ -377,6 +396,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         for item in self._load(share[skip:]):
             self._done += 1
             yield item
+        self._start = (0, Consumed())  # the epoch resumed into is over: a next pass reads it whole
 
     @functools.cached_property
     def _listing(self) -> dict[str, Any]:
@@ -384,16 +404,16 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     def _order(self) -> dict[str, Any]:
         """What decides, beside the listing, which objects this worker reads in which order."""
-        rank, world = self.rank_and_world_size()
-        worker = get_worker_info()
-        workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        split = self._split()
         return {
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
-            "rank": rank,
-            "world_size": world,
-            "worker": workers[0],
-            "workers": workers[1],
+            "rank": split.rank,
+            "world_size": split.world,
+            "worker": split.worker,
+            "workers": split.workers,
+            "batch_size": self.batch_size,
+            "start": self._started().to_state(),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -408,31 +428,81 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the epoch in ``state`` (from :meth:`state_dict`) after the items it had delivered.
+        """Resume from ``state``: this worker's own (from :meth:`state_dict`, as ``StatefulDataLoader``
+        restores it on the same ranks and workers), or a position from :func:`elastic_state`, which fits
+        any world size and worker count: the rest of its epoch is dealt anew and read exactly once.
 
         Raises ``ResumeError`` (nothing changed) for a malformed state, or one taken over another listing
         (objects added, removed or renamed since: another order, where resuming would skip or repeat
-        objects) or in another order (shuffle, drop_last, rank, world size, worker, workers), saying what
-        differs; a state with nothing read yet (``done`` 0) fits any."""
+        objects) or in another order (shuffle; for a worker's own state also drop_last, rank, world size,
+        worker, workers, batch size), saying what differs; a state with nothing read yet (``done`` 0)
+        fits any."""
+        if isinstance(state, Mapping) and "consumed" in state:
+            epoch, seed, consumed = elastic_start(state, self._listing, self.shuffle)
+            self._epoch.value, self.seed, self._resume, self._start = epoch, seed, 0, (epoch, consumed)
+            return
         order = self._order()
-        share = len(_rank_slice(len(self.objects), order["rank"], order["world_size"], self.drop_last))
-        share = len(range(order["worker"], share, order["workers"]))  # this worker's part of it
+        saved_start = state.get("order", {}).get("start") if isinstance(state, Mapping) else None
+        start = Consumed.from_state(saved_start, len(self.objects)) if isinstance(saved_start, list) else Consumed()
+        split = dataclasses.replace(self._split(), drop_last=self.drop_last)
+        order["start"] = start.to_state()
+        share = len(start.share(len(self.objects), split))
         epoch, seed, done = resume_position(state, self._listing, order, share)
-        self._epoch.value, self.seed, self._resume = epoch, seed, done
+        self._epoch.value, self.seed, self._resume, self._start = epoch, seed, done, (epoch, start)
 
 
-def _rank_slice(count: int, rank: int, world: int, drop_last: bool) -> list[int]:
-    """The positions in an order of ``count`` items that ``rank`` of ``world`` reads, as
-    ``DistributedSampler`` deals them: every ``world``-th, after padding the order by repeating it from
-    its start to a multiple of ``world`` (or, with ``drop_last``, cutting it down to one).
+def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The position in an epoch that one rank's saved state describes, as :meth:`GCSIterableDataset.load_state_dict`
+    takes it on any number of ranks and DataLoader workers.
 
-    >>> [_rank_slice(7, rank, 3, False) for rank in range(3)]
-    [[0, 3, 6], [1, 4, 0], [2, 5, 1]]
-    >>> [_rank_slice(7, rank, 3, True) for rank in range(3)]
-    [[0, 3], [1, 4], [2, 5]]
+    ``state`` is a ``StatefulDataLoader``'s ``state_dict()`` over a :class:`GCSIterableDataset` (with any
+    ``num_workers``), or the dataset's own. Every rank saved at the same step (DDP steps in lockstep), so
+    any one rank's state tells what all of them consumed; the result holds the epoch, the seed, the
+    listing's fingerprint and the positions of the epoch's order consumed, and nothing of ranks or workers.
+
+    Raises ``ResumeError`` for a state that is not one of those, or one whose workers' states disagree.
+
+    Example:
+        >>> from torchdata.stateful_dataloader import StatefulDataLoader
+        >>> from torchdata_gcs import GCSIterableDataset
+        >>> from torchdata_gcs.datasets import elastic_state
+        >>> from torchdata_gcs.testing import Emulator
+        >>> with Emulator() as emulator:
+        ...     emulator.seed("demo", {f"{i}.txt": str(i).encode() for i in range(8)})
+        ...     def dataset():
+        ...         return GCSIterableDataset(
+        ...             "gs://demo/", transform=lambda s: s.read(), batch_size=2, client=emulator.client_config
+        ...         )
+        ...     two_workers = StatefulDataLoader(dataset(), batch_size=2, num_workers=2)
+        ...     batches = iter(two_workers)
+        ...     first = [next(batches), next(batches)]
+        ...     position = elastic_state(two_workers.state_dict())
+        ...     resumed = dataset()
+        ...     resumed.load_state_dict(position)
+        ...     first, list(StatefulDataLoader(resumed, batch_size=2, num_workers=0))
+        ([[b'0', b'1'], [b'2', b'3']], [[b'4', b'5'], [b'6', b'7']])
     """
-    if drop_last:
-        total = count - count % world
-    else:
-        total = math.ceil(count / world) * world if count else 0
-    return [position % count for position in range(rank, total, world)]
+    if isinstance(state, Mapping) and "consumed" in state:
+        return dict(state)  # a position already
+    if not isinstance(state, Mapping):
+        raise ResumeError(f"not a resumable state: expected a dict from state_dict(), got {type(state).__name__}")
+    if "order" in state:  # the dataset's own
+        return elastic_position([state])
+    if "_snapshot" not in state:  # a StatefulDataLoader without workers
+        return elastic_position([state.get("dataset_state")])
+    snapshot = state["_snapshot"]
+    if not isinstance(snapshot, Mapping) or not isinstance(snapshot.get("_worker_snapshots"), Mapping):
+        raise ResumeError(
+            f"not a resumable state: a StatefulDataLoader's '_snapshot' holds no worker states: {brief(snapshot)}"
+        )
+    if state.get("_steps_since_snapshot", 0):
+        raise ResumeError(
+            "this StatefulDataLoader state was saved between its workers' snapshots (snapshot_every_n_steps > 1):"
+            " it does not say what each worker delivered; save with snapshot_every_n_steps=1 (the default)"
+        )
+    workers = snapshot["_worker_snapshots"]
+    states = [
+        workers[f"worker_{index}"].get("dataset_state") if isinstance(workers.get(f"worker_{index}"), Mapping) else None
+        for index in range(len(workers))
+    ]
+    return elastic_position(states)

@@ -4,6 +4,7 @@ fingerprint of both is saved with it), and a lister's last object (which must be
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -12,8 +13,16 @@ from typing import Any
 from .._ops.patterns import NameFilter
 from .._ops.urls import brief, parse_url, printable
 from ..errors import InvalidURIError, ResumeError
+from .epoch_order import Consumed, Split
 
-__all__ = ["check_listing_position", "fingerprint", "listing_position", "resume_position"]
+__all__ = [
+    "check_listing_position",
+    "elastic_position",
+    "elastic_start",
+    "fingerprint",
+    "listing_position",
+    "resume_position",
+]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -38,20 +47,17 @@ def _count(state: Mapping[str, Any], key: str, what: str = "the") -> int:
 
 def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any], share: int) -> tuple[int, int, int]:
     """``(epoch, seed, done)`` from a saved ``state``, checked against this process's ``listing`` (its
-    :func:`fingerprint`), ``order`` (what else decides which objects come where: shuffle, split) and
-    ``share`` (how many items this epoch holds here).
+    :func:`fingerprint`), ``order`` (what else decides which objects come where: shuffle, split, where the
+    epoch's run started) and ``share`` (how many items this epoch holds here).
 
     A state of ``done == 0`` fits any listing: nothing was read. Otherwise ``ResumeError`` says what differs,
     or what is malformed; a state saved without a fingerprint (by an older version) cannot be checked, and
     is refused too."""
-    if not isinstance(state, Mapping):
-        raise ResumeError(f"not a resumable state: expected a dict from state_dict(), got {type(state).__name__}")
-    epoch, seed, done = _count(state, "epoch"), state.get("seed"), _count(state, "done")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ResumeError(f"not a resumable state: the 'seed' must be an integer, got {brief(seed)}")
+    epoch, seed, done = _position(state)
     if done == 0:
         return epoch, seed, done
     restart = f"load {{'epoch': {epoch}, 'seed': {seed}, 'done': 0}} to read epoch {epoch} from its start"
+    assert isinstance(state, Mapping)
     saved, saved_order = state.get("listing"), state.get("order")
     if saved is None and saved_order is None:
         raise ResumeError(
@@ -63,20 +69,11 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
         raise ResumeError(
             f"not a resumable state: 'listing' and 'order' must be dicts, got {brief(saved)}, {brief(saved_order)}"
         )
-    objects, digest = _count(saved, "objects", "the listing's"), saved.get("sha256")
-    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-        raise ResumeError(f"not a resumable state: the listing's 'sha256' must be 64 hex digits, got {brief(digest)}")
-    if digest != listing["sha256"] or objects != listing["objects"]:
-        changed = "" if objects != listing["objects"] else " (as many, but not the same names in the same order)"
-        raise ResumeError(
-            f"this state was taken over a listing of {objects:,} objects; this dataset lists {listing['objects']:,}"
-            f"{changed}: resuming after {done} items would skip or repeat objects. Make the dataset over the same"
-            f" objects (the (url, ObjectInfo) pairs, or a manifest=), or {restart}"
-        )
+    _check_listing(saved, listing, f"resuming after {done} items would skip or repeat objects", restart)
     differs = [
         f"{key} {brief(saved_order.get(key))} then, {value!r} now"
         for key, value in order.items()
-        if saved_order.get(key) != value
+        if saved_order.get(key, _DEFAULTS.get(key)) != value
     ]
     if differs:
         raise ResumeError(
@@ -86,6 +83,112 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
     if done > share:
         raise ResumeError(f"not a resumable state: done {done}, but the epoch holds {share} items here")
     return epoch, seed, done
+
+
+_DEFAULTS = {"batch_size": 1, "start": [0, []]}
+"""What a state saved before these keys existed meant by leaving them out."""
+
+
+def elastic_position(states: Sequence[object]) -> dict[str, Any]:
+    """The position that the saved states of every worker of one rank describe, the same for every rank
+    (ranks step in lockstep): ``{"epoch", "seed", "listing", "shuffle", "consumed"}``, which
+    :func:`elastic_start` reads on any world size and worker count. ``ResumeError`` if the states are
+    malformed, disagree, or are not one per worker."""
+    if not states:
+        raise ResumeError("not a resumable state: it holds no dataset state (was it saved before iterating?)")
+    positions = [_position(state) for state in states]
+    mappings = [state for state in states if isinstance(state, Mapping)]
+    first = mappings[0]
+    listing, order = first.get("listing"), first.get("order")
+    if not (isinstance(listing, Mapping) and isinstance(order, Mapping)):
+        raise ResumeError(
+            f"not a resumable state: 'listing' and 'order' must be dicts, got {brief(listing)}, {brief(order)}"
+        )
+    workers = order.get("workers")
+    for index, (state, position) in enumerate(zip(mappings, positions, strict=True)):
+        their_order = state.get("order")
+        if (
+            position[:2] != positions[0][:2]
+            or state.get("listing") != listing
+            or not isinstance(their_order, Mapping)
+            or {**their_order, "worker": 0} != {**order, "worker": 0}
+            or their_order.get("worker") != index
+        ):
+            raise ResumeError(
+                f"not a resumable state: the states of worker 0 and worker {index} are not of one epoch of one run"
+                f" ({brief(dict(first))} and {brief(dict(state))})"
+            )
+    if workers != len(states):
+        raise ResumeError(
+            f"not a resumable state: it holds {len(states)} workers' states, but they were {brief(workers)}"
+        )
+    count = _count(listing, "objects", "the listing's")
+    split = Split(
+        world=_count(order, "world_size"),
+        workers=len(states),
+        block=_count(order, "batch_size") if "batch_size" in order else 1,
+        drop_last=bool(order.get("drop_last")),
+    )
+    if split.world < 1 or split.block < 1:
+        raise ResumeError(f"not a resumable state: world size and batch size must be >= 1, got {brief(dict(order))}")
+    start = Consumed.from_state(order.get("start", _DEFAULTS["start"]), count)
+    done = [position[2] for position in positions]
+    for worker, n in enumerate(done):
+        holds = len(start.share(count, dataclasses.replace(split, worker=worker)))
+        if n > holds:
+            raise ResumeError(f"not a resumable state: worker {worker} delivered {n} items of a share of {holds}")
+    epoch, seed, _ = positions[0]
+    return {
+        "epoch": epoch,
+        "seed": seed,
+        "listing": dict(listing),
+        "shuffle": bool(order.get("shuffle")),
+        "consumed": start.after(count, split, done).to_state(),
+    }
+
+
+def elastic_start(state: Mapping[str, Any], listing: dict[str, Any], shuffle: bool) -> tuple[int, int, Consumed]:
+    """``(epoch, seed, consumed)`` from a position :func:`elastic_position` made, checked against this
+    process's ``listing`` and ``shuffle``; ``ResumeError`` says what differs or is malformed."""
+    epoch, seed = _count(state, "epoch"), state.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ResumeError(f"not a resumable state: the 'seed' must be an integer, got {brief(seed)}")
+    restart = f"load {{'epoch': {epoch}, 'seed': {seed}, 'done': 0}} to read epoch {epoch} from its start"
+    saved = state.get("listing")
+    if not isinstance(saved, Mapping):
+        raise ResumeError(f"not a resumable state: 'listing' must be a dict, got {brief(saved)}")
+    consumed = Consumed.from_state(state.get("consumed"), _count(saved, "objects", "the listing's"))
+    _check_listing(saved, listing, f"resuming after {consumed.count()} items would skip or repeat objects", restart)
+    if state.get("shuffle") is not shuffle:
+        raise ResumeError(
+            f"this state was taken in another order (shuffle {brief(state.get('shuffle'))} then, {shuffle!r} now):"
+            f" resuming would skip or repeat objects; {restart}"
+        )
+    return epoch, seed, consumed
+
+
+def _position(state: object) -> tuple[int, int, int]:
+    """``(epoch, seed, done)`` of a saved dataset state, each checked."""
+    if not isinstance(state, Mapping):
+        raise ResumeError(f"not a resumable state: expected a dict from state_dict(), got {type(state).__name__}")
+    epoch, seed, done = _count(state, "epoch"), state.get("seed"), _count(state, "done")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ResumeError(f"not a resumable state: the 'seed' must be an integer, got {brief(seed)}")
+    return epoch, seed, done
+
+
+def _check_listing(saved: Mapping[str, Any], listing: dict[str, Any], harm: str, restart: str) -> None:
+    """``ResumeError`` unless the ``saved`` fingerprint is this ``listing``'s; ``harm`` says what resuming would do."""
+    objects, digest = _count(saved, "objects", "the listing's"), saved.get("sha256")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise ResumeError(f"not a resumable state: the listing's 'sha256' must be 64 hex digits, got {brief(digest)}")
+    if digest != listing["sha256"] or objects != listing["objects"]:
+        changed = "" if objects != listing["objects"] else " (as many, but not the same names in the same order)"
+        raise ResumeError(
+            f"this state was taken over a listing of {objects:,} objects; this dataset lists {listing['objects']:,}"
+            f"{changed}: {harm}. Make the dataset over the same objects (the (url, ObjectInfo) pairs, or a"
+            f" manifest=), or {restart}"
+        )
 
 
 def listing_position(state: object) -> tuple[int, str] | None:

@@ -1,0 +1,189 @@
+"""GCSIterableDataset's epoch has one order whatever the world size, and resumes on any number of ranks and
+workers: after every step what all ranks read is a prefix of the order; a run stopped on 2 ranks x 2
+workers resumes on 3 ranks x 1 worker (and again on 1 rank x 2 workers), every object exactly once.
+
+Ranks are told by torchrun's ``RANK`` and ``WORLD_SIZE``, as the dataset reads them without a process
+group (``test_shares.py`` runs real ranks); their loaders step in lockstep here, as DDP's do."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from tests.delivery import assert_exactly_once, read
+from torchdata_gcs import ClientConfig, GCSIterableDataset, ResumeError
+from torchdata_gcs._engines.epoch_order import epoch_order
+from torchdata_gcs.datasets import elastic_state
+from torchdata_gcs.testing import Emulator
+
+N = 60
+BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def objects(gcs_emulator: Emulator) -> tuple[str, dict[str, bytes]]:
+    bucket = f"elastic-{uuid.uuid4().hex[:12]}"
+    contents = {f"ds/{i:03d}.bin": f"item {i}".encode() for i in range(N)}
+    gcs_emulator.seed(bucket, contents)
+    return f"gs://{bucket}/ds/", {f"gs://{bucket}/{name}": data for name, data in contents.items()}
+
+
+def dataset(prefix: str, client: ClientConfig, **settings: Any) -> GCSIterableDataset:
+    return GCSIterableDataset(
+        prefix, transform=read, client=client, **{"shuffle": True, "seed": 3, "batch_size": BATCH, **settings}
+    )
+
+
+Rank = tuple[StatefulDataLoader, Iterator[list[tuple[str, bytes]]]]
+
+
+def loaders(monkeypatch: pytest.MonkeyPatch, datasets: list[GCSIterableDataset], workers: int) -> list[Rank]:
+    """One loader per rank (rank ``r`` reads ``datasets[r]``), each seeing its own RANK and WORLD_SIZE
+    whenever it runs (its workers start, or it reads, at its first step)."""
+
+    def batches(loader: StatefulDataLoader, rank: int) -> Iterator[list[tuple[str, bytes]]]:
+        iterator = None
+        while True:
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", str(len(datasets)))
+            if iterator is None:
+                iterator = iter(loader)
+            batch = next(iterator, None)
+            if batch is None:
+                return
+            yield batch
+
+    context = "fork" if workers else None
+    started = []
+    for rank, ds in enumerate(datasets):
+        loader = StatefulDataLoader(
+            ds, batch_size=BATCH, num_workers=workers, collate_fn=list, multiprocessing_context=context
+        )
+        started.append((loader, batches(loader, rank)))
+    return started
+
+
+def steps(ranks: list[Rank], count: int | None = None) -> list[list[list[tuple[str, bytes]]]]:
+    """``count`` steps (or all) of every rank in lockstep: the batches of each step, rank by rank."""
+    taken = []
+    for _ in itertools.count() if count is None else range(count):
+        batches = [next(iterator, None) for _, iterator in ranks]
+        if all(batch is None for batch in batches):
+            break
+        assert None not in batches, "ranks ran unequal numbers of steps"
+        taken.append(batches)
+    return taken
+
+
+def items(taken: list[list[list[tuple[str, bytes]]]]) -> list[tuple[str, bytes]]:
+    """The items of ``steps``' batches, step by step, rank by rank."""
+    return [item for batches in taken for batch in batches for item in batch]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_world_size_reads_one_order_whose_prefix_is_read_after_every_step(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    prefix, contents = objects
+    urls = sorted(contents)
+    order = [urls[i] for i in epoch_order(N, seed=3, epoch=1, shuffle=True)]
+    for world in (1, 2, 3):
+        datasets = [dataset(prefix, client) for _ in range(world)]
+        for ds in datasets:
+            ds.set_epoch(1)
+        read_so_far: list[str] = []
+        for batches in steps(loaders(monkeypatch, datasets, workers)):
+            read_so_far += [url for batch in batches for url, _ in batch]
+            assert sorted(read_so_far) == sorted(order[: len(read_so_far)]), f"not a prefix on {world} ranks"
+        assert len(read_so_far) == N, f"{world} ranks read the whole order once"
+
+
+def test_stopped_on_two_ranks_of_two_workers_resumes_on_three_ranks_then_one_reading_each_object_once(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, contents = objects
+    delivered: list[tuple[str, bytes]] = []
+
+    two = loaders(monkeypatch, [dataset(prefix, client) for _ in range(2)], workers=2)
+    delivered += items(steps(two, 3))
+    saved = [loader.state_dict() for loader, _ in two]
+    position = elastic_state(saved[0])
+    assert position == elastic_state(saved[1]), "any rank's state says the same"
+    assert position["consumed"] == [12, []], "3 steps of 2 ranks x 2 items: the first 12 of the order"
+
+    three = [dataset(prefix, client) for _ in range(3)]
+    for ds in three:
+        ds.load_state_dict(position)
+    three_loaders = loaders(monkeypatch, three, workers=1)
+    delivered += items(steps(three_loaders, 4))
+    again = elastic_state(three_loaders[2][0].state_dict())
+    assert again["consumed"] == [12 + 4 * 3 * BATCH, []]
+
+    one = [dataset(prefix, client)]
+    one[0].load_state_dict(again)
+    delivered += items(steps(loaders(monkeypatch, one, workers=2)))
+    assert_exactly_once(delivered, contents)
+
+
+def test_batches_unlike_the_datasets_turns_still_resume_exactly(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset told batch_size 1 under a DataLoader of batches of 2: what the ranks read is not a prefix
+    after an odd step, and the position says which positions past the prefix were read."""
+    prefix, contents = objects
+    two = loaders(monkeypatch, [dataset(prefix, client, batch_size=1) for _ in range(2)], workers=2)
+    delivered = items(steps(two, 3))
+    position = elastic_state(two[1][0].state_dict())
+    assert position["consumed"][1], "positions past the prefix were read"
+    resumed = [dataset(prefix, client, batch_size=1) for _ in range(3)]
+    for ds in resumed:
+        ds.load_state_dict(position)
+    delivered += items(steps(loaders(monkeypatch, resumed, 0)))
+    assert_exactly_once(delivered, contents)
+
+
+def test_a_position_is_checked_against_the_listing_and_the_order(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, _ = objects
+    two = loaders(monkeypatch, [dataset(prefix, client)], workers=2)
+    steps(two, 2)
+    position = elastic_state(two[0][0].state_dict())
+    with pytest.raises(ResumeError, match="shuffle True then, False now"):
+        dataset(prefix, client, shuffle=False).load_state_dict(position)
+    with pytest.raises(ResumeError, match=f"a listing of {N} objects; this dataset lists {N - 1}"):
+        GCSIterableDataset(
+            [f"{prefix}{i:03d}.bin" for i in range(N - 1)], shuffle=True, seed=3, client=client
+        ).load_state_dict(position)
+    for consumed, words in [
+        ([N + 1, []], f"0..{N}"),
+        ([3, [2]], "sorted, distinct"),
+        ([3, [5, 5]], "sorted, distinct"),
+        ("12", "must be [prefix, [positions]]"),
+    ]:
+        ds = dataset(prefix, client)
+        with pytest.raises(ResumeError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            ds.load_state_dict({**position, "consumed": consumed})
+        assert ds.share() == dataset(prefix, client).share(), "a refused state changes nothing"
+
+
+def test_a_state_saved_between_snapshots_is_refused(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, _ = objects
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    loader = StatefulDataLoader(
+        dataset(prefix, client), batch_size=BATCH, num_workers=2, collate_fn=list, snapshot_every_n_steps=4
+    )
+    batches = iter(loader)
+    next(batches), next(batches), next(batches)
+    with pytest.raises(ResumeError, match="snapshot_every_n_steps"):
+        elastic_state(loader.state_dict())
+    with pytest.raises(ResumeError, match="expected a dict"):
+        elastic_state([1])  # type: ignore[arg-type]
