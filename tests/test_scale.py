@@ -1,6 +1,6 @@
-"""The scale calculator (``benchmarks/scale.py``) counts the requests the library sends: each operation's count
-is checked here against a GCS front at small scale (listing, reads, composed reads, a multipart save), and
-docs/scale.md must hold the tables the calculator prints."""
+"""The scale calculator (``benchmarks/scale_calculator.py``) counts the requests the library sends: each
+operation's count is checked here against a GCS front at small scale (a listing, reads, composed reads, a
+multipart save, a DCP save), and docs/scale.md must hold the tables the calculator prints."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from benchmarks import scale
+from benchmarks import scale_calculator as scale
 from torchdata_gcs import GCSFileListerIterDataPipe, GCSFileLoaderIterDataPipe, TransferConfig, WriteConfig, checkpoint
 from torchdata_gcs.datapipes.composing import GCSShardComposerIterDataPipe
 from torchdata_gcs.dcp import GCSStorageWriter
@@ -120,7 +120,9 @@ def test_the_doc_holds_the_calculators_tables_and_the_readme_links_it() -> None:
     for name, table in tables.items():
         found = re.search(rf"<!-- scale:{name} -->\n(.*?)\n<!-- /scale:{name} -->", text, re.DOTALL)
         assert found is not None, f"docs/scale.md has no table {name!r}"
-        assert found.group(1) == table, f"docs/scale.md's table {name!r} is not what benchmarks/scale.py prints"
+        assert found.group(1) == table, (
+            f"docs/scale.md's table {name!r} is not what benchmarks/scale_calculator.py prints"
+        )
     assert "(docs/scale.md)" in (ROOT / "README.md").read_text()
 
 

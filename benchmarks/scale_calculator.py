@@ -1,7 +1,7 @@
 """What a large training job asks of GCS through this library, computed: requests per second, operations
 and dollars per epoch and per checkpoint (the tables of docs/scale.md).
 
-    python -m benchmarks.scale
+    python -m benchmarks.scale_calculator
 
 The requests one operation sends come from the library's own settings (list page size, ranged-read
 and upload part sizes, objects per composite); tests/test_scale.py checks each count against what the
