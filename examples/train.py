@@ -283,6 +283,7 @@ def run(images: str, folder: str, client: ClientConfig, expected: int, args: arg
     totals = Totals()
     try:
         for epoch in range(first + 1, first + args.epochs + 1):
+            loader.seed(epoch)  # each epoch its own order (seeded once, workers repeat the first), resumed too
             loss, accuracy, seen = train_epoch(loader, net, optimizer, epoch, totals)
             history.append({"epoch": epoch, "loss": loss, "accuracy": accuracy})
             coverage = check_read_once(seen, expected)

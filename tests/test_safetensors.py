@@ -7,6 +7,8 @@ import json
 import os
 import struct
 import textwrap
+import threading
+import time
 
 import pytest
 import safetensors.torch
@@ -159,6 +161,57 @@ def test_damage_on_the_way_is_read_again_and_never_handed_out(front: GCSFront) -
         ours.load_file(url, client=front.client_config, transfer=transfer, retry=FAST_RETRY)
 
 
+def test_a_load_asks_no_metadata_its_first_answer_names_the_version(front: GCSFront) -> None:
+    tensors = {"w": torch.arange(3 * MiB // 4 - 256, dtype=torch.float32)}  # < 3 MiB: the header read, 2 ranges
+    url = f"gs://{BUCKET}/counted.safetensors"
+    ours.save_file(tensors, url, client=front.client_config)
+    front.reset_counts()
+    assert_equal(ours.load_file(url, client=front.client_config, transfer=TransferConfig(part_size=MiB)), tensors)
+    assert dict(front.counts) == {"range_get": 3}  # generation, size and crc32c came with the header's answer
+
+
+@pytest.mark.parametrize("headers", ["all", "only_promised"])
+def test_a_file_rewritten_between_header_and_ranges_is_never_mixed(gcs_emulator: Emulator, headers: str) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    old, new = ({"w": torch.full((MiB // 2,), value)} for value in (1.0, 2.0))  # 2 MiB: a header read, 1 range
+    url = f"gs://{BUCKET}/rewritten.safetensors"
+    gcs_emulator.upload(BUCKET, "rewritten.safetensors", ours.save(old))
+    # The data range (pinned: it names a generation) stalls; the object is rewritten while it waits.
+    stall = Fault("stall", match=r"[?&]generation=", times=1, stall_seconds=1.0)
+    with GCSFront(gcs_emulator.endpoint, faults=[stall], only_promised_headers=headers != "all") as front:
+        config, transfer = front.client_config, TransferConfig(part_size=MiB)
+        rewriting = threading.Thread(target=rewrite_after_first_range, args=(front, gcs_emulator, ours.save(new)))
+        rewriting.start()
+        try:
+            with pytest.raises(NotFoundError, match="generation .* no longer exists"):
+                ours.load_file(url, client=config, transfer=transfer, retry=FAST_RETRY)
+        finally:
+            rewriting.join()
+        assert front.faults_injected["stall"] == 1
+        assert front.counts["metadata"] == (headers != "all")  # the answers named no generation or crc32c
+        assert_equal(ours.load_file(url, client=config, transfer=transfer), new)
+
+
+def rewrite_after_first_range(front: GCSFront, emulator: Emulator, data: bytes) -> None:
+    deadline = time.monotonic() + 10
+    while not front.faults_injected["stall"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    emulator.upload(BUCKET, "rewritten.safetensors", data)
+
+
+def test_crc32c_is_checked_when_the_answers_name_none(gcs_emulator: Emulator) -> None:
+    gcs_emulator.create_bucket(BUCKET)
+    tensors = {"w": torch.arange(2 * MiB, dtype=torch.float32)}
+    gcs_emulator.upload(BUCKET, "unnamed.safetensors", ours.save(tensors))
+    url, transfer = f"gs://{BUCKET}/unnamed.safetensors", TransferConfig(part_size=MiB)
+    with GCSFront(gcs_emulator.endpoint, only_promised_headers=True) as front:
+        assert_equal(ours.load_file(url, client=front.client_config, transfer=transfer), tensors)
+        assert front.counts["metadata"] == 1  # GCS promises neither x-goog-hash nor x-goog-generation
+        front.set_faults([Fault("corrupt", match="range_get")])
+        with pytest.raises(IntegrityError, match="crc32c"):
+            ours.load_file(url, client=front.client_config, transfer=transfer, retry=FAST_RETRY)
+
+
 def test_missing_objects_and_bad_headers_raise_typed_errors_naming_the_url(
     gcs_emulator: Emulator, front: GCSFront
 ) -> None:
@@ -173,6 +226,7 @@ def test_missing_objects_and_bad_headers_raise_typed_errors_naming_the_url(
         "wrong-size": good.replace(b'"shape":[4]', b'"shape":[5]'),
         "gap": good[: 8 + length] + good[8 + length :] + b"\0" * 4,
         "dtype": good.replace(b'"F32"', b'"X32"'),
+        "empty": b"",
     }
     for name, data in bad.items():
         gcs_emulator.upload(BUCKET, f"bad/{name}", data)

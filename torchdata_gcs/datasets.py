@@ -16,12 +16,12 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ._engines.download import as_stream, load_in_order
-from ._engines.epoch_order import Consumed, Split, epoch_order
+from ._engines.epoch_order import Consumed, Split, epoch_order, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
-from ._engines.workers import SharedEpoch, WorkerStats
+from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.paging import MAX_PAGE_SIZE
@@ -334,6 +334,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         self._done = 0  # items of this worker's share delivered this epoch
         self._resume = 0  # items of this worker's share to skip at the start of the next iteration
         self._start: tuple[int, Consumed] = (0, Consumed())  # an epoch, and what was consumed of it before this run
+        self._turns: SharedTurns | None = None  # after a load: the next pass's workers each start from it once
 
     @property
     def epoch(self) -> int:
@@ -348,20 +349,9 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     def rank_and_world_size(self) -> tuple[int, int]:
         """This process's rank and the world size, as the next epoch will split the objects."""
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        if self._sender is not None:  # a spawned worker: its parent's process group
-            return self._sender
-        try:
-            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        except ValueError:
-            raise ValueError(
-                "RANK and WORLD_SIZE must be integers, "
-                f"got {os.environ.get('RANK')!r}, {os.environ.get('WORLD_SIZE')!r}"
-            ) from None
-        if not 0 <= rank < world:
-            raise ValueError(f"RANK must be in 0..WORLD_SIZE-1, got RANK={rank}, WORLD_SIZE={world}")
-        return rank, world
+        if self._sender is not None and not (dist.is_available() and dist.is_initialized()):
+            return self._sender  # a spawned worker: its parent's process group
+        return rank_and_world_size()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -390,6 +380,9 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         return [order[p] for p in self._started().share(len(order), self._split())]
 
     def __iter__(self) -> Iterator[T]:
+        if self._turns is not None and not self._turns.take():  # workers forked for a later pass find it taken
+            self._start, self._resume = (0, Consumed()), 0
+        self._turns = None
         share = self.share()
         skip, self._resume = self._resume, 0
         self._done = skip
@@ -430,7 +423,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``: this worker's own (from :meth:`state_dict`, as ``StatefulDataLoader``
         restores it on the same ranks and workers), or a position from :func:`elastic_state`, which fits
-        any world size and worker count: the rest of its epoch is dealt anew and read exactly once.
+        any world size and worker count: the rest of its epoch is dealt anew and read exactly once. Only the
+        next pass starts from it; a later one reads its epoch whole, whether or not its workers are new.
 
         Raises ``ResumeError`` (nothing changed) for a malformed state, or one taken over another listing
         (objects added, removed or renamed since: another order, where resuming would skip or repeat
@@ -440,6 +434,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         if isinstance(state, Mapping) and "consumed" in state:
             epoch, seed, consumed = elastic_start(state, self._listing, self.shuffle)
             self._epoch.value, self.seed, self._resume, self._start = epoch, seed, 0, (epoch, consumed)
+            self._turns = SharedTurns()
             return
         order = self._order()
         saved_start = state.get("order", {}).get("start") if isinstance(state, Mapping) else None
@@ -449,6 +444,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         share = len(start.share(len(self.objects), split))
         epoch, seed, done = resume_position(state, self._listing, order, share)
         self._epoch.value, self.seed, self._resume, self._start = epoch, seed, done, (epoch, start)
+        self._turns = SharedTurns()
 
 
 def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""``torchdata.nodes`` for GCS: list, load and compose as nodes that resume exactly from a state dict.
+"""``torchdata.nodes`` for GCS: list, deal each epoch to the ranks, load and compose, as nodes that resume
+exactly from a state dict.
 
 Needs torchdata 0.10 or later (``torchdata.nodes``); torchdata 0.9, which ``[dataloader2]`` pins, has
 no nodes. Each node's state says how far its consumer got, not how far it read ahead, so
-``torchdata.nodes.Loader`` resumes mid-epoch with no item lost and none repeated.
+``torchdata.nodes.Loader`` resumes mid-epoch with no item lost and none repeated; an epoch's state
+says what all ranks consumed, so it resumes on any number of ranks.
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ except ImportError as exc:  # torchdata 0.9 or none
 
 from ._engines.compose import COMPOSED_CLASSES, check_reuse_prefix, check_storage_classes, compose_in_order
 from ._engines.download import Loaded, as_stream, load_in_order
+from ._engines.epoch_order import Consumed, Split, epoch_order, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.parallel_listing import ListingStats
-from ._engines.resume import listing_position
+from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
 from ._engines.shared_listing import Entry
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.objects import MAX_SOURCES
 from ._ops.paging import MAX_PAGE_SIZE
-from ._ops.urls import url_list
+from ._ops.urls import not_a_url, url_list
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
+from .errors import InvalidURIError
 
-__all__ = ["ComposeShards", "ListFiles", "LoadFiles"]
+__all__ = ["ComposeShards", "EpochObjects", "ListFiles", "LoadFiles"]
 
 Item = str | tuple[str, ObjectInfo]
 
@@ -98,6 +102,105 @@ class ListFiles(BaseNode[Item]):
 
     def get_state(self) -> dict[str, Any]:
         return {"after": None if self._position is None else list(self._position)}
+
+
+class EpochObjects(BaseNode[Item]):
+    """The items of ``source`` (a :class:`ListFiles`, or any node of URLs or ``(url, ObjectInfo)`` pairs),
+    listed once, then dealt epoch by epoch: this rank's share of each epoch's order.
+
+    Each epoch has one order, which depends on ``seed`` and the epoch alone (shuffled when ``shuffle``),
+    never on the number of ranks. Rank ``r`` of ``W`` takes every ``W``-th item of it, as
+    ``DistributedSampler`` deals: every rank the same number, the order padded by repeating from its
+    start (or, with ``drop_last``, its tail dropped), so DDP ranks run the same number of steps, and after
+    every step what all ranks have read is a prefix of the order. The rank and world size are read at
+    each reset: from the default process group if it is initialized, else from torchrun's ``RANK`` and
+    ``WORLD_SIZE``. The first reset reads epoch 0 and lists the source (its only reset); each later
+    ``reset()`` reads the next epoch, as ``torchdata.nodes.Loader`` resets its nodes for each pass.
+
+    The state (``get_state``) is the same on every rank at the same step: the epoch, the seed, a
+    fingerprint of the listing and how many items each rank has consumed; a reset to it, on any number
+    of ranks, deals what the ranks had not consumed, so every item is read once. A state taken over
+    another listing (objects added, removed or renamed since) or another ``shuffle`` raises
+    ``ResumeError`` saying what differs, and changes nothing; an item that is neither a URL string nor a
+    pair of one raises ``InvalidURIError`` at the first reset (the reader checks each URL it reads).
+
+    Example:
+        >>> from torchdata.nodes import Batcher, Loader
+        >>> from torchdata_gcs.nodes import EpochObjects, ListFiles
+        >>> from torchdata_gcs.testing import Emulator
+        >>> with Emulator() as emulator:
+        ...     emulator.seed("demo", {f"{i}.txt": b"" for i in range(5)})
+        ...     listed = ListFiles("gs://demo/", client=emulator.client_config)
+        ...     loader = Loader(Batcher(EpochObjects(listed, shuffle=True, seed=0), batch_size=2, drop_last=False))
+        ...     first = next(iter(loader))
+        ...     resumed = Loader(Batcher(EpochObjects(listed, shuffle=True, seed=0), batch_size=2, drop_last=False))
+        ...     resumed.load_state_dict(loader.state_dict())  # on any number of ranks
+        ...     epoch = first + [url for batch in resumed for url in batch]
+        ...     sorted(epoch) == sorted(f"gs://demo/{i}.txt" for i in range(5)), len(epoch)
+        (True, 5)
+    """
+
+    def __init__(
+        self, source: BaseNode[Item], *, shuffle: bool = False, seed: int = 0, drop_last: bool = False
+    ) -> None:
+        super().__init__()
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+        self.source, self.shuffle, self.seed, self.drop_last = source, shuffle, seed, drop_last
+        self._items: list[Item] | None = None  # the source's items, listed at the first reset
+        self._listing: dict[str, Any] = {}
+        self._epoch = -1  # the epoch being read (none yet)
+        self._share: list[int] = []  # this rank's items of it (indices into _items), in order
+        self._order: dict[str, Any] = {}  # how the epoch was dealt, as the state says it
+        self._done = 0  # items of the share handed out
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read (-1 before the first reset)."""
+        return self._epoch
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if self._items is None:
+            self.source.reset(None)
+            items = list(self.source)
+            urls = [item[0] if isinstance(item, tuple) else item for item in items]
+            for url in urls:  # the reader checks each URL's form as it reads it (parsing them all here is slow)
+                if not isinstance(url, str):
+                    raise InvalidURIError(not_a_url(url))
+            self._listing, self._items = fingerprint(urls), items
+        seed, epoch, start = self.seed, self._epoch + 1, Consumed()
+        if initial_state is not None:  # what all ranks consumed, whatever their number: dealt anew below
+            epoch, seed, start = elastic_start(elastic_position([initial_state]), self._listing, self.shuffle)
+        rank, world = rank_and_world_size()
+        order = epoch_order(len(self._items), seed, epoch, self.shuffle)
+        share = [order[p] for p in start.share(len(order), Split(rank, world, drop_last=self.drop_last))]
+        self.seed, self._epoch, self._share, self._done = seed, epoch, share, 0
+        self._order = {
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "world_size": world,
+            "worker": 0,  # one reader per rank (a ParallelMapper's workers map what it reads, in order)
+            "workers": 1,
+            "start": start.to_state(),
+        }
+
+    def next(self) -> Item:
+        if self._done >= len(self._share):
+            raise StopIteration
+        assert self._items is not None
+        item = self._items[self._share[self._done]]
+        self._done += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "epoch": self._epoch,
+            "seed": self.seed,
+            "done": self._done,
+            "listing": self._listing,
+            "order": self._order,
+        }
 
 
 class _Reading(BaseNode[Any]):

@@ -80,6 +80,11 @@ def steps(ranks: list[Rank], count: int | None = None) -> list[list[list[tuple[s
     return taken
 
 
+def finish(ranks: list[Rank]) -> None:
+    """Run a stopped job's loaders to their end, so that no worker of theirs is left when later tests fork."""
+    steps(ranks)
+
+
 def items(taken: list[list[list[tuple[str, bytes]]]]) -> list[tuple[str, bytes]]:
     """The items of ``steps``' batches, step by step, rank by rank."""
     return [item for batches in taken for batch in batches for item in batch]
@@ -112,6 +117,7 @@ def test_stopped_on_two_ranks_of_two_workers_resumes_on_three_ranks_then_one_rea
     two = loaders(monkeypatch, [dataset(prefix, client) for _ in range(2)], workers=2)
     delivered += items(steps(two, 3))
     saved = [loader.state_dict() for loader, _ in two]
+    finish(two)
     position = elastic_state(saved[0])
     assert position == elastic_state(saved[1]), "any rank's state says the same"
     assert position["consumed"] == [12, []], "3 steps of 2 ranks x 2 items: the first 12 of the order"
@@ -122,6 +128,7 @@ def test_stopped_on_two_ranks_of_two_workers_resumes_on_three_ranks_then_one_rea
     three_loaders = loaders(monkeypatch, three, workers=1)
     delivered += items(steps(three_loaders, 4))
     again = elastic_state(three_loaders[2][0].state_dict())
+    finish(three_loaders)
     assert again["consumed"] == [12 + 4 * 3 * BATCH, []]
 
     one = [dataset(prefix, client)]
@@ -139,6 +146,7 @@ def test_batches_unlike_the_datasets_turns_still_resume_exactly(
     two = loaders(monkeypatch, [dataset(prefix, client, batch_size=1) for _ in range(2)], workers=2)
     delivered = items(steps(two, 3))
     position = elastic_state(two[1][0].state_dict())
+    finish(two)
     assert position["consumed"][1], "positions past the prefix were read"
     resumed = [dataset(prefix, client, batch_size=1) for _ in range(3)]
     for ds in resumed:
@@ -154,6 +162,7 @@ def test_a_position_is_checked_against_the_listing_and_the_order(
     two = loaders(monkeypatch, [dataset(prefix, client)], workers=2)
     steps(two, 2)
     position = elastic_state(two[0][0].state_dict())
+    finish(two)
     with pytest.raises(ResumeError, match="shuffle True then, False now"):
         dataset(prefix, client, shuffle=False).load_state_dict(position)
     with pytest.raises(ResumeError, match=f"a listing of {N} objects; this dataset lists {N - 1}"):
@@ -185,5 +194,41 @@ def test_a_state_saved_between_snapshots_is_refused(
     next(batches), next(batches), next(batches)
     with pytest.raises(ResumeError, match="snapshot_every_n_steps"):
         elastic_state(loader.state_dict())
+    list(batches)
     with pytest.raises(ResumeError, match="expected a dict"):
         elastic_state([1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "workers, context, persistent", [(0, None, False), (2, "fork", False), (2, "fork", True), (1, "spawn", False)]
+)
+def test_only_the_first_pass_after_a_resume_starts_from_the_position(
+    objects: tuple[str, dict[str, bytes]],
+    client: ClientConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    context: str | None,
+    persistent: bool,
+) -> None:
+    """Passes over the epoch resumed into without set_epoch between them (as with shuffle=False): the first
+    reads what was left, every later one the whole epoch, whether the DataLoader's workers are forked or
+    spawned anew from the process that loaded the position, or kept from pass to pass."""
+    prefix, contents = objects
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    first = StatefulDataLoader(dataset(prefix, client), batch_size=BATCH, num_workers=0, collate_fn=list)
+    batches = iter(first)
+    consumed = [item for _ in range(5) for item in next(batches)]
+    resumed = dataset(prefix, client)
+    resumed.load_state_dict(elastic_state(first.state_dict()))
+    loader = StatefulDataLoader(
+        resumed,
+        batch_size=BATCH,
+        num_workers=workers,
+        collate_fn=list,
+        persistent_workers=persistent,
+        multiprocessing_context=context,
+    )
+    resumed_pass, next_pass = ([item for batch in loader for item in batch] for _ in range(2))
+    assert_exactly_once(consumed + resumed_pass, contents)
+    assert_exactly_once(next_pass, contents)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import faulthandler
 import math
 import pickle
 from pathlib import Path
@@ -22,6 +23,13 @@ from torchdata_gcs.testing import Emulator
 WORLD = 3
 SIZES = (19, 20)
 WORKERS = (0, 2, 3)
+STEP_TIMEOUT = datetime.timedelta(seconds=30)
+"""How long a rank waits in a collective for the others (gloo's timeout), as DDP would."""
+STALL_DUMP_SECONDS = 20.0
+"""A rank that gets no further for this long prints every thread's stack to stderr (shown if the test
+fails), so a rank that lags is found, not only the ranks its lag made wait."""
+WORKER_TIMEOUT = 25.0
+"""How long a rank waits for a batch from its forked workers: a lagging worker fails its own rank, named."""
 
 
 def worker_and_url(url: str, stream) -> tuple[int, str]:
@@ -49,9 +57,11 @@ def run_rank(rank: int, folder: str, endpoint: str) -> None:
         for size in SIZES
         for drop_last in (False, True)
     }
-    timeout = datetime.timedelta(seconds=30)
-    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=WORLD, timeout=timeout)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=WORLD, timeout=STEP_TIMEOUT
+    )
     results = {}
+    faulthandler.dump_traceback_later(STALL_DUMP_SECONDS)  # restarted at every step; never in forked workers
     try:
         for (size, drop_last), ds in datasets.items():
             for workers in WORKERS:
@@ -60,11 +70,17 @@ def run_rank(rank: int, folder: str, endpoint: str) -> None:
                     items = []
                     context = "fork" if workers else None  # a spawned rank would spawn its workers too: slow
                     loader = DataLoader(
-                        ds, batch_size=2, num_workers=workers, collate_fn=list, multiprocessing_context=context
+                        ds,
+                        batch_size=2,
+                        num_workers=workers,
+                        collate_fn=list,
+                        multiprocessing_context=context,
+                        timeout=WORKER_TIMEOUT if workers else 0,
                     )
                     for batch in loader:
                         items += batch
                         dist.all_reduce(torch.ones(1))  # a DDP step: a rank with a batch more would wait for ever
+                        faulthandler.dump_traceback_later(STALL_DUMP_SECONDS)
                     results[size, drop_last, workers, epoch] = items
         # Spawned persistent workers: the rank comes from the parent's process group, each epoch's
         # order from set_epoch in the parent.
@@ -76,7 +92,9 @@ def run_rank(rank: int, folder: str, endpoint: str) -> None:
             ds.set_epoch(epoch)
             results["persistent", epoch] = list(loader)
             dist.all_reduce(torch.ones(1))
+            faulthandler.dump_traceback_later(STALL_DUMP_SECONDS)
     finally:
+        faulthandler.cancel_dump_traceback_later()
         dist.destroy_process_group()
     Path(folder, f"rank-{rank}.pkl").write_bytes(pickle.dumps(results))
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >= 0.10 (the second test environment)")
@@ -12,6 +9,7 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 from torchdata.nodes import Batcher, IterableWrapper, Loader
 
 from tests.delivery import assert_exactly_once, read
+from tests.readme import readme_block
 from torchdata_gcs import InvalidURIError, MissingObjectWarning, NotFoundError, ResumeError
 from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles
 from torchdata_gcs.testing import Emulator
@@ -89,13 +87,6 @@ def test_compose_shards_refuses_a_reuse_prefix_it_cannot_keep_composites_under(c
         ComposeShards(IterableWrapper([]), storage_classes="STANDARD", client=client)
 
 
-def readme_block(containing: str) -> str:
-    """The README's one Python block that contains ``containing``."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (block,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if containing in block]
-    return block
-
-
 def test_the_readme_nodes_snippet_delivers_every_object_the_last_partial_batch_too(
     gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -103,7 +94,7 @@ def test_the_readme_nodes_snippet_delivers_every_object_the_last_partial_batch_t
     objects = {f"train/{i:03d}.jpg": f"image {i}".encode() for i in range(300)}  # 4 batches of 64, then 44
     gcs_emulator.seed(bucket, objects)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
-    snippet = readme_block("from torchdata.nodes import Batcher, Loader")
+    snippet = readme_block("node = LoadFiles(ListFiles(")
     namespace = {"decode": read}
     exec(snippet.replace("gs://my-bucket/train/", f"gs://{bucket}/train/"), namespace)  # noqa: S102 - our own README
     batches = list(namespace["loader"])

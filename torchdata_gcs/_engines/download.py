@@ -14,7 +14,6 @@ import asyncio
 import functools
 import io
 import logging
-import re
 import sys
 import time
 import warnings
@@ -42,7 +41,7 @@ from .._transport.loop import Handoff, Slot, submit
 from .._transport.retry import Attempts
 from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
-from .ranges import read_range, read_ranges_into, take_piece, version_gone
+from .ranges import read_range, read_ranges_into, size_in_content_range, take_piece, version_gone
 from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
@@ -62,33 +61,6 @@ HANDOFF_UNITS = 16
 
 STREAM_AHEAD_PARTS = 4
 """An object larger than the byte budget is read at most this many parts ahead of its reader."""
-
-
-_CONTENT_RANGE = re.compile(r"bytes 0-(\d+)/(\d+)")
-
-
-def _size_in_content_range(url: str, response: Any, part_size: int) -> int:
-    """The object's size, as a 206 answer to ``Range: bytes=0-{part_size - 1}`` names it in its
-    ``Content-Range`` (``bytes 0-LAST/SIZE``); ``GCSError`` if it names no size or another range.
-
-    >>> from types import SimpleNamespace
-    >>> _size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-99/1000"}), 100)
-    1000
-    >>> _size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-9/10"}), 100)
-    10
-    >>> _size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-9/*"}), 100)
-    Traceback (most recent call last):
-    torchdata_gcs.errors.GCSError: gs://b/o: asked for bytes 0-99, got status 206 with Content-Range bytes 0-9/*
-    """
-    answered = response.headers.get("Content-Range", "")
-    match = _CONTENT_RANGE.fullmatch(answered.strip())
-    if match is None or int(match.group(1)) != min(int(match.group(2)), part_size) - 1:
-        raise GCSError(
-            f"{url}: asked for bytes 0-{part_size - 1}, got status 206 with Content-Range {answered or 'missing'}",
-            url=url,
-            status=206,
-        )
-    return int(match.group(2))
 
 
 async def _read_at_most(response: Response, limit: int) -> list[bytes]:
@@ -335,7 +307,7 @@ class _ObjectRead:
         if "x-goog-generation" in headers:
             self.params.setdefault("generation", headers["x-goog-generation"])
         if response.status == 206:
-            total = _size_in_content_range(self.url, response, context.part_size)
+            total = size_in_content_range(self.url, response, context.part_size)
         elif "Content-Length" in headers:
             total = int(headers["Content-Length"])
         else:  # size unknown until the end: read the answer whole

@@ -6,21 +6,25 @@ rest padded from its start (or cut) to a multiple of ``W``. A rank's workers tak
 one batch each, as the DataLoader asks them, so that after every step what all ranks have consumed is a
 prefix of what was left. A run that stops is described by the positions of the order consumed so far,
 which do not depend on how many ranks or workers consumed them: a run on another world size deals
-what remains.
+what remains. A process's rank and the world size come from the default process group, else torchrun's
+``RANK`` and ``WORLD_SIZE``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import torch.distributed as dist
+
 from .._ops.urls import brief
 from ..errors import ResumeError
 
-__all__ = ["Consumed", "Split", "epoch_order", "rank_slice", "worker_slice"]
+__all__ = ["Consumed", "Split", "epoch_order", "rank_and_world_size", "rank_slice", "worker_slice"]
 
 
 def epoch_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
@@ -35,6 +39,23 @@ def epoch_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     if shuffle:
         random.Random(f"{seed}:{epoch}").shuffle(order)
     return order
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and the world size: the default process group's if it is initialized, else
+    torchrun's ``RANK`` and ``WORLD_SIZE`` (``(0, 1)`` without them); ``ValueError`` if they are not a rank
+    of a world."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ValueError(
+            f"RANK and WORLD_SIZE must be integers, got {os.environ.get('RANK')!r}, {os.environ.get('WORLD_SIZE')!r}"
+        ) from None
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK must be in 0..WORLD_SIZE-1, got RANK={rank}, WORLD_SIZE={world}")
+    return rank, world
 
 
 def rank_slice(count: int, rank: int, world: int, drop_last: bool) -> list[int]:

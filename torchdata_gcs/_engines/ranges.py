@@ -6,12 +6,21 @@ the crc32c of the whole. Into a buffer, the transport puts each piece of a body 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_extend, crc32c_of_concatenation
+from .._ops.checksums import (
+    ObjectInfo,
+    check_crc32c,
+    crc32c_base64,
+    crc32c_extend,
+    crc32c_of_concatenation,
+    reported_crc32c,
+)
 from .._ops.client import Client
+from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
@@ -25,6 +34,8 @@ __all__ = [
     "read_into_buffer",
     "read_range",
     "read_ranges_into",
+    "read_version_start",
+    "size_in_content_range",
     "stream_range",
     "take_piece",
     "version_gone",
@@ -48,9 +59,36 @@ async def _pinned(
     try:
         await with_retry(context, url, attempt)
     except NotFoundError as exc:
-        if is_missing_bucket(exc):
+        if is_missing_bucket(exc) or "generation" not in params:
             raise
         raise version_gone(url, params, exc) from exc
+
+
+_CONTENT_RANGE = re.compile(r"bytes 0-(\d+)/(\d+)")
+
+
+def size_in_content_range(url: str, response: Any, part_size: int) -> int:
+    """The object's size, as a 206 answer to ``Range: bytes=0-{part_size - 1}`` names it in its
+    ``Content-Range`` (``bytes 0-LAST/SIZE``); ``GCSError`` if it names no size or another range.
+
+    >>> from types import SimpleNamespace
+    >>> size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-99/1000"}), 100)
+    1000
+    >>> size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-9/10"}), 100)
+    10
+    >>> size_in_content_range("gs://b/o", SimpleNamespace(headers={"Content-Range": "bytes 0-9/*"}), 100)
+    Traceback (most recent call last):
+    torchdata_gcs.errors.GCSError: gs://b/o: asked for bytes 0-99, got status 206 with Content-Range bytes 0-9/*
+    """
+    answered = response.headers.get("Content-Range", "")
+    match = _CONTENT_RANGE.fullmatch(answered.strip())
+    if match is None or int(match.group(1)) != min(int(match.group(2)), part_size) - 1:
+        raise GCSError(
+            f"{url}: asked for bytes 0-{part_size - 1}, got status 206 with Content-Range {answered or 'missing'}",
+            url=url,
+            status=206,
+        )
+    return int(match.group(2))
 
 
 def _check_range_answer(url: str, response: Response, start: int, end: int) -> None:
@@ -116,18 +154,28 @@ async def take_piece(response: Response, target: memoryview, crc: int) -> tuple[
 
 
 async def _read_range_into(
-    context: RequestContext, url: str, path: str, params: dict[str, Any], buffer: memoryview, start: int
+    context: RequestContext,
+    url: str,
+    path: str,
+    params: dict[str, Any],
+    buffer: memoryview,
+    start: int,
+    learn: Callable[[Response], int] | None = None,
 ) -> int:
     """Fill ``buffer`` with the object's bytes from ``start`` by ranged GETs that resume from the byte they
-    reached; returns their crc32c (each piece hashed as it lands, once: a resumed GET adds to it)."""
+    reached; returns their crc32c (each piece hashed as it lands, once: a resumed GET adds to it). With
+    ``learn``, each answer tells how many of ``buffer``'s bytes the object holds (``learn(response)``)."""
     end = start + len(buffer)
     filled = crc = 0
 
     async def attempt() -> None:
-        nonlocal filled, crc
+        nonlocal buffer, end, filled, crc
         position = start + filled
         async with context.session.read_media(url, path, params, {"Range": f"bytes={position}-{end - 1}"}) as response:
             _check_range_answer(url, response, position, end)
+            if learn is not None:
+                buffer = buffer[: learn(response)]
+                end = start + len(buffer)
             while filled < len(buffer):
                 count, crc = await take_piece(response, buffer[filled:], crc)
                 if not count:
@@ -141,6 +189,39 @@ async def _read_range_into(
 
     await _pinned(context, url, params, attempt)
     return crc
+
+
+async def read_version_start(context: RequestContext, url: str, buffer: memoryview) -> tuple[ObjectInfo, int]:
+    """The object's first bytes (``buffer``'s size, or all of a smaller object) put into ``buffer``, by a
+    ranged GET of the live version, resumed if cut from the byte it reached, pinned to the generation the
+    first answer names; that version as the answer describes it (size from ``Content-Range``, generation
+    from ``x-goog-generation``, crc32c from ``x-goog-hash``, the whole object's even for a range) and the
+    crc32c of the bytes read. Where the answer lacks the generation or crc32c (GCS promises neither
+    header), one metadata request asks them. An empty object has no byte 0: ``GCSError`` of status 416.
+    """
+    bucket, name = parse_url(url, allow_prefix=False)
+    params: dict[str, Any] = {"alt": "media"}
+    described: dict[str, Any] = {}
+
+    def learn(response: Response) -> int:
+        if not described:  # the first answer, asked from byte 0: a resumed one names another range
+            described["size"] = size_in_content_range(url, response, len(buffer))
+            described["crc32c"] = reported_crc32c(response.headers)
+            if "x-goog-generation" in response.headers:
+                params["generation"] = int(response.headers["x-goog-generation"])
+        return min(len(buffer), described["size"])
+
+    crc = await _read_range_into(context, url, context.session.media_path(bucket, name), params, buffer, 0, learn)
+    if "generation" not in params or described["crc32c"] is None:
+        fields = "generation,crc32c"
+        pinned = params.get("generation")
+        resource = await object_resource(
+            context, bucket, name, fields, generation=pinned, required=("generation",), missing_ok=False
+        )
+        assert resource is not None
+        params["generation"] = int(resource["generation"])
+        described["crc32c"] = described["crc32c"] or resource.get("crc32c")
+    return ObjectInfo(described["size"], params["generation"], described["crc32c"]), crc
 
 
 async def read_ranges_into(

@@ -1,8 +1,9 @@
 """The safetensors format (an 8-byte little-endian header length, a JSON header, then the tensors' bytes)
 read from GCS straight into tensor memory, and written through the parallel object writer.
 
-A load reads the header, then the data region as concurrent ranges of one generation into one
-allocation that the tensors view; the crc32c of the whole file is checked before any tensor is handed out."""
+A load reads the header by a ranged GET whose answer names the version (generation, size, crc32c), then
+the data region as concurrent ranges pinned to that generation into one allocation that the tensors
+view; the crc32c of the whole file is checked before any tensor is handed out."""
 
 from __future__ import annotations
 
@@ -24,9 +25,8 @@ from .._transport.deadline import call_deadline
 from .._transport.loop import run
 from .._transport.retry import Attempts
 from ..config import WriteConfig
-from ..errors import IntegrityError, NotFoundError
-from .listing import describe
-from .ranges import read_into_buffer, read_ranges_into
+from ..errors import GCSError, IntegrityError
+from .ranges import read_into_buffer, read_ranges_into, read_version_start
 from .upload import library_errors_first, new_writer
 
 __all__ = [
@@ -137,20 +137,28 @@ def tensors_of(entries: list[Entry], data: torch.Tensor) -> dict[str, torch.Tens
 
 
 async def _read_once(
-    context: RequestContext, url: str, info: ObjectInfo, part_size: int
-) -> tuple[dict[str, torch.Tensor], int]:
-    """The file's tensors and the crc32c of all its bytes, read as the header, then the data region as
-    concurrent ranges into one allocation (the first read's bytes past the header copied in)."""
-    first = bytearray(min(HEADER_GUESS, info.size))
-    pieces = [(await read_ranges_into(context, url, info.generation, 0, memoryview(first), part_size), len(first))]
+    context: RequestContext, url: str, part_size: int
+) -> tuple[dict[str, torch.Tensor], int, ObjectInfo]:
+    """The file's tensors, the crc32c of all its bytes and the version read: the header's first read names
+    the version (its answer's headers), then the rest of the header and the data region are read as
+    concurrent ranges of that generation into one allocation (the first read's bytes past the header copied in)."""
+    guess = memoryview(bytearray(HEADER_GUESS))
+    try:
+        info, crc = await read_version_start(context, url, guess)
+    except GCSError as exc:
+        if exc.status != 416:  # no byte 0: GCS's answer for an empty object
+            raise
+        info, crc = ObjectInfo(0, 0), 0
+    first = guess[: info.size]
+    pieces = [(crc, len(first))]
     start = _header_size(url, first, info.size)
-    header = memoryview(first)[8:start]
+    header = first[8:start]
     if start > len(first):
         rest = bytearray(start - len(first))
         pieces.append(
             (await read_ranges_into(context, url, info.generation, len(first), memoryview(rest), part_size), len(rest))
         )
-        header = memoryview(first[8:] + rest)
+        header = memoryview(bytes(first[8:]) + rest)
     entries, _ = parse_header(url, header, info.size - start)
     data = torch.empty(info.size - start, dtype=torch.uint8)
     target = memoryview(data.numpy())
@@ -159,15 +167,15 @@ async def _read_once(
     if len(target) > have:
         crc = await read_ranges_into(context, url, info.generation, start + have, target[have:], part_size)
         pieces.append((crc, len(target) - have))
-    return tensors_of(entries, data), crc32c_of_concatenation(pieces)
+    return tensors_of(entries, data), crc32c_of_concatenation(pieces), info
 
 
-async def _read_checked(context: RequestContext, url: str, info: ObjectInfo, client: Client) -> dict[str, torch.Tensor]:
+async def _read_checked(context: RequestContext, url: str, client: Client) -> dict[str, torch.Tensor]:
     """The tensors of ``url``, once the crc32c of the whole file matches GCS's; bytes damaged on the way are
     read again, all of them (GCS keeps no checksum per range), as retries allow."""
     rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
     while True:
-        tensors, crc = await _read_once(context, url, info, client.transfer.part_size)
+        tensors, crc, info = await _read_once(context, url, client.transfer.part_size)
         try:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
             return tensors
@@ -195,13 +203,8 @@ def _object_info(url: str, client: Client) -> ObjectInfo:
 
 
 async def _load_all(context: RequestContext, urls: list[str], client: Client) -> list[dict[str, torch.Tensor]]:
-    """Every file's metadata asked at once, then every file read at once."""
-    infos = await describe(context, urls)
-    missing = next((info for info in infos if isinstance(info, NotFoundError)), None)
-    if missing is not None:
-        raise missing
-    reads = (_read_checked(context, url, info, client) for url, info in zip(urls, infos, strict=True))
-    return list(await asyncio.gather(*reads))  # type: ignore[arg-type]
+    """Every file read at once, each learning its version from its first answer (no metadata request)."""
+    return list(await asyncio.gather(*(_read_checked(context, url, client) for url in urls)))
 
 
 def check_input(tensors: Any, metadata: Any) -> None:

@@ -1,10 +1,12 @@
 """What a dataset shares with its DataLoader workers, through shared memory that forked workers inherit
-and spawned ones receive with the dataset: load statistics summed over every process, and the epoch.
+and spawned ones receive with the dataset: load statistics summed over every process, the epoch, and
+which workers took a resumed position.
 
 Each process counts into a plain :class:`LoadStats` of its own, so the I/O hot path stays an attribute
 add. After each item a worker copies its totals into its row of a small shared-memory table; reading the
 statistics sums the rows. The epoch is one shared integer, so ``set_epoch`` in the main process reaches
-persistent workers, which are copies made once.
+persistent workers, which are copies made once. A loaded position is for the next pass only: workers
+forked for a later one must find it taken.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch.utils.data import get_worker_info
 
 from .._transport.context import LoadStats
 
-__all__ = ["MAX_WORKERS", "SharedEpoch", "WorkerStats"]
+__all__ = ["MAX_WORKERS", "SharedEpoch", "SharedTurns", "WorkerStats"]
 
 FIELDS = tuple(field.name for field in dataclasses.fields(LoadStats))
 MAX_WORKERS = 256
@@ -96,3 +98,29 @@ class SharedEpoch:
     @value.setter
     def value(self, epoch: int) -> None:
         self._cell.value = epoch
+
+
+class SharedTurns:
+    """Which of a process and its DataLoader workers took what is meant for one pass (a resumed position),
+    shared with the workers: each worker of the next pass takes it once, and workers forked for a later
+    pass find their turn taken. Each writes only its own slot, so no lock is needed (a lock made in one
+    multiprocessing context cannot go to workers of another)."""
+
+    def __init__(self, slots: Any = None) -> None:
+        self._slots: Any = multiprocessing.RawArray(ctypes.c_bool, 1 + MAX_WORKERS) if slots is None else slots
+        self._taken = False  # a worker numbered beyond MAX_WORKERS has no slot: its process's own flag
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled to a worker being spawned, the slots go along (shared); pickled otherwise, a copy starts
+        with nothing taken."""
+        return SharedTurns, (() if get_spawning_popen() is None else (self._slots,))
+
+    def take(self) -> bool:
+        """Whether this process or worker takes it now: the first time it asks."""
+        worker = get_worker_info()
+        slot = 0 if worker is None else 1 + worker.id
+        if slot > MAX_WORKERS:
+            taken, self._taken = self._taken, True
+        else:
+            taken, self._slots[slot] = bool(self._slots[slot]), True
+        return not taken
