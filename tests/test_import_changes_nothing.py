@@ -20,6 +20,7 @@ MODULES = [
     "torchdata_gcs.datasets",
     "torchdata_gcs.nodes",
     "torchdata_gcs.datapipes",
+    "torchdata_gcs.stalls",
 ]
 OPTIONAL = {"torchdata_gcs.nodes": "torchdata >= 0.10", "torchdata_gcs.lightning": "lightning"}
 

@@ -79,6 +79,7 @@ PUBLIC_MODULES = [
     "torchdata_gcs.datasets",
     "torchdata_gcs.nodes",
     "torchdata_gcs.fsspec",
+    "torchdata_gcs.stalls",
     "torchdata_gcs.datapipes",
     "torchdata_gcs.testing",
     "torchdata_gcs.cli",

@@ -21,6 +21,7 @@ from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
+from ._engines.stalls import stall_report, timed
 from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
@@ -169,11 +170,31 @@ class _Dataset(Generic[T]):
         workers (each worker's as of the last item it read); ``missing`` counts objects skipped."""
         return self._stats.total()
 
+    def stall_stats(self) -> dict[str, Any]:
+        """Where this rank's loading time went, as a dict to log (see ``torchdata_gcs.stalls``): each
+        reading process's (``"main"``, or a DataLoader worker's id) wait for its next object
+        (``object_wait_s``: count, total, p50, p95, p99, max in seconds), objects, requests, bytes,
+        retries and 429 answers (``throttled``), each worker's as of the last item it read, and their sums.
+
+        Example:
+            >>> from torch.utils.data import DataLoader
+            >>> from torchdata_gcs import GCSMapDataset
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.seed("demo", {f"{i}.txt": b"x" for i in range(6)})
+            ...     ds = GCSMapDataset("gs://demo/", client=emulator.client_config)
+            ...     batches = list(DataLoader(ds, batch_size=3, num_workers=2))
+            ...     report = ds.stall_stats()
+            >>> report["objects"], report["requests"], sorted(report["workers"]), report["object_wait_s"]["count"]
+            (6, 6, ['0', '1'], 6.0)
+        """
+        return stall_report(self._stats.processes())
+
     def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
         gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
         transform: Callable[..., T] = self.transform
-        for url, data in load_in_order(items, gcs, skip_missing=False):
+        for url, data in timed(load_in_order(items, gcs, skip_missing=False), self._stats.waits()):
             stream = cast(IO[bytes], as_stream(url, data))
             item = transform(stream) if self._stream_only else transform(url, stream)
             self._stats.publish()

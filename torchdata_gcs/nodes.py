@@ -27,6 +27,7 @@ from ._engines.inputs import list_inputs
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
 from ._engines.shared_listing import Entry
+from ._engines.stalls import WaitHistogram, process_name, stall_report, timed
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.objects import MAX_SOURCES
@@ -225,6 +226,7 @@ class _Reading(BaseNode[Any]):
         )
         self._gcs = Client(self.client, self.retry, transfer=self.transfer)
         self.stats = LoadStats()
+        self._waits = WaitHistogram()
         self._states: deque[tuple[str, dict[str, Any]]] = deque()  # (url, source's state after it) read ahead
         self._state: dict[str, Any] | None = None
         self._loaded: Iterator[tuple[str, Loaded]] = iter(())
@@ -240,8 +242,8 @@ class _Reading(BaseNode[Any]):
         self._state = None if initial_state is None else initial_state["source"]
         self.source.reset(self._state)
         self._states.clear()
-        self.stats = LoadStats()
-        self._loaded = self._engine(self._pulled(), self._gcs.replace(stats=self.stats))
+        self.stats, self._waits = LoadStats(), WaitHistogram()
+        self._loaded = timed(self._engine(self._pulled(), self._gcs.replace(stats=self.stats)), self._waits)
 
     def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
         for item in self.source:
@@ -259,6 +261,12 @@ class _Reading(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"source": self._state}
+
+    def stall_stats(self) -> dict[str, Any]:
+        """Since the last reset: this process's wait for its next object (count, total, p50, p95, p99,
+        max in seconds), objects, requests, bytes, retries and 429 answers, as a dict to log (see
+        ``torchdata_gcs.stalls``, whose ``StallWatch(loader, source=node)`` adds the batch waits)."""
+        return stall_report({process_name(): (self.stats, self._waits)})
 
 
 class LoadFiles(_Reading):

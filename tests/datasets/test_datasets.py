@@ -236,4 +236,5 @@ def test_stats_are_summed_over_the_workers(dataset, client, context: str) -> Non
             stats = ds.stats
             assert stats.objects == epoch * N_OBJECTS, type(ds).__name__
             assert stats.requests >= epoch * N_OBJECTS and stats.bytes == epoch * sum(map(len, expected.values()))
+            assert ds.stall_stats()["object_wait_s"]["count"] == epoch * N_OBJECTS  # every worker's waits
         assert pickle.loads(pickle.dumps(ds)).stats.objects == 0, "a pickled copy counts afresh"

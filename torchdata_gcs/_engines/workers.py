@@ -1,12 +1,13 @@
 """What a dataset shares with its DataLoader workers, through shared memory that forked workers inherit
-and spawned ones receive with the dataset: load statistics summed over every process, the epoch, and
+and spawned ones receive with the dataset: load statistics and waits of every process, the epoch, and
 which workers took a resumed position.
 
 Each process counts into a plain :class:`LoadStats` of its own, so the I/O hot path stays an attribute
 add. After each item a worker copies its totals into its row of a small shared-memory table; reading the
-statistics sums the rows. The epoch is one shared integer, so ``set_epoch`` in the main process reaches
-persistent workers, which are copies made once. A loaded position is for the next pass only: workers
-forked for a later one must find it taken.
+statistics sums the rows. Each process records its waits for the next object straight into its row of a
+second table (a :class:`WaitHistogram`). The epoch is one shared integer, so ``set_epoch`` in the main
+process reaches persistent workers, which are copies made once. A loaded position is for the next pass
+only: workers forked for a later one must find it taken.
 """
 
 from __future__ import annotations
@@ -15,37 +16,51 @@ import ctypes
 import dataclasses
 import multiprocessing
 import os
+from collections.abc import Iterator
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
 from .._transport.context import LoadStats
+from .stalls import SLOTS, WaitHistogram, process_name
 
 __all__ = ["MAX_WORKERS", "SharedEpoch", "SharedTurns", "WorkerStats"]
 
 FIELDS = tuple(field.name for field in dataclasses.fields(LoadStats))
+KINDS = tuple(type(getattr(LoadStats(), name)) for name in FIELDS)
 MAX_WORKERS = 256
 """Workers with a row of their own; a worker numbered beyond counts only in its own process."""
 
 
 class WorkerStats:
-    """The :class:`LoadStats` of one process and its DataLoader workers: :meth:`local` is what this
-    process counts into, :meth:`publish` shares it, :meth:`total` sums every process's."""
+    """The :class:`LoadStats` and waits of one process and its DataLoader workers: :meth:`local` and
+    :meth:`waits` are what this process counts into, :meth:`publish` shares the counts, :meth:`total`
+    sums every process's, :meth:`processes` gives each one's."""
 
-    def __init__(self, table: Any = None) -> None:
-        """A new table, or (a worker being spawned) the table its parent made."""
-        size = (1 + MAX_WORKERS) * len(FIELDS)
-        self._table: Any = multiprocessing.RawArray(ctypes.c_double, size) if table is None else table
+    def __init__(self, table: Any = None, waits: Any = None, spawned: bool = True) -> None:
+        """New tables, or (a worker being spawned) the tables its parent made. Without ``spawned``, the
+        tables go to forked workers only: for an owner pickled into bytes on its way to a spawned worker
+        (as torch sends DataPipes), where shared memory cannot follow."""
+        self._table: Any = (
+            multiprocessing.RawArray(ctypes.c_double, (1 + MAX_WORKERS) * len(FIELDS)) if table is None else table
+        )
+        self._waits_table: Any = (
+            multiprocessing.RawArray(ctypes.c_double, (1 + MAX_WORKERS) * SLOTS) if waits is None else waits
+        )
         self._pid = os.getpid() if table is None else -1  # -1: learn the worker's row on first use
         self._local = LoadStats()
         self._row: int | None = 0  # the process that made it; a worker takes 1 + its id
         self._base = [0.0] * len(FIELDS)  # what earlier workers of the same id had published
+        self._waits = self._histogram(0)
+        self._spawned = spawned
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled to a worker being spawned, the table goes along (shared); pickled otherwise, a copy
+        """Pickled to a worker being spawned, the tables go along (shared); pickled otherwise, a copy
         starts counting afresh."""
-        return WorkerStats, (() if get_spawning_popen() is None else (self._table,))
+        if self._spawned and get_spawning_popen() is not None:
+            return WorkerStats, (self._table, self._waits_table)
+        return WorkerStats, (None, None, self._spawned)
 
     def local(self) -> LoadStats:
         """This process's statistics (a worker's own start from zero)."""
@@ -54,7 +69,31 @@ class WorkerStats:
             worker = get_worker_info()
             self._row = None if worker is None or worker.id >= MAX_WORKERS else 1 + worker.id
             self._base = self._read(self._row) if self._row is not None else [0.0] * len(FIELDS)
+            self._waits = WaitHistogram() if self._row is None else self._histogram(self._row)
         return self._local
+
+    def restart(self) -> LoadStats:
+        """Count afresh in this process (one iteration's own), keeping what was counted in the totals."""
+        local = self.local()
+        self._base = [base + getattr(local, name) for name, base in zip(FIELDS, self._base, strict=True)]
+        self._local = LoadStats()
+        return self._local
+
+    def waits(self) -> WaitHistogram:
+        """This process's waits for its next object (a worker's add to its row's, kept across epochs)."""
+        self.local()
+        return self._waits
+
+    def processes(self) -> dict[str, tuple[LoadStats, WaitHistogram]]:
+        """Each process that read something, named as :func:`~.stalls.stall_report` takes them: its
+        statistics (this process's live, a worker's as last published) and its waits."""
+        found = {}
+        for row, values in self._rows():
+            stats, waits = self._stats(values), self._waits if row == self._row else self._histogram(row)
+            if stats.requests or stats.objects or waits.count:
+                name = process_name() if row is None else "main" if row == 0 else str(row - 1)
+                found[name] = (stats, waits)
+        return found
 
     def publish(self) -> None:
         """Share this worker's totals (the process that made the dataset is read live instead)."""
@@ -65,17 +104,30 @@ class WorkerStats:
 
     def total(self) -> LoadStats:
         """Every process's statistics summed: this process's live, the workers' as last published."""
+        return self._stats([sum(column) for column in zip(*(values for _, values in self._rows()), strict=True)])
+
+    def _rows(self) -> Iterator[tuple[int | None, list[float]]]:
+        """Each row's statistics, this process's live (``None`` for a worker beyond the table)."""
         local = self.local()
-        sums = [base + getattr(local, name) for name, base in zip(FIELDS, self._base, strict=True)]
-        for row in range(1, 1 + MAX_WORKERS):
-            if row != self._row:
-                for index, value in enumerate(self._read(row)):
-                    sums[index] += value
-        return LoadStats(**{name: type(getattr(local, name))(value) for name, value in zip(FIELDS, sums, strict=True)})
+        live = [base + getattr(local, name) for name, base in zip(FIELDS, self._base, strict=True)]
+        if self._row is None:
+            yield None, live
+        for row in range(1 + MAX_WORKERS):
+            yield row, live if row == self._row else self._read(row)
+
+    @staticmethod
+    def _stats(values: list[float]) -> LoadStats:
+        return LoadStats(**{name: kind(value) for name, kind, value in zip(FIELDS, KINDS, values, strict=True)})
 
     def _read(self, row: int) -> list[float]:
         start = row * len(FIELDS)
         return list(self._table[start : start + len(FIELDS)])
+
+    def _histogram(self, row: int) -> WaitHistogram:
+        """The waits of ``row``, in place in the shared table."""
+        return WaitHistogram(
+            (ctypes.c_double * SLOTS).from_buffer(self._waits_table, row * SLOTS * ctypes.sizeof(ctypes.c_double))
+        )
 
 
 class SharedEpoch:

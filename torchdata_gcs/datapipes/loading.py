@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from .._engines.download import Loaded, as_stream, load_in_order
+from .._engines.stalls import stall_report, timed
+from .._engines.workers import WorkerStats
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
 from .._ops.urls import parse_url
@@ -83,13 +86,37 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
         self.stats = LoadStats()
+        self._shared = WorkerStats(spawned=False)  # every iteration's counts and waits, in forked workers too
 
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
         """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
-        self.stats = LoadStats()
+        self.stats = self._shared.restart()
         gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
-        for url, data in self._load((split_item(item) for item in self.source_datapipe), gcs):
+        loaded = self._load((split_item(item) for item in self.source_datapipe), gcs)
+        for url, data in timed(loaded, self._shared.waits()):
+            self._shared.publish()
             yield url, as_stream(url, data)
+
+    def stall_stats(self) -> dict[str, Any]:
+        """Where loading time went in this process and the DataLoader workers it forked (as of the last
+        item each read; spawned workers, ``DataLoader2``'s included, count in their own process only),
+        every iteration so far: each one's wait for its next object (count, total, p50, p95, p99, max in seconds),
+        objects, requests, bytes, retries and 429 answers, and their sums, as a dict to log (see
+        ``torchdata_gcs.stalls``, whose ``StallWatch`` adds the training loop's batch waits).
+
+        Example:
+            >>> from torchdata_gcs import GCSFileLoaderIterDataPipe
+            >>> from torchdata_gcs.testing import Emulator
+            >>> with Emulator() as emulator:
+            ...     emulator.seed("demo", {"a.txt": b"alpha", "b.txt": b"beta"})
+            ...     urls = ["gs://demo/a.txt", "gs://demo/b.txt"]
+            ...     pipe = GCSFileLoaderIterDataPipe(urls, client=emulator.client_config)
+            ...     data = [stream.read() for _, stream in pipe]
+            >>> report = pipe.stall_stats()
+            >>> report["objects"], report["requests"], list(report["workers"]), report["object_wait_s"]["count"]
+            (2, 2, ['main'], 2.0)
+        """
+        return stall_report(self._shared.processes())
 
     def _load(self, items: Iterator[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
         return load_in_order(items, gcs, skip_missing=self.skip_missing)
