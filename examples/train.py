@@ -316,9 +316,9 @@ def summary(totals: Totals) -> None:
 
 def seed(images: str, client: ClientConfig, count: int) -> None:
     """Write ``count`` images under ``images`` unless they are there already."""
-    present = sum(
-        1 for _ in IterableWrapper([images]).list_files_by_gcs(masks="*.png", client=client, allow_empty=True)
-    )
+    # on rank 0 alone, the others waiting: not a listing for the whole job
+    pngs = IterableWrapper([images]).list_files_by_gcs(masks="*.png", client=client, allow_empty=True, list_once=False)
+    present = sum(1 for _ in pngs)
     if present >= count:
         return
     items = ((f"{images}{name}", data) for name, data in map(draw, range(count)))

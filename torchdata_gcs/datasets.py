@@ -76,6 +76,7 @@ class _Dataset(Generic[T]):
         concurrency: int,
         allow_empty: bool,
         skip_missing: bool,
+        list_once: bool,
     ) -> None:
         require_integer("concurrency", concurrency, 1, 256)
         if transform is not None and not callable(transform):
@@ -103,6 +104,7 @@ class _Dataset(Generic[T]):
             manifest=manifest,
             allow_empty=allow_empty,
             skip_missing=skip_missing,
+            once=list_once,
         )
         self.objects = [(url, cast(ObjectInfo, info)) for batch in batches for _, url, info in batch]
         self._stats.local().missing += listing.missing
@@ -234,7 +236,7 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         masks: patterns objects must match, as for ``list_files_by_gcs`` (``*.jpg`` on base names,
             ``**/*.jpg`` on names below the prefix); none keeps all.
         manifest: a ``gs://bucket/folder/`` where the listing is shared by every process that makes
-            this dataset (see ``list_files_by_gcs``).
+            this dataset (see ``list_files_by_gcs``); it takes the place of ``list_once``.
         transform: makes the item of each object: ``transform(stream)`` for a callable that requires one
             positional argument (``PIL.Image.open``, ``torch.load``; ``stream.name`` is the URL), else
             ``transform(url, stream)``. The default gives ``(url, bytes)``.
@@ -243,10 +245,15 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         allow_empty: an input that matches no object is not an error.
         skip_missing: an input naming one object that does not exist is left out with a
             ``MissingObjectWarning`` (counted in ``stats.missing``) instead of raising.
+        list_once: where a ``torch.distributed`` default process group of several ranks is initialized,
+            rank 0 lists and the other ranks receive its listing (every rank must then make the dataset,
+            over the same inputs, at the same point); ``False`` lists on each rank.
 
     Raises:
         NotFoundError: a bucket does not exist, or an input matches no object.
         InvalidURIError: an input is not a ``gs://`` URL (a local path, say).
+        ListingError: with ``list_once``, the ranks asked for different listings, or did not all make the
+            dataset within the process group's timeout.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -272,9 +279,10 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         concurrency: int = 16,
         allow_empty: bool = False,
         skip_missing: bool = False,
+        list_once: bool = True,
     ) -> None:
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing
+            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
         )
 
     def __len__(self) -> int:
@@ -308,8 +316,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     position that :meth:`load_state_dict` takes on any world size and worker count.
 
     Args:
-        urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing:
-            as for :class:`GCSMapDataset`.
+        urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing,
+            list_once: as for :class:`GCSMapDataset`.
         shuffle: shuffle the order each epoch.
         seed: the shuffle's seed; every rank and worker must use the same one.
         drop_last: drop the tail that would leave ranks unequal, instead of padding the order.
@@ -344,10 +352,11 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         concurrency: int = 16,
         allow_empty: bool = False,
         skip_missing: bool = False,
+        list_once: bool = True,
     ) -> None:
         require_integer("batch_size", batch_size, 1)
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing
+            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
         )
         self.shuffle, self.seed, self.drop_last, self.batch_size = shuffle, seed, drop_last, batch_size
         self._epoch = SharedEpoch()  # set here, read in persistent workers too

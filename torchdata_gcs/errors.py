@@ -11,7 +11,7 @@
         ├── EndpointError          ConnectionError     the endpoint cannot be reached or trusted
         ├── IntegrityError         OSError             bytes damaged on the way (size or crc32c)
         ├── UploadError            OSError             a write failed: nothing was published
-        ├── ListingError                               pages that repeat or go back: a listing gone wrong
+        ├── ListingError                               pages that repeat or go back; ranks that cannot share one
         ├── ResumeError            ValueError          a saved state that does not fit what it is loaded into
         └── NoMultipartListing                         the endpoint lists no multipart uploads
     UserWarning
@@ -122,7 +122,8 @@ class UploadError(GCSError, OSError):
 class ListingError(GCSError):
     """A listing answered with pages GCS never sends: a page token handed out a second time, a page with
     nothing after what earlier pages listed (following them would page, and bill, forever), or names out
-    of order. The listing stops; ``url`` names the prefix listed."""
+    of order. The listing stops; ``url`` names the prefix listed. Also: the ranks of a job that lists once
+    asked for different listings, or did not meet within the process group's timeout."""
 
 
 class ResumeError(GCSError, ValueError):

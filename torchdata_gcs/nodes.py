@@ -9,6 +9,7 @@ says what all ranks consumed, so it resumes on any number of ranks.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import IO, Any, cast
@@ -49,7 +50,10 @@ class ListFiles(BaseNode[Item]):
     Args are those of ``list_files_by_gcs``: globs in URLs and masks, and an input that matches no
     object raises ``NotFoundError`` unless ``allow_empty`` (or, for a missing named object,
     ``skip_missing``). The state is the position of the last object handed out; a reset to it lists
-    again from there.
+    again from there. With ``list_once`` (the default), where a ``torch.distributed`` process group of
+    several ranks is initialized, each reset in the process that made the node is one listing for the
+    job: rank 0 lists, the other ranks receive its listing (every rank must then reset at the same
+    point); ``list_once=False`` lists on each rank.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class ListFiles(BaseNode[Item]):
         concurrency: int = 16,
         allow_empty: bool = False,
         skip_missing: bool = False,
+        list_once: bool = True,
     ) -> None:
         super().__init__()
         self.urls = url_list(urls)
@@ -71,6 +76,7 @@ class ListFiles(BaseNode[Item]):
         self.masks = [masks] if isinstance(masks, str) else list(masks)
         self.with_metadata, self.manifest, self.concurrency = with_metadata, manifest, concurrency
         self.allow_empty, self.skip_missing = allow_empty, skip_missing
+        self.list_once, self._made_in = list_once, os.getpid()  # a copy in a worker process lists alone
         self.client, self.retry = client or ClientConfig(), retry or RetryConfig()
         self._gcs = Client(self.client, self.retry)
         self.stats = ListingStats()
@@ -93,6 +99,7 @@ class ListFiles(BaseNode[Item]):
             after=self._position,
             allow_empty=self.allow_empty,
             skip_missing=self.skip_missing,
+            once=self.list_once and os.getpid() == self._made_in,
         )
         self._entries = (entry for batch in batches for entry in batch)
 

@@ -17,6 +17,7 @@ from .._ops.client import Client
 from .._ops.patterns import NameFilter, has_magic, server_glob
 from .._ops.urls import brief, format_url, parse_url
 from ..errors import InvalidURIError, MissingObjectWarning, NotFoundError
+from .job_listing import job_size, list_for_job
 from .listing import list_objects
 from .parallel_listing import ListingStats
 from .resume import check_listing_position
@@ -121,9 +122,12 @@ def list_inputs(
     after: tuple[int, str] | None = None,
     allow_empty: bool = False,
     skip_missing: bool = False,
+    once: bool = False,
 ) -> Iterator[list[Entry]]:
     """List every input URL in turn (from position ``after`` on), in batches of entries, through the
-    shared ``manifest`` folder if one is given (entries then always carry their metadata).
+    shared ``manifest`` folder if one is given (entries then always carry their metadata); with ``once``
+    and no manifest, where a process group of several ranks is initialized, rank 0 lists for every rank
+    (see :func:`list_for_job`; every rank must then call this at the same point).
 
     An input is a prefix (``gs://b/dir/``, ``gs://b``), an object name that is also a folder
     (``gs://b/data``: the object, then everything under ``data/``) or a glob (``gs://b/dir/*.bin``);
@@ -166,6 +170,12 @@ def list_inputs(
                     narrowed = narrowed if example is not None else None
                 matches.done(index, kept, listed, example, narrowed)
 
+    if manifest is None and once and job_size() > 1:
+        request = {"inputs": inputs, "masks": matches.masks, "with_info": with_info}
+        request.update(allow_empty=allow_empty, skip_missing=skip_missing)
+        entries = list_for_job(request, lambda: list_from(None), stats)
+        yield entries if after is None else [entry for entry in entries if (entry[0], entry[1]) > after]
+        return
     if manifest is None:
         yield from list_from(after)
         return

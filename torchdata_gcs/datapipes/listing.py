@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -57,6 +58,13 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         allow_empty: an input that matches no object is not an error.
         skip_missing: an input naming an object (no ``/`` at its end, no glob) that does not exist is
             skipped with a ``MissingObjectWarning`` and counted in ``stats.missing``.
+        list_once: where this DataPipe is iterated in the process that made it (no worker processes:
+            ``DistributedReadingService`` alone, a ``DataLoader`` with ``num_workers=0``) and a
+            ``torch.distributed`` process group of several ranks is initialized there, each iteration
+            is one listing for the job: rank 0 lists and the other ranks receive its listing (every
+            rank must then iterate at the same point). Worker processes have no process group and
+            list alone: give them ``manifest``, or list in the rank and hand them the listed
+            ``(url, ObjectInfo)`` pairs, to list once. ``False`` lists on each rank.
 
     State:
         :meth:`state_dict` records the last object yielded; a DataPipe given it with
@@ -96,6 +104,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         manifest: str | None = None,
         allow_empty: bool = False,
         skip_missing: bool = False,
+        list_once: bool = True,
     ) -> None:
         require_integer("page_size", page_size, 1, MAX_PAGE_SIZE)
         require_integer("concurrency", concurrency, 1, 256)
@@ -114,6 +123,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
             parse_url(manifest)
         self.manifest = manifest
         self.allow_empty, self.skip_missing = allow_empty, skip_missing
+        self.list_once, self._made_in = list_once, os.getpid()  # a copy in a worker process lists alone
         self.stats = ListingStats()
         self._position: tuple[int, str] | None = None  # (input index, URL) of the last object yielded
         self._resume_after: tuple[int, str] | None = None
@@ -149,6 +159,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
             after=after,
             allow_empty=self.allow_empty,
             skip_missing=self.skip_missing,
+            once=self.list_once and os.getpid() == self._made_in,
         )
         with_metadata = self.with_metadata
         for batch in batches:
