@@ -183,8 +183,8 @@ def reading(job: Job) -> list[tuple[str, Counter[str], Counter[str]]]:
 def listing(job: Job) -> list[tuple[str, int, int]]:
     """Per listing policy: (name, listings of the whole dataset, list requests in flight per listing)."""
     return [
-        ("one per job (one process lists, the ranks get its list)", 1, job.dataset_list_concurrency),
-        ("one per rank, at start (each rank's dataset lists)", job.ranks, job.dataset_list_concurrency),
+        ("one per job (`list_once=True`: rank 0 lists, the ranks get its list)", 1, job.dataset_list_concurrency),
+        ("one per rank, at start (`list_once=False`, or no process group)", job.ranks, job.dataset_list_concurrency),
         ("one per worker, every epoch (DataPipes without `manifest=`)", job.readers, job.datapipe_list_concurrency),
     ]
 
