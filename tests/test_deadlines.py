@@ -99,8 +99,9 @@ def test_a_server_that_never_reads_an_upload_cannot_hang_a_composed_save() -> No
     assert server.requests >= 1
 
 
-OUTAGE = 1.5
-"""A 15 s outage, scaled down tenfold with the retry delays below."""
+OUTAGE = 3.0
+"""A 30 s outage, scaled down tenfold with the retry delays below (long enough that a request paced with
+its process's others, 10 a second at the least, still meets more 429s than ``max_attempts``)."""
 
 SCALED_DEFAULT = RetryConfig(initial_delay=0.01, max_delay=3.0, deadline=30.0)
 """``RetryConfig()`` with every duration a tenth: 8 attempts, delays doubling from 0.01 s."""

@@ -146,6 +146,14 @@ class RetryConfig:
     again (408, 429, 5xx: throttling, an outage) are retried until then however many come; other
     failures (resets, timeouts, damaged answers) at most ``max_attempts`` times.
 
+    429 is the process's business, not one request's: every loader and writer of a process shares
+    one throttle, which after a 429 paces the process's requests (retries first) at a share of what
+    the bucket granted lately and grows the pace back as requests succeed; a 429 retry waits a
+    full-jitter delay at the process's backoff step, which grows with each cut that no success
+    follows. Sustained 429s slow a job down without killing it while it makes progress: a request
+    answered 429 fails only when no request of the process has succeeded for ``deadline`` seconds
+    (a call's deadline, such as a checkpoint save's, still bounds the call).
+
     A write is retried only where GCS makes a repeat harmless (its retry strategy): an upload, compose
     or rewrite with an ``ifGenerationMatch`` precondition, a delete of one generation, an XML multipart
     upload's requests. The library gives its own writes such a precondition; a write without one is

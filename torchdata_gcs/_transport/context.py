@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from .deadline import RequestDeadline, consumer_wait, deadline_for
+from .deadline import RequestDeadline, consumer_wait, deadline_for, progress_deadline
 from .retry import Attempts
 from .session import Session, session_for
 from .slots import Slots
@@ -150,7 +150,7 @@ class RequestContext:
             try:
                 await self.budget.acquire(nbytes, seq)
             finally:
-                await self.session.throttle.acquire()
+                await self.session.throttle.acquire(paced=False)
                 await self.slots.acquire()
 
 
@@ -161,24 +161,32 @@ async def with_retry(
     that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`). Its deadline (see
     :mod:`.deadline`) counts from when its first attempt got its slots, and cuts an attempt off
     whatever it is doing: sending, waiting, or reading the answer byte by byte."""
-    stats = context.stats
+    stats, throttle = context.stats, context.session.throttle
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
     clock: RequestDeadline | None = None
+    sent: float | None = None
+    throttled = False
     while True:
         try:
-            async with context.slots, context.session.throttle:
+            async with context.slots, throttle.turn(retry=attempts is not None):
+                sent = time.monotonic()
                 if clock is None:
-                    clock = RequestDeadline(deadline_for(context.retry, time.monotonic()))
+                    clock = RequestDeadline(deadline_for(context.retry, sent))
+                elif throttled:  # it waited for its turn while the process made progress
+                    clock.deadline = progress_deadline(clock.deadline, throttle.progress)
                 stats.requests += 1
                 result = await clock.attempt(attempt_once(), url, attempts.attempt if attempts else 1)
-            context.session.throttle.succeeded()
+            throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable
-            if getattr(exc, "status", None) == 429:
+            throttled = getattr(exc, "status", None) == 429
+            if throttled:
                 stats.throttled += 1
-                context.session.throttle.throttled()
+                throttle.throttled(sent)
+                if clock is not None:  # throttled while the process makes progress: not a failure
+                    clock.deadline = progress_deadline(clock.deadline, throttle.progress)
             if attempts is None:
-                attempts = Attempts(context.retry, url, stats.count_retry, repeatable=repeatable)
+                attempts = Attempts(context.retry, url, stats.count_retry, repeatable=repeatable, throttle=throttle)
             if clock is not None:
                 attempts.deadline = clock.deadline
             await asyncio.sleep(attempts.delay_after(exc))

@@ -24,6 +24,7 @@ __all__ = [
     "consumer_wait",
     "deadline_for",
     "own_deadlines",
+    "progress_deadline",
     "tidying",
 ]
 
@@ -102,6 +103,14 @@ def deadline_for(retry: RetryConfig, started: float) -> Deadline:
     own = Deadline(started + retry.deadline, retry.deadline, False)
     call = _CALL.get()
     return call if call is not None and call.ends < own.ends else own
+
+
+def progress_deadline(deadline: Deadline, progress: float | None) -> Deadline:
+    """A throttled request's deadline: ``deadline.seconds`` after the process last made ``progress`` (its last
+    success), if that is later; a call's deadline (``whole_call``) stays as it is."""
+    if deadline.whole_call or progress is None:
+        return deadline
+    return deadline._replace(ends=max(deadline.ends, progress + deadline.seconds))
 
 
 _UNCANCEL = sys.version_info >= (3, 11)  # Task.cancelling() and uncancel(), as asyncio.timeout uses them

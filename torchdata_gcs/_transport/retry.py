@@ -1,5 +1,6 @@
 """What is retryable and how long to wait: jittered exponential backoff until the deadline; answers that ask
-to try again (throttling) are retried until then, other failures at most ``max_attempts`` times."""
+to try again (throttling) are retried until then, other failures at most ``max_attempts`` times. A 429 waits by
+the process's shared backoff step (see :mod:`.throttle`), not the request's own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..errors import DeadlineExceededError, EndpointError, GCSError, IntegrityEr
 from .aio import NETWORK_ERRORS as AIOHTTP_NETWORK_ERRORS
 from .deadline import deadline_for
 from .http import RETRYABLE_STATUSES, Unanswered
+from .throttle import Throttle
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,8 @@ class Attempts:
     reset, a timeout or a damaged answer repeated that often is given up sooner. A ``retry_after`` attribute on the
     error (from GCS's ``Retry-After``) stretches the wait. ``on_retry``, if given, is told of every failure that will be
     retried. A write that is not ``repeatable`` (no precondition makes a repeat harmless) is not tried again unless
-    ``retry.retry_unconditional_writes`` says so, but where it never reached the endpoint.
+    ``retry.retry_unconditional_writes`` says so, but where it never reached the endpoint. With the process's
+    ``throttle``, a 429 waits a full-jitter delay at the throttle's shared step instead of the request's.
     """
 
     def __init__(
@@ -77,8 +80,9 @@ class Attempts:
         url: str,
         on_retry: Callable[[BaseException], None] | None = None,
         repeatable: bool = True,
+        throttle: Throttle | None = None,
     ) -> None:
-        self.retry, self.url, self.on_retry = retry, url, on_retry
+        self.retry, self.url, self.on_retry, self.throttle = retry, url, on_retry, throttle
         self.repeatable = repeatable or retry.retry_unconditional_writes
         self.deadline = deadline_for(retry, time.monotonic())  # with_retry sets its request's own
         self.attempt = 1
@@ -119,7 +123,8 @@ class Attempts:
             ):
                 raise exc.error from None  # one line, without the network library's chain
             return self._next(exc, delay)
-        delay = backoff_delay(self.attempt, retry, _JITTER)
+        shared = self.throttle is not None and getattr(exc, "status", None) == 429
+        delay = backoff_delay(max(1, self.throttle.level) if shared else self.attempt, retry, _JITTER)  # type: ignore[union-attr]
         hinted = getattr(exc, "retry_after", None)
         if hinted is not None:
             delay = max(delay, min(hinted, retry.max_delay))

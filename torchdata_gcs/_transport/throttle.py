@@ -1,30 +1,80 @@
-"""A process-wide limit on requests in flight that halves on HTTP 429 and grows back as requests succeed.
+"""The process's answer to HTTP 429: fewer requests in flight, a slower pace, and one backoff for all.
 
-GCS answers 429 when a bucket or an object is read faster than it can scale. Retrying every
-request after its own backoff keeps the pressure on; here every loader of the process shares one
-limit (additive increase, multiplicative decrease), so the whole process slows down together.
+GCS answers 429 when a bucket or an object is used faster than it can scale. Retrying every request
+after its own backoff keeps the pressure on, and so do many processes each starting at full speed;
+here every loader and writer of the process shares one :class:`Throttle`: after a 429 it halves the
+requests in flight and paces new requests (retries included) at a share of what the bucket granted
+lately, grows both back as requests succeed, and holds the backoff step its 429 retries wait by.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 
-__all__ = ["Throttle"]
+__all__ = ["CUT_INTERVAL", "Throttle"]
 
 CEILING = 4096
 """The limit when nothing has been throttled: per-loader limits (``max_in_flight``) bind first."""
 
+CUT_INTERVAL = 1.0
+"""Seconds after a cut during which further 429s cut nothing more (the backoff step grows at most this often)."""
+
+DECREASE = 0.7
+"""A cut sets the pace to this share of the requests per second that succeeded lately."""
+
+GROWTH = 10.0
+"""Each success raises the pace by this over the pace: a pace that is met grows by this many requests per
+second each second, whatever it is, so processes that share a bucket converge on equal shares (additive
+increase, multiplicative decrease)."""
+
+MIN_PACE = 10.0
+"""Requests per second a cut never goes below (and where the first cut starts if nothing got through): slower
+than that, the shared backoff step slows a process whose requests keep being refused (it grows while nothing
+succeeds), not the pace."""
+
+
+class _Rate:
+    """Events per second over about the last second (two one-second windows)."""
+
+    __slots__ = ("before", "count", "start")
+
+    def __init__(self) -> None:
+        self.start, self.count, self.before = float("-inf"), 0, 0
+
+    def add(self, now: float) -> None:
+        if now - self.start >= 1.0:
+            self.start, self.count, self.before = now, 0, (self.count if now - self.start < 2.0 else 0)
+        self.count += 1
+
+    def per_second(self, now: float) -> float:
+        elapsed = now - self.start
+        if elapsed >= 2.0:
+            return 0.0
+        if elapsed >= 1.0 or not self.before:  # a young first window: over-estimating costs one more cut
+            return self.count / max(elapsed, 0.1)
+        return (self.count + self.before) / (1.0 + elapsed)
+
 
 class Throttle:
-    """Admits requests while fewer than ``limit`` are in flight; lives on the I/O loop."""
+    """Admits requests while fewer than ``limit`` are in flight, and, once a 429 came, no faster than
+    ``pace`` per second; lives on the I/O loop."""
 
     def __init__(self, ceiling: int = CEILING) -> None:
         self.ceiling = ceiling
         self.limit = float(ceiling)
         self.in_flight = 0
+        self.pace: float | None = None  # requests per second; None until the first 429
+        self.level = 0  # the backoff step of 429 retries: one more per cut, back to 0 on a success
+        self.progress: float | None = None  # time.monotonic() of the last success (before any: the first request)
         self._waiting = 0
-        self._last_cut = 0.0
+        self._last_cut = float("-inf")
+        self._next_start = 0.0
+        self._queue: deque[asyncio.Future[None]] = deque()  # new requests waiting for their turn at the pace
+        self._retries: deque[asyncio.Future[None]] = deque()  # retries waiting: they go first
+        self._pacer: asyncio.Task[None] | None = None
+        self._succeeded = _Rate()
         self._free = asyncio.Condition()
 
     async def __aenter__(self) -> None:
@@ -33,7 +83,25 @@ class Throttle:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.release()
 
-    async def acquire(self) -> None:
+    def turn(self, retry: bool) -> _Turn:
+        """``async with throttle.turn(retry)``: as ``async with throttle``, a retry going first."""
+        return _Turn(self, retry)
+
+    async def acquire(self, paced: bool = True, retry: bool = False) -> None:
+        """Wait for the request's turn at the pace (unless not ``paced``: a request resuming; a ``retry`` goes
+        before the new requests waiting, as a reader in order waits for it first), then for room."""
+        if paced and self.pace is not None:
+            now = time.monotonic()
+            if self._queue or self._retries or now < self._next_start:
+                turn = asyncio.get_running_loop().create_future()
+                (self._retries if retry else self._queue).append(turn)
+                if self._pacer is None:
+                    self._pacer = asyncio.ensure_future(self._pace_queue())
+                await turn
+            else:
+                self._next_start = now + 1.0 / self.pace
+        if paced and self.progress is None:
+            self.progress = time.monotonic()
         if self.in_flight >= self.limit:
             self._waiting += 1
             try:
@@ -43,20 +111,64 @@ class Throttle:
                 self._waiting -= 1
         self.in_flight += 1
 
+    async def _pace_queue(self) -> None:
+        """Let the waiting requests go one by one, each ``1 / pace`` after the one before (the pace in force then)."""
+        try:
+            while self._queue or self._retries:
+                wait = self._next_start - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                turn = (self._retries or self._queue).popleft()
+                if turn.done():  # its request was cancelled
+                    continue
+                turn.set_result(None)
+                assert self.pace is not None
+                self._next_start = max(self._next_start, time.monotonic() - 1.0 / self.pace) + 1.0 / self.pace
+        finally:
+            self._pacer = None
+
     async def release(self) -> None:
         self.in_flight -= 1
         if self._waiting:
             async with self._free:
                 self._free.notify()
 
-    def throttled(self) -> None:
-        """A request got 429: halve the limit (at most once per second, so one burst counts once)."""
+    def throttled(self, sent: float | None = None) -> None:
+        """A request sent at ``sent`` (``time.monotonic()``) got 429: halve the limit, set the pace to a share of
+        what succeeded lately, and step the shared backoff up. Answers to requests sent before the last cut, and
+        any within :data:`CUT_INTERVAL` of it, cut nothing more: one burst counts once."""
         now = time.monotonic()
-        if now - self._last_cut >= 1.0:
-            self._last_cut = now
-            self.limit = max(1.0, min(self.limit, self.in_flight) / 2)
+        if now - self._last_cut < CUT_INTERVAL or (sent is not None and sent < self._last_cut):
+            return
+        self._last_cut = now
+        self.level += 1
+        self.limit = max(1.0, min(self.limit, self.in_flight) / 2)
+        granted = self._succeeded.per_second(now)  # 0 when nothing got through: start from MIN_PACE
+        if self.pace is not None:  # at most halved per cut: a process others crowd out still gets its turns
+            granted = max(min(granted, self.pace), self.pace / (2 * DECREASE))
+        self.pace = max(MIN_PACE, DECREASE * granted)
 
     def succeeded(self) -> None:
-        """A request succeeded: grow the limit by one per ``limit`` successes."""
+        """A request succeeded: grow the limit by one per ``limit`` successes, and the pace as :data:`GROWTH`
+        says; the backoff step goes back to 0."""
+        now = time.monotonic()
+        self.progress = now
+        self.level = 0
+        self._succeeded.add(now)
         if self.limit < self.ceiling:
             self.limit = min(float(self.ceiling), self.limit + 1 / self.limit)
+        if self.pace is not None:
+            self.pace += GROWTH / self.pace
+
+
+class _Turn:
+    __slots__ = ("retry", "throttle")
+
+    def __init__(self, throttle: Throttle, retry: bool) -> None:
+        self.throttle, self.retry = throttle, retry
+
+    async def __aenter__(self) -> None:
+        await self.throttle.acquire(retry=self.retry)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.throttle.release()

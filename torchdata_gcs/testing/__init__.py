@@ -8,12 +8,13 @@ which provides ``gcs_emulator`` (one emulator per test session) and ``gcs_bucket
 bucket per test). Put a :class:`GCSFront` before the emulator to hold it to GCS's rules (XML
 multipart upload, preconditions, composite objects, only the headers GCS promises), to add latency,
 bandwidth caps and injected faults (throttling, outages, resets, cut or damaged bodies, stalls, lost
-answers to writes carried out), and to count and record requests.
+answers to writes carried out, GCS's per-bucket request-rate ramp), and to count and record requests.
 """
 
 from ._emulator import Emulator, EmulatorError
 from ._front import FAULT_KINDS, REQUEST_KINDS, Fault, GCSFront, RecordedRequest
 from ._latency import LatencyFront
+from ._rate_ramp import RateRamp
 
 __all__ = [
     "Emulator",
@@ -23,5 +24,6 @@ __all__ = [
     "GCSFront",
     "LatencyFront",
     "REQUEST_KINDS",
+    "RateRamp",
     "RecordedRequest",
 ]

@@ -38,6 +38,7 @@ from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._patches import MetadataPatches
 from ._process import LocalService
+from ._rate_ramp import READS, WRITES, RateRamp, bucket_of, rate_limited
 from ._soft_delete import BucketOverlay
 from ._stuck_pages import continues_listing, stuck_page
 from ._versions import Versions
@@ -339,7 +340,9 @@ class GCSFront(LocalService):
     - request and response bodies travel at most ``bandwidth`` bytes/s each way per connection
       (``None``: no cap), as one connection to GCS has a throughput of its own;
     - the first of ``faults`` that applies (matches, has ``times`` left, and wins its ``rate``
-      draw from a ``random.Random(seed)``) is injected instead; see :class:`Fault`.
+      draw from a ``random.Random(seed)``) is injected instead; see :class:`Fault`;
+    - with ``rate_ramp`` (a :class:`RateRamp`), an object read or write over its bucket's request rate,
+      which starts low and doubles under sustained load as GCS's does, is answered 429 as GCS answers.
 
     ``latency`` and ``bandwidth`` may be changed while running; :meth:`set_faults` replaces the
     faults. Use it as a context manager, which stops it (closing every connection) whatever happens.
@@ -377,6 +380,7 @@ class GCSFront(LocalService):
         hierarchical: Sequence[str] = (),
         ignore_range: bool = False,
         page_size: int = MAX_PAGE_SIZE,
+        rate_ramp: RateRamp | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
@@ -423,6 +427,7 @@ class GCSFront(LocalService):
         self._versions = Versions(self._ask)
         self.ignore_range = ignore_range
         self._abandoned = 0
+        self.rate_ramp = rate_ramp
         self.set_faults(faults)
 
     def __repr__(self) -> str:
@@ -833,6 +838,8 @@ class _Handler(BaseHTTPRequestHandler):
         fault = front._record(kind, f"{self.command} {self.path}")
         self.stuck = fault is not None and fault.kind == "repeat_token"  # the answer is rewritten, not replaced
         fault = None if self.stuck else fault
+        if fault is None and front.rate_ramp is not None and self._over_rate(front.rate_ramp, kind):
+            return
         if kind in ("upload", "delete", "compose"):
             front._forget_indexes()  # the bucket changes: its snapshot would go stale
         if kind == "list" and self.path.startswith("/storage/"):
@@ -858,6 +865,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._carry_out_unanswered(body, chunked, kind)
             return
         self._carry_out(body, chunked, kind, fault)
+
+    def _over_rate(self, ramp: RateRamp, kind: str) -> bool:
+        """Answer 429 as GCS does if this object request is over its bucket's rate (see ``_rate_ramp``)."""
+        write = is_write(self.command, self.path)
+        bucket = bucket_of(self.path)
+        if bucket is None or kind not in (WRITES if write else READS) or ramp.admit(bucket, write):
+            return False
+        try:
+            for _ in self._request_body()[0] or ():  # take the whole request, so the connection stays usable
+                pass
+        except ValueError:
+            self.close_connection = True
+        if not self.server.front._pause(self.server.front.latency):
+            self._close_now()
+            return True
+        content_type, body = rate_limited(bucket, xml=not self.path.startswith(_JSON_PREFIXES))
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        if self.close_connection:
+            headers.append(("Connection", "close"))
+        self.wfile.write(_head(429, "Too Many Requests", headers) + (b"" if self.command == "HEAD" else body))
+        return True
 
     def _carry_out_unanswered(self, body: Iterator[bytes] | None, chunked: bool, kind: str) -> None:
         """Carry the request out, drop upstream's answer and answer 503 instead: a lost answer."""
