@@ -66,7 +66,9 @@ def decode(url: str, stream: IO[bytes]) -> tuple[str, torch.Tensor, int]:
 
 def seed(data: str, client: ClientConfig, count: int, strategy: str) -> None:
     """Write ``count`` objects under ``data`` unless they are there already."""
-    present = sum(1 for _ in IterableWrapper([data]).list_files_by_gcs(client=client, allow_empty=True))
+    # On rank 0 alone, while the others wait: a listing of the whole job would wait for them.
+    listing = IterableWrapper([data]).list_files_by_gcs(client=client, allow_empty=True, list_once=False)
+    present = sum(1 for _ in listing)
     if present < count:
         items = [(f"{data}{index:05d}.bin", sample(index)) for index in range(count)]
         list(IterableWrapper(items).save_by_gcs(client=client, write=WriteConfig(strategy=strategy)))
@@ -125,7 +127,9 @@ def digest(state: Any) -> str:
 def latest(folder: str, client: ClientConfig) -> tuple[int, str] | None:
     """The latest complete checkpoint under ``folder`` (DCP writes ``.metadata`` last): its step and URL."""
     found = []
-    for url in IterableWrapper([folder]).list_files_by_gcs(client=client, allow_empty=True):
+    # On rank 0 alone, while the others wait: a listing of the whole job would wait for them.
+    listing = IterableWrapper([folder]).list_files_by_gcs(client=client, allow_empty=True, list_once=False)
+    for url in listing:
         name = url[len(folder) :]
         if name.startswith("step-") and name.endswith("/.metadata"):
             found.append((int(name[len("step-") : -len("/.metadata")]), url[: -len("/.metadata")]))

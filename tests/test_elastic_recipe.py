@@ -6,6 +6,7 @@ every resume restored the model and optimizer that its checkpoint saved."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -25,6 +26,21 @@ OBJECTS = 48
 pytestmark = pytest.mark.timeout(600)
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs, as ``/proc`` tells."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        children = parents.get(queue.pop(), [])
+        found += children
+        queue += children
+    return found
+
+
 def torchrun(launch: list[str], settings: list[str], cwd: Path) -> str:
     """The example under ``torch.distributed.run``; its output. Killed with every process it started if it
     runs past a generous deadline."""
@@ -38,8 +54,12 @@ def torchrun(launch: list[str], settings: list[str], cwd: Path) -> str:
     try:
         output, _ = child.communicate(timeout=240)
     except subprocess.TimeoutExpired:
+        ranks = descendants(child.pid)  # torchrun starts each rank in a session of its own: killpg misses them
         os.killpg(child.pid, signal.SIGKILL)
-        output, _ = child.communicate()
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        output, _ = child.communicate(timeout=30)
         pytest.fail(f"torchrun ran past 240 s: {output[-3000:]}")
     assert child.returncode == 0, output[-5000:]
     return output

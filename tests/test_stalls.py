@@ -127,6 +127,26 @@ def test_datapipes_report_forked_workers(dataset, slow_front: GCSFront) -> None:
     assert report["throttled"] == THROTTLED and report["object_wait_s"]["max"] >= LATENCY
 
 
+def test_a_dataloader2_is_watched_through_its_own_copy_of_the_graph(dataset, client) -> None:
+    """DataLoader2 reads a copy of the graph it is given: the watch finds the copy's reading DataPipe by
+    itself, and refuses one of the original (whose figures stay at zero) instead of reporting nothing."""
+    dataloader2 = pytest.importorskip("torchdata.dataloader2", reason="DataLoader2 needs torchdata 0.9")
+    bucket, expected = dataset
+    pipe = GCSFileLoaderIterDataPipe(IterableWrapper(sorted(expected)), client=client)
+    loader = dataloader2.DataLoader2(pipe.map(read_pair))
+    try:
+        watch = StallWatch(loader)
+        assert_exactly_once(list(watch), expected)
+        report = watch.report()
+        assert list(report["workers"]) == ["main"]
+        assert report["objects"] == report["requests"] == report["object_wait_s"]["count"] == N_OBJECTS
+        assert pipe.stall_stats()["objects"] == 0, "the original graph is not the one read"
+        with pytest.raises(ValueError, match="leave source out"):
+            StallWatch(loader, source=pipe)
+    finally:
+        loader.shutdown()
+
+
 def test_bad_settings_are_refused() -> None:
     for log_every in (0, -1.0, float("inf"), "10"):
         with pytest.raises(ValueError, match="log_every"):

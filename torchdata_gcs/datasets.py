@@ -515,7 +515,7 @@ def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
     if "order" in state:  # the dataset's own
         return elastic_position([state])
     if "_snapshot" not in state:  # a StatefulDataLoader without workers
-        return elastic_position([state.get("dataset_state")])
+        return elastic_position([_dataset_state(state.get("dataset_state", state))])
     snapshot = state["_snapshot"]
     if not isinstance(snapshot, Mapping) or not isinstance(snapshot.get("_worker_snapshots"), Mapping):
         raise ResumeError(
@@ -531,4 +531,14 @@ def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
         workers[f"worker_{index}"].get("dataset_state") if isinstance(workers.get(f"worker_{index}"), Mapping) else None
         for index in range(len(workers))
     ]
-    return elastic_position(states)
+    return elastic_position([_dataset_state(state) for state in states])
+
+
+def _dataset_state(state: object) -> object:
+    """A dataset's state from a ``StatefulDataLoader``'s, which holds ``None`` for a dataset that keeps none."""
+    if state is None:
+        raise ResumeError(
+            "not a resumable state: this StatefulDataLoader's dataset saved no state; elastic_state reads a"
+            " GCSIterableDataset's (a map-style dataset's place is its sampler's, which the loader keeps itself)"
+        )
+    return state

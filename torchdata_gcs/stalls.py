@@ -10,6 +10,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import get_all_graph_pipes
+
 from ._engines.stalls import WaitHistogram, flatten, log_report, stall_report, timed
 
 __all__ = ["StallWatch"]
@@ -37,7 +40,9 @@ class StallWatch(Generic[T]):
             as batches come: one line per rank at INFO, one per reading process at DEBUG. ``None``
             (the default) logs nothing.
         source: what reports the reading processes (an object with ``stall_stats()``: our datasets,
-            nodes and DataPipes); by default the loader's ``dataset`` if it is one, else none.
+            nodes and DataPipes); by default the loader's ``dataset`` if it is one, or the one reading
+            DataPipe of the graph a ``DataLoader2`` reads (a copy of the one it was given: naming a
+            DataPipe of the original raises ``ValueError``), else none.
 
     Example:
         >>> import json
@@ -64,11 +69,16 @@ class StallWatch(Generic[T]):
     def __init__(self, loader: Iterable[T], *, log_every: float | None = None, source: Any = None) -> None:
         if log_every is not None and not (isinstance(log_every, (int, float)) and 0 < log_every < math.inf):
             raise ValueError(f"log_every must be a positive number of seconds or None, got {log_every!r}")
+        reporting = _reporting(loader)
         if source is None:
-            source = getattr(loader, "dataset", None)
-            source = source if callable(getattr(source, "stall_stats", None)) else None
+            source = next(iter(reporting), None) if len(reporting) <= 1 else None
         elif not callable(getattr(source, "stall_stats", None)):
             raise TypeError(f"source must have a stall_stats() method, got {type(source).__name__}")
+        elif hasattr(loader, "datapipe") and not any(pipe is source for pipe in reporting):
+            raise ValueError(
+                "source is not in the graph this DataLoader2 reads (it reads a copy of the one it was given):"
+                " leave source out, and the watch finds the copy's reading DataPipe"
+            )
         self.loader, self.log_every, self.source = loader, log_every, source
         self.batch_waits = WaitHistogram()
 
@@ -101,3 +111,16 @@ class StallWatch(Generic[T]):
         """:meth:`report` flat, nested keys joined by ``/`` after ``prefix``
         (``"data/workers/0/object_wait_s/p99"``), as TensorBoard's ``add_scalar`` and W&B's ``log`` take them."""
         return flatten(self.report(), prefix)
+
+
+def _reporting(loader: Any) -> list[Any]:
+    """What in ``loader`` gives stall figures: its ``dataset`` (a DataLoader's), or the DataPipes of the
+    graph a ``DataLoader2`` reads (its own copy of the one it was given)."""
+    dataset = getattr(loader, "dataset", None)
+    if callable(getattr(dataset, "stall_stats", None)):
+        return [dataset]
+    datapipe = getattr(loader, "datapipe", None)
+    if datapipe is None:
+        return []
+    pipes = get_all_graph_pipes(traverse_dps(datapipe))
+    return [pipe for pipe in pipes if callable(getattr(pipe, "stall_stats", None))]

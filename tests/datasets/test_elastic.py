@@ -16,7 +16,7 @@ import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.delivery import assert_exactly_once, read
-from torchdata_gcs import ClientConfig, GCSIterableDataset, ResumeError
+from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.datasets import elastic_state
 from torchdata_gcs.testing import Emulator
@@ -197,6 +197,39 @@ def test_a_state_saved_between_snapshots_is_refused(
     list(batches)
     with pytest.raises(ResumeError, match="expected a dict"):
         elastic_state([1])  # type: ignore[arg-type]
+
+
+def test_a_loaders_state_given_to_the_dataset_or_an_empty_one_is_refused_saying_what_to_do(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mistake of loading the StatefulDataLoader's own state into the dataset names what it is and the
+    way out, and changes nothing; a dict that holds no state at all says what was expected."""
+    prefix, _ = objects
+    for workers in (0, 2):
+        ranks = loaders(monkeypatch, [dataset(prefix, client)], workers=workers)
+        steps(ranks, 2)
+        state = ranks[0][0].state_dict()
+        finish(ranks)
+        ds = dataset(prefix, client)
+        with pytest.raises(ResumeError, match=r"a StatefulDataLoader's state_dict\(\).*elastic_state\(state\)"):
+            ds.load_state_dict(state)
+        assert ds.share() == dataset(prefix, client).share(), "a refused state changes nothing"
+        assert elastic_state(state)["consumed"] == [2 * BATCH, []]
+    with pytest.raises(ResumeError, match=r"expected a dataset's state_dict\(\) or a position .* got a dict of \[\]"):
+        elastic_state({})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_state_of_a_loader_over_a_map_style_dataset_is_refused_saying_it_holds_no_dataset_state(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, workers: int
+) -> None:
+    prefix, _ = objects
+    loader = StatefulDataLoader(GCSMapDataset(prefix, client=client), batch_size=BATCH, num_workers=workers)
+    batches = iter(loader)
+    next(batches)
+    with pytest.raises(ResumeError, match="dataset saved no state; elastic_state reads a GCSIterableDataset's"):
+        elastic_state(loader.state_dict())
+    list(batches)
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,9 @@ from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Loader, Parallel
 
 from tests.delivery import assert_exactly_once, read
 from tests.readme import readme_block
-from torchdata_gcs import ClientConfig, InvalidURIError, ResumeError
+from torchdata_gcs import ClientConfig, GCSIterableDataset, InvalidURIError, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
+from torchdata_gcs.datasets import elastic_state
 from torchdata_gcs.nodes import ComposeShards, EpochObjects, ListFiles, LoadFiles
 from torchdata_gcs.testing import Emulator, GCSFront
 
@@ -178,6 +179,25 @@ def test_a_state_is_checked_against_the_listing_and_the_order_and_a_refused_one_
     rest = [next(node) for _ in range(26)]
     assert rest == [next(resumed) for _ in range(26)], "the node reads on where it was"
     assert len(set(first + rest)) == 30 and set(first + rest) < set(contents)
+
+
+def test_a_loaders_state_given_to_elastic_state_or_a_dataset_is_refused_saying_to_give_it_to_the_loader(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A nodes Loader's state resumes on any world size as it is: handed to ``elastic_state`` or to a
+    dataset instead, it is refused saying so, and the dataset is unchanged."""
+    prefix, _ = objects
+    ranks = loaders([pipeline(prefix, client)])
+    (started,) = passes(monkeypatch, ranks)
+    next(started)
+    state = ranks[0].state_dict()
+    words = r"a torchdata.nodes Loader's state_dict\(\); give it to the Loader's load_state_dict"
+    with pytest.raises(ResumeError, match=words):
+        elastic_state(state)
+    ds = GCSIterableDataset(prefix, client=client)
+    with pytest.raises(ResumeError, match=words):
+        ds.load_state_dict(state)
+    assert ds.share() == GCSIterableDataset(prefix, client=client).share(), "a refused state changes nothing"
 
 
 def test_the_readme_ddp_snippet_reads_each_epoch_once_across_two_ranks(

@@ -80,8 +80,9 @@ def test_bad_urls_raise_invalid_uri(url: str) -> None:
 
 
 def test_object_url_requires_a_name() -> None:
-    with pytest.raises(InvalidURIError):
-        parse_url("gs://bucket/", allow_prefix=False)
+    for url in ("gs://bucket/", "gs://bucket"):
+        with pytest.raises(InvalidURIError, match=f"'{url}' names a bucket or folder, not an object"):
+            parse_url(url, allow_prefix=False)
 
 
 def test_non_string_is_rejected() -> None:

@@ -171,10 +171,27 @@ def _position(state: object) -> tuple[int, int, int]:
     """``(epoch, seed, done)`` of a saved dataset state, each checked."""
     if not isinstance(state, Mapping):
         raise ResumeError(f"not a resumable state: expected a dict from state_dict(), got {type(state).__name__}")
+    if "epoch" not in state and "done" not in state:
+        raise ResumeError(f"not a resumable state: {_whose(state)}")
     epoch, seed, done = _count(state, "epoch"), state.get("seed"), _count(state, "done")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ResumeError(f"not a resumable state: the 'seed' must be an integer, got {brief(seed)}")
     return epoch, seed, done
+
+
+def _whose(state: Mapping[str, Any]) -> str:
+    """What a dict that is no dataset's state most likely is, and what to do with it instead."""
+    if "_snapshot" in state or "dataset_state" in state:
+        return (
+            "this is a StatefulDataLoader's state_dict(); on the same ranks and workers give it to the loader's"
+            " load_state_dict, on any others give the dataset elastic_state(state)"
+        )
+    if "root" in state and "num_yielded" in state:
+        return (
+            "this is a torchdata.nodes Loader's state_dict(); give it to the Loader's load_state_dict, which"
+            " resumes on any number of ranks"
+        )
+    return f"expected a dataset's state_dict() or a position from elastic_state(), got a dict of {brief(sorted(state))}"
 
 
 def _check_listing(saved: Mapping[str, Any], listing: dict[str, Any], harm: str, restart: str) -> None:

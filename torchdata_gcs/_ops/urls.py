@@ -93,6 +93,8 @@ def parse_url(url: str, *, allow_prefix: bool = True) -> tuple[str, str]:
         raise InvalidURIError(f"not a GCS URL (expected gs://bucket/name): {brief(url)}")
     bucket, _, name = url[len(scheme) :].partition("/")
     validate_bucket(bucket)
+    if not name and not allow_prefix:
+        raise InvalidURIError(f"object name must not be empty: {brief(url)} names a bucket or folder, not an object")
     validate_object_name(name, allow_empty=allow_prefix)
     return bucket, name
 
