@@ -3,7 +3,6 @@ listed once and read through the same engine as ``load_files_by_gcs``."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import os
@@ -469,9 +468,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         order = self._order()
         saved_start = state.get("order", {}).get("start") if isinstance(state, Mapping) else None
         start = Consumed.from_state(saved_start, len(self.objects)) if isinstance(saved_start, list) else Consumed()
-        split = dataclasses.replace(self._split(), drop_last=self.drop_last)
         order["start"] = start.to_state()
-        share = len(start.share(len(self.objects), split))
+        share = len(start.share(len(self.objects), self._split()))
         epoch, seed, done = resume_position(state, self._listing, order, share)
         self._epoch.value, self.seed, self._resume, self._start = epoch, seed, done, (epoch, start)
         self._turns = SharedTurns()
