@@ -70,3 +70,9 @@ def test_a_name_is_refused_exactly_when_it_would_leave_the_folder(data: st.DataO
     ]
     for target, headers, body in requests:
         assert (problem_in_request(target, headers, body) is not None) == refused, (target, body)
+
+
+def test_a_listing_by_folders_is_not_refused() -> None:
+    """The ``delimiter`` of a listing (``/``, as fsspec's ``ls`` sends it) is a separator, not a name."""
+    assert problem_in_request("/storage/v1/b/bkt/o?delimiter=%2F&prefix=big%2F", {}, b"") is None
+    assert problem_in_request("/storage/v1/b/bkt/o?delimiter=%2F&prefix=%2Fbig%2F", {}, b"") is not None

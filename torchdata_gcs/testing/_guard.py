@@ -56,8 +56,8 @@ def _bad_target(target: str) -> str | None:
     for segment in segments:
         if problem := _bad_name(unquote(segment)):
             return problem
-    for _, value in parse_qsl(parts.query, keep_blank_values=True):
-        if problem := _bad_name(value):
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key != "delimiter" and (problem := _bad_name(value)):  # a listing's "/" delimiter names nothing
             return problem
     return None
 
