@@ -312,3 +312,30 @@ def test_sigterm_during_a_save_leaves_no_open_upload_and_no_part(
     while gcs_front.open_uploads or gcs_emulator.names(gcs_bucket):
         assert time.monotonic() - started < 30, (gcs_front.open_uploads, gcs_emulator.names(gcs_bucket))
         time.sleep(0.1)
+
+
+LEFT_OPEN = textwrap.dedent(
+    """
+    import sys
+    from torchdata_gcs import ClientConfig
+    from torchdata_gcs._engines import upload
+    from torchdata_gcs._ops.client import Client
+    client = Client(ClientConfig(endpoint=sys.argv[1], anonymous=True))
+    writer = getattr(upload, sys.argv[3])(f"gs://{sys.argv[2]}/ckpt.pt", client=client, part_size=upload.MIN_PART_SIZE)
+    writer.write(b"x" * (3 * upload.MIN_PART_SIZE + 1))  # parts go out, and the script ends
+    """
+)
+
+
+@pytest.mark.parametrize("strategy", ["MultipartWriter", "CompositeWriter"])
+def test_a_writer_left_open_at_the_end_of_a_script_is_aborted_there(
+    gcs_emulator: Emulator, gcs_front: GCSFront, gcs_bucket: str, strategy: str
+) -> None:
+    """A writer never closed when the script ends publishes nothing: it is aborted at exit while the I/O loop
+    still runs (its parts discarded then, not left to the reaper), and the script ends at once, quietly."""
+    command = [sys.executable, "-c", LEFT_OPEN, gcs_front.endpoint, gcs_bucket, strategy]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert time.monotonic() - started < 30
+    assert not gcs_front.open_uploads and not gcs_emulator.names(gcs_bucket)

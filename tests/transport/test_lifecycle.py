@@ -28,6 +28,19 @@ def test_cleanups_run_before_closings_whatever_registered_first() -> None:
     assert done.returncode == 0 and done.stdout.split() == ["cleanup", "close"], done.stderr
 
 
+def test_at_exit_stops_come_first_and_the_last_closing_last_whatever_registered_first() -> None:
+    done = run(
+        """
+        from torchdata_gcs._transport import lifecycle
+        lifecycle.at_exit(lambda: print("last", flush=True), last=True)
+        lifecycle.at_exit(lambda: print("close", flush=True))
+        lifecycle.cleanup(lambda: print("cleanup", flush=True))
+        lifecycle.stop_at_exit(lambda: print("stop", flush=True))
+        """
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["stop", "cleanup", "close", "last"], done.stderr
+
+
 def test_hooks_are_registered_at_first_use_not_at_import() -> None:
     done = run(
         """

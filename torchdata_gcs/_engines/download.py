@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -37,7 +37,7 @@ from .._ops.objects import object_resource
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
-from .._transport.loop import Handoff, Slot, submit
+from .._transport.loop import Handoff, Slot, close_at_exit, submit
 from .._transport.retry import Attempts
 from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
@@ -371,6 +371,13 @@ async def load_one(url: str, info: ObjectInfo | None, context: RequestContext, s
 def deliver_in_order(
     units: Iterable[Unit], context: RequestContext, window_size: int, *, skip_missing: bool
 ) -> Iterator[tuple[str, Loaded]]:
+    """:func:`_deliver_in_order`, closed at exit if it is still open then (its requests cancelled)."""
+    return close_at_exit(_deliver_in_order(units, context, window_size, skip_missing=skip_missing))
+
+
+def _deliver_in_order(
+    units: Iterable[Unit], context: RequestContext, window_size: int, *, skip_missing: bool
+) -> Generator[tuple[str, Loaded], None, None]:
     """Run ``units`` on the I/O loop, ``window_size`` ahead of the consumer, and yield their
     ``(url, bytes or stream)`` in order; a missing object raises, or with ``skip_missing`` warns.
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import google_crc32c
 
 from .._ops.checksums import check_crc32c, crc32c_base64
-from .._transport.loop import wait
+from .._transport.loop import close_at_exit, wait
 from .._transport.transport import FilledBytes
 from ..errors import IntegrityError
 
@@ -142,6 +142,7 @@ class PartStream(io.RawIOBase):
         self._received = self._requested = received
         self._crc = crc
         self._pending: deque[Future[list[bytes]]] = deque()
+        close_at_exit(self)  # its parts in flight cancelled at exit while the loop runs
         if received:  # resumed: ``first`` is counted in ``received`` and ``crc`` already
             self._chunks.extend(first)
         else:

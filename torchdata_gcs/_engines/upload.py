@@ -44,7 +44,7 @@ from .._ops.urls import TEMPORARY_PREFIX, brief, format_url, parse_url
 from .._transport import reaper
 from .._transport.context import LoadStats, RequestContext
 from .._transport.deadline import own_deadlines, tidying
-from .._transport.loop import run, submit, wait, wait_unless_on_io_loop
+from .._transport.loop import close_at_exit, run, submit, wait, wait_unless_on_io_loop
 from .._transport.retry import Attempts, is_retryable
 from ..config import MAX_PART_SIZE, MIN_PART_SIZE, TransferConfig, WriteConfig
 from ..errors import (
@@ -149,6 +149,9 @@ class StreamingWriter(PublishingWriter):
     ) -> None:
         super().__init__()
         self.check_settings(part_size, max_parts_in_flight)
+        close_at_exit(
+            self, StreamingWriter.abort
+        )  # dropped unpublished at exit: its parts discarded while the loop runs
         self._only_if_new = only_if_new
         self.attributes = attributes or ObjectAttributes()
         """The published object's content type and metadata."""

@@ -2,9 +2,10 @@
 process ends (interpreter exit, a multiprocessing worker's exit), in an order fixed here rather than by
 which module happened to be imported first.
 
-Cleanups (deleting temporary objects) run first; closings (sessions) run after them, at a normal exit
-only. Nothing is registered at import: the process-wide hooks (``atexit``, ``os.register_at_fork``, a
-worker's finalizer) are set when a module first registers something, at its first use. No signal
+At a normal exit, in this order: stops (what still reads or writes: open streams and writers), cleanups
+(deleting temporary objects), closings (sessions), and last the I/O loop's own end. Nothing is
+registered at import: the process-wide hooks (``atexit``, ``os.register_at_fork``, a worker's
+finalizer) are set when a module first registers something, at its first use. No signal
 handler is ever set: a process ended by a signal leaves its temporary objects to the reaper
 (:mod:`.reaper`).
 """
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["after_fork", "at_exit", "cleanup", "install", "watch_parent"]
+__all__ = ["after_fork", "at_exit", "cleanup", "install", "stop_at_exit", "watch_parent"]
 
 T = TypeVar("T")
 
@@ -29,8 +30,10 @@ PARENT_CHECK_SECONDS = 1.0
 """How often a worker looks whether its parent is still alive."""
 
 _after_fork: list[Callable[[], None]] = []
+_stops: list[Callable[[], None]] = []
 _cleanups: list[Callable[[], None]] = []
 _closings: list[Callable[[], None]] = []
+_lasts: list[Callable[[], None]] = []
 _pending: list[Callable[[], bool]] = []  # whether some cleanup has work (a watched worker ends only then)
 _hooked = False  # atexit and at-fork hooks registered (inherited through fork, as the registrations are)
 _finalizer_pid: int | None = None  # the process whose multiprocessing finalizer is registered
@@ -57,9 +60,14 @@ def cleanup(run: Callable[[], None], *, pending: Callable[[], bool] | None = Non
     install()
 
 
-def at_exit(close: Callable[[], None]) -> None:
-    """Run ``close`` at a normal end of the process, after every cleanup."""
-    _add(_closings, close)
+def stop_at_exit(stop: Callable[[], None]) -> None:
+    """Run ``stop`` at a normal end of the process, before any cleanup."""
+    _add(_stops, stop)
+
+
+def at_exit(close: Callable[[], None], *, last: bool = False) -> None:
+    """Run ``close`` at a normal end of the process, after every cleanup (``last``: after every other closing)."""
+    _add(_lasts if last else _closings, close)
 
 
 def _run_cleanups() -> None:
@@ -68,8 +76,10 @@ def _run_cleanups() -> None:
 
 
 def _exit() -> None:
+    for stop in _stops:
+        stop()
     _run_cleanups()
-    for close in _closings:
+    for close in _closings + _lasts:
         close()
 
 

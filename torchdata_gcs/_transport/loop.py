@@ -1,37 +1,129 @@
-"""The process's asyncio loop: one daemon thread, started on first use, anew after fork.
+"""The process's asyncio loop: one daemon thread, started on first use, anew after fork, ended at exit.
 
 Every request runs as a coroutine on this loop, so thousands of requests share one thread instead
 of contending for the GIL from many; synchronous callers hand work over here only (:func:`run`,
-:func:`submit` and :func:`wait`, :func:`iterate`, :class:`Handoff`), which cancels it if they stop waiting."""
+:func:`submit` and :func:`wait`, :func:`iterate`, :class:`Handoff`), which cancels it if they stop waiting.
+At a normal exit, the streams still open are closed (their requests cancelled), then the loop ends; from
+then on, and while the interpreter finalizes (when the loop's thread is frozen), nothing waits on it."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import sys
 import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+import weakref
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import lifecycle
 
 T = TypeVar("T")
+C = TypeVar("C", bound="_Closable")
 
-__all__ = ["Handoff", "Slot", "io_loop", "iterate", "on_io_loop", "run", "submit", "wait", "wait_unless_on_io_loop"]
+__all__ = [
+    "Handoff",
+    "Slot",
+    "close_at_exit",
+    "io_loop",
+    "iterate",
+    "on_io_loop",
+    "run",
+    "submit",
+    "wait",
+    "wait_unless_on_io_loop",
+]
+
+CLOSE_SECONDS = 10.0
+"""How long closing a stream waits for the loop to cancel its work (it takes milliseconds)."""
+
+END_SECONDS = 5.0
+"""How long the end of the process waits for the loop to finish what is left on it."""
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+# What to close at exit, with how: streams (closed) and writers (aborted) of this process.
+_open: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
 
 
 def io_loop() -> asyncio.AbstractEventLoop:
     """This process's I/O loop, running in its own thread."""
-    global _loop
+    global _loop, _thread
     with _lock:
         if _loop is None:
+            if sys.is_finalizing():
+                raise RuntimeError("the interpreter is exiting: no new I/O can start")
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="torchdata-gcs-io", daemon=True).start()
+            _thread = threading.Thread(target=loop.run_forever, name="torchdata-gcs-io", daemon=True)
+            _thread.start()
             _loop = loop
             lifecycle.after_fork(_forget_after_fork)
+            lifecycle.stop_at_exit(_close_open_streams)
+            lifecycle.at_exit(_end_at_exit, last=True)
         return _loop
+
+
+def _usable(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether work handed to ``loop`` will run: it is this process's loop, its thread is alive and the
+    interpreter is not finalizing (when a daemon thread such as the loop's is frozen for good)."""
+    return loop is _loop and _thread is not None and _thread.is_alive() and not sys.is_finalizing()
+
+
+def close_at_exit(stream: C, close: Callable[[C], None] | None = None) -> C:
+    """``stream`` (a generator or reader whose ``close`` cancels its work on the loop), closed at a normal
+    exit while the loop still runs, if it is still open then, by ``close(stream)`` if given (a writer's
+    abort: what is not published by then never is); returns it."""
+    _open[stream] = close or _close
+    return stream
+
+
+def _close(stream: _Closable) -> None:
+    stream.close()
+
+
+def _close_open_streams() -> None:
+    """At exit: close what is still open (a stream half-read at module level, or kept by a reference
+    cycle), so that its requests are cancelled while the loop runs, not left to the finalizing interpreter."""
+    for stream, close in list(_open.items()):
+        # A generator another thread is inside cannot be closed; its thread is frozen at finalization.
+        with contextlib.suppress(ValueError):
+            close(stream)
+
+
+def _end_at_exit() -> None:
+    """At exit, after every closing: cancel what is still on the loop, let it unwind, and end the loop, so that
+    nothing is left pending (asyncio's "Task was destroyed but it is pending!") when the interpreter finalizes."""
+    global _loop, _thread
+    with _lock:
+        loop, thread, _loop, _thread = _loop, _thread, None, None
+    if loop is None or thread is None or not thread.is_alive():
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(_wind_down(), loop).result(END_SECONDS)
+    except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, RuntimeError):
+        pass  # something would not unwind: the loop is left as it is, and never waited for again
+    else:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(END_SECONDS)
+        if not thread.is_alive():
+            loop.close()
+
+
+async def _wind_down() -> None:
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -43,8 +135,15 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 
 def submit(coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     """Start ``coroutine`` on the I/O loop; a future of its result, which :func:`wait` waits for.
-    Cancelling the future cancels the coroutine."""
-    return asyncio.run_coroutine_threadsafe(coroutine, io_loop())
+    Cancelling the future cancels the coroutine. While the interpreter finalizes, raises ``RuntimeError``."""
+    try:
+        loop = io_loop()
+        if not _usable(loop):
+            raise RuntimeError("the interpreter is exiting: the I/O loop runs no more work")
+    except BaseException:
+        coroutine.close()  # never started: no "never awaited" warning
+        raise
+    return asyncio.run_coroutine_threadsafe(coroutine, loop)
 
 
 def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
@@ -79,8 +178,13 @@ async def on_io_loop(coroutine: Coroutine[Any, Any, T]) -> T:
 def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T | None:
     """Run ``coroutine`` on the I/O loop and wait for its result; on the loop's own thread (say, a
     finalizer the garbage collector ran there), where waiting would wait forever, schedule it and
-    return ``None``."""
-    if _on_loop(io_loop()):
+    return ``None``; where nothing would run it (the loop has ended, the interpreter finalizes), drop it
+    and return ``None``."""
+    loop = _loop
+    if loop is None or not _usable(loop):
+        coroutine.close()
+        return None
+    if _on_loop(loop):
         # No reference kept: a pending task is held by the loop's queue or by what it awaits (a request's
         # socket, a timer, a lock others hold), so it is collected only if nothing could ever wake it.
         asyncio.ensure_future(coroutine)
@@ -91,12 +195,17 @@ def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | N
 def iterate(items: AsyncGenerator[T, None]) -> Iterator[T]:
     """The items of ``items``, an async generator run on the I/O loop, for a blocking caller (each one
     :func:`run`); when the caller stops early (closes this iterator, or Ctrl-C ends a wait), ``items`` is
-    closed there, so nothing of it keeps running."""
+    closed there, so nothing of it keeps running. Closed at exit if still open (:func:`close_at_exit`)."""
+    return close_at_exit(_iterate(items))
+
+
+def _iterate(items: AsyncGenerator[T, None]) -> Generator[T, None, None]:
     try:
         while (item := run(_next(items))) is not _END:
             yield item  # type: ignore[misc]
     finally:
-        wait_unless_on_io_loop(_close(items))
+        with contextlib.suppress(TimeoutError):  # not closed in time: the loop's end at exit cancels it
+            wait_unless_on_io_loop(_aclose(items), CLOSE_SECONDS)
 
 
 _END = object()
@@ -109,7 +218,9 @@ async def _next(items: AsyncGenerator[T, None]) -> T | object:
         return _END
 
 
-async def _close(items: AsyncGenerator[Any, None]) -> None:
+async def _aclose(items: AsyncGenerator[Any, None]) -> None:
+    while items.ag_running:  # the step a Ctrl-C cancelled is still unwinding
+        await asyncio.sleep(0)
     await items.aclose()
 
 
@@ -150,10 +261,16 @@ class Handoff:
             self.call(_cancel_tasks, cancelled)
 
     def flush(self) -> None:
-        """Hand everything gathered to the loop with one wake-up."""
+        """Hand everything gathered to the loop with one wake-up; where the loop runs no more work (the
+        process is ending), close the coroutines instead."""
         if self._coroutines or self._calls:
-            self._loop.call_soon_threadsafe(_start, self._calls, self._coroutines)
-            self._coroutines, self._calls = [], []
+            coroutines, calls, self._coroutines, self._calls = self._coroutines, self._calls, [], []
+            if _usable(self._loop):
+                self._loop.call_soon_threadsafe(_start, calls, coroutines)
+            else:
+                for coroutine, slot in coroutines:
+                    coroutine.close()
+                    slot._cancel()
 
 
 class Slot(Generic[T]):
@@ -191,7 +308,8 @@ class Slot(Generic[T]):
         """Cancel the coroutine (at once, on the loop); ``False`` if its result is already in."""
         if not self._cancel():
             return False
-        self._loop.call_soon_threadsafe(_cancel_tasks, [self])
+        if _usable(self._loop):
+            self._loop.call_soon_threadsafe(_cancel_tasks, [self])
         return True
 
     def _cancel(self) -> bool:
@@ -243,6 +361,7 @@ def _cancel_tasks(slots: list[Slot[Any]]) -> None:
 
 
 def _forget_after_fork() -> None:
-    """A forked child has no loop thread: the next ``io_loop()`` starts one."""
-    global _lock, _loop
-    _lock, _loop = threading.Lock(), None
+    """A forked child has no loop thread and none of its parent's streams: the next ``io_loop()`` starts one."""
+    global _lock, _loop, _thread
+    _lock, _loop, _thread = threading.Lock(), None, None
+    _open.clear()
