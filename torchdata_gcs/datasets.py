@@ -4,10 +4,9 @@ listed once and read through the same engine as ``load_files_by_gcs``."""
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -21,6 +20,7 @@ from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
 from ._engines.stalls import stall_report, timed
+from ._engines.transform import ItemMaker, Transform
 from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["GCSIterableDataset", "GCSMapDataset", "elastic_state"]
 
 T = TypeVar("T")
-Transform = Callable[[str, IO[bytes]], T] | Callable[[IO[bytes]], T]
-"""What a dataset does with each object: given its URL and a binary stream over its bytes, or the stream
-alone (whose ``name`` is the URL), the item."""
 
 Objects = str | Sequence[str] | Sequence[tuple[str, ObjectInfo]]
 """What a dataset reads: ``gs://`` prefixes, object URLs or globs to list, or ``(url, ObjectInfo)`` pairs
@@ -47,17 +44,6 @@ already listed (as ``list_files_by_gcs(with_metadata=True)`` yields them)."""
 
 def _url_and_bytes(url: str, stream: IO[bytes]) -> tuple[str, bytes]:
     return url, stream.read()
-
-
-def _takes_one_argument(transform: Callable[..., Any]) -> bool:
-    """Whether ``transform`` is called with the stream alone: its signature requires exactly one positional
-    argument (one whose signature cannot be read, as some builtins', is taken to take one)."""
-    try:
-        parameters = inspect.signature(transform).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters) == 1
 
 
 class _Dataset(Generic[T]):
@@ -78,14 +64,12 @@ class _Dataset(Generic[T]):
         list_once: bool,
     ) -> None:
         require_integer("concurrency", concurrency, 1, 256)
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        self._make_item: ItemMaker[T] = ItemMaker(transform or cast(Transform[T], _url_and_bytes))
         self.client = client or ClientConfig()
         self.transfer = transfer or TransferConfig()
         self.retry = retry or RetryConfig()
         self._gcs = Client(self.client, self.retry, transfer=self.transfer)
-        self.transform: Transform[T] = transform or cast(Transform[T], _url_and_bytes)
-        self._stream_only = transform is not None and _takes_one_argument(transform)
+        self.transform: Transform[T] = self._make_item.transform
         self._stats = WorkerStats()
         pairs = _pairs(objects)
         if pairs is not None:
@@ -194,10 +178,9 @@ class _Dataset(Generic[T]):
     def _load(self, items: Sequence[tuple[str, ObjectInfo]]) -> Iterator[T]:
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
         gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
-        transform: Callable[..., T] = self.transform
+        make_item = self._make_item
         for url, data in timed(load_in_order(items, gcs, skip_missing=False), self._stats.waits()):
-            stream = cast(IO[bytes], as_stream(url, data))
-            item = transform(stream) if self._stream_only else transform(url, stream)
+            item = make_item(url, cast(IO[bytes], as_stream(url, data)))
             self._stats.publish()
             yield item
 
@@ -236,9 +219,10 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
             ``**/*.jpg`` on names below the prefix); none keeps all.
         manifest: a ``gs://bucket/folder/`` where the listing is shared by every process that makes
             this dataset (see ``list_files_by_gcs``); it takes the place of ``list_once``.
-        transform: makes the item of each object: ``transform(stream)`` for a callable that requires one
-            positional argument (``PIL.Image.open``, ``torch.load``; ``stream.name`` is the URL), else
-            ``transform(url, stream)``. The default gives ``(url, bytes)``.
+        transform: makes the item of each object: ``transform(stream)`` for a callable that takes one
+            positional argument (``PIL.Image.open``, ``torch.load``; ``stream.name`` is the URL),
+            ``transform(url, stream)`` for one that takes two, as in every front end (another shape raises
+            ``TypeError``). The default gives ``(url, bytes)``.
         client, transfer, retry: as for ``load_files_by_gcs``.
         concurrency: list requests at once.
         allow_empty: an input that matches no object is not an error.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import IO, Any, cast
 
 try:
@@ -29,6 +29,7 @@ from ._engines.parallel_listing import ListingStats
 from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
 from ._engines.shared_listing import Entry
 from ._engines.stalls import WaitHistogram, process_name, stall_report, timed
+from ._engines.transform import ItemMaker, Transform
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client
 from ._ops.objects import MAX_SOURCES
@@ -218,7 +219,7 @@ class _Reading(BaseNode[Any]):
     def __init__(
         self,
         source: BaseNode[Item],
-        transform: Callable[[str, IO[bytes]], Any] | None,
+        transform: Transform[Any] | None,
         client: ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
@@ -226,6 +227,7 @@ class _Reading(BaseNode[Any]):
         super().__init__()
         self.source = source
         self.transform = transform
+        self._make_item = None if transform is None else ItemMaker(transform)
         self.client, self.transfer, self.retry = (
             client or ClientConfig(),
             transfer or TransferConfig(),
@@ -264,7 +266,7 @@ class _Reading(BaseNode[Any]):
         while pulled != url:  # the states of objects skipped as missing go with them
             pulled, self._state = self._states.popleft()
         stream = cast(IO[bytes], as_stream(url, data))
-        return (url, stream) if self.transform is None else self.transform(url, stream)
+        return (url, stream) if self._make_item is None else self._make_item(url, stream)
 
     def get_state(self) -> dict[str, Any]:
         return {"source": self._state}
@@ -278,7 +280,9 @@ class _Reading(BaseNode[Any]):
 
 class LoadFiles(_Reading):
     """``(url, stream)`` for each URL or ``(url, ObjectInfo)`` of ``source``, in order, up to
-    ``transfer.max_in_flight`` requests ahead (or ``transform(url, stream)`` of each).
+    ``transfer.max_in_flight`` requests ahead; or, with ``transform``, the item it makes of each:
+    ``transform(stream)`` for a callable that takes one positional argument (``stream.name`` is the URL),
+    ``transform(url, stream)`` for one that takes two, as in every front end (another shape raises ``TypeError``).
 
     A missing object raises ``NotFoundError``, or with ``skip_missing`` is skipped with a
     ``MissingObjectWarning``. Settings are those of ``load_files_by_gcs``.
@@ -288,7 +292,7 @@ class LoadFiles(_Reading):
         self,
         source: BaseNode[Item],
         *,
-        transform: Callable[[str, IO[bytes]], Any] | None = None,
+        transform: Transform[Any] | None = None,
         skip_missing: bool = False,
         client: ClientConfig | None = None,
         transfer: TransferConfig | None = None,
@@ -309,7 +313,7 @@ class ComposeShards(_Reading):
         self,
         source: BaseNode[Item],
         *,
-        transform: Callable[[str, IO[bytes]], Any] | None = None,
+        transform: Transform[Any] | None = None,
         max_sources: int = MAX_SOURCES,
         max_composite_bytes: int = 32 * 1024 * 1024,
         reuse_prefix: str | None = None,
