@@ -113,8 +113,9 @@ def _watch(scripts: list[dict[str, Any]], parallel: int, workers_seconds: float)
     return None
 
 
-_spec = json.load(sys.stdin)
-_script = _watch(_spec["scripts"], _spec["parallel"], _spec["workers_seconds"])
-assert _script is not None
-del _spec
-exec(compile(_script["source"], _script["name"], "exec"))
+if __name__ == "__main__":  # not when pytest collects this file
+    _spec = json.load(sys.stdin)
+    _script = _watch(_spec["scripts"], _spec["parallel"], _spec["workers_seconds"])
+    assert _script is not None
+    del _spec
+    exec(compile(_script["source"], _script["name"], "exec"))  # still this module's top level
