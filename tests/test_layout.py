@@ -296,3 +296,28 @@ def test_below_the_front_ends_only_the_handle_builds_clients_and_contexts() -> N
                 if called in ("Client", "new_context"):
                     built.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {called}(...)")
     assert built == []
+
+
+WIRE_LAYERS = ("torchdata_gcs/_transport/", "torchdata_gcs/_ops/", "torchdata_gcs/testing/")
+SENDING = {"read_media", "send", "request", "json_answer"}  # a session's or transport's ways to send
+WIRE_TYPES = {"Response", "Headers", "Transport"}
+
+
+def test_only_the_wire_and_ops_touch_a_response_or_send_a_request() -> None:
+    """Engines and front ends hold a request context and call ``_ops``; what one request does and what its
+    answer means is written once, there (the test front, a server, speaks HTTP of its own)."""
+    found = []
+    for path in modules():
+        name = str(path.relative_to(PACKAGE.parent))
+        if name.startswith(WIRE_LAYERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith(("transport", "session")):
+                found += [f"{name}: imports {alias.name}" for alias in node.names if alias.name in WIRE_TYPES]
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                modules_named = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module]
+                found += [f"{name}: imports {m}" for m in modules_named if m and m.split(".")[0] == "aiohttp"]
+            elif isinstance(node, ast.Attribute) and node.attr in SENDING and isinstance(node.value, ast.Attribute):
+                if node.value.attr in ("session", "transport", "media"):
+                    found.append(f"{name}: calls {node.value.attr}.{node.attr}")
+    assert found == []

@@ -33,11 +33,12 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ._engines.checkpoints import open_writer, write_config
-from ._engines.ranges import read_into_buffer, read_ranges_into
+from ._engines.ranges import read_into_buffer
 from ._engines.read_ahead import ReadAhead, Span
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.client import Client
 from ._ops.paging import ITEM_FIELDS
+from ._ops.reads import read_ranges_into
 from ._ops.urls import format_url, parse_url
 from ._transport.context import LoadStats
 from ._transport.loop import run

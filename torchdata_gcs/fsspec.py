@@ -47,7 +47,6 @@ from torchdata_gcs_fsspec_handler import VARIABLE
 from ._engines.download import Loaded, fetch_object
 from ._engines.listing import list_objects_async
 from ._engines.publishing import PublishingWriter
-from ._engines.ranges import read_ranges_into
 from ._engines.streams import FilledBytes, PartStream
 from ._engines.upload import StreamingWriter, new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
@@ -73,6 +72,7 @@ from ._ops.objects import (
 )
 from ._ops.paging import MAX_PAGE_SIZE, PageTrail
 from ._ops.patterns import has_magic, tree_glob
+from ._ops.reads import read_ranges_into
 from ._ops.signing import signed_url
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext

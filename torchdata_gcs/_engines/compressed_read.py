@@ -10,8 +10,8 @@ the compressed bytes are held only while their range is in flight or being decom
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import google_crc32c
@@ -19,12 +19,12 @@ import zstandard
 
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from .._ops.client import Client
+from .._ops.reads import read_ranges_into
 from .._transport.context import RequestContext
 from .._transport.loop import run
-from .._transport.retry import Attempts
+from .._transport.retry import reread_while_damaged
 from ..errors import IntegrityError
 from .compression import Block, place, read_block_table
-from .ranges import read_ranges_into
 
 __all__ = ["TAIL", "block_table_of", "read_decompressed_into"]
 
@@ -47,15 +47,17 @@ def block_table_of(url: str, info: ObjectInfo, client: Client) -> tuple[list[Blo
     if info.size == 0:
         return None
     context = client.context()
-    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
+
+    def run_tail(length: int) -> bytes:
+        return run(_tail(context, url, info, length))
+
+    def check(tail: bytes) -> tuple[bytes, list[Block] | int | None]:
+        return tail, read_block_table(tail, info.size, url)  # damaged on the way (it has its own checksum)
+
     length = TAIL
     while True:
-        tail = run(_tail(context, url, info, length))
-        try:
-            found = read_block_table(tail, info.size, url)
-        except IntegrityError as exc:  # damaged on the way (the table has its own checksum): read again
-            time.sleep(rereads.delay_after(exc))
-            continue
+        reading = functools.partial(run_tail, length)
+        tail, found = reread_while_damaged(reading, check, client.retry, url, client.stats.count_retry)
         if not isinstance(found, int):
             break
         length = found  # a table longer than the tail read
@@ -108,23 +110,30 @@ def read_decompressed_into(
     groups = _ranges(blocks, target_bytes)
     context = client.context()
 
-    async def one(group: list[Block], pool: ThreadPoolExecutor) -> tuple[int, int]:
+    Piece = tuple[int, int, IntegrityError | None]  # a range's crc32c and size, and the damage its frames showed
+
+    async def one(group: list[Block], pool: ThreadPoolExecutor) -> Piece:
         start = 0 if group is groups[0] else group[0].start  # the first range also covers the format's magic
         buffer = bytearray(group[-1].frame + group[-1].compressed - start)
         crc = await read_ranges_into(context, url, info.generation, start, memoryview(buffer), len(buffer))
-        await asyncio.get_running_loop().run_in_executor(pool, _restore, buffer, start, group, target, url)
-        return crc, len(buffer)
+        try:
+            await asyncio.get_running_loop().run_in_executor(pool, _restore, buffer, start, group, target, url)
+        except IntegrityError as damage:
+            return crc, len(buffer), damage
+        return crc, len(buffer), None
 
-    async def everything(pool: ThreadPoolExecutor) -> list[tuple[int, int]]:
+    async def everything(pool: ThreadPoolExecutor) -> list[Piece]:
         return await asyncio.gather(*(one(group, pool) for group in groups))
 
-    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
-    while True:
-        try:
-            with ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="torchdata-gcs-unzstd") as pool:
-                pieces = run(everything(pool))
-            pieces.append((google_crc32c.value(table_frame), len(table_frame)))
-            check_crc32c(url, crc32c_base64(crc32c_of_concatenation(pieces)), {"GCS": info.crc32c})
-            return
-        except IntegrityError as exc:  # a damaged frame or the object's crc32c: read it all again
-            time.sleep(rereads.delay_after(exc))
+    def read() -> list[Piece]:
+        with ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="torchdata-gcs-unzstd") as pool:
+            return run(everything(pool))
+
+    def check(pieces: list[Piece]) -> None:  # a damaged frame or a wrong crc32c of the object: read it all again
+        for _, _, damage in pieces:
+            if damage is not None:
+                raise damage
+        tiles = [(crc, size) for crc, size, _ in pieces] + [(google_crc32c.value(table_frame), len(table_frame))]
+        check_crc32c(url, crc32c_base64(crc32c_of_concatenation(tiles)), {"GCS": info.crc32c})
+
+    reread_while_damaged(read, check, client.retry, url, client.stats.count_retry)

@@ -24,24 +24,15 @@ from typing import Any, TypeVar
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._ops.checksums import (
-    ObjectInfo,
-    check_crc32c,
-    crc32c_base64,
-    crc32c_of_concatenation,
-    reported_crc32c,
-    verify_bytes,
-)
+from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, verify_bytes
 from .._ops.client import Client
-from .._ops.objects import object_resource
+from .._ops.reads import MediaAnswer, learn_version, media_answer, read_range, read_ranges_into, version_gone
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, Slot, close_at_exit, submit
-from .._transport.retry import Attempts
-from .._transport.transport import Response
+from .._transport.retry import reread_while_damaged_async
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
-from .ranges import read_range, read_ranges_into, size_in_content_range, take_piece, version_gone
 from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
@@ -61,54 +52,6 @@ HANDOFF_UNITS = 16
 
 STREAM_AHEAD_PARTS = 4
 """An object larger than the byte budget is read at most this many parts ahead of its reader."""
-
-
-async def _read_at_most(response: Response, limit: int) -> list[bytes]:
-    """Up to ``limit`` bytes of a response body, in the chunks they came in."""
-    chunks: list[bytes] = []
-    received = 0
-    if limit > 0:
-        async for chunk in response.chunks():
-            chunks.append(chunk[: limit - received])
-            received += len(chunks[-1])
-            if received >= limit:
-                break
-    return chunks
-
-
-async def _read_into(response: Response, target: memoryview, *, to_the_end: bool) -> tuple[int, int]:
-    """Fill ``target`` from a response body as it arrives (each piece put in place by the transport), until
-    ``target`` is full and, ``to_the_end``, the body ends; the bytes received (one more than ``target``
-    holds if the body was longer) and the crc32c of those put in place."""
-    received = crc = 0
-    while received < len(target):
-        count, crc = await take_piece(response, target[received:], crc)
-        if not count:
-            return received, crc
-        received += count
-    if to_the_end:
-        received += await response.readinto(memoryview(bytearray(1)))
-    return received, crc
-
-
-async def _learn_version(
-    context: RequestContext, url: str, params: dict[str, Any], checksums: dict[str, str | None]
-) -> None:
-    """Pin ``params`` to the object's generation and learn its crc32c from its metadata, for an object
-    whose first answer did not report them (read in several ranges, or with no checksum known)."""
-    bucket, name = parse_url(url, allow_prefix=False)
-    resource = await object_resource(
-        context,
-        bucket,
-        name,
-        "generation,crc32c",
-        generation=params.get("generation"),
-        required=("generation",),
-        missing_ok=False,
-    )
-    assert resource is not None
-    params["generation"] = resource["generation"]
-    checksums["GCS"] = checksums["GCS"] or resource.get("crc32c")
 
 
 class VersionRanges:
@@ -221,7 +164,7 @@ class _ObjectRead:
                     return (first[0] if len(first) == 1 else first), self.reserved
                 parts = first
                 if "generation" not in params or self.checksums["GCS"] is None:  # the answer did not say: ask
-                    await _learn_version(context, url, params, self.checksums)
+                    await learn_version(context, url, params, self.checksums)
             if self.streamed(size):
                 return self.stream(size, parts), self.reserved
             return await self.assemble(size), self.reserved
@@ -233,24 +176,24 @@ class _ObjectRead:
     async def assemble(self, size: int) -> bytes:
         """The whole object as one ``bytes``, held once: the rest after what the first answer put in
         place, read as concurrent ranges straight into place, checked against the crc32c combined from
-        the ranges' own, without another pass. Damaged bytes are read again, all of them (GCS keeps no
-        checksum per range to tell which range was hit), as retries allow."""
+        the ranges' own, without another pass. Damaged bytes are read again, all of them, as retries allow."""
         context, url = self.context, self.url
         buffer = self.buffer or FilledBytes(size)
         self.buffer = None
         start, first_crc = self.filled, self.filled_crc
-        rereads = Attempts(context.retry, url, on_retry=context.stats.count_retry)
-        while True:
-            rest = await read_ranges_into(
-                context, url, int(self.params["generation"]), start, buffer.view[start:], context.part_size
-            )
-            try:
-                crc = crc32c_of_concatenation([(first_crc, start), (rest, size - start)])
-                check_crc32c(url, crc32c_base64(crc), self.checksums)
-                return buffer.take()
-            except IntegrityError as exc:
-                await asyncio.sleep(rereads.delay_after(exc))
-                start = first_crc = 0
+
+        async def read_rest() -> int:
+            generation = int(self.params["generation"])
+            return await read_ranges_into(context, url, generation, start, buffer.view[start:], context.part_size)
+
+        def check(rest: int) -> bytes:
+            nonlocal start, first_crc
+            crc = crc32c_of_concatenation([(first_crc, start), (rest, size - start)])
+            start = first_crc = 0  # if damaged, all of it again
+            check_crc32c(url, crc32c_base64(crc), self.checksums)
+            return buffer.take()
+
+        return await reread_while_damaged_async(read_rest, check, context.retry, url, context.stats.count_retry)
 
     def streamed(self, size: int) -> bool:
         """Whether an object of ``size`` bytes is handed out as a stream that reads ahead, not held whole
@@ -276,7 +219,7 @@ class _ObjectRead:
         """Check a whole object's bytes; with no checksum from GCS or the listing, ask its metadata
         first (GCS sends one with every read, so this costs a request only where an answer lacks it)."""
         if self.checksums["GCS"] is None and self.checksums["the listing"] is None:
-            await _learn_version(self.context, self.url, self.params, self.checksums)
+            await learn_version(self.context, self.url, self.params, self.checksums)
         verify_bytes(self.url, chunks, self.info.size if self.info is not None else None, self.checksums)
 
     async def first_answer(self) -> tuple[list[bytes], int]:
@@ -290,28 +233,22 @@ class _ObjectRead:
         context = self.context
         first_part = {"Range": f"bytes=0-{context.part_size - 1}"} if self.info is None else None
         try:
-            async with context.session.read_media(self.url, self.path, self.params, first_part) as response:
-                return await self.take_first_answer(response, ranged=first_part is not None)
+            async with media_answer(context, self.url, self.path, self.params, first_part) as answer:
+                return await self.take_first_answer(answer, ranged=first_part is not None)
         except GCSError as exc:
             if first_part is None or exc.status != 416:
                 raise
             return [b""], 0
 
-    async def take_first_answer(self, response: Response, *, ranged: bool) -> tuple[list[bytes], int]:
-        """Read :meth:`first_answer`'s response (to a request for the first part if ``ranged``)."""
+    async def take_first_answer(self, answer: MediaAnswer, *, ranged: bool) -> tuple[list[bytes], int]:
+        """Read :meth:`first_answer`'s answer (to a request for the first part if ``ranged``)."""
         context = self.context
-        # GCS does not promise x-goog-hash, x-goog-generation or Content-Length: each may be missing. The
-        # hash of a ranged answer is the whole object's ("Hashes and ETags: best practices").
-        headers = response.headers
-        self.checksums["GCS"] = reported_crc32c(headers)
-        if "x-goog-generation" in headers:
-            self.params.setdefault("generation", headers["x-goog-generation"])
-        if response.status == 206:
-            total = size_in_content_range(self.url, response, context.part_size)
-        elif "Content-Length" in headers:
-            total = int(headers["Content-Length"])
-        else:  # size unknown until the end: read the answer whole
-            chunks = await _read_at_most(response, sys.maxsize)
+        self.checksums["GCS"] = answer.crc32c
+        if answer.generation is not None:
+            self.params.setdefault("generation", answer.generation)
+        total = answer.object_size(context.part_size)
+        if total is None:  # size unknown until the end: read the answer whole
+            chunks = await answer.read_at_most(sys.maxsize)
             received = sum(map(len, chunks))
             context.stats.bytes += received
             if not self.reserved:
@@ -328,15 +265,15 @@ class _ObjectRead:
         # get the whole object again): it is read whole unless larger than the byte budget. Any other
         # 200 is dropped after its first part. Chunks are kept as they came, or for an object held whole
         # and read in ranges put straight into its one buffer: joining them would hold the object twice.
-        whole = response.status == 200 and ranged and not self.streamed(total)
+        whole = answer.status == 200 and ranged and not self.streamed(total)
         expected = total if whole else min(total, context.part_size)
         if expected < total and not self.streamed(total):
             self.buffer, chunks = FilledBytes(total), []
             target = self.buffer.view[:expected]
-            received, self.filled_crc = await _read_into(response, target, to_the_end=response.status == 206)
+            received, self.filled_crc = await answer.read_into(target, to_the_end=answer.status == 206)
             self.filled = received
         else:
-            chunks = await _read_at_most(response, expected + 1 if response.status == 206 else expected)
+            chunks = await answer.read_at_most(expected + 1 if answer.status == 206 else expected)
             received = sum(map(len, chunks))
         context.stats.bytes += received
         if received != expected:

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import bisect
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass, field
 
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_extend, crc32c_of_concatenation
+from .._ops.reads import read_ranges_into
 from .._transport.context import RequestContext
 from .._transport.loop import submit, wait
-from .._transport.retry import Attempts
+from .._transport.retry import reread_while_damaged
 from ..errors import IntegrityError
-from .ranges import read_ranges_into
 
 __all__ = ["ReadAhead", "Span"]
 
@@ -161,18 +160,24 @@ class ReadAhead:
     def _wait(self, span: Span) -> bytearray:
         """The span's bytes, every item in it checked against the crc32c saved with it (read again while damaged,
         as retries allow): no byte reaches DCP, and so the caller's tensors, unchecked."""
-        attempts = Attempts(self.context.retry, span.url, on_retry=self.context.stats.count_retry)
-        while True:
-            assert span.future is not None and span.buffer is not None
-            crc = wait(span.future)
-            try:
-                self._check_items(span, crc)
-            except IntegrityError as exc:
-                time.sleep(attempts.delay_after(exc))
+        in_flight = True  # the first read was started ahead
+
+        def read() -> int:
+            nonlocal in_flight
+            if not in_flight:
                 self._start(span)
-                continue
-            self.fetched.setdefault(span.url, {}).setdefault(span.start, (span.size, crc))
-            return span.buffer
+            in_flight = False
+            assert span.future is not None
+            return wait(span.future)
+
+        def check(crc: int) -> int:
+            self._check_items(span, crc)
+            return crc
+
+        crc = reread_while_damaged(read, check, self.context.retry, span.url, self.context.stats.count_retry)
+        self.fetched.setdefault(span.url, {}).setdefault(span.start, (span.size, crc))
+        assert span.buffer is not None
+        return span.buffer
 
     def _check_items(self, span: Span, crc: int) -> None:
         """Check each item in the span: one that fills it by the crc32c computed as its bytes arrived, others

@@ -8,6 +8,7 @@ view; the crc32c of the whole file is checked before any tensor is handed out.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import struct
@@ -19,14 +20,15 @@ import torch
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation
 from .._ops.client import Client
 from .._ops.paging import ITEM_FIELDS
+from .._ops.reads import read_ranges_into, read_version_start
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext
 from .._transport.deadline import call_deadline
 from .._transport.loop import run
-from .._transport.retry import Attempts
+from .._transport.retry import reread_while_damaged_async
 from ..config import WriteConfig
 from ..errors import GCSError, IntegrityError
-from .ranges import read_into_buffer, read_ranges_into, read_version_start
+from .ranges import read_into_buffer
 from .upload import library_errors_first, new_writer
 
 __all__ = [
@@ -173,15 +175,14 @@ async def _read_once(
 async def _read_checked(context: RequestContext, url: str, client: Client) -> dict[str, torch.Tensor]:
     """The tensors of ``url``, once the crc32c of the whole file matches GCS's; bytes damaged on the way are
     read again, all of them (GCS keeps no checksum per range), as retries allow."""
-    rereads = Attempts(client.retry, url, on_retry=client.stats.count_retry)
-    while True:
-        tensors, crc, info = await _read_once(context, url, client.transfer.part_size)
-        try:
-            check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
-            return tensors
-        except IntegrityError as exc:
-            del tensors
-            await asyncio.sleep(rereads.delay_after(exc))
+
+    def check(read: tuple[dict[str, torch.Tensor], int, ObjectInfo]) -> dict[str, torch.Tensor]:
+        tensors, crc, info = read
+        check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
+        return tensors
+
+    reading = functools.partial(_read_once, context, url, client.transfer.part_size)
+    return await reread_while_damaged_async(reading, check, client.retry, url, client.stats.count_retry)
 
 
 def load(url: str, client: Client) -> dict[str, torch.Tensor]:

@@ -4,10 +4,12 @@ the process's shared backoff step (see :mod:`.throttle`), not the request's own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import google.auth.exceptions
 
@@ -19,6 +21,10 @@ from .http import RETRYABLE_STATUSES, Unanswered
 from .throttle import Throttle
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+T = TypeVar("T")
+OnRetry = Callable[[BaseException], None] | None
 
 UNANSWERED_DELAYS = (0.25, 0.75, 1.5)
 """The waits before each new attempt at an endpoint that has never answered in this process and refuses
@@ -145,3 +151,33 @@ class Attempts:
         self.last = exc
         self.attempt += 1
         return delay
+
+
+def reread_while_damaged(
+    read: Callable[[], R], check: Callable[[R], T], retry: RetryConfig, url: str, on_retry: OnRetry = None
+) -> T:
+    """``check(read())``, read again after a backoff while ``check`` raises ``IntegrityError`` (bytes damaged on
+    the way: GCS keeps no checksum per range, so a reader reads all of them again), as ``retry`` allows. What
+    ``read`` raises is final: its requests were retried already."""
+    rereads = Attempts(retry, url, on_retry=on_retry)
+    while True:
+        read_back = read()
+        try:
+            return check(read_back)
+        except IntegrityError as exc:
+            del read_back  # not held while the next read waits
+            time.sleep(rereads.delay_after(exc))
+
+
+async def reread_while_damaged_async(
+    read: Callable[[], Awaitable[R]], check: Callable[[R], T], retry: RetryConfig, url: str, on_retry: OnRetry = None
+) -> T:
+    """:func:`reread_while_damaged` on the I/O loop."""
+    rereads = Attempts(retry, url, on_retry=on_retry)
+    while True:
+        read_back = await read()
+        try:
+            return check(read_back)
+        except IntegrityError as exc:
+            del read_back
+            await asyncio.sleep(rereads.delay_after(exc))
