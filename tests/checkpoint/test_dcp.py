@@ -333,9 +333,8 @@ def test_corrupted_metadata_is_detected(gcs_emulator: Emulator, gcs_bucket: str,
     dcp.save({"w": torch.ones(3)}, storage_writer=GCSStorageWriter(url, client=gcs_emulator.client_config))
     proxy.corrupt_downloads = True
     with pytest.raises(CheckpointException, match="crc32c"):
-        dcp.load(
-            {"w": torch.empty(3)}, storage_reader=GCSStorageReader(url, client=ClientConfig(endpoint=proxy.endpoint))
-        )
+        reader = GCSStorageReader(url, client=ClientConfig(endpoint=proxy.endpoint), retry=FAST_RETRY)
+        dcp.load({"w": torch.empty(3)}, storage_reader=reader)  # every read damaged: retried promptly, then refused
 
 
 def test_settings_and_file_operations(gcs_emulator: Emulator, gcs_bucket: str) -> None:
