@@ -782,11 +782,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 if entry["name"].startswith(f"{bucket}/{within}")
             }
         else:
-            client = self._gcs
+            top = f"{bucket}/{name}".rstrip("/")
+            # a whole listing is kept as gcsfs keeps it, but not for an rm, which drops what it listed
+            whole = not prefix and match_glob is None and not self._writing_under(top) and _LISTED.get() is None
+            epoch = self._epoch  # an invalidation while listing: the listing may not hold what was changed
             batches = [
                 batch
                 async for batch in list_objects_async(
-                    client,
+                    self._gcs,
                     bucket,
                     within,
                     MAX_PAGE_SIZE,
@@ -794,14 +797,18 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                     match_glob=match_glob,
                     as_prefix=bool(prefix),
                     item_fields=None,
+                    placeholders=True,
                 )
             ]
             found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for _, b in batch)}
+            if whole and await self._objects_tell_folders(bucket):
+                self._keep_listings(top, [entry for n, entry in found.items() if n.startswith(f"{top}/")], epoch)
+            found = {n: entry for n, entry in found.items() if not n.endswith("/")}  # folder placeholders
         if withdirs:
             top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
                 parent = entry_name.rpartition("/")[0]
-                while parent.startswith(top) and parent not in found:
+                while "/" in parent and parent.startswith(top) and parent not in found:  # never the bucket
                     found[parent] = self._directory(parent)
                     parent = parent.rpartition("/")[0]
         if maxdepth is not None:
@@ -812,6 +819,43 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             listed.update((n, entry["generation"]) for n, entry in found.items() if entry["type"] == "file")
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
+
+    async def _objects_tell_folders(self, bucket: str) -> bool:
+        """Whether a listing of the bucket's objects tells all its folders: not in a hierarchical namespace,
+        whose empty folders hold no object."""
+        try:
+            return not await self._has_folders(self._context(), bucket)
+        except NotFoundError:  # GCS answers it for every bucket it lists: a server without it has no folders
+            self._hierarchical[bucket] = False
+            return True
+        except GCSError:  # not known: the listings stay GCS's
+            return False
+
+    async def _has_folders(self, context: RequestContext, bucket: str) -> bool:
+        """Whether the bucket has a hierarchical namespace, whose folders outlive their objects (asked once)."""
+        if bucket not in self._hierarchical:
+            layout = await storage_layout(context, bucket)
+            self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
+        return self._hierarchical[bucket]
+
+    def _keep_listings(self, top: str, entries: list[dict[str, Any]], epoch: int) -> None:
+        """Keep in ``dircache`` the listing of ``top`` and of every directory under it, as ``ls`` lists them,
+        from ``entries``: every object under ``top/`` (as gcsfs's ``find`` does), unless the listings cache
+        was invalidated since ``epoch``."""
+        listings: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        for entry in entries:
+            child = entry["name"].rpartition("/")[0]
+            if not entry["name"].endswith("/"):  # a folder placeholder only makes its folder a directory
+                listings.setdefault(child, {})[entry["name"], "file"] = entry
+            while len(child) > len(top):  # each directory is an entry of its parent's listing
+                parent = child.rpartition("/")[0]
+                listings.setdefault(parent, {})[child, "directory"] = self._directory(child)
+                child = parent
+        if self._epoch != epoch:
+            return
+        for key, listing in listings.items():
+            ordered = sorted(listing.items(), key=lambda item: (item[0][0], item[0][1] != "file"))
+            self.dircache[key] = [dict(entry) for _, entry in ordered]
 
     # -- URLs ------------------------------------------------------------------------------------
 
@@ -1193,10 +1237,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         missed = [p for (p, _, _), gone in zip(objects, deleted, strict=True) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
             missed = [p for p in missed if p in named or not await self._isdir(p)]
-        if missed and not recursive:
-            if await self._isdir(missed[0]):
-                raise IsADirectoryError(f"{missed[0]} is a directory: remove it with recursive=True")
-            raise NotFoundError(f"gs://{missed[0]}: no such object", url=f"gs://{missed[0]}")
+        emptied = {
+            folder for p, gone in zip(objects, deleted, strict=True) if gone for folder in _folders_of(p[0])
+        }  # named with what they held (as rm(find(path, withdirs=True)) names them), gone with it
+        for p in missed if not recursive else []:
+            if await self._isdir(p):
+                raise IsADirectoryError(f"{p} is a directory: remove it with recursive=True")
+            if self._strip_protocol(p).rstrip("/") not in emptied:
+                raise NotFoundError(f"gs://{p}: no such object", url=f"gs://{p}")
         if recursive:
             tops = [] if maxdepth is not None else [path] if isinstance(path, str) else path  # deeper ones stay
             tops = [top for top in tops if self._split_version(top)[2] is None]  # a version is no folder
@@ -1218,10 +1266,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not await self._is_directory(context, bucket, name):
             return 0
         placeholders = await self._remove_placeholders(context, bucket, name)
-        if bucket not in self._hierarchical:
-            layout = await storage_layout(context, bucket)
-            self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
-        if not self._hierarchical[bucket]:
+        if not await self._has_folders(context, bucket):
             return placeholders
         level, folders = [f"{name}/"], [f"{name}/"]
         while level:
@@ -1463,6 +1508,12 @@ _SIGNED_HEADERS = {"content_type": "Content-Type", "content_md5": "Content-MD5"}
 """``sign`` arguments that are headers the signed request must carry."""
 _SIGNED_QUERY = {"response_type": "response-content-type", "response_disposition": "response-content-disposition"}
 """``sign`` arguments that are query parameters of the signed URL."""
+
+
+def _folders_of(path: str) -> list[str]:
+    """The directories above ``bucket/a/b/c`` below its bucket: ``bucket/a/b``, ``bucket/a``."""
+    parts = path.rstrip("/").split("/")[:-1]
+    return ["/".join(parts[:depth]) for depth in range(len(parts), 1, -1)]
 
 
 def _one_generation(path: str, *generations: int | str | None) -> int | None:
