@@ -21,6 +21,7 @@ import datetime
 import functools
 import io
 import itertools
+import json
 import logging
 import mimetypes
 import os
@@ -34,7 +35,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import google.auth
 import google.auth.credentials
+import google.auth.exceptions
 from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import available_protocols, register_implementation
@@ -198,6 +201,8 @@ GCSFS_ONLY = frozenset(
 )  # fmt: skip
 """gcsfs's public names that have no counterpart here: asked for, they raise an ``AttributeError`` that
 points to the compatibility table, which says what to use instead."""
+PROJECT_VARIABLE = "GCSFS_DEFAULT_PROJECT"
+"""gcsfs's environment variable naming the project when ``project=`` is not given."""
 CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 """gcsfs's ``consistency`` values; reads here are always checked by crc32c, which covers them all."""
 
@@ -218,6 +223,30 @@ def _listings_cache_options(options: dict[str, Any]) -> None:
         options["use_listings_cache"] = False
     else:
         options["listings_expiry_time"] = timeout
+
+
+def _default_project(config: ClientConfig) -> str | None:
+    """The project of a filesystem made without ``project=``, as gcsfs finds it: ``GCSFS_DEFAULT_PROJECT``, else
+    the project the credentials of ``config`` belong to (a service-account key's, a credentials object's, or the
+    one Application Default Credentials name, as ``google.auth.default()`` finds it); ``None`` if none does
+    (anonymous access has no credentials)."""
+    if os.environ.get(PROJECT_VARIABLE):
+        return os.environ[PROJECT_VARIABLE]
+    if config.anonymous:
+        return None
+    if config.credentials is not None:
+        return getattr(config.credentials, "project_id", None) or getattr(config.credentials, "quota_project_id", None)
+    if config.credentials_file:
+        try:
+            with open(config.credentials_file) as key:
+                document = json.load(key)
+        except (OSError, ValueError):  # its first request says what is wrong with it
+            return None
+        return (document.get("project_id") or document.get("quota_project_id")) if isinstance(document, dict) else None
+    try:
+        return google.auth.default()[1]  # type: ignore[no-any-return]
+    except (google.auth.exceptions.DefaultCredentialsError, ValueError):
+        return None
 
 
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
@@ -258,9 +287,13 @@ def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, A
         raise TypeError(f"token must be 'anon', 'google_default', 'cloud', a file path or Credentials, got {token!r}")
     payer = gcsfs.get("requester_pays", False)
     if payer is True:
-        if not gcsfs.get("project"):
-            raise ValueError("requester_pays=True bills project=, which is missing")
-        settings["user_project"] = gcsfs["project"]
+        project = gcsfs.get("project") or _default_project(ClientConfig(**settings))
+        if not project:
+            raise ValueError(
+                f"requester_pays=True bills project=, which is missing (nor does {PROJECT_VARIABLE} or the "
+                "credentials name one)"
+            )
+        settings["user_project"] = project
     elif isinstance(payer, str) and payer:
         settings["user_project"] = payer
     return ClientConfig(**settings)
@@ -333,7 +366,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> None:
         kms_key_name = storage_options.pop("kms_key_name", None)
         _listings_cache_options(storage_options)
-        self.project: str | None = storage_options.get("project")
+        self._project: str | None = storage_options.get("project")
+        self._project_known = bool(self._project)
+        self.requester_pays: bool | str = storage_options.get("requester_pays", False)
+        """gcsfs's: ``True`` bills ``project`` for requests to requester-pays buckets, a string bills that project."""
         self.default_location: str | None = storage_options.pop("default_location", None)
         version_aware = bool(storage_options.pop("version_aware", False))
         self.block_size: int | None = storage_options.pop("block_size", None)  # gcsfs's; open()'s default
@@ -369,6 +405,15 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 f"GCSFileSystem has no {name!r} (gcsfs's): docs/gcsfs-compatibility.md says what to use instead"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def project(self) -> str | None:
+        """The project whose buckets ``ls("")`` lists and in which ``mkdir("bucket")`` creates one: ``project=``,
+        else ``GCSFS_DEFAULT_PROJECT``, else the credentials' own (see :func:`_default_project`), looked up once
+        when first needed; ``None`` if none names one."""
+        if not self._project_known:
+            self._project, self._project_known = _default_project(self.client), True
+        return self._project
 
     @property
     def buckets(self) -> list[str]:
@@ -641,7 +686,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         ``versions``: every version of each file, noncurrent ones too, each named ``name#<generation>``, as
         gcsfs lists them (never cached)."""
         if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
-            buckets = await list_buckets(self._context(), self._project("list buckets"))
+            buckets = await list_buckets(self._context(), self._project_for("list buckets"))
             found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
             return found if detail else [b["name"] for b in found]
         bucket, name = self.split_path(path)
@@ -1363,7 +1408,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"bucket {bucket!r} does not exist: mkdir creates it with create_parents=True", url=url)
         try:
             await create_bucket(
-                self._context(), self._project("create a bucket"), bucket, location or self.default_location
+                self._context(), self._project_for("create a bucket"), bucket, location or self.default_location
             )
         except GCSError as exc:
             if exc.status != 409:
@@ -1406,9 +1451,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return None
         return True
 
-    def _project(self, purpose: str) -> str:
+    def _project_for(self, purpose: str) -> str:
         if not self.project:
-            raise ValueError(f"to {purpose}, GCSFileSystem needs project=: the Google Cloud project they belong to")
+            raise ValueError(
+                f"to {purpose}, GCSFileSystem needs project= (or {PROJECT_VARIABLE}, or credentials that name a "
+                "project): the Google Cloud project they belong to"
+            )
         return self.project
 
 
