@@ -717,15 +717,17 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         async for page in _pages(context, bucket, params):
             folders.update(page.get("prefixes", []))
             for item in page.get("items", []):
-                if item["name"] == prefix:
+                if item["name"] == prefix and item["size"] == "0":
                     placeholder = True
                 else:
                     entries.append(self._file(bucket, item, versions))
         entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
+        if placeholder:  # the folder lists itself, as gcsfs lists it (and as info describes it)
+            entries.append(self._directory(key))
         entries.sort(key=lambda entry: entry["name"])
         if entries and keep and self._epoch == epoch:
             self.dircache[key] = [dict(entry) for entry in entries]
-        if not entries and name and not placeholder:
+        if not entries and name:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
                 entries = []
@@ -848,7 +850,6 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for _, b in batch)}
             if whole and await self._objects_tell_folders(bucket):
                 self._keep_listings(top, [entry for n, entry in found.items() if n.startswith(f"{top}/")], epoch)
-            found = {n: entry for n, entry in found.items() if not n.endswith("/")}  # folder placeholders
         if withdirs:
             top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
@@ -890,7 +891,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         listings: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         for entry in entries:
             child = entry["name"].rpartition("/")[0]
-            if not entry["name"].endswith("/"):  # a folder placeholder only makes its folder a directory
+            if entry["name"].endswith("/") and entry["size"] == 0:  # a folder placeholder: the folder lists itself
+                listings.setdefault(child, {})[child, "directory"] = self._directory(child)
+            else:
                 listings.setdefault(child, {})[entry["name"], "file"] = entry
             while len(child) > len(top):  # each directory is an entry of its parent's listing
                 parent = child.rpartition("/")[0]
@@ -1334,7 +1337,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     @staticmethod
     async def _remove_placeholders(context: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder placeholders under ``name/`` (the whole bucket if ``name`` is empty): zero-byte
-        ``.../`` objects, such as ``touch("dir/")`` writes, which ``find`` skips; each only while it is the
+        ``.../`` objects, such as ``touch("dir/")`` writes (left if made meanwhile); each only while it is the
         generation listed. How many went."""
         params = {
             "prefix": f"{name}/" if name else "",
