@@ -1491,11 +1491,15 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
             fs, info["name"], "rb", block_size, cache_type=cache_type, cache_options=cache_options, size=info["size"]
         )
         self.details = info
-        self.url = format_url(*fs.split_path(info["name"]))
+        self._gs_url = format_url(*fs.split_path(info["name"]))
+
+    def url(self) -> str:
+        """The HTTP URL of the version this file reads (``fs.url`` of its generation), as gcsfs's ``url()``."""
+        return self.fs.url(self.path, generation=self.details["generation"])  # type: ignore[no-any-return]
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         fs: GCSFileSystem = self.fs
-        return run(fs._read_version(self.url, self.details, start, min(end, self.size)))
+        return run(fs._read_version(self._gs_url, self.details, start, min(end, self.size)))
 
 
 class StagedWriter(io.RawIOBase):
@@ -1510,6 +1514,11 @@ class StagedWriter(io.RawIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        return self._writer.readinto(buffer)  # type: ignore[no-any-return]  # refused, as every writer refuses it
 
     def tell(self) -> int:
         return self._writer.tell()
