@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import google.auth
 import google.auth.credentials
@@ -43,7 +44,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import available_protocols, register_implementation
 from fsspec.spec import AbstractBufferedFile
 from fsspec.transaction import Transaction
-from fsspec.utils import stringify_path
+from fsspec.utils import other_paths, stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
@@ -196,7 +197,7 @@ FSSPEC_OPTIONS = frozenset(
 """The keyword arguments fsspec's own filesystem classes take."""
 GCSFS_ONLY = frozenset(
     {"MIN_CHUNK_SIZE_FOR_CONCURRENCY", "base", "batch_url_base", "call", "close_session", "default_block_size",
-     "grpc_client", "make_bucket_requester_pays", "on_google", "retries", "scopes", "session",
+     "grpc_client", "make_bucket_requester_pays", "retries", "scopes", "session",
      "sync_process_limits_to_offset_and_length"}
 )  # fmt: skip
 """gcsfs's public names that have no counterpart here: asked for, they raise an ``AttributeError`` that
@@ -414,6 +415,13 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not self._project_known:
             self._project, self._project_known = _default_project(self.client), True
         return self._project
+
+    @property
+    def on_google(self) -> bool:
+        """Whether requests go to Google's endpoint (a ``*.googleapis.com`` host), not an emulator or another
+        server, as gcsfs's ``on_google`` tells."""
+        host = urlsplit(resolve_endpoint(self.client)[0]).hostname or ""
+        return host == "googleapis.com" or host.endswith(".googleapis.com")
 
     @property
     def buckets(self) -> list[str]:
@@ -1186,6 +1194,56 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             self._drop_listings([path1, path2])
 
     mv_file = sync_wrapper(_mv_file)
+
+    @_in_bulk_on_io_loop
+    async def _mv(
+        self, path1: Any, path2: Any, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
+    ) -> None:
+        """Move each object on its own (:meth:`_mv_file`: a rewrite in GCS, then a delete of the generation
+        copied), as gcsfs moves them, sources and destinations paired as ``copy`` pairs them. A directory named
+        without ``recursive=True`` raises ``IsADirectoryError`` (gcsfs moves nothing); those a glob matches are
+        skipped. Every object is tried; the first failure is raised after, but a directory's own path, which
+        has no object to move, is no failure."""
+        if path1 == path2:
+            return
+        if isinstance(path1, list) and isinstance(path2, list):
+            sources, targets = [self._strip_protocol(p) for p in path1], [self._strip_protocol(p) for p in path2]
+        else:
+            sources = await self._expand_path(path1, recursive=recursive, maxdepth=maxdepth)
+            named = isinstance(path1, str)
+            if named and (not recursive or maxdepth is not None):  # directories are moved only with their tree
+                kept = [p for p in sources if not p.endswith("/") and not await self._isdir(p)]
+                if not kept and not has_magic(path1) and sources:
+                    raise IsADirectoryError(f"{path1} is a directory: move it with recursive=True")
+                sources = kept
+            if not sources:
+                return
+            into = isinstance(path2, str) and (path2.endswith("/") or await self._isdir(path2))
+            # as fsspec's copy: a glob's one object, or a path without "/" moved into a directory, keeps its name
+            keep_name = named and (
+                (has_magic(path1) and len(sources) == 1) or (not has_magic(path1) and into and not path1.endswith("/"))
+            )
+            targets = other_paths(sources, path2, exists=keep_name, flatten=not named)
+        if len(sources) != len(targets):
+            raise ValueError(f"mv got {len(sources)} sources but {len(targets)} destinations")
+        slots = asyncio.Semaphore(self.transfer.max_in_flight)
+
+        async def move(source: str, target: str) -> None:
+            async with slots:
+                await self._mv_file(source, target)
+
+        outcomes = await asyncio.gather(
+            *(move(s, t) for s, t in zip(sources, targets, strict=True)), return_exceptions=True
+        )
+        for source, outcome in zip(sources, outcomes, strict=True):
+            if not isinstance(outcome, BaseException):
+                continue
+            below = f"{source.rstrip('/')}/"
+            if recursive and isinstance(outcome, FileNotFoundError) and any(p.startswith(below) for p in sources):
+                continue  # a directory's own path, listed beside its objects
+            raise outcome
+
+    mv = sync_wrapper(_mv)
 
     def merge(self, path: str, paths: list[str]) -> None:
         """Write ``path`` as the concatenation of the objects ``paths``, in their order, by one compose in
