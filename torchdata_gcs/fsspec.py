@@ -1318,7 +1318,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and no ``maxdepth`` the
         folders of a hierarchical namespace go too; a glob without it skips the directories it matches. Buckets
         are never deleted: one named without ``recursive=True`` raises ``IsADirectoryError`` (gcsfs deletes an
-        empty one).
+        empty one), and with it only its objects go (an empty one: nothing, and no error).
 
         One object goes by a plain delete; more go in batch requests of up to 100 deletes, each only if the
         object is still the generation its listing found (else its live generation is asked first), and an
@@ -1357,7 +1357,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             folders = await asyncio.gather(
                 *(self._remove_folders(context, *self.split_path(top)) for top in tops if not has_magic(top))
             )
-            if not any(deleted) and not any(folders):
+            if not any(deleted) and not any(folders) and not buckets:  # an existing bucket names something
                 raise NotFoundError(f"nothing to remove under {path}", url=str(path))
 
     async def _remove_folders(self, context: RequestContext, bucket: str, name: str) -> int:
