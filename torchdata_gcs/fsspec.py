@@ -560,16 +560,21 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         else:
             self._drop_listings([path], under=True)
 
-    def _drop_listings(self, paths: Iterable[str], under: bool = False) -> None:
+    def _drop_listings(self, paths: Iterable[str], under: bool = False, written: bool = False) -> None:
         """Forget the listings cached for ``paths`` and their parents, which an object written or deleted at
         one of them changes; with ``under``, those of every directory under them too (a tree removed), in
-        one pass over the cache."""
+        one pass over the cache. With ``written`` (objects written, none deleted), a directory's listing that
+        names the directory below already stays, as gcsfs keeps it: a write there cannot change it."""
         keys = {self._strip_protocol(path).rstrip("/") for path in paths}
         doomed: set[str] = set()
         for key in keys:
-            while key and key not in doomed:
-                doomed.add(key)
-                key = key.rpartition("/")[0]
+            doomed.add(key)
+            child, parent = key, key.rpartition("/")[0]
+            while parent and parent not in doomed:
+                doomed.add(parent)
+                child, parent = parent, parent.rpartition("/")[0]
+                if written and parent and self._lists_directory(parent, child):
+                    break
         for cached in list(self.dircache) if under else []:
             above = cached.rpartition("/")[0]
             while above and above not in keys:
@@ -580,6 +585,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             self.dircache.pop(key, None)
         self._epoch = next(self._invalidations)
 
+    def _lists_directory(self, key: str, name: str) -> bool:
+        """Whether the listing cached for ``key`` names the directory ``name``."""
+        listing = self.dircache.get(key) or []
+        return any(entry["name"] == name and entry["type"] == "directory" for entry in listing)
+
     def _track(self, writer: StreamingWriter) -> StreamingWriter:
         """Note ``writer`` until it closes: the listings over its object are dropped now, and none is kept
         while it is open, as its object appears when it closes (which the writer tells no one)."""
@@ -587,7 +597,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if (noted := ref()) is None or noted.closed:
                 self._writers.pop(number, None)
         self._writers[id(writer)] = weakref.ref(writer)
-        self._drop_listings([writer.url])
+        self._drop_listings([writer.url], written=True)
         return writer
 
     def _writing_under(self, key: str) -> bool:
@@ -789,7 +799,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         try:
             resource = await patch_object(self._context(), bucket, name, patch)
         finally:  # cached listings describe the object's metadata; a failed request may have patched it
-            self._drop_listings([path])
+            self._drop_listings([path], written=True)
         return resource.get("metadata", {})  # type: ignore[no-any-return]
 
     setxattrs = sync_wrapper(_setxattrs)
@@ -1096,7 +1106,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                     kms_key_name=attributes.kms_key_name,
                 )
             finally:  # a failed request may have written all the same
-                self._drop_listings([path])
+                self._drop_listings([path], written=True)
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new, attributes)
 
@@ -1176,7 +1186,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if generation is not None or not await self._is_directory(self._context(), *source[:2]):
                 raise
         finally:
-            self._drop_listings([path2])
+            self._drop_listings([path2], written=True)
 
     @_on_io_loop
     async def _mv_file(self, path1: str, path2: str) -> None:
@@ -1296,7 +1306,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 kms_key_name=attributes.kms_key_name,
             )
         finally:
-            self._drop_listings([path])
+            self._drop_listings([path], written=True)
 
     # -- removing and directories ----------------------------------------------------------------
 
