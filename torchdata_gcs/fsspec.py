@@ -1023,8 +1023,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     @_on_io_loop
     async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
         """Download one object to ``lpath``; an object larger than a few parts streams through, read ahead
-        while it is written. ``lpath`` is replaced only once every byte arrived and checked."""
-        _, _, url = self._object(rpath, version=True)
+        while it is written. ``lpath`` is replaced only once every byte arrived and checked. A folder placeholder
+        (``bucket/x/``) makes ``lpath`` a directory."""
+        _, name, url = self._object(rpath, version=True)
+        if name.endswith("/"):  # a folder placeholder (a recursive get hands them over): an empty folder here
+            os.makedirs(lpath, exist_ok=True)
+            return
         try:
             pinned = await self._pinned(rpath)
             data, _ = await fetch_object(self._context(budget=4 * self.transfer.part_size), url, pinned, 0)

@@ -5,6 +5,8 @@ from what ``find`` kept."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from torchdata_gcs.fsspec import GCSFileSystem
@@ -93,3 +95,22 @@ def test_removing_what_find_names_removes_the_placeholders(
     assert not fs.exists(f"{tree}/made")
     fs.rm(f"{tree}", recursive=True)
     assert gcs_emulator.names(gcs_bucket) == []
+
+
+def test_a_recursive_get_makes_placeholder_folders_local_directories(
+    fs: GCSFileSystem, tree: str, tmp_path: Path
+) -> None:
+    fs.get(tree, str(tmp_path / "out"), recursive=True)
+    local = sorted(
+        str(p.relative_to(tmp_path / "out")) + ("/" if p.is_dir() else "") for p in (tmp_path / "out").rglob("*")
+    )
+    assert local == ["empty/", "f.txt", "made/", "made/in.txt", "plain/", "plain/p.txt"]
+    assert (tmp_path / "out" / "made" / "in.txt").read_bytes() == b"in"
+
+
+def test_a_recursive_copy_copies_the_placeholders(fs: GCSFileSystem, gcs_emulator: Emulator, tree: str) -> None:
+    bucket = tree.partition("/")[0]
+    fs.copy(tree, f"{bucket}/copy", recursive=True)
+    assert [n for n in gcs_emulator.names(bucket) if n.startswith("copy/")] == [
+        "copy/empty/", "copy/f.txt", "copy/made/", "copy/made/in.txt", "copy/plain/p.txt"
+    ]  # fmt: skip
