@@ -1211,13 +1211,22 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_in_bulk_on_io_loop
     async def _mv(
-        self, path1: Any, path2: Any, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any
+        self,
+        path1: Any,
+        path2: Any,
+        recursive: bool = False,
+        maxdepth: int | None = None,
+        batch_size: int | None = None,
+        **kwargs: Any,
     ) -> None:
         """Move each object on its own (:meth:`_mv_file`: a rewrite in GCS, then a delete of the generation
-        copied), as gcsfs moves them, sources and destinations paired as ``copy`` pairs them. A directory named
-        without ``recursive=True`` raises ``IsADirectoryError`` (gcsfs moves nothing); those a glob matches are
-        skipped. Every object is tried; the first failure is raised after, but a directory's own path, which
-        has no object to move, is no failure."""
+        copied), as gcsfs moves them, at most ``batch_size`` at once (else ``TransferConfig.max_in_flight``),
+        sources and destinations paired as ``copy`` pairs them. A directory named without ``recursive=True``
+        raises ``IsADirectoryError`` (gcsfs moves nothing); those a glob matches are skipped. Every object is
+        tried; the first failure is raised after, but a directory's own path, which has no object to move, is no
+        failure. Any other keyword raises ``TypeError`` naming it."""
+        if kwargs:
+            raise TypeError(f"mv got arguments it does not take: {', '.join(sorted(kwargs))}")
         if path1 == path2:
             return
         if isinstance(path1, list) and isinstance(path2, list):
@@ -1240,7 +1249,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             targets = other_paths(sources, path2, exists=keep_name, flatten=not named)
         if len(sources) != len(targets):
             raise ValueError(f"mv got {len(sources)} sources but {len(targets)} destinations")
-        slots = asyncio.Semaphore(self.transfer.max_in_flight)
+        slots = asyncio.Semaphore(batch_size or self.transfer.max_in_flight)
 
         async def move(source: str, target: str) -> None:
             async with slots:
@@ -1249,11 +1258,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         outcomes = await asyncio.gather(
             *(move(s, t) for s, t in zip(sources, targets, strict=True)), return_exceptions=True
         )
-        for source, outcome in zip(sources, outcomes, strict=True):
-            if not isinstance(outcome, BaseException):
-                continue
-            below = f"{source.rstrip('/')}/"
-            if recursive and isinstance(outcome, FileNotFoundError) and any(p.startswith(below) for p in sources):
+        failed = [
+            (s, outcome) for s, outcome in zip(sources, outcomes, strict=True) if isinstance(outcome, BaseException)
+        ]
+        holding = {folder for source in sources for folder in _folders_of(source)} if failed else set()
+        for source, outcome in failed:
+            if recursive and isinstance(outcome, FileNotFoundError) and source.rstrip("/") in holding:
                 continue  # a directory's own path, listed beside its objects
             raise outcome
 
@@ -1643,8 +1653,9 @@ _SIGNED_QUERY = {"response_type": "response-content-type", "response_disposition
 
 
 def _folders_of(path: str) -> list[str]:
-    """The directories above ``bucket/a/b/c`` below its bucket: ``bucket/a/b``, ``bucket/a``."""
-    parts = path.rstrip("/").split("/")[:-1]
+    """The directories ``path`` lies in, below its bucket: ``bucket/a/b/c`` in ``bucket/a/b`` and ``bucket/a``;
+    a folder placeholder ``bucket/a/b/`` in those same two."""
+    parts = path.split("/")[:-1]
     return ["/".join(parts[:depth]) for depth in range(len(parts), 1, -1)]
 
 

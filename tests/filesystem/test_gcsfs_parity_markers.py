@@ -114,3 +114,11 @@ def test_a_recursive_copy_copies_the_placeholders(fs: GCSFileSystem, gcs_emulato
     assert [n for n in gcs_emulator.names(bucket) if n.startswith("copy/")] == [
         "copy/empty/", "copy/f.txt", "copy/made/", "copy/made/in.txt", "copy/plain/p.txt"
     ]  # fmt: skip
+
+
+def test_removing_what_find_with_dirs_names_empties_the_tree(
+    fs: GCSFileSystem, gcs_emulator: Emulator, gcs_bucket: str, tree: str
+) -> None:
+    """Each placeholder-only folder is named twice there, as a directory and as its placeholder."""
+    fs.rm(fs.find(gcs_bucket, withdirs=True))
+    assert gcs_emulator.names(gcs_bucket) == [] and fs.find(gcs_bucket, withdirs=True) == []

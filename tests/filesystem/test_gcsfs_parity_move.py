@@ -114,3 +114,13 @@ def test_lists_of_sources_and_destinations_of_different_lengths_are_refused(
     with pytest.raises(ValueError, match="2 sources but 1 destinations"):
         fs.mv([f"{gcs_bucket}/a", f"{gcs_bucket}/b"], [f"{gcs_bucket}/x"])
     assert gcs_emulator.names(gcs_bucket) == ["a", "b"]
+
+
+def test_keywords_mv_does_not_take_are_refused_by_name(
+    fs: GCSFileSystem, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    fs.pipe_file(f"{gcs_bucket}/a", b"a")
+    with pytest.raises(TypeError, match="consistency"):
+        fs.mv(f"{gcs_bucket}/a", f"{gcs_bucket}/b", consistency="md5")
+    fs.mv(f"{gcs_bucket}/a", f"{gcs_bucket}/b", batch_size=1)  # fsspec's: how many at once
+    assert gcs_emulator.names(gcs_bucket) == ["b"]
