@@ -1194,16 +1194,21 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     @_on_io_loop
     async def _mv_file(self, path1: str, path2: str) -> None:
-        """Move one object: copy it in GCS, then delete the generation copied. A source replaced in between
-        is not deleted (its new bytes were not moved)."""
+        """Move one object: copy its live version in GCS, then delete the source if it is still that version
+        (``ifGenerationMatch``: in a bucket with object versioning it stays as a noncurrent version, as
+        gcsfs leaves it). A source replaced in between is not deleted: its new bytes were not moved."""
         (bucket, name, url), destination = self._object(path1), self._object(path2)
         context = self._context()
         generation = await live_generation(context, bucket, name)
         if not generation:
             raise NotFoundError(f"{url}: no such object", url=url)
         try:
-            await rewrite_object(context, (bucket, name), destination[:2], kms_key_name=self.kms_key_name)
-            await delete_object(context, bucket, name, generation=generation)
+            copied = (bucket, name)
+            await rewrite_object(
+                context, copied, destination[:2], source_generation=generation, kms_key_name=self.kms_key_name
+            )
+            with contextlib.suppress(PreconditionFailedError):  # replaced since: the newer object stays
+                await delete_object(context, bucket, name, if_generation_match=generation)
         finally:
             self._drop_listings([path1, path2])
 

@@ -1,6 +1,6 @@
 """``mv`` as gcsfs's, over HTTP to the emulator through a ``GCSFront`` that records requests: each object is
-moved on its own (``mv_file``: a server-side rewrite, then a delete of the very generation copied, so an object
-written there meanwhile is not lost), sources and destinations paired as ``copy`` pairs them; and ``on_google``
+moved on its own (``mv_file``: a server-side rewrite of the live version, then a delete of the source only while
+it is still that version, so an object written there meanwhile is not lost), sources and destinations paired as ``copy`` pairs them; and ``on_google``
 tells whether requests go to Google's endpoint."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _deletes(front: GCSFront) -> dict[str, dict[str, list[str]]]:
     return found
 
 
-def test_a_tree_moves_object_by_object_each_source_deleted_by_the_generation_copied(
+def test_a_tree_moves_object_by_object_each_source_deleted_only_while_it_is_the_generation_copied(
     fs: GCSFileSystem, front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str
 ) -> None:
     fs.pipe({f"{gcs_bucket}/src/a.txt": b"a", f"{gcs_bucket}/src/sub/b.txt": b"b", f"{gcs_bucket}/src/empty/": b""})
@@ -46,9 +46,7 @@ def test_a_tree_moves_object_by_object_each_source_deleted_by_the_generation_cop
     assert fs.cat(f"{gcs_bucket}/dst/sub/b.txt") == b"b" and fs.ls(f"{gcs_bucket}/dst/empty") == [
         f"{gcs_bucket}/dst/empty"
     ]
-    assert {name: query["generation"] for name, query in _deletes(front).items()} == {
-        name: [str(generation)] for name, generation in generations.items()
-    }
+    assert _deletes(front) == {name: {"ifGenerationMatch": [str(gen)]} for name, gen in generations.items()}
 
 
 @pytest.mark.parametrize(
