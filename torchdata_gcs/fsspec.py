@@ -21,6 +21,7 @@ import datetime
 import functools
 import io
 import itertools
+import json
 import logging
 import mimetypes
 import os
@@ -33,14 +34,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+import google.auth
 import google.auth.credentials
+import google.auth.exceptions
 from fsspec.asyn import AsyncFileSystem, sync, sync_wrapper
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.registry import available_protocols, register_implementation
 from fsspec.spec import AbstractBufferedFile
 from fsspec.transaction import Transaction
-from fsspec.utils import stringify_path
+from fsspec.utils import other_paths, stringify_path
 
 from torchdata_gcs_fsspec_handler import VARIABLE
 
@@ -193,11 +197,13 @@ FSSPEC_OPTIONS = frozenset(
 """The keyword arguments fsspec's own filesystem classes take."""
 GCSFS_ONLY = frozenset(
     {"MIN_CHUNK_SIZE_FOR_CONCURRENCY", "base", "batch_url_base", "call", "close_session", "default_block_size",
-     "grpc_client", "make_bucket_requester_pays", "on_google", "retries", "scopes", "session",
+     "grpc_client", "make_bucket_requester_pays", "retries", "scopes", "session",
      "sync_process_limits_to_offset_and_length"}
 )  # fmt: skip
 """gcsfs's public names that have no counterpart here: asked for, they raise an ``AttributeError`` that
 points to the compatibility table, which says what to use instead."""
+PROJECT_VARIABLE = "GCSFS_DEFAULT_PROJECT"
+"""gcsfs's environment variable naming the project when ``project=`` is not given."""
 CONSISTENCY = frozenset({"none", "size", "md5", "crc32c"})
 """gcsfs's ``consistency`` values; reads here are always checked by crc32c, which covers them all."""
 
@@ -218,6 +224,30 @@ def _listings_cache_options(options: dict[str, Any]) -> None:
         options["use_listings_cache"] = False
     else:
         options["listings_expiry_time"] = timeout
+
+
+def _default_project(config: ClientConfig) -> str | None:
+    """The project of a filesystem made without ``project=``, as gcsfs finds it: ``GCSFS_DEFAULT_PROJECT``, else
+    the project the credentials of ``config`` belong to (a service-account key's, a credentials object's, or the
+    one Application Default Credentials name, as ``google.auth.default()`` finds it); ``None`` if none does
+    (anonymous access has no credentials)."""
+    if os.environ.get(PROJECT_VARIABLE):
+        return os.environ[PROJECT_VARIABLE]
+    if config.anonymous:
+        return None
+    if config.credentials is not None:
+        return getattr(config.credentials, "project_id", None) or getattr(config.credentials, "quota_project_id", None)
+    if config.credentials_file:
+        try:
+            with open(config.credentials_file) as key:
+                document = json.load(key)
+        except (OSError, ValueError):  # its first request says what is wrong with it
+            return None
+        return (document.get("project_id") or document.get("quota_project_id")) if isinstance(document, dict) else None
+    try:
+        return google.auth.default()[1]  # type: ignore[no-any-return]
+    except (google.auth.exceptions.DefaultCredentialsError, ValueError):
+        return None
 
 
 def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
@@ -258,9 +288,13 @@ def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, A
         raise TypeError(f"token must be 'anon', 'google_default', 'cloud', a file path or Credentials, got {token!r}")
     payer = gcsfs.get("requester_pays", False)
     if payer is True:
-        if not gcsfs.get("project"):
-            raise ValueError("requester_pays=True bills project=, which is missing")
-        settings["user_project"] = gcsfs["project"]
+        project = gcsfs.get("project") or _default_project(ClientConfig(**settings))
+        if not project:
+            raise ValueError(
+                f"requester_pays=True bills project=, which is missing (nor does {PROJECT_VARIABLE} or the "
+                "credentials name one)"
+            )
+        settings["user_project"] = project
     elif isinstance(payer, str) and payer:
         settings["user_project"] = payer
     return ClientConfig(**settings)
@@ -333,7 +367,10 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     ) -> None:
         kms_key_name = storage_options.pop("kms_key_name", None)
         _listings_cache_options(storage_options)
-        self.project: str | None = storage_options.get("project")
+        self._project: str | None = storage_options.get("project")
+        self._project_known = bool(self._project)
+        self.requester_pays: bool | str = storage_options.get("requester_pays", False)
+        """gcsfs's: ``True`` bills ``project`` for requests to requester-pays buckets, a string bills that project."""
         self.default_location: str | None = storage_options.pop("default_location", None)
         version_aware = bool(storage_options.pop("version_aware", False))
         self.block_size: int | None = storage_options.pop("block_size", None)  # gcsfs's; open()'s default
@@ -369,6 +406,22 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 f"GCSFileSystem has no {name!r} (gcsfs's): docs/gcsfs-compatibility.md says what to use instead"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def project(self) -> str | None:
+        """The project whose buckets ``ls("")`` lists and in which ``mkdir("bucket")`` creates one: ``project=``,
+        else ``GCSFS_DEFAULT_PROJECT``, else the credentials' own (see :func:`_default_project`), looked up once
+        when first needed; ``None`` if none names one."""
+        if not self._project_known:
+            self._project, self._project_known = _default_project(self.client), True
+        return self._project
+
+    @property
+    def on_google(self) -> bool:
+        """Whether requests go to Google's endpoint (a ``*.googleapis.com`` host), not an emulator or another
+        server, as gcsfs's ``on_google`` tells."""
+        host = urlsplit(resolve_endpoint(self.client)[0]).hostname or ""
+        return host == "googleapis.com" or host.endswith(".googleapis.com")
 
     @property
     def buckets(self) -> list[str]:
@@ -507,16 +560,21 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         else:
             self._drop_listings([path], under=True)
 
-    def _drop_listings(self, paths: Iterable[str], under: bool = False) -> None:
+    def _drop_listings(self, paths: Iterable[str], under: bool = False, written: bool = False) -> None:
         """Forget the listings cached for ``paths`` and their parents, which an object written or deleted at
         one of them changes; with ``under``, those of every directory under them too (a tree removed), in
-        one pass over the cache."""
+        one pass over the cache. With ``written`` (objects written, none deleted), a directory's listing that
+        names the directory below already stays, as gcsfs keeps it: a write there cannot change it."""
         keys = {self._strip_protocol(path).rstrip("/") for path in paths}
         doomed: set[str] = set()
         for key in keys:
-            while key and key not in doomed:
-                doomed.add(key)
-                key = key.rpartition("/")[0]
+            doomed.add(key)
+            child, parent = key, key.rpartition("/")[0]
+            while parent and parent not in doomed:
+                doomed.add(parent)
+                child, parent = parent, parent.rpartition("/")[0]
+                if written and parent and self._lists_directory(parent, child):
+                    break
         for cached in list(self.dircache) if under else []:
             above = cached.rpartition("/")[0]
             while above and above not in keys:
@@ -527,6 +585,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             self.dircache.pop(key, None)
         self._epoch = next(self._invalidations)
 
+    def _lists_directory(self, key: str, name: str) -> bool:
+        """Whether the listing cached for ``key`` names the directory ``name``."""
+        listing = self.dircache.get(key) or []
+        return any(entry["name"] == name and entry["type"] == "directory" for entry in listing)
+
     def _track(self, writer: StreamingWriter) -> StreamingWriter:
         """Note ``writer`` until it closes: the listings over its object are dropped now, and none is kept
         while it is open, as its object appears when it closes (which the writer tells no one)."""
@@ -534,7 +597,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if (noted := ref()) is None or noted.closed:
                 self._writers.pop(number, None)
         self._writers[id(writer)] = weakref.ref(writer)
-        self._drop_listings([writer.url])
+        self._drop_listings([writer.url], written=True)
         return writer
 
     def _writing_under(self, key: str) -> bool:
@@ -641,7 +704,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         ``versions``: every version of each file, noncurrent ones too, each named ``name#<generation>``, as
         gcsfs lists them (never cached)."""
         if not self._strip_protocol(path):  # "" or "gs://": the project's buckets, as gcsfs lists them
-            buckets = await list_buckets(self._context(), self._project("list buckets"))
+            buckets = await list_buckets(self._context(), self._project_for("list buckets"))
             found = sorted(({**b, **self._directory(b["name"])} for b in buckets), key=lambda b: b["name"])
             return found if detail else [b["name"] for b in found]
         bucket, name = self.split_path(path)
@@ -672,15 +735,17 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         async for page in _pages(context, bucket, params):
             folders.update(page.get("prefixes", []))
             for item in page.get("items", []):
-                if item["name"] == prefix:
+                if item["name"] == prefix and item["size"] == "0":
                     placeholder = True
                 else:
                     entries.append(self._file(bucket, item, versions))
         entries += (self._directory(f"{bucket}/{p}") for p in folders - {TEMPORARY_PREFIX})
+        if placeholder:  # the folder lists itself, as gcsfs lists it (and as info describes it)
+            entries.append(self._directory(key))
         entries.sort(key=lambda entry: entry["name"])
         if entries and keep and self._epoch == epoch:
             self.dircache[key] = [dict(entry) for entry in entries]
-        if not entries and name and not placeholder:
+        if not entries and name:
             entries = [await self._info(path)]  # a file lists as itself; nothing at all raises
             if entries[0]["type"] == "directory":
                 entries = []
@@ -734,7 +799,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         try:
             resource = await patch_object(self._context(), bucket, name, patch)
         finally:  # cached listings describe the object's metadata; a failed request may have patched it
-            self._drop_listings([path])
+            self._drop_listings([path], written=True)
         return resource.get("metadata", {})  # type: ignore[no-any-return]
 
     setxattrs = sync_wrapper(_setxattrs)
@@ -782,11 +847,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 if entry["name"].startswith(f"{bucket}/{within}")
             }
         else:
-            client = self._gcs
+            top = f"{bucket}/{name}".rstrip("/")
+            # a whole listing is kept as gcsfs keeps it, but not for an rm, which drops what it listed
+            whole = not prefix and match_glob is None and not self._writing_under(top) and _LISTED.get() is None
+            epoch = self._epoch  # an invalidation while listing: the listing may not hold what was changed
             batches = [
                 batch
                 async for batch in list_objects_async(
-                    client,
+                    self._gcs,
                     bucket,
                     within,
                     MAX_PAGE_SIZE,
@@ -794,14 +862,17 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                     match_glob=match_glob,
                     as_prefix=bool(prefix),
                     item_fields=None,
+                    placeholders=True,
                 )
             ]
             found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for _, b in batch)}
+            if whole and await self._objects_tell_folders(bucket):
+                self._keep_listings(top, [entry for n, entry in found.items() if n.startswith(f"{top}/")], epoch)
         if withdirs:
             top = f"{bucket}/{within}" if prefix else f"{bucket}/{name}".rstrip("/")
             for entry_name in list(found):
                 parent = entry_name.rpartition("/")[0]
-                while parent.startswith(top) and parent not in found:
+                while "/" in parent and parent.startswith(top) and parent not in found:  # never the bucket
                     found[parent] = self._directory(parent)
                     parent = parent.rpartition("/")[0]
         if maxdepth is not None:
@@ -812,6 +883,45 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             listed.update((n, entry["generation"]) for n, entry in found.items() if entry["type"] == "file")
         names = sorted(found)
         return {n: found[n] for n in names} if detail else names
+
+    async def _objects_tell_folders(self, bucket: str) -> bool:
+        """Whether a listing of the bucket's objects tells all its folders: not in a hierarchical namespace,
+        whose empty folders hold no object."""
+        try:
+            return not await self._has_folders(self._context(), bucket)
+        except NotFoundError:  # GCS answers it for every bucket it lists: a server without it has no folders
+            self._hierarchical[bucket] = False
+            return True
+        except GCSError:  # not known: the listings stay GCS's
+            return False
+
+    async def _has_folders(self, context: RequestContext, bucket: str) -> bool:
+        """Whether the bucket has a hierarchical namespace, whose folders outlive their objects (asked once)."""
+        if bucket not in self._hierarchical:
+            layout = await storage_layout(context, bucket)
+            self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
+        return self._hierarchical[bucket]
+
+    def _keep_listings(self, top: str, entries: list[dict[str, Any]], epoch: int) -> None:
+        """Keep in ``dircache`` the listing of ``top`` and of every directory under it, as ``ls`` lists them,
+        from ``entries``: every object under ``top/`` (as gcsfs's ``find`` does), unless the listings cache
+        was invalidated since ``epoch``."""
+        listings: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        for entry in entries:
+            child = entry["name"].rpartition("/")[0]
+            if entry["name"].endswith("/") and entry["size"] == 0:  # a folder placeholder: the folder lists itself
+                listings.setdefault(child, {})[child, "directory"] = self._directory(child)
+            else:
+                listings.setdefault(child, {})[entry["name"], "file"] = entry
+            while len(child) > len(top):  # each directory is an entry of its parent's listing
+                parent = child.rpartition("/")[0]
+                listings.setdefault(parent, {})[child, "directory"] = self._directory(child)
+                child = parent
+        if self._epoch != epoch:
+            return
+        for key, listing in listings.items():
+            ordered = sorted(listing.items(), key=lambda item: (item[0][0], item[0][1] != "file"))
+            self.dircache[key] = [dict(entry) for _, entry in ordered]
 
     # -- URLs ------------------------------------------------------------------------------------
 
@@ -913,8 +1023,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     @_on_io_loop
     async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
         """Download one object to ``lpath``; an object larger than a few parts streams through, read ahead
-        while it is written. ``lpath`` is replaced only once every byte arrived and checked."""
-        _, _, url = self._object(rpath, version=True)
+        while it is written. ``lpath`` is replaced only once every byte arrived and checked. A folder placeholder
+        (``bucket/x/``) makes ``lpath`` a directory."""
+        _, name, url = self._object(rpath, version=True)
+        if name.endswith("/"):  # a folder placeholder (a recursive get hands them over): an empty folder here
+            os.makedirs(lpath, exist_ok=True)
+            return
         try:
             pinned = await self._pinned(rpath)
             data, _ = await fetch_object(self._context(budget=4 * self.transfer.part_size), url, pinned, 0)
@@ -996,7 +1110,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                     kms_key_name=attributes.kms_key_name,
                 )
             finally:  # a failed request may have written all the same
-                self._drop_listings([path])
+                self._drop_listings([path], written=True)
         else:
             await asyncio.to_thread(self._write_chunks, url, [data], only_if_new, attributes)
 
@@ -1076,24 +1190,89 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             if generation is not None or not await self._is_directory(self._context(), *source[:2]):
                 raise
         finally:
-            self._drop_listings([path2])
+            self._drop_listings([path2], written=True)
 
     @_on_io_loop
     async def _mv_file(self, path1: str, path2: str) -> None:
-        """Move one object: copy it in GCS, then delete the generation copied. A source replaced in between
-        is not deleted (its new bytes were not moved)."""
+        """Move one object: copy its live version in GCS, then delete the source if it is still that version
+        (``ifGenerationMatch``: in a bucket with object versioning it stays as a noncurrent version, as
+        gcsfs leaves it). A source replaced in between is not deleted: its new bytes were not moved."""
         (bucket, name, url), destination = self._object(path1), self._object(path2)
         context = self._context()
         generation = await live_generation(context, bucket, name)
         if not generation:
             raise NotFoundError(f"{url}: no such object", url=url)
         try:
-            await rewrite_object(context, (bucket, name), destination[:2], kms_key_name=self.kms_key_name)
-            await delete_object(context, bucket, name, generation=generation)
+            copied = (bucket, name)
+            await rewrite_object(
+                context, copied, destination[:2], source_generation=generation, kms_key_name=self.kms_key_name
+            )
+            with contextlib.suppress(PreconditionFailedError):  # replaced since: the newer object stays
+                await delete_object(context, bucket, name, if_generation_match=generation)
         finally:
             self._drop_listings([path1, path2])
 
     mv_file = sync_wrapper(_mv_file)
+
+    @_in_bulk_on_io_loop
+    async def _mv(
+        self,
+        path1: Any,
+        path2: Any,
+        recursive: bool = False,
+        maxdepth: int | None = None,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Move each object on its own (:meth:`_mv_file`: a rewrite in GCS, then a delete of the generation
+        copied), as gcsfs moves them, at most ``batch_size`` at once (else ``TransferConfig.max_in_flight``),
+        sources and destinations paired as ``copy`` pairs them. A directory named without ``recursive=True``
+        raises ``IsADirectoryError`` (gcsfs moves nothing); those a glob matches are skipped. Every object is
+        tried; the first failure is raised after, but a directory's own path, which has no object to move, is no
+        failure. Any other keyword raises ``TypeError`` naming it."""
+        if kwargs:
+            raise TypeError(f"mv got arguments it does not take: {', '.join(sorted(kwargs))}")
+        if path1 == path2:
+            return
+        if isinstance(path1, list) and isinstance(path2, list):
+            sources, targets = [self._strip_protocol(p) for p in path1], [self._strip_protocol(p) for p in path2]
+        else:
+            sources = await self._expand_path(path1, recursive=recursive, maxdepth=maxdepth)
+            named = isinstance(path1, str)
+            if named and (not recursive or maxdepth is not None):  # directories are moved only with their tree
+                kept = [p for p in sources if not p.endswith("/") and not await self._isdir(p)]
+                if not kept and not has_magic(path1) and sources:
+                    raise IsADirectoryError(f"{path1} is a directory: move it with recursive=True")
+                sources = kept
+            if not sources:
+                return
+            into = isinstance(path2, str) and (path2.endswith("/") or await self._isdir(path2))
+            # as fsspec's copy: a glob's one object, or a path without "/" moved into a directory, keeps its name
+            keep_name = named and (
+                (has_magic(path1) and len(sources) == 1) or (not has_magic(path1) and into and not path1.endswith("/"))
+            )
+            targets = other_paths(sources, path2, exists=keep_name, flatten=not named)
+        if len(sources) != len(targets):
+            raise ValueError(f"mv got {len(sources)} sources but {len(targets)} destinations")
+        slots = asyncio.Semaphore(batch_size or self.transfer.max_in_flight)
+
+        async def move(source: str, target: str) -> None:
+            async with slots:
+                await self._mv_file(source, target)
+
+        outcomes = await asyncio.gather(
+            *(move(s, t) for s, t in zip(sources, targets, strict=True)), return_exceptions=True
+        )
+        failed = [
+            (s, outcome) for s, outcome in zip(sources, outcomes, strict=True) if isinstance(outcome, BaseException)
+        ]
+        holding = {folder for source in sources for folder in _folders_of(source)} if failed else set()
+        for source, outcome in failed:
+            if recursive and isinstance(outcome, FileNotFoundError) and source.rstrip("/") in holding:
+                continue  # a directory's own path, listed beside its objects
+            raise outcome
+
+    mv = sync_wrapper(_mv)
 
     def merge(self, path: str, paths: list[str]) -> None:
         """Write ``path`` as the concatenation of the objects ``paths``, in their order, by one compose in
@@ -1146,7 +1325,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 kms_key_name=attributes.kms_key_name,
             )
         finally:
-            self._drop_listings([path])
+            self._drop_listings([path], written=True)
 
     # -- removing and directories ----------------------------------------------------------------
 
@@ -1168,7 +1347,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         ``recursive=True`` raises ``IsADirectoryError``), and with ``recursive=True`` and no ``maxdepth`` the
         folders of a hierarchical namespace go too; a glob without it skips the directories it matches. Buckets
         are never deleted: one named without ``recursive=True`` raises ``IsADirectoryError`` (gcsfs deletes an
-        empty one).
+        empty one), and with it only its objects go (an empty one: nothing, and no error).
 
         One object goes by a plain delete; more go in batch requests of up to 100 deletes, each only if the
         object is still the generation its listing found (else its live generation is asked first), and an
@@ -1193,17 +1372,21 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         missed = [p for (p, _, _), gone in zip(objects, deleted, strict=True) if not gone]
         if not recursive:  # a directory a glob matched is skipped, as gcsfs does; one named is refused
             missed = [p for p in missed if p in named or not await self._isdir(p)]
-        if missed and not recursive:
-            if await self._isdir(missed[0]):
-                raise IsADirectoryError(f"{missed[0]} is a directory: remove it with recursive=True")
-            raise NotFoundError(f"gs://{missed[0]}: no such object", url=f"gs://{missed[0]}")
+        emptied = {
+            folder for p, gone in zip(objects, deleted, strict=True) if gone for folder in _folders_of(p[0])
+        }  # named with what they held (as rm(find(path, withdirs=True)) names them), gone with it
+        for p in missed if not recursive else []:
+            if await self._isdir(p):
+                raise IsADirectoryError(f"{p} is a directory: remove it with recursive=True")
+            if self._strip_protocol(p).rstrip("/") not in emptied:
+                raise NotFoundError(f"gs://{p}: no such object", url=f"gs://{p}")
         if recursive:
             tops = [] if maxdepth is not None else [path] if isinstance(path, str) else path  # deeper ones stay
             tops = [top for top in tops if self._split_version(top)[2] is None]  # a version is no folder
             folders = await asyncio.gather(
                 *(self._remove_folders(context, *self.split_path(top)) for top in tops if not has_magic(top))
             )
-            if not any(deleted) and not any(folders):
+            if not any(deleted) and not any(folders) and not buckets:  # an existing bucket names something
                 raise NotFoundError(f"nothing to remove under {path}", url=str(path))
 
     async def _remove_folders(self, context: RequestContext, bucket: str, name: str) -> int:
@@ -1218,10 +1401,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not await self._is_directory(context, bucket, name):
             return 0
         placeholders = await self._remove_placeholders(context, bucket, name)
-        if bucket not in self._hierarchical:
-            layout = await storage_layout(context, bucket)
-            self._hierarchical[bucket] = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
-        if not self._hierarchical[bucket]:
+        if not await self._has_folders(context, bucket):
             return placeholders
         level, folders = [f"{name}/"], [f"{name}/"]
         while level:
@@ -1244,7 +1424,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     @staticmethod
     async def _remove_placeholders(context: RequestContext, bucket: str, name: str) -> int:
         """Delete the folder placeholders under ``name/`` (the whole bucket if ``name`` is empty): zero-byte
-        ``.../`` objects, such as ``touch("dir/")`` writes, which ``find`` skips; each only while it is the
+        ``.../`` objects, such as ``touch("dir/")`` writes (left if made meanwhile); each only while it is the
         generation listed. How many went."""
         params = {
             "prefix": f"{name}/" if name else "",
@@ -1318,7 +1498,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise NotFoundError(f"bucket {bucket!r} does not exist: mkdir creates it with create_parents=True", url=url)
         try:
             await create_bucket(
-                self._context(), self._project("create a bucket"), bucket, location or self.default_location
+                self._context(), self._project_for("create a bucket"), bucket, location or self.default_location
             )
         except GCSError as exc:
             if exc.status != 409:
@@ -1361,9 +1541,12 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return None
         return True
 
-    def _project(self, purpose: str) -> str:
+    def _project_for(self, purpose: str) -> str:
         if not self.project:
-            raise ValueError(f"to {purpose}, GCSFileSystem needs project=: the Google Cloud project they belong to")
+            raise ValueError(
+                f"to {purpose}, GCSFileSystem needs project= (or {PROJECT_VARIABLE}, or credentials that name a "
+                "project): the Google Cloud project they belong to"
+            )
         return self.project
 
 
@@ -1395,11 +1578,15 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
             fs, info["name"], "rb", block_size, cache_type=cache_type, cache_options=cache_options, size=info["size"]
         )
         self.details = info
-        self.url = format_url(*fs.split_path(info["name"]))
+        self._gs_url = format_url(*fs.split_path(info["name"]))
+
+    def url(self) -> str:
+        """The HTTP URL of the version this file reads (``fs.url`` of its generation), as gcsfs's ``url()``."""
+        return self.fs.url(self.path, generation=self.details["generation"])  # type: ignore[no-any-return]
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         fs: GCSFileSystem = self.fs
-        return run(fs._read_version(self.url, self.details, start, min(end, self.size)))
+        return run(fs._read_version(self._gs_url, self.details, start, min(end, self.size)))
 
 
 class StagedWriter(io.RawIOBase):
@@ -1414,6 +1601,11 @@ class StagedWriter(io.RawIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        return self._writer.readinto(buffer)  # type: ignore[no-any-return]  # refused, as every writer refuses it
 
     def tell(self) -> int:
         return self._writer.tell()
@@ -1463,6 +1655,13 @@ _SIGNED_HEADERS = {"content_type": "Content-Type", "content_md5": "Content-MD5"}
 """``sign`` arguments that are headers the signed request must carry."""
 _SIGNED_QUERY = {"response_type": "response-content-type", "response_disposition": "response-content-disposition"}
 """``sign`` arguments that are query parameters of the signed URL."""
+
+
+def _folders_of(path: str) -> list[str]:
+    """The directories ``path`` lies in, below its bucket: ``bucket/a/b/c`` in ``bucket/a/b`` and ``bucket/a``;
+    a folder placeholder ``bucket/a/b/`` in those same two."""
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[:depth]) for depth in range(len(parts), 1, -1)]
 
 
 def _one_generation(path: str, *generations: int | str | None) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import pickle
 import re
 import subprocess
@@ -332,9 +333,8 @@ def test_corrupted_metadata_is_detected(gcs_emulator: Emulator, gcs_bucket: str,
     dcp.save({"w": torch.ones(3)}, storage_writer=GCSStorageWriter(url, client=gcs_emulator.client_config))
     proxy.corrupt_downloads = True
     with pytest.raises(CheckpointException, match="crc32c"):
-        dcp.load(
-            {"w": torch.empty(3)}, storage_reader=GCSStorageReader(url, client=ClientConfig(endpoint=proxy.endpoint))
-        )
+        reader = GCSStorageReader(url, client=ClientConfig(endpoint=proxy.endpoint), retry=FAST_RETRY)
+        dcp.load({"w": torch.empty(3)}, storage_reader=reader)  # every read damaged: retried promptly, then refused
 
 
 def test_settings_and_file_operations(gcs_emulator: Emulator, gcs_bucket: str) -> None:
@@ -384,6 +384,17 @@ def sharded_model() -> dict[str, torch.Tensor]:
 
 
 def run_rank(rank: int, port: int, url: str, client: ClientConfig, out: Path) -> None:
+    """One rank's save and loads; it ends its process itself once both ranks are done.
+
+    Once DTensor has used the device mesh, torch keeps the process group alive after
+    ``destroy_process_group()`` (DTensor's redistribution caches and c10d hold it): gloo's worker and
+    transport threads, and on rank 0 the TCPStore server thread, run on into interpreter exit and are torn
+    down there, each rank on its own while its peer may already be gone. A C++ thread torn down in that
+    state aborts the rank with "terminate called without an active exception" (seen once, under load).
+    So both ranks meet at a barrier after their last collective, destroy the group, and leave through
+    ``os._exit(0)``: nothing is pending then (every upload is complete, the results file is written), and
+    no C++ thread is destroyed at exit. A failure still raises, and reaches the test as the rank's traceback.
+    """
     warnings.filterwarnings("ignore", category=UserWarning)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
@@ -413,8 +424,12 @@ def run_rank(rank: int, port: int, url: str, client: ClientConfig, out: Path) ->
             assert isinstance(local, DTensor) and local.placements == tuple(placements[key]), key
             assert torch.equal(local.full_tensor(), value), key
         (out / f"rank{rank}.json").write_text(json.dumps({"same_layout_bytes": reader.stats.bytes}))
+        dist.barrier()  # both ranks are past their last collective before either tears anything down
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def test_two_ranks_save_dtensor_shards_and_load_them_resharded(

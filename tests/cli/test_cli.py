@@ -400,11 +400,14 @@ def test_emulator_keeps_its_objects_in_a_data_dir_and_serves_on_a_given_port(tmp
 
 
 def test_ls_into_a_pipe_closed_early_stops_quietly(gcs_emulator: Emulator, gcs_bucket: str) -> None:
-    gcs_emulator.seed(gcs_bucket, {f"x/{i:05d}": b"." for i in range(3000)})
+    # about 150 KB of lines, more than the pipe and stdout's buffer hold, so ls is still writing when the
+    # reader goes: long names make the bytes with few objects to upload
+    names = [f"x/{i:05d}-{'n' * 200}" for i in range(600)]
+    gcs_emulator.seed(gcs_bucket, {name: b"." for name in names})
     command = [sys.executable, "-m", "torchdata_gcs.cli", "--endpoint", gcs_emulator.endpoint, "ls", "--long"]
     with subprocess.Popen([*command, f"gs://{gcs_bucket}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as ls:
         assert ls.stdout is not None and ls.stderr is not None
-        assert ls.stdout.readline().decode().strip().endswith(f"gs://{gcs_bucket}/x/00000")
+        assert ls.stdout.readline().decode().strip().endswith(f"gs://{gcs_bucket}/{names[0]}")
         ls.stdout.close()  # as `| head -1` does
         assert ls.wait(timeout=60) == 0 and ls.stderr.read() == b""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import shutil
@@ -14,7 +15,7 @@ import torch
 import zstandard
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-from torchdata_gcs import IntegrityError, TransferConfig, WriteConfig, Zstd, checkpoint
+from torchdata_gcs import IntegrityError, RetryConfig, TransferConfig, WriteConfig, Zstd, checkpoint
 from torchdata_gcs._engines.compressing import CompressingWriter
 from torchdata_gcs._engines.compression import (
     BLOCK_HEADER,
@@ -31,7 +32,13 @@ KiB = 1024
 
 
 def trained_like_state() -> dict[str, torch.Tensor]:
-    """Weights of a small network after a few hundred SGD steps on a real regression task."""
+    """Weights of a small network after a few hundred SGD steps on a real regression task (a fresh copy of
+    tensors trained once per session: the training is deterministic and the slowest part of these tests)."""
+    return {key: value.clone() for key, value in _trained().items()}
+
+
+@functools.cache
+def _trained() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -51,6 +58,10 @@ def assert_equal(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tens
     assert loaded.keys() == expected.keys()
     for key, tensor in expected.items():
         assert loaded[key].dtype == tensor.dtype and torch.equal(loaded[key], tensor), key
+
+
+PROMPT = RetryConfig(max_attempts=3, initial_delay=0.01, max_delay=0.02)
+"""Retries without the default's growing waits, where every attempt fails the same way."""
 
 
 def widths(data: bytes) -> list[int]:
@@ -161,8 +172,8 @@ def test_damaged_compressed_data_raises_integrity_error(
     with pytest.raises(IntegrityError, match="ends inside a block header"):
         decompress(sink.data[: first_frame - 3], "gs://b/x")
     gcs_emulator.seed(gcs_bucket, {f"damaged-{grouping}.pt": bytes(damaged)})  # stored whole: only its content is wrong
-    with pytest.raises(IntegrityError):
-        checkpoint.load(f"gs://{gcs_bucket}/damaged-{grouping}.pt", client=gcs_emulator.client_config)
+    with pytest.raises(IntegrityError):  # read again after each damaged read, promptly, then given up
+        checkpoint.load(f"gs://{gcs_bucket}/damaged-{grouping}.pt", client=gcs_emulator.client_config, retry=PROMPT)
 
 
 def test_failure_while_compressing_publishes_nothing(

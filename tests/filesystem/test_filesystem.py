@@ -215,16 +215,19 @@ def test_a_failed_download_leaves_the_local_file_as_it_was(
     assert local.read_bytes() == random_bytes(9 * MiB, seed=6)
 
 
-def test_listing_hides_folder_placeholders_and_temporary_objects(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+def test_listing_hides_temporary_objects_and_shows_folder_placeholders(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """A placeholder is an object (``find`` names it) that makes its folder a directory, listed by itself as gcsfs
+    lists it (``test_gcsfs_parity_markers``)."""
     names = ["a/1", "a/b/2", "a/b/3", "ab", "empty/", ".torchdata-gcs-tmp/job/part-00001"]
     gcs_emulator.seed(gcs_bucket, {name: b"" if name.endswith("/") else b"x" for name in names})
     fs = filesystem(gcs_emulator)
-    assert fs.find(gcs_bucket) == [f"{gcs_bucket}/{n}" for n in ("a/1", "a/b/2", "a/b/3", "ab")]
+    assert fs.find(gcs_bucket) == [f"{gcs_bucket}/{n}" for n in ("a/1", "a/b/2", "a/b/3", "ab", "empty/")]
     assert fs.find(f"{gcs_bucket}/a", withdirs=True) == [
         f"{gcs_bucket}/{n}" for n in ("a", "a/1", "a/b", "a/b/2", "a/b/3")
     ]
     assert fs.ls(gcs_bucket, detail=False) == [f"{gcs_bucket}/{n}" for n in ("a", "ab", "empty")]
-    assert fs.ls(f"{gcs_bucket}/empty") == [] and fs.ls(f"{gcs_bucket}/ab", detail=False) == [f"{gcs_bucket}/ab"]
+    assert fs.ls(f"{gcs_bucket}/empty") == [f"{gcs_bucket}/empty"]
+    assert fs.ls(f"{gcs_bucket}/ab", detail=False) == [f"{gcs_bucket}/ab"]
     assert fs.isdir(f"{gcs_bucket}/a/b") and fs.isfile(f"{gcs_bucket}/ab") and not fs.exists(f"{gcs_bucket}/a/c")
     assert fs.glob(f"{gcs_bucket}/a/**/3") == [f"{gcs_bucket}/a/b/3"]
     with pytest.raises(IsADirectoryError):

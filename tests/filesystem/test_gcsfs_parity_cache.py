@@ -251,3 +251,21 @@ def test_find_with_a_prefix_lists_only_the_names_under_path_that_start_with_it(
     assert fs.find(f"{gcs_bucket}/dir", prefix="zz") == []
     with pytest.raises(TypeError, match="prefix"):
         fs.find(f"{gcs_bucket}/dir", prefix=b"ab")
+
+
+def test_a_write_keeps_the_listings_it_cannot_change(front: GCSFront, gcs_bucket: str) -> None:
+    """As gcsfs keeps them: a listing that names the written object's directory already stays; the directory's
+    own listing, and those that do not name the directory below yet, are dropped."""
+    fs = _fs(front)
+    fs.pipe({f"{gcs_bucket}/d/sub/a.txt": b"a", f"{gcs_bucket}/other/x.txt": b"x"})
+    listed = [gcs_bucket, f"{gcs_bucket}/d", f"{gcs_bucket}/d/sub", f"{gcs_bucket}/other"]
+    for key in listed:
+        fs.ls(key)
+    fs.pipe_file(f"{gcs_bucket}/d/sub/new.txt", b"new")
+    assert sorted(fs.dircache) == [gcs_bucket, f"{gcs_bucket}/d", f"{gcs_bucket}/other"]
+    fs.pipe_file(f"{gcs_bucket}/d/fresh/deeper/f.txt", b"f")  # d did not name fresh: d's listing goes too
+    assert sorted(fs.dircache) == [gcs_bucket, f"{gcs_bucket}/other"]
+    fresh = _fs(front)
+    for key in listed:  # what is kept is what GCS lists
+        assert fs.ls(key, detail=True) == fresh.ls(key, detail=True)
+    assert fs.ls(f"{gcs_bucket}/d") == [f"{gcs_bucket}/d/fresh", f"{gcs_bucket}/d/sub"]

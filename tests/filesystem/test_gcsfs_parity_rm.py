@@ -1,6 +1,6 @@
-"""``rm`` and ``mv`` answer as gcsfs's do, over HTTP to the emulator: ``mv`` of a tree is a copy of every
-object then their removal, ``rm`` of a glob removes what it matches, and a path that names nothing raises
-``FileNotFoundError``."""
+"""``rm`` and ``mv`` answer as gcsfs's do, over HTTP to the emulator: ``mv`` of a tree moves every object
+(``test_gcsfs_parity_move``), ``rm`` of a glob removes what it matches, and a path that names nothing raises
+``FileNotFoundError``; a recursive ``rm`` of a bucket empties it, and leaves it."""
 
 from __future__ import annotations
 
@@ -62,3 +62,17 @@ def test_rm_of_a_bucket_is_refused_and_removes_nothing(fs: GCSFileSystem, gcs_bu
     with pytest.raises(FileNotFoundError):
         fs.rm(f"gs://{gcs_bucket}-missing")
     assert fs.cat_file(f"{gcs_bucket}/kept.txt") == b"x"
+
+
+def test_a_recursive_rm_of_a_bucket_already_empty_removes_nothing_and_raises_nothing(
+    fs: GCSFileSystem, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    """The bucket exists, so it names something (gcsfs deletes it there; here ``rmdir`` does)."""
+    fs.pipe_file(f"{gcs_bucket}/a/b.txt", b"x")
+    fs.rm(f"gs://{gcs_bucket}/*", recursive=True)
+    fs.rm(f"gs://{gcs_bucket}", recursive=True)
+    assert fs.exists(gcs_bucket) and gcs_emulator.names(gcs_bucket) == []
+    with pytest.raises(FileNotFoundError):
+        fs.rm(f"gs://{gcs_bucket}/a", recursive=True)  # a prefix that holds nothing names nothing
+    with pytest.raises(FileNotFoundError):
+        fs.rm(f"gs://{gcs_bucket}-missing", recursive=True)

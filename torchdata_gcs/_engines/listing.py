@@ -32,6 +32,7 @@ async def list_objects_async(
     *,
     as_prefix: bool = False,
     item_fields: str | None = ITEM_FIELDS,
+    placeholders: bool = False,
 ) -> AsyncGenerator[list[tuple[str, dict[str, Any]]], None]:
     """Expand ``gs://bucket/name`` into batches of ``(url, resource)`` pairs in GCS's name order.
 
@@ -41,8 +42,8 @@ async def list_objects_async(
     An empty name or one ending in ``/`` is a prefix: every object under it. Any other name is an
     object and a folder: the object of that exact name (if it exists), then everything under
     ``name/`` (so ``gs://b/data`` never picks up ``gs://b/database.csv``). Zero-byte ``.../``
-    folder placeholders are skipped, and so are temporary objects under ``TEMPORARY_PREFIX`` unless
-    that is what is listed. A missing bucket raises ``NotFoundError``. Up to
+    folder placeholders are skipped unless ``placeholders``, and so are temporary objects under
+    ``TEMPORARY_PREFIX`` unless that is what is listed. A missing bucket raises ``NotFoundError``. Up to
     ``concurrency`` list requests run at once; ``stats`` counts them. With ``after``, only names
     greater than it are listed (how an interrupted listing resumes). With ``match_glob`` GCS lists
     only the names under the prefix that this glob selects (``matchGlob``; the object of the exact
@@ -69,7 +70,7 @@ async def list_objects_async(
             yield [
                 (base + item["name"], item)
                 for item in page
-                if not (item["name"].endswith("/") and item["size"] == "0")
+                if (placeholders or not (item["name"].endswith("/") and item["size"] == "0"))
                 and not (hidden and item["name"].startswith(hidden))
             ]
 

@@ -59,10 +59,24 @@ def _find_haproxy() -> str | None:
     )
 
 
-def _haproxy() -> str:
+def _missing() -> tuple[str | None, str | None]:
+    """The HAProxy found here and, where it cannot serve as the front, why not (``None`` when it can)."""
     found = _find_haproxy()
     if found is None:
-        raise EmulatorError("LatencyFront needs HAProxy with Lua: apt-get install haproxy")
+        return None, "HAProxy is not installed (Debian: apt-get install haproxy)"
+    try:
+        described = subprocess.run([found, "-vv"], capture_output=True, text=True, timeout=15, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return found, f"{found} -vv failed ({error})"
+    if "Built with Lua" not in described:
+        return found, f"{found} is built without Lua (Debian's haproxy package has it)"
+    return found, None
+
+
+def _haproxy() -> str:
+    found, reason = _missing()
+    if found is None or reason is not None:
+        raise EmulatorError(f"LatencyFront needs HAProxy with Lua: {reason}")
     return found
 
 
@@ -111,8 +125,13 @@ class LatencyFront(LocalService):
 
     @staticmethod
     def available() -> bool:
-        """Whether HAProxy is installed here (``LatencyFront`` needs it; ``GCSFront`` does not)."""
-        return _find_haproxy() is not None
+        """Whether HAProxy with Lua is installed here (``LatencyFront`` needs it; ``GCSFront`` does not)."""
+        return _missing()[1] is None
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why ``LatencyFront`` cannot start here (no HAProxy, or one without Lua); ``None`` where it can."""
+        return _missing()[1]
 
     def __init__(self, upstream: str, *, latency: float = 0.02, tls: bool = False) -> None:
         parts = urlsplit(upstream)
