@@ -12,6 +12,7 @@ Importing the package registers the functional DataPipes on ``IterDataPipe``::
 from . import checkpoint
 from ._engines.parallel_listing import ListingStats
 from ._ops.checksums import ObjectInfo
+from ._ops.client import GCSClient
 from ._ops.urls import format_url, parse_url
 from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
@@ -47,6 +48,7 @@ __all__ = [
     "ComposeFallbackWarning",
     "DeadlineExceededError",
     "EndpointError",
+    "GCSClient",
     "GCSError",
     "GCSFileListerIterDataPipe",
     "GCSFileLoaderIterDataPipe",

@@ -18,7 +18,7 @@ from ._engines import checkpoints
 from ._engines.checkpoints import Strategy, write_config
 from ._engines.compressing import CompressingWriter
 from ._engines.upload import StreamingWriter
-from ._ops.client import Client
+from ._ops.client import Client, GCSClient
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
 def open_writer(
     url: str,
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     retry: RetryConfig | None = None,
     write: WriteConfig | None = None,
     part_size: int | None = None,
@@ -59,14 +59,14 @@ def open_writer(
     """
     write = write_config(write, "open_writer", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip
-    return checkpoints.open_writer(url, Client(client or ClientConfig(), retry), write)
+    return checkpoints.open_writer(url, Client(client, retry), write)
 
 
 def save(
     obj: Any,
     url: str,
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     retry: RetryConfig | None = None,
     write: WriteConfig | None = None,
     part_size: int | None = None,
@@ -94,13 +94,13 @@ def save(
     """
     write = write_config(write, "save", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip
-    return checkpoints.save(obj, url, Client(client or ClientConfig(), retry), write)
+    return checkpoints.save(obj, url, Client(client, retry), write)
 
 
 def open_reader(
     url: str,
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
 ) -> IO[bytes]:
@@ -112,7 +112,7 @@ def open_reader(
         NotFoundError: no such object, or no such bucket.
         IntegrityError: the bytes (or their compression) do not check out.
     """
-    return checkpoints.open_reader(url, Client(client or ClientConfig(), retry, transfer=transfer))
+    return checkpoints.open_reader(url, Client(client, retry, transfer=transfer))
 
 
 def load(
@@ -120,7 +120,7 @@ def load(
     *,
     map_location: Any = None,
     weights_only: bool | None = True,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
 ) -> Any:
@@ -132,10 +132,10 @@ def load(
     that ``torch.load(mmap=True)`` then maps: the tensors use those bytes themselves, so loading holds
     the checkpoint once, not twice.
     """
-    gcs = Client(client or ClientConfig(), retry, transfer=transfer)
+    gcs = Client(client, retry, transfer=transfer)
     return checkpoints.load(url, gcs, map_location=map_location, weights_only=weights_only)
 
 
-def remove(url: str, *, client: ClientConfig | None = None, retry: RetryConfig | None = None) -> bool:
+def remove(url: str, *, client: GCSClient | ClientConfig | None = None, retry: RetryConfig | None = None) -> bool:
     """Delete the checkpoint at ``url``; ``False`` if there was none."""
-    return checkpoints.remove(url, Client(client or ClientConfig(), retry))
+    return checkpoints.remove(url, Client(client, retry))

@@ -58,7 +58,8 @@ class ClientConfig:
 
     Args:
         endpoint: base URL of the JSON API, such as ``http://127.0.0.1:4443`` for an emulator.
-            Unset: ``STORAGE_EMULATOR_HOST`` if that is set (read in each process), else real GCS.
+            Unset: ``STORAGE_EMULATOR_HOST`` if that is set (read when a client is made from these settings:
+            it goes with the client into worker processes), else real GCS.
         anonymous: send no credentials. Unset: anonymous exactly when the endpoint is an emulator
             (taken from ``STORAGE_EMULATOR_HOST``, or a plain ``http://`` endpoint, where a token
             would travel in clear text); otherwise Application Default Credentials.

@@ -23,7 +23,7 @@ from ._engines.stalls import stall_report, timed
 from ._engines.transform import ItemMaker, Transform
 from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
-from ._ops.client import Client
+from ._ops.client import Client, GCSClient, client_of
 from ._ops.paging import MAX_PAGE_SIZE
 from ._ops.urls import brief, parse_url, url_list
 from ._transport.context import LoadStats
@@ -55,7 +55,7 @@ class _Dataset(Generic[T]):
         masks: str | Sequence[str],
         manifest: str | None,
         transform: Transform[T] | None,
-        client: ClientConfig | None,
+        client: GCSClient | ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
         concurrency: int,
@@ -65,10 +65,8 @@ class _Dataset(Generic[T]):
     ) -> None:
         require_integer("concurrency", concurrency, 1, 256)
         self._make_item: ItemMaker[T] = ItemMaker(transform or cast(Transform[T], _url_and_bytes))
-        self.client = client or ClientConfig()
-        self.transfer = transfer or TransferConfig()
-        self.retry = retry or RetryConfig()
-        self._gcs = Client(self.client, self.retry, transfer=self.transfer)
+        self.client = client_of(client, retry, transfer)
+        self._gcs = Client(self.client)
         self.transform: Transform[T] = self._make_item.transform
         self._stats = WorkerStats()
         pairs = _pairs(objects)
@@ -114,7 +112,7 @@ class _Dataset(Generic[T]):
         urls: Iterable[str],
         *,
         skip_missing: bool = False,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         retry: RetryConfig | None = None,
         **settings: Any,
     ) -> Self:
@@ -135,7 +133,7 @@ class _Dataset(Generic[T]):
         listed = url_list(urls if isinstance(urls, str) else list(urls))
         for url in listed:
             parse_url(url, allow_prefix=False)
-        checking = Client(client or ClientConfig(), retry)
+        checking = Client(client, retry)
         pairs, missing = [], 0
         for url, info in zip(listed, describe_objects(checking, listed), strict=True):
             if isinstance(info, ObjectInfo):
@@ -256,7 +254,7 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         masks: str | Sequence[str] = "",
         manifest: str | None = None,
         transform: Transform[T] | None = None,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
         concurrency: int = 16,
@@ -329,7 +327,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         masks: str | Sequence[str] = "",
         manifest: str | None = None,
         transform: Transform[T] | None = None,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
         concurrency: int = 16,

@@ -36,7 +36,7 @@ from ._engines.checkpoints import open_writer, write_config
 from ._engines.ranges import read_into_buffer
 from ._engines.read_ahead import ReadAhead, Span
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
-from ._ops.client import Client
+from ._ops.client import Client, GCSClient, client_of
 from ._ops.paging import ITEM_FIELDS
 from ._ops.reads import read_ranges_into
 from ._ops.urls import format_url, parse_url
@@ -247,17 +247,15 @@ class _GCSFileSystem(FileSystemBase):
 
     def __init__(
         self,
-        client: ClientConfig | None,
+        client: GCSClient | ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
         write: WriteConfig | None = None,
     ) -> None:
-        self.client = client or ClientConfig()
-        self.transfer = transfer or TransferConfig()
-        self.retry = retry or RetryConfig()
+        self.client = client_of(client, retry, transfer)
         self.write = write or WriteConfig()
         self.stats = LoadStats()
-        self.gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
+        self.gcs = Client(self.client, stats=self.stats)
         self.failed_writes: list[str] = []
         self.written: dict[str, _WriteStream] = {}  # files this process published, for their items' checksums
         self.read_ahead: ReadAhead | None = None
@@ -344,8 +342,8 @@ class _GCSFileSystem(FileSystemBase):
             return read_into_buffer(url, info, self.gcs)
         buffer = bytearray(length)
         context = self.gcs.context()
-        coroutine = read_ranges_into(context, url, info.generation, start, memoryview(buffer), self.transfer.part_size)
-        run(coroutine)
+        part_size = self.client.transfer.part_size
+        run(read_ranges_into(context, url, info.generation, start, memoryview(buffer), part_size))
         return buffer
 
 
@@ -385,7 +383,7 @@ class GCSStorageWriter(FileSystemWriter):
         self,
         path: str,
         *,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         retry: RetryConfig | None = None,
         write: WriteConfig | None = None,
         part_size: int | None = None,
@@ -544,7 +542,7 @@ class GCSStorageReader(FileSystemReader):
         self,
         path: str,
         *,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
         _extension_registry: ExtensionRegistry | None = None,

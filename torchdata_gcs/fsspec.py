@@ -56,7 +56,7 @@ from ._engines.upload import StreamingWriter, new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
 from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
-from ._ops.client import Client
+from ._ops.client import Client, GCSClient, client_of
 from ._ops.objects import (
     MAX_SOURCES,
     check_bucket,
@@ -81,7 +81,7 @@ from ._ops.signing import signed_url
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
 from ._transport.context import LoadStats, RequestContext
 from ._transport.deadline import call_deadline
-from ._transport.http import credentials_for, resolve_endpoint
+from ._transport.http import credentials_for
 from ._transport.loop import io_loop, on_io_loop, run
 from ._transport.session import media_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
@@ -149,7 +149,7 @@ def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -
 
     @functools.wraps(method)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
-        with call_deadline(self.retry) if one_call else contextlib.nullcontext():
+        with call_deadline(self.client.retry) if one_call else contextlib.nullcontext():
             return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
 
     return wrapper
@@ -250,7 +250,9 @@ def _default_project(config: ClientConfig) -> str | None:
         return None
 
 
-def _client_from_gcsfs_options(client: ClientConfig | None, options: dict[str, Any]) -> ClientConfig | None:
+def _client_from_gcsfs_options(
+    client: GCSClient | ClientConfig | None, options: dict[str, Any]
+) -> GCSClient | ClientConfig | None:
     """``client`` with gcsfs's arguments in ``options`` applied (and taken out of it); any other argument
     that fsspec does not take raises ``TypeError`` naming it: ignoring ``token`` or ``endpoint_url`` would
     send requests elsewhere than meant. Dropped, as gcsfs leaves them unused: an argument named after another
@@ -304,8 +306,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     """GCS as an fsspec ``AsyncFileSystem``, on the same engines as the DataPipes and checkpoints.
 
     Args:
-        client: endpoint and credentials; the default ``ClientConfig()`` takes ``STORAGE_EMULATOR_HOST``,
-            then Application Default Credentials.
+        client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
+            takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
         retry: how transient failures are retried.
         transfer: requests in flight per call and the part size of concurrent ranged reads.
         write: part size, parts in flight and strategy of streamed writes (``compression`` must be
@@ -359,7 +361,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     def __init__(
         self,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         retry: RetryConfig | None = None,
         transfer: TransferConfig | None = None,
         write: WriteConfig | None = None,
@@ -381,9 +383,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         if not storage_options.get("asynchronous"):
             storage_options.setdefault("loop", io_loop())
         super().__init__(**storage_options)
-        self.client = client or ClientConfig()
-        self.retry = retry or RetryConfig()
-        self.transfer = transfer or TransferConfig()
+        self.client = client_of(client, retry, transfer)
+        """The client every request goes through: its ``config``, ``retry``, ``transfer`` and ``endpoint``."""
         self.write = write or WriteConfig()
         if self.write.compression is not None:
             raise ValueError(
@@ -393,7 +394,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """The Cloud KMS key every write (``cp`` too) encrypts with unless it names its own; ``None``: the
         bucket's default encryption."""
         self.stats = LoadStats()
-        self._gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
+        self._gcs = Client(self.client, stats=self.stats)
         self.version_aware = version_aware
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
         self._invalidations = itertools.count()
@@ -413,14 +414,14 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         else ``GCSFS_DEFAULT_PROJECT``, else the credentials' own (see :func:`_default_project`), looked up once
         when first needed; ``None`` if none names one."""
         if not self._project_known:
-            self._project, self._project_known = _default_project(self.client), True
+            self._project, self._project_known = _default_project(self.client.config), True
         return self._project
 
     @property
     def on_google(self) -> bool:
         """Whether requests go to Google's endpoint (a ``*.googleapis.com`` host), not an emulator or another
         server, as gcsfs's ``on_google`` tells."""
-        host = urlsplit(resolve_endpoint(self.client)[0]).hostname or ""
+        host = urlsplit(self.client.endpoint).hostname or ""
         return host == "googleapis.com" or host.endswith(".googleapis.com")
 
     @property
@@ -520,7 +521,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """A request context for one call (``budget``: bytes it may hold ahead, if not the transfer's)."""
         if budget is None:
             return self._gcs.context()
-        return self._gcs.replace(transfer=replace(self.transfer, max_buffered_bytes=budget)).context()
+        return self._gcs.replace(transfer=replace(self.client.transfer, max_buffered_bytes=budget)).context()
 
     @staticmethod
     def _file(bucket: str, resource: dict[str, Any], versions: bool = False) -> dict[str, Any]:
@@ -931,7 +932,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         GCS's JSON API asks. Reading it needs credentials, unless the object is public."""
         bucket, name, _ = self._object(path, version=True)
         generation = _one_generation(path, generation, self._split_version(path)[2])
-        url = f"{media_url(resolve_endpoint(self.client)[0], bucket, name)}?alt=media"
+        url = f"{media_url(self.client.endpoint, bucket, name)}?alt=media"
         return url if generation is None else f"{url}&generation={generation}"
 
     def sign(
@@ -966,11 +967,11 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         query.update({key: kwargs[arg] for arg, key in _SIGNED_QUERY.items() if kwargs.get(arg) is not None})
         if generation is not None:
             query["generation"] = generation
-        if self.client.anonymous:
+        if self.client.config.anonymous:
             raise AccessDeniedError("an anonymous filesystem cannot sign URLs: it holds no private key")
         return signed_url(
-            credentials_for(self.client),
-            resolve_endpoint(self.client)[0],
+            credentials_for(self.client.config),
+            self.client.endpoint,
             bucket,
             name,
             expiration=expiration,
@@ -1014,7 +1015,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return b""
         buffer = FilledBytes(end - start)  # the bytes returned, held once
         crc = await read_ranges_into(
-            self._context(), url, info["generation"], start, buffer.view, self.transfer.part_size
+            self._context(), url, info["generation"], start, buffer.view, self.client.transfer.part_size
         )
         if start == 0 and end == info["size"]:
             check_crc32c(url, crc32c_base64(crc), {"GCS": info["crc32c"]})
@@ -1031,7 +1032,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             return
         try:
             pinned = await self._pinned(rpath)
-            data, _ = await fetch_object(self._context(budget=4 * self.transfer.part_size), url, pinned, 0)
+            data, _ = await fetch_object(self._context(budget=4 * self.client.transfer.part_size), url, pinned, 0)
         except NotFoundError:
             if not await self._isdir(rpath):  # a recursive get hands directories over too
                 raise
@@ -1254,7 +1255,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             targets = other_paths(sources, path2, exists=keep_name, flatten=not named)
         if len(sources) != len(targets):
             raise ValueError(f"mv got {len(sources)} sources but {len(targets)} destinations")
-        slots = asyncio.Semaphore(batch_size or self.transfer.max_in_flight)
+        slots = asyncio.Semaphore(batch_size or self.client.transfer.max_in_flight)
 
         async def move(source: str, target: str) -> None:
             async with slots:

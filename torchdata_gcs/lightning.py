@@ -14,7 +14,7 @@ from typing import Any
 
 from ._engines import checkpoints
 from ._engines.checkpoints import Strategy, write_config
-from ._ops.client import Client
+from ._ops.client import Client, GCSClient, client_of
 from ._ops.urls import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 
@@ -81,7 +81,7 @@ class GCSCheckpointIO(CheckpointIO):
 
     def __init__(
         self,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         retry: RetryConfig | None = None,
         transfer: TransferConfig | None = None,
         *,
@@ -95,10 +95,8 @@ class GCSCheckpointIO(CheckpointIO):
         self.write = write_config(write, "GCSCheckpointIO", part_size=part_size,
                                   max_parts_in_flight=max_parts_in_flight, strategy=strategy,
                                   compression=compression)  # fmt: skip
-        self.client = client or ClientConfig()
-        self.retry = retry or RetryConfig()
-        self.transfer = transfer or TransferConfig()
-        self._gcs = Client(self.client, self.retry, transfer=self.transfer)
+        self.client = client_of(client, retry, transfer)
+        self._gcs = Client(self.client)
         self._local = TorchCheckpointIO()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:

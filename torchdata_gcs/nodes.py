@@ -31,7 +31,7 @@ from ._engines.shared_listing import Entry
 from ._engines.stalls import WaitHistogram, process_name, stall_report, timed
 from ._engines.transform import ItemMaker, Transform
 from ._ops.checksums import ObjectInfo
-from ._ops.client import Client
+from ._ops.client import Client, GCSClient, client_of
 from ._ops.objects import MAX_SOURCES
 from ._ops.paging import MAX_PAGE_SIZE
 from ._ops.urls import not_a_url, url_list
@@ -64,7 +64,7 @@ class ListFiles(BaseNode[Item]):
         masks: str | Sequence[str] = "",
         with_metadata: bool = False,
         manifest: str | None = None,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         retry: RetryConfig | None = None,
         concurrency: int = 16,
         allow_empty: bool = False,
@@ -78,8 +78,8 @@ class ListFiles(BaseNode[Item]):
         self.with_metadata, self.manifest, self.concurrency = with_metadata, manifest, concurrency
         self.allow_empty, self.skip_missing = allow_empty, skip_missing
         self.list_once, self._made_in = list_once, os.getpid()  # a copy in a worker process lists alone
-        self.client, self.retry = client or ClientConfig(), retry or RetryConfig()
-        self._gcs = Client(self.client, self.retry)
+        self.client = client_of(client, retry)
+        self._gcs = Client(self.client)
         self.stats = ListingStats()
         self._position: tuple[int, str] | None = None
         self._entries: Iterator[Entry] = iter(())
@@ -220,7 +220,7 @@ class _Reading(BaseNode[Any]):
         self,
         source: BaseNode[Item],
         transform: Transform[Any] | None,
-        client: ClientConfig | None,
+        client: GCSClient | ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
     ) -> None:
@@ -228,12 +228,8 @@ class _Reading(BaseNode[Any]):
         self.source = source
         self.transform = transform
         self._make_item = None if transform is None else ItemMaker(transform)
-        self.client, self.transfer, self.retry = (
-            client or ClientConfig(),
-            transfer or TransferConfig(),
-            retry or RetryConfig(),
-        )
-        self._gcs = Client(self.client, self.retry, transfer=self.transfer)
+        self.client = client_of(client, retry, transfer)
+        self._gcs = Client(self.client)
         self.stats = LoadStats()
         self._waits = WaitHistogram()
         self._states: deque[tuple[str, dict[str, Any]]] = deque()  # (url, source's state after it) read ahead
@@ -294,7 +290,7 @@ class LoadFiles(_Reading):
         *,
         transform: Transform[Any] | None = None,
         skip_missing: bool = False,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> None:
@@ -319,7 +315,7 @@ class ComposeShards(_Reading):
         reuse_prefix: str | None = None,
         storage_classes: Collection[str] = COMPOSED_CLASSES,
         skip_missing: bool = False,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ._engines import tensor_files
-from ._ops.client import Client
+from ._ops.client import Client, GCSClient
 from ._ops.urls import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import IntegrityError
@@ -53,7 +53,7 @@ def load_file(
     url: str,
     device: str | int | torch.device = "cpu",
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -80,7 +80,7 @@ def load_file(
         {'w': tensor([1., 1.])}
     """
     target = _usable(device)
-    tensors = tensor_files.load(url, Client(client or ClientConfig(), retry, transfer=transfer))
+    tensors = tensor_files.load(url, Client(client, retry, transfer=transfer))
     return _to(tensors, target)
 
 
@@ -89,7 +89,7 @@ def save_file(
     url: str,
     metadata: Mapping[str, str] | None = None,
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     retry: RetryConfig | None = None,
     write: WriteConfig | None = None,
 ) -> int:
@@ -109,14 +109,14 @@ def save_file(
     write = WriteConfig() if write is None else write
     if write.compression is not None:
         raise ValueError("save_file: a safetensors file is read by ranges; save it without compression")
-    return tensor_files.save(tensors, metadata, url, Client(client or ClientConfig(), retry), write)
+    return tensor_files.save(tensors, metadata, url, Client(client, retry), write)
 
 
 def load_sharded(
     url: str,
     device: str | int | torch.device = "cpu",
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -130,7 +130,7 @@ def load_sharded(
             index: it is refused unread).
     """
     target = _usable(device)
-    gcs = Client(client or ClientConfig(), retry, transfer=transfer)
+    gcs = Client(client, retry, transfer=transfer)
     index = tensor_files.read_index(url, gcs)
     try:
         weight_map = json.loads(index)["weight_map"]
@@ -160,7 +160,7 @@ def save_sharded(
     max_shard_size: int | str = 5 * 10**9,
     metadata: Mapping[str, str] | None = None,
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     retry: RetryConfig | None = None,
     write: WriteConfig | None = None,
 ) -> str:
@@ -195,7 +195,7 @@ def save_sharded(
         groups[-1].append(name)
         filled += size
     folder = url_prefix.rstrip("/")
-    gcs, write = Client(client or ClientConfig(), retry), WriteConfig() if write is None else write
+    gcs, write = Client(client, retry), WriteConfig() if write is None else write
     weight_map = {}
     for number, names in enumerate(groups, 1):
         shard = f"model-{number:05d}-of-{len(groups):05d}.safetensors"

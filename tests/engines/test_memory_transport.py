@@ -1,6 +1,6 @@
 """The download engine over a second transport, in memory: answers whose bodies arrive at exact byte
 boundaries, or break off mid-body, which the emulator cannot be made to send. Shows that engines see only
-the transport seam (``Session(config, transport=...)``); the emulator tests stay the contract."""
+the transport seam (``GCSClient(transport=...)``); the emulator tests stay the contract."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ import google_crc32c
 import pytest
 from multidict import CIMultiDict
 
-from torchdata_gcs import ClientConfig, LoadStats, RetryConfig, TransferConfig
+from torchdata_gcs import ClientConfig, GCSClient, RetryConfig, TransferConfig
 from torchdata_gcs._engines.download import fetch_object
 from torchdata_gcs._ops.checksums import ObjectInfo, crc32c_base64
-from torchdata_gcs._transport.context import new_context
+from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import run
-from torchdata_gcs._transport.session import Session
 from torchdata_gcs.errors import IntegrityError
 
 DATA = bytes((i * 7 + 3) % 251 for i in range(1000))
@@ -118,9 +117,8 @@ def whole(data: bytes, crc: str = CRC, **more: str) -> dict[str, str]:
 def fetch(transport: MemoryTransport, info: ObjectInfo | None, retry: RetryConfig | None = None) -> bytes:
     config = ClientConfig(endpoint="http://in-memory.invalid", anonymous=True)
     retry = retry or RetryConfig(initial_delay=0.001, max_delay=0.001, deadline=10)
-    context = new_context(config, TransferConfig(), retry, LoadStats())
-    context = dataclasses.replace(context, session=Session(config, transport=transport))
-    loaded, _ = run(fetch_object(context, URL, info, 0))  # type: ignore[arg-type]
+    context = Client(GCSClient(config, retry=retry, transport=transport)).context()
+    loaded, _ = run(fetch_object(context, URL, info, 0))
     assert isinstance(loaded, (bytes, list))
     return loaded if isinstance(loaded, bytes) else b"".join(loaded)
 

@@ -21,7 +21,7 @@ from tests.tls_relay import Relay, make_authority
 from torchdata_gcs import ClientConfig, EndpointError, RetryConfig, TransientError
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import run
-from torchdata_gcs._transport.session import Session
+from torchdata_gcs._transport.session import Destination, Session
 from torchdata_gcs._transport.wire import WireTransport
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -30,7 +30,7 @@ FAST_RETRY = RetryConfig(max_attempts=4, initial_delay=0.01, max_delay=0.05)
 
 def _session(config: ClientConfig) -> Session:
     """A session of its own (closed by the test), whose media reads go over the wire transport."""
-    session = Session(config)
+    session = Session(Destination.of(config))
     assert isinstance(session.media, WireTransport)
     return session
 
@@ -239,7 +239,7 @@ def test_through_a_proxy_media_reads_stay_on_aiohttp(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    session = Session(ClientConfig(endpoint="http://storage.example:80", anonymous=True))
+    session = Session(Destination.of(ClientConfig(endpoint="http://storage.example:80", anonymous=True)))
     assert session.media is session.transport
 
 
@@ -271,7 +271,7 @@ def test_a_refused_media_read_names_the_endpoint_as_aiohttp_does() -> None:
         unused.bind(("127.77.0.1", 0))
         endpoint = f"http://127.77.0.1:{unused.getsockname()[1]}"
         config = ClientConfig(endpoint=endpoint, anonymous=True)
-        assert isinstance(Session(config).media, WireTransport)
+        assert isinstance(Session(Destination.of(config)).media, WireTransport)
         started = time.monotonic()
         with pytest.raises(EndpointError) as caught:
             Client(config, FAST_RETRY).read("some-bucket", "o")

@@ -210,7 +210,7 @@ class Composer:
         once, by writing and deleting a probe object; in reuse mode, also read the kept composites."""
         client = self.client
         prefix = f"{TEMPORARY_PREFIX}{self.job_id}/"
-        task = DeletePrefix(bucket, prefix, client.config, client.retry)
+        task = DeletePrefix(bucket, prefix, client)
         self._watches.append(await asyncio.to_thread(reaper.watch, task))  # waits for the reaper's process
         probe = f"{prefix}probe"
         try:

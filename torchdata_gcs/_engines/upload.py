@@ -433,7 +433,7 @@ class MultipartWriter(StreamingWriter):
                 f"{self.url}: GCS answered the start of a multipart upload without an upload ID", url=self.url
             )
         # A process ended by a signal runs no code of its own: its reaper aborts the upload instead.
-        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client.config, self._client.retry))
+        self._watched = reaper.watch(AbortUpload(self._bucket, self._upload, self._client))
         name = upload_marker(self._upload_id)
         try:  # by the marker, `clean` knows the upload as this library's; without it, `clean` leaves it alone
             generation = self._client.create(
@@ -585,7 +585,7 @@ class CompositeWriter(StreamingWriter):
 
     def _start(self) -> None:
         # A process ended by a signal runs no code of its own: its reaper deletes the parts instead.
-        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client.config, self._client.retry))
+        self._watched = reaper.watch(DeletePrefix(self._bucket, self._prefix, self._client))
 
     def _upload_part(self, number: int, data: memoryview, crc32c: int) -> Coroutine[Any, Any, tuple[int, Any]]:
         name = f"{self._prefix}part-{number:05d}"

@@ -1,23 +1,23 @@
-"""The handle a front end builds once and hands down: endpoint settings, transfer settings, retry policy
-and statistics, making the request context of each iteration, with the single-request verbs of
+"""The client: :class:`GCSClient`, the one public handle (settings, retry policy, transfer settings and
+transport, with the endpoint resolved once), and :class:`Client`, what a front-end object makes of it (plus
+its statistics), making the request context of each iteration, with the single-request verbs of
 :mod:`.objects` as blocking methods (run on the process's I/O loop, like every request); and what a
 reaper's task keeps to build one in the reaper."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .._transport.context import LoadStats, RequestContext, new_context
-from .._transport.http import EMULATOR_ENV
 from .._transport.loop import run
-from .._transport.session import Session, session_for
+from .._transport.session import Destination, Session, session_for
+from .._transport.transport import Transport
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from . import objects
 from .checksums import ObjectInfo
 
-__all__ = ["Client", "ReaperTask"]
+__all__ = ["Client", "GCSClient", "ReaperTask"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -25,11 +25,97 @@ T = TypeVar("T")
 _CONTROL = TransferConfig()  # single requests: the default concurrency slots and budget are never reached
 
 
+class GCSClient:
+    """The one handle to GCS that every front end takes as ``client=``: where requests go and how they
+    authenticate (``config``), how long a call keeps trying (``retry``), how much is in flight and read
+    ahead (``transfer``), and what carries the requests (``transport``: the library's own unless given, a
+    ``torchdata_gcs._transport.transport.Transport``; say, one in memory for tests).
+
+    The endpoint is resolved when the client is made (``config.endpoint``, else ``STORAGE_EMULATOR_HOST``,
+    else GCS) and goes with the client into worker processes. A client holds settings only: it pickles
+    (with its transport, if that pickles), and each process opens its own connections.
+
+    Example:
+        >>> from torchdata_gcs import GCSClient, GCSMapDataset, RetryConfig
+        >>> from torchdata_gcs.testing import Emulator
+        >>> with Emulator() as emulator:
+        ...     emulator.seed("demo", {"a.txt": b"hello"})
+        ...     client = GCSClient(emulator.client_config, retry=RetryConfig(deadline=60))
+        ...     GCSMapDataset("gs://demo/", transform=lambda stream: stream.read(), client=client)[0]
+        b'hello'
+    """
+
+    __slots__ = ("destination", "retry", "transfer")
+
+    def __init__(
+        self,
+        config: ClientConfig | None = None,
+        *,
+        retry: RetryConfig | None = None,
+        transfer: TransferConfig | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        for name, value, kind in (("config", config, ClientConfig), ("retry", retry, RetryConfig)):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+        if transfer is not None and not isinstance(transfer, TransferConfig):
+            raise TypeError(f"transfer must be a TransferConfig, got {type(transfer).__name__}")
+        self.destination = Destination.of(config or ClientConfig(), transport)
+        self.retry = retry or RetryConfig()
+        self.transfer = transfer or TransferConfig()
+
+    @property
+    def config(self) -> ClientConfig:
+        return self.destination.config
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL requests go to, as resolved when the client was made."""
+        return self.destination.endpoint
+
+    @property
+    def transport(self) -> Transport | None:
+        return self.destination.transport
+
+    def replace(self, *, retry: RetryConfig | None = None, transfer: TransferConfig | None = None) -> GCSClient:
+        """This client with another ``retry`` or ``transfer`` (what is not given is kept; the endpoint too)."""
+        return _client(self.destination, retry or self.retry, transfer or self.transfer)
+
+    def __repr__(self) -> str:  # all of it: fsspec tells its cached filesystems apart by their arguments' text
+        transport = "" if self.transport is None else f", transport={self.transport!r}"
+        return f"GCSClient({self.config!r}, retry={self.retry!r}, transfer={self.transfer!r}{transport})"
+
+    def __getstate__(self) -> tuple[Destination, RetryConfig, TransferConfig]:
+        return self.destination, self.retry, self.transfer
+
+    def __setstate__(self, state: tuple[Destination, RetryConfig, TransferConfig]) -> None:
+        self.destination, self.retry, self.transfer = state
+
+
+def _client(destination: Destination, retry: RetryConfig, transfer: TransferConfig) -> GCSClient:
+    """A client for a destination already resolved."""
+    client = GCSClient.__new__(GCSClient)
+    client.__setstate__((destination, retry, transfer))
+    return client
+
+
+def client_of(
+    client: GCSClient | ClientConfig | None, retry: RetryConfig | None = None, transfer: TransferConfig | None = None
+) -> GCSClient:
+    """What a front end was given, as one client: a ``GCSClient`` (with ``retry`` or ``transfer`` in place of its
+    own where given), or a ``ClientConfig`` (``None``: the default) made into one with ``retry`` and ``transfer``."""
+    if isinstance(client, GCSClient):
+        return client.replace(retry=retry, transfer=transfer)
+    if client is None or isinstance(client, ClientConfig):
+        return GCSClient(client, retry=retry, transfer=transfer)
+    raise TypeError(f"client must be a GCSClient or a ClientConfig, got {type(client).__name__}")
+
+
 class Client:
-    """One front-end object's way to GCS: ``config`` (endpoint, credentials), ``transfer`` (concurrency,
-    buffering, part size), ``retry`` and ``stats``. :meth:`context` makes each iteration's request context,
-    which counts into ``stats``; the blocking verbs (list a page, head, read, create, compose, delete) are
-    each retried under ``retry`` and not counted.
+    """One front-end object's way to GCS: a :class:`GCSClient`'s destination, ``transfer`` settings and
+    ``retry`` policy, and ``stats``. :meth:`context` makes each iteration's request context, which counts
+    into ``stats``; the blocking verbs (list a page, head, read, create, compose, delete) are each retried
+    under ``retry`` and not counted.
 
     A handle is cheap and holds only settings and counts: it finds this process's :class:`Session` on each
     call, so it pickles and may be kept across a fork. It must not be used from the I/O loop's own thread.
@@ -37,33 +123,39 @@ class Client:
 
     def __init__(
         self,
-        config: ClientConfig,
+        client: GCSClient | ClientConfig | Destination | None,
         retry: RetryConfig | None = None,
         *,
         transfer: TransferConfig | None = None,
         stats: LoadStats | None = None,
     ) -> None:
-        self.config = config
-        self.retry = retry or RetryConfig()
-        self.transfer = transfer or TransferConfig()
+        if isinstance(client, Destination):
+            self.destination, self.retry, self.transfer = client, retry or RetryConfig(), transfer or TransferConfig()
+        else:
+            gcs = client_of(client, retry, transfer)
+            self.destination, self.retry, self.transfer = gcs.destination, gcs.retry, gcs.transfer
         self.stats = LoadStats() if stats is None else stats
 
     def __repr__(self) -> str:
-        return f"Client({self.config!r})"
+        return f"Client({self.destination.endpoint!r})"
+
+    @property
+    def config(self) -> ClientConfig:
+        return self.destination.config
 
     @property
     def session(self) -> Session:
-        """This process's session for the handle's configuration."""
-        return session_for(self.config)
+        """This process's session for the handle's destination."""
+        return session_for(self.destination)
 
     def context(self) -> RequestContext:
         """A fresh request context for one iteration (its own byte budget and slots), counting into ``stats``."""
-        return new_context(self.config, self.transfer, self.retry, self.stats)
+        return new_context(self.destination, self.transfer, self.retry, self.stats)
 
     def replace(self, *, transfer: TransferConfig | None = None, stats: LoadStats | None = None) -> Client:
         """This handle with other ``transfer`` settings or another ``stats`` (what is not given is kept)."""
         return Client(
-            self.config,
+            self.destination,
             self.retry,
             transfer=self.transfer if transfer is None else transfer,
             stats=self.stats if stats is None else stats,
@@ -71,14 +163,14 @@ class Client:
 
     @classmethod
     def reading_as(cls, context: RequestContext) -> Client:
-        """A handle that reads as ``context`` does (endpoint, retry, part size), counting anew: what a stream
+        """A handle that reads as ``context`` does (destination, retry, part size), counting anew: what a stream
         pickles as, to read on in another process."""
-        return cls(context.session.config, context.retry, transfer=TransferConfig(part_size=context.part_size))
+        return cls(context.session.destination, context.retry, transfer=TransferConfig(part_size=context.part_size))
 
     def call_context(self) -> RequestContext:
         """A request context for one single call (a verb of :mod:`.objects`): the default concurrency slots,
         not counted in ``stats``."""
-        return new_context(self.config, _CONTROL, self.retry, LoadStats())
+        return new_context(self.destination, _CONTROL, self.retry, LoadStats())
 
     def run(self, verb: Callable[Concatenate[RequestContext, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop, as a single call, and wait
@@ -151,18 +243,13 @@ class Client:
 
 
 class ReaperTask:
-    """What a reaper's task that sends requests holds: the client settings and the endpoint this process
-    would use now (the emulator variable is part of that, as for its sessions)."""
+    """What a reaper's task that sends requests holds: the destination its requests went to (over the
+    library's own transport: the reaper is a process of its own) and the retry policy."""
 
-    def __init__(self, config: ClientConfig, retry: RetryConfig) -> None:
-        self.config = config
-        self.retry = retry
-        self.emulator = os.environ.get(EMULATOR_ENV)
+    def __init__(self, client: Client) -> None:
+        self.destination = client.destination.without_transport()
+        self.retry = client.retry
 
     def client(self) -> Client:
-        """A client, in the reaper, for that endpoint (the reaper's environment serves no one else)."""
-        if self.emulator is None:
-            os.environ.pop(EMULATOR_ENV, None)
-        else:
-            os.environ[EMULATOR_ENV] = self.emulator
-        return Client(self.config, self.retry)
+        """A client, in the reaper, for that destination."""
+        return Client(self.destination, self.retry)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._transport.context import RequestContext
-from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError
 from .batch import delete_objects
 from .client import Client, ReaperTask
@@ -92,8 +91,8 @@ def _listed(
 class DeletePrefix(ReaperTask):
     """A reaper's task: delete every version under ``prefix`` in ``bucket`` for good."""
 
-    def __init__(self, bucket: str, prefix: str, config: ClientConfig, retry: RetryConfig) -> None:
-        super().__init__(config, retry)
+    def __init__(self, bucket: str, prefix: str, client: Client) -> None:
+        super().__init__(client)
         self.bucket = bucket
         self.prefix = prefix
 

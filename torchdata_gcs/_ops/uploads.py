@@ -15,7 +15,6 @@ from urllib.parse import quote
 from xml.etree import ElementTree
 
 from .._transport.context import RequestContext, with_retry
-from ..config import ClientConfig, RetryConfig
 from ..errors import GCSError, NoMultipartListing
 from .client import Client, ReaperTask
 from .objects import delete_object, delete_request
@@ -98,8 +97,8 @@ class AbortUpload(ReaperTask):
     """A reaper's task: abort the multipart upload ``upload`` of ``bucket`` (GCS bills its parts until then)
     and delete its marker."""
 
-    def __init__(self, bucket: str, upload: Upload, config: ClientConfig, retry: RetryConfig) -> None:
-        super().__init__(config, retry)
+    def __init__(self, bucket: str, upload: Upload, client: Client) -> None:
+        super().__init__(client)
         self.bucket = bucket
         self.upload = upload
 

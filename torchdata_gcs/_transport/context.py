@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from .deadline import RequestDeadline, consumer_wait, deadline_for, progress_deadline
 from .retry import Attempts
-from .session import Session, session_for
+from .session import Destination, Session, session_for
 from .slots import Slots
 
 __all__ = ["ByteBudget", "ConsumerGone", "LoadStats", "RequestContext", "new_context", "with_retry"]
@@ -192,10 +192,12 @@ async def with_retry(
             await asyncio.sleep(attempts.delay_after(exc))
 
 
-def new_context(config: ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats) -> RequestContext:
-    """A fresh context for one iteration, on this process's session for ``config``."""
+def new_context(
+    destination: Destination | ClientConfig, transfer: TransferConfig, retry: RetryConfig, stats: LoadStats
+) -> RequestContext:
+    """A fresh context for one iteration, on this process's session for ``destination``."""
     return RequestContext(
-        session_for(config),
+        session_for(destination),
         retry,
         transfer.part_size,
         ByteBudget(transfer.max_buffered_bytes),

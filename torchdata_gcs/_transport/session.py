@@ -20,6 +20,7 @@ import ssl
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -49,7 +50,7 @@ from .throttle import Throttle
 from .transport import Body, Response, Transport
 from .wire import WireTransport
 
-__all__ = ["API_CLIENT", "USER_AGENT", "Session", "media_url", "session_for"]
+__all__ = ["API_CLIENT", "USER_AGENT", "Destination", "Session", "media_url", "session_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +81,40 @@ def query_string(params: dict[str, Any]) -> str:
     return "&".join(quote(key, safe="") if value is None else urlencode({key: value}) for key, value in params.items())
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where a client's requests go, resolved once, when the client is made: its settings, the endpoint
+    they name (``ClientConfig.endpoint``, else ``STORAGE_EMULATOR_HOST``, else GCS), whether that is an
+    emulator, and the transport that carries them (``None``: the library's own). A process has one session
+    per destination; a destination pickles as it is (a transport only if it pickles: the library's never do)."""
+
+    config: ClientConfig
+    endpoint: str
+    emulator: bool
+    transport: Transport | None = None
+
+    @classmethod
+    def of(cls, config: ClientConfig, transport: Transport | None = None) -> Destination:
+        """Where ``config`` sends requests from this process now, over ``transport`` if given."""
+        endpoint, emulator = resolve_endpoint(config)
+        return cls(config, endpoint, emulator, transport)
+
+    def without_transport(self) -> Destination:
+        """The same endpoint, reached over the library's own transport (what a reaper process uses)."""
+        return replace(self, transport=None)
+
+
 class Session:
-    """One process's connections, credentials and 429 throttle for one ``ClientConfig``; lives on the
+    """One process's connections, credentials and 429 throttle for one :class:`Destination`; lives on the
     I/O loop. Its :class:`Throttle` is shared by every loader and writer of the process that uses
-    this configuration. Requests go out through ``transport`` (aiohttp's unless one is given); media reads
+    this destination. Requests go out through its transport (aiohttp's unless one is given); media reads
     through :attr:`media`, the wire transport (:mod:`.wire`) unless a proxy is configured for the endpoint
     or a transport is given."""
 
-    def __init__(self, config: ClientConfig, transport: Transport | None = None) -> None:
-        self.config = config
-        self.endpoint, is_emulator = resolve_endpoint(config)
+    def __init__(self, destination: Destination) -> None:
+        config, transport = destination.config, destination.transport
+        self.destination, self.config = destination, config
+        self.endpoint, is_emulator = destination.endpoint, destination.emulator
         if (config.credentials_file or config.credentials) and config.anonymous is None and is_emulator:
             raise ValueError(
                 f"credentials are given, but requests to {self.endpoint} go out anonymous unless "
@@ -103,7 +128,7 @@ class Session:
         self._token_request: google.auth.transport.requests.Request | None = None
         # Media reads and JSON metadata reads ask for gzip instead: see read_media, json_answer.
         defaults = {"Accept-Encoding": "identity", "User-Agent": GZIP_USER_AGENT, "x-goog-api-client": API_CLIENT}
-        reach = (config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(config))
+        reach = (config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(destination))
         trust = _trust(self.endpoint) if transport is None else (None, "")
         self.transport: Transport = transport or AiohttpTransport(*reach, trust)
         # Media reads land in the reader's buffers (see .wire); through a proxy, aiohttp takes them too.
@@ -118,7 +143,7 @@ class Session:
         return f"Session(endpoint={self.endpoint!r})"
 
     def __reduce__(self) -> Any:
-        raise TypeError("a Session holds live connections and credentials; pickle its ClientConfig instead")
+        raise TypeError("a Session holds live connections and credentials; pickle its Destination instead")
 
     @property
     def anonymous(self) -> bool:
@@ -315,11 +340,11 @@ class _Sent:
             await exchange.__aexit__(exc_type, exc, tb)
 
 
-def _where_the_endpoint_comes_from(config: ClientConfig) -> str:
+def _where_the_endpoint_comes_from(destination: Destination) -> str:
     """What to check when the endpoint cannot be reached: where it was named."""
-    if config.endpoint:
+    if destination.config.endpoint:
         return f"check ClientConfig(endpoint=...) (it takes precedence over {EMULATOR_ENV})"
-    if os.environ.get(EMULATOR_ENV):
+    if destination.emulator:
         return f"check {EMULATOR_ENV} (or pass ClientConfig(endpoint=...))"
     return f"check the network and proxy settings (neither ClientConfig(endpoint=...) nor {EMULATOR_ENV} is set)"
 
@@ -340,21 +365,22 @@ def _untrusted_token_endpoint(exc: google.auth.exceptions.TransportError) -> End
 
 
 _lock = threading.Lock()
-_sessions: dict[tuple[ClientConfig, str | None], Session] = {}
+_sessions: dict[Destination, Session] = {}
 _inherited: list[Session] = []  # a forked child's copies of its parent's sessions: never used, never collected
 
 
-def session_for(config: ClientConfig) -> Session:
-    """This process's session for ``config`` (created on first use, anew after fork; the emulator
-    variable is part of the key, as a configuration without an endpoint follows it)."""
-    key = (config, os.environ.get(EMULATOR_ENV))
-    session = _sessions.get(key)  # a dict read is atomic: the lock only guards creation
+def session_for(destination: Destination | ClientConfig) -> Session:
+    """This process's session for ``destination`` (created on first use, anew after fork); a bare
+    ``ClientConfig`` is resolved to its destination now."""
+    if not isinstance(destination, Destination):
+        destination = Destination.of(destination)
+    session = _sessions.get(destination)  # a dict read is atomic: the lock only guards creation
     if session is not None:
         return session
     with _lock:
-        session = _sessions.get(key)
+        session = _sessions.get(destination)
         if session is None:
-            session = _sessions[key] = Session(config)
+            session = _sessions[destination] = Session(destination)
             lifecycle.after_fork(_forget_after_fork)
             lifecycle.at_exit(_close_at_exit)
             logger.debug("created %r in process %d", session, os.getpid())

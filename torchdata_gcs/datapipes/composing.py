@@ -14,7 +14,7 @@ from .._engines.compose import (
 )
 from .._engines.download import Loaded
 from .._ops.checksums import ObjectInfo
-from .._ops.client import Client
+from .._ops.client import Client, GCSClient
 from .._ops.objects import MAX_SOURCES
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from ._source import Item
@@ -108,7 +108,7 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         reuse_prefix: str | None = None,
         storage_classes: Collection[str] = COMPOSED_CLASSES,
         skip_missing: bool = False,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> None:

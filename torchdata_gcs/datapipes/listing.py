@@ -12,7 +12,7 @@ from .._engines.inputs import list_inputs
 from .._engines.parallel_listing import ListingStats
 from .._engines.resume import listing_position
 from .._ops.checksums import ObjectInfo
-from .._ops.client import Client
+from .._ops.client import Client, GCSClient, client_of
 from .._ops.paging import MAX_PAGE_SIZE
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, require_integer
@@ -97,7 +97,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         masks: str | Sequence[str] = "",
         *,
         with_metadata: bool = False,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         retry: RetryConfig | None = None,
         page_size: int = MAX_PAGE_SIZE,
         concurrency: int = 8,
@@ -115,8 +115,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         # An empty pattern keeps all, in a list as on its own.
         self.masks = masks if isinstance(masks, str) else ([] if "" in masks else list(masks))
         self.with_metadata = with_metadata
-        self.client = client or ClientConfig()
-        self.retry = retry or RetryConfig()
+        self.client = client_of(client, retry)
         self.page_size = page_size
         self.concurrency = concurrency
         if manifest is not None:
@@ -144,7 +143,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
 
     def __iter__(self) -> Iterator[str | tuple[str, ObjectInfo]]:
         """List every input; :attr:`stats` counts this iteration's list requests and objects."""
-        client = Client(self.client, self.retry)
+        client = Client(self.client)
         self.stats = ListingStats()
         after, self._resume_after, self._position = self._resume_after, None, None
         batches = list_inputs(

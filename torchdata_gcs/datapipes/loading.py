@@ -12,7 +12,7 @@ from .._engines.download import Loaded, as_stream, load_in_order
 from .._engines.stalls import stall_report, timed
 from .._engines.workers import WorkerStats
 from .._ops.checksums import ObjectInfo
-from .._ops.client import Client
+from .._ops.client import Client, GCSClient, client_of
 from .._ops.urls import parse_url
 from .._transport.context import LoadStats
 from ..config import ClientConfig, RetryConfig, TransferConfig
@@ -73,7 +73,7 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         source_datapipe: IterDataPipe[Item] | Iterable[Item] | str,
         *,
         skip_missing: bool = False,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> None:
@@ -82,16 +82,14 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
             for item in self.source_datapipe:
                 parse_url(split_item(item)[0], allow_prefix=False)
         self.skip_missing = skip_missing
-        self.client = client or ClientConfig()
-        self.transfer = transfer or TransferConfig()
-        self.retry = retry or RetryConfig()
+        self.client = client_of(client, retry, transfer)
         self.stats = LoadStats()
         self._shared = WorkerStats(spawned=False)  # every iteration's counts and waits, in forked workers too
 
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
         """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
         self.stats = self._shared.restart()
-        gcs = Client(self.client, self.retry, transfer=self.transfer, stats=self.stats)
+        gcs = Client(self.client, stats=self.stats)
         loaded = self._load((split_item(item) for item in self.source_datapipe), gcs)
         for url, data in timed(loaded, self._shared.waits()):
             self._shared.publish()

@@ -12,7 +12,7 @@ from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._engines.checkpoints import Strategy, open_writer, write_config
 from .._engines.upload import library_errors_first
-from .._ops.client import Client
+from .._ops.client import Client, GCSClient, client_of
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, WriteConfig, Zstd
 from ..errors import InvalidURIError
@@ -69,7 +69,7 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         self,
         source_datapipe: IterDataPipe[tuple[str, Any]] | Iterable[tuple[str, Any]],
         *,
-        client: ClientConfig | None = None,
+        client: GCSClient | ClientConfig | None = None,
         retry: RetryConfig | None = None,
         write: WriteConfig | None = None,
         part_size: int | None = None,
@@ -78,13 +78,12 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         compression: str | Zstd | None = None,
     ) -> None:
         self.source_datapipe = as_source(source_datapipe)  # type: ignore[arg-type]
-        self.client = client or ClientConfig()
-        self.retry = retry or RetryConfig()
+        self.client = client_of(client, retry)
         self.write = write_config(write, "save_by_gcs", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                                   strategy=strategy, compression=compression)  # fmt: skip
 
     def __iter__(self) -> Iterator[str]:
-        gcs = Client(self.client, self.retry)
+        gcs = Client(self.client)
         for item in self.source_datapipe:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
                 raise InvalidURIError(f"expected a (gs:// URL, payload) pair, got {type(item).__name__}")
