@@ -191,7 +191,7 @@ class Ending:
         return f"{self.script.name}: {'; '.join(self.problems()) or 'ended well'}\n{self.stderr[-2000:]}"
 
 
-def run_scripts(scripts: list[Script], env: dict[str, str], *, parallel: int = 2, timeout: float = 600) -> list[Ending]:
+def run_scripts(scripts: list[Script], env: dict[str, str], *, parallel: int = 3, timeout: float = 600) -> list[Ending]:
     """Run every script to its end (``parallel`` at a time) in children of one runner; how each ended."""
     spec = {
         "scripts": [{"name": s.name, "source": s.source(), "ending": s.ending} for s in scripts],

@@ -1,7 +1,7 @@
 """``mv`` as gcsfs's, over HTTP to the emulator through a ``GCSFront`` that records requests: each object is
-moved on its own (``mv_file``: a server-side rewrite of the live version, then a delete of the source only while
-it is still that version, so an object written there meanwhile is not lost), sources and destinations paired as ``copy`` pairs them; and ``on_google``
-tells whether requests go to Google's endpoint."""
+moved on its own (``mv_file``: a server-side rewrite of the live version, then a delete of the source only
+while it is still that version, so an object written there meanwhile is not lost), sources and destinations
+paired as ``copy`` pairs them; and ``on_google`` tells whether requests go to Google's endpoint."""
 
 from __future__ import annotations
 
