@@ -321,3 +321,30 @@ def test_only_the_wire_and_ops_touch_a_response_or_send_a_request() -> None:
                 if node.value.attr in ("session", "transport", "media"):
                     found.append(f"{name}: calls {node.value.attr}.{node.attr}")
     assert found == []
+
+
+DATAPIPE_MODULES = ("torch.utils.data.datapipes", "torchdata.datapipes", "torchdata_gcs.datapipes")
+
+
+def absolute_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, relative imports made absolute."""
+    tree = ast.walk(ast.parse(path.read_text()))
+    found = {target for target, _ in imports(path)}
+    for node in tree:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_no_datapipe_type_outside_the_datapipes() -> None:
+    """The engines, and the front ends that are not DataPipes, hand out plain streams and know nothing of
+    DataPipes (the package registers them, the command line runs them)."""
+    found = []
+    for path in modules():
+        name = str(path.relative_to(PACKAGE.parent))
+        if name.startswith(("torchdata_gcs/datapipes/", "torchdata_gcs/cli/")) or name == "torchdata_gcs/__init__.py":
+            continue
+        found += [f"{name} imports {t}" for t in absolute_imports(path) if t.startswith(DATAPIPE_MODULES)]
+    assert sorted(found) == []

@@ -13,13 +13,13 @@ from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar, cast
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from ._engines.download import as_stream, load_in_order
-from ._engines.epoch_order import Consumed, Split, epoch_order, rank_and_world_size
+from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
 from ._engines.parallel_listing import ListingStats
+from ._engines.reading import read_in_order
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
-from ._engines.stalls import stall_report, timed
+from ._engines.stalls import stall_report
 from ._engines.transform import ItemMaker, Transform
 from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
 from ._ops.checksums import ObjectInfo
@@ -177,8 +177,8 @@ class _Dataset(Generic[T]):
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
         gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
         make_item = self._make_item
-        for url, data in timed(load_in_order(items, gcs, skip_missing=False), self._stats.waits()):
-            item = make_item(url, cast(IO[bytes], as_stream(url, data)))
+        for url, stream in read_in_order(items, gcs, self._stats.waits(), skip_missing=False):
+            item = make_item(url, stream)
             self._stats.publish()
             yield item
 
@@ -387,8 +387,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     def _positions(self) -> list[int]:
         """The objects (indices into ``objects``) this rank and worker read this epoch, in order."""
-        order = epoch_order(len(self.objects), self.seed, self.epoch, self.shuffle)
-        return [order[p] for p in self._started().share(len(order), self._split())]
+        return epoch_share(len(self.objects), self.seed, self.epoch, self.shuffle, self._started(), self._split())
 
     def __iter__(self) -> Iterator[T]:
         if self._turns is not None and not self._turns.take():  # workers forked for a later pass find it taken

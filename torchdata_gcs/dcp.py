@@ -229,7 +229,7 @@ class _ReadStream(io.RawIOBase):
                 return view
         offset = position - self._window_start
         if not 0 <= offset < len(self._window):
-            length = min(max(limit, self._fs.transfer.part_size), self.info.size - position)
+            length = min(max(limit, self._fs.client.transfer.part_size), self.info.size - position)
             self._window_start, self._window = position, self._fs.read_range(self.url, self.info, position, length)
             offset = 0
         return memoryview(self._window)[offset : offset + limit]
@@ -575,7 +575,7 @@ class GCSStorageReader(FileSystemReader):
         ahead = ReadAhead(
             self.fs.object_info,
             self._spans(plan.items),
-            self.fs.transfer.max_buffered_bytes,
+            self.fs.client.transfer.max_buffered_bytes,
             self.fs.gcs.context(),
             self._checksums(plan.items),
         )
@@ -614,7 +614,7 @@ class GCSStorageReader(FileSystemReader):
     def _spans(self, items: list[ReadItem]) -> list[Span]:
         """The byte ranges ``items`` (in file order) read, in that order; ranges that overlap, touch or lie at most
         ``COALESCE_GAP`` apart share a span of up to ``transfer.part_size`` bytes (a larger item is a span alone)."""
-        limit = self.fs.transfer.part_size
+        limit = self.fs.client.transfer.part_size
         spans: list[Span] = []
         span: Span | None = None
         for item in items:

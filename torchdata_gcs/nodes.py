@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from typing import IO, Any, cast
+from collections.abc import Collection, Iterator, Sequence
+from typing import IO, Any
 
 try:
     from torchdata.nodes import BaseNode
@@ -21,14 +21,14 @@ except ImportError as exc:  # torchdata 0.9 or none
         "torchdata_gcs.nodes needs torchdata >= 0.10, which has torchdata.nodes: pip install 'torchdata>=0.10'"
     ) from exc
 
-from ._engines.compose import COMPOSED_CLASSES, check_reuse_prefix, check_storage_classes, compose_in_order
-from ._engines.download import Loaded, as_stream, load_in_order
-from ._engines.epoch_order import Consumed, Split, epoch_order, rank_and_world_size
+from ._engines.compose import COMPOSED_CLASSES, Composing
+from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.parallel_listing import ListingStats
+from ._engines.reading import Grouping, Item, read_in_order, split_item
 from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
 from ._engines.shared_listing import Entry
-from ._engines.stalls import WaitHistogram, process_name, stall_report, timed
+from ._engines.stalls import WaitHistogram, process_name, stall_report
 from ._engines.transform import ItemMaker, Transform
 from ._ops.checksums import ObjectInfo
 from ._ops.client import Client, GCSClient, client_of
@@ -40,8 +40,6 @@ from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
 from .errors import InvalidURIError
 
 __all__ = ["ComposeShards", "EpochObjects", "ListFiles", "LoadFiles"]
-
-Item = str | tuple[str, ObjectInfo]
 
 
 class ListFiles(BaseNode[Item]):
@@ -182,8 +180,8 @@ class EpochObjects(BaseNode[Item]):
         if initial_state is not None:  # what all ranks consumed, whatever their number: dealt anew below
             epoch, seed, start = elastic_start(elastic_position([initial_state]), self._listing, self.shuffle)
         rank, world = rank_and_world_size()
-        order = epoch_order(len(self._items), seed, epoch, self.shuffle)
-        share = [order[p] for p in start.share(len(order), Split(rank, world, drop_last=self.drop_last))]
+        split = Split(rank, world, drop_last=self.drop_last)
+        share = epoch_share(len(self._items), seed, epoch, self.shuffle, start, split)
         self.seed, self._epoch, self._share, self._done = seed, epoch, share, 0
         self._order = {
             "shuffle": self.shuffle,
@@ -213,31 +211,30 @@ class EpochObjects(BaseNode[Item]):
 
 
 class _Reading(BaseNode[Any]):
-    """A node that reads its source's objects ahead, in order, and whose state is its source's state
-    as of the last object it handed out."""
+    """A node that reads its source's objects ahead, in order (runs of small ones together as ``grouping``
+    says, if given), and whose state is its source's state as of the last object it handed out."""
 
     def __init__(
         self,
         source: BaseNode[Item],
         transform: Transform[Any] | None,
+        skip_missing: bool,
+        grouping: Grouping | None,
         client: GCSClient | ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
     ) -> None:
         super().__init__()
-        self.source = source
-        self.transform = transform
+        self.source, self.transform, self.skip_missing = source, transform, skip_missing
         self._make_item = None if transform is None else ItemMaker(transform)
+        self._grouping = grouping
         self.client = client_of(client, retry, transfer)
         self._gcs = Client(self.client)
         self.stats = LoadStats()
         self._waits = WaitHistogram()
         self._states: deque[tuple[str, dict[str, Any]]] = deque()  # (url, source's state after it) read ahead
         self._state: dict[str, Any] | None = None
-        self._loaded: Iterator[tuple[str, Loaded]] = iter(())
-
-    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
-        raise NotImplementedError
+        self._loaded: Iterator[tuple[str, IO[bytes]]] = iter(())
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -248,20 +245,22 @@ class _Reading(BaseNode[Any]):
         self.source.reset(self._state)
         self._states.clear()
         self.stats, self._waits = LoadStats(), WaitHistogram()
-        self._loaded = timed(self._engine(self._pulled(), self._gcs.replace(stats=self.stats)), self._waits)
+        gcs = self._gcs.replace(stats=self.stats)
+        self._loaded = read_in_order(
+            self._pulled(), gcs, self._waits, skip_missing=self.skip_missing, grouping=self._grouping
+        )
 
     def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
         for item in self.source:
-            pair = cast(tuple[str, ObjectInfo | None], item) if isinstance(item, tuple) else (item, None)
+            pair = split_item(item)
             self._states.append((pair[0], self.source.state_dict()))
             yield pair
 
     def next(self) -> Any:
-        url, data = next(self._loaded)
+        url, stream = next(self._loaded)
         pulled = ""
         while pulled != url:  # the states of objects skipped as missing go with them
             pulled, self._state = self._states.popleft()
-        stream = cast(IO[bytes], as_stream(url, data))
         return (url, stream) if self._make_item is None else self._make_item(url, stream)
 
     def get_state(self) -> dict[str, Any]:
@@ -294,11 +293,7 @@ class LoadFiles(_Reading):
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> None:
-        super().__init__(source, transform, client, transfer, retry)
-        self.skip_missing = skip_missing
-
-    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
-        return load_in_order(items, gcs, skip_missing=self.skip_missing)
+        super().__init__(source, transform, skip_missing, None, client, transfer, retry)
 
 
 class ComposeShards(_Reading):
@@ -319,21 +314,5 @@ class ComposeShards(_Reading):
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
     ) -> None:
-        super().__init__(source, transform, client, transfer, retry)
-        require_integer("max_sources", max_sources, 2, MAX_SOURCES)
-        require_integer("max_composite_bytes", max_composite_bytes, 1)
-        self.max_sources, self.max_composite_bytes = max_sources, max_composite_bytes
-        check_reuse_prefix(reuse_prefix)
-        self.reuse_prefix, self.skip_missing = reuse_prefix, skip_missing
-        self.storage_classes = check_storage_classes(storage_classes)
-
-    def _engine(self, items: Iterable[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
-        return compose_in_order(
-            items,
-            gcs,
-            max_sources=self.max_sources,
-            max_bytes=self.max_composite_bytes,
-            reuse_prefix=self.reuse_prefix,
-            skip_missing=self.skip_missing,
-            storage_classes=self.storage_classes,
-        )
+        composing = Composing(max_sources, max_composite_bytes, reuse_prefix, storage_classes)
+        super().__init__(source, transform, skip_missing, composing, client, transfer, retry)

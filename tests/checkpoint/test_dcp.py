@@ -365,7 +365,7 @@ def test_settings_and_file_operations(gcs_emulator: Emulator, gcs_bucket: str) -
 
     # a writer and a reader pickle (for async_save in a process, or spawn): settings only
     copy = pickle.loads(pickle.dumps(GCSStorageReader(f"gs://{gcs_bucket}/ops", client=client)))
-    assert copy.path == f"gs://{gcs_bucket}/ops" and copy.fs.client == client
+    assert copy.path == f"gs://{gcs_bucket}/ops" and copy.fs.client.config == client
 
 
 # -- two ranks -----------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from torchdata_gcs import (
     RetryConfig,
     TransferConfig,
 )
+from torchdata_gcs._engines import compose
 from torchdata_gcs._ops.checksums import crc32c_of_concatenation
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
@@ -732,3 +733,19 @@ def test_a_listing_read_from_its_shared_manifest_keeps_the_storage_classes(gcs_e
             )
             assert read_all(pipe) == list(expected.items())
             assert pipe.stats.composes == 3
+
+
+def test_what_a_process_remembers_of_kept_composites_is_bounded(
+    gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process remembers the generation of at most ``KEPT_COMPOSITES_REMEMBERED`` kept composites: one
+    forgotten is composed again when met, never read unchecked (here, with room for one of the two)."""
+    bucket = "compose-remembered"
+    expected = seed(gcs_emulator, bucket, 64)
+    monkeypatch.setattr(compose, "KEPT_COMPOSITES_REMEMBERED", 1)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        client = front.client_config
+        pipe = listed(bucket, client).compose_shards_by_gcs(client=client, reuse_prefix="cache/kept/")
+        assert read_all(pipe) == list(expected.items()) and front.counts["compose"] == 2
+        assert read_all(pipe) == list(expected.items())  # with room for both, both would be reused
+        assert front.counts["compose"] == 3 and pipe.stats.reused == 1  # the first was forgotten: composed again

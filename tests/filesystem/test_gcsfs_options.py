@@ -17,7 +17,7 @@ def test_endpoint_url_and_anonymous_token_send_requests_where_asked(gcs_emulator
         fs = GCSFileSystem(endpoint_url=front.endpoint, token="anon", project="demo", skip_instance_cache=True)
         fs.pipe_file(f"gs://{gcs_bucket}/a.txt", b"alpha")
         assert fs.cat(f"gs://{gcs_bucket}/a.txt") == b"alpha"
-        assert front.counts["upload"] == 1 and (fs.client.endpoint, fs.client.anonymous) == (front.endpoint, True)
+        assert front.counts["upload"] == 1 and fs.client.endpoint == front.endpoint and fs.client.config.anonymous
         again = pickle.loads(pickle.dumps(fs))
         assert again.client.endpoint == front.endpoint and again.cat(f"gs://{gcs_bucket}/a.txt") == b"alpha"
 
@@ -80,9 +80,9 @@ def test_encoding_errors_and_newline_are_the_defaults_of_text_modes(gcs_emulator
 
 def test_requester_pays_bills_the_project_named() -> None:
     paying = GCSFileSystem(requester_pays=True, project="payer", token="anon", skip_instance_cache=True)
-    assert paying.client.user_project == "payer"
+    assert paying.client.config.user_project == "payer"
     other = GCSFileSystem(requester_pays="billed", token="anon", skip_instance_cache=True)
-    assert other.client.user_project == "billed"
+    assert other.client.config.user_project == "billed"
     with pytest.raises(ValueError, match="project"):
         GCSFileSystem(requester_pays=True, skip_instance_cache=True)
 
@@ -90,8 +90,8 @@ def test_requester_pays_bills_the_project_named() -> None:
 def test_tokens_are_taken_as_gcsfs_takes_them(tmp_path: Path) -> None:
     key = tmp_path / "key.json"
     key.write_text("{}")
-    assert GCSFileSystem(token=str(key), skip_instance_cache=True).client.credentials_file == str(key)
-    assert not GCSFileSystem(token="google_default", skip_instance_cache=True).client.anonymous
+    assert GCSFileSystem(token=str(key), skip_instance_cache=True).client.config.credentials_file == str(key)
+    assert not GCSFileSystem(token="google_default", skip_instance_cache=True).client.config.anonymous
     with pytest.raises(ValueError, match="credentials file"):
         GCSFileSystem(token=str(tmp_path / "missing.json"), skip_instance_cache=True)
     with pytest.raises(TypeError, match="token"):

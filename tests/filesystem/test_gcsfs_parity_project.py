@@ -88,13 +88,13 @@ def test_the_credentials_name_the_project_without_the_variable(
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", key_file)
     assert GCSFileSystem(skip_instance_cache=True).project == "key-project"
     paying = GCSFileSystem(token=key_file, requester_pays=True, skip_instance_cache=True)
-    assert paying.client.user_project == "key-project" and paying.requester_pays is True
+    assert paying.client.config.user_project == "key-project" and paying.requester_pays is True
 
 
 def test_requester_pays_bills_the_default_project(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GCSFS_DEFAULT_PROJECT", "env-project")
     fs = GCSFileSystem(token="anon", requester_pays=True, skip_instance_cache=True)
-    assert fs.client.user_project == "env-project" and fs.requester_pays is True
+    assert fs.client.config.user_project == "env-project" and fs.requester_pays is True
 
 
 def test_no_project_anywhere_is_refused_naming_where_one_comes_from(

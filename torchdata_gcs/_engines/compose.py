@@ -19,20 +19,23 @@ import json
 import logging
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
 from .._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
 from .._ops.client import Client
-from .._ops.objects import TEMPORARY_CLASS, compose_object, create_object, delete_object
+from .._ops.objects import MAX_SOURCES, TEMPORARY_CLASS, compose_object, create_object, delete_object
 from .._ops.paging import MAX_PAGE_SIZE
 from .._ops.temporaries import DeletePrefix, delete_temporary, new_job_id
 from .._ops.urls import TEMPORARY_PREFIX, format_url, parse_url, validate_object_name
 from .._transport import lifecycle, reaper
 from .._transport.context import RequestContext
 from .._transport.loop import run, submit, wait_unless_on_io_loop
+from ..config import require_integer
 from ..errors import (
     AccessDeniedError,
     ComposeFallbackWarning,
@@ -50,9 +53,10 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "COMPOSED_CLASSES",
     "Composer",
+    "KEPT_COMPOSITES_REMEMBERED",
     "check_reuse_prefix",
+    "Composing",
     "check_storage_classes",
-    "compose_in_order",
 ]
 
 COMPOSED_CLASSES = ("STANDARD",)
@@ -62,9 +66,20 @@ Nearline, Coldline or Archive one deleted after reading pays 30, 90 or 365 days 
 _DESCRIBE_BATCH = 256  # plain URLs whose metadata is fetched at once
 _CLOSE_TIMEOUT = 60.0
 
-_composed: dict[tuple[str, str, str], int] = {}
+KEPT_COMPOSITES_REMEMBERED = 100_000
+"""Kept composites whose generation a process remembers (about 200 bytes each): past that, the one used
+longest ago is forgotten, and composed again if it is met again."""
+
+_composed: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 """(endpoint, bucket, name) -> generation of each kept composite this process composed (a forked
-worker inherits its parent's): the only versions of kept composites that are read."""
+worker inherits its parent's), the most recently used last: the only versions of kept composites read."""
+
+
+def _remember(key: tuple[str, str, str], generation: int) -> None:
+    _composed[key] = generation
+    _composed.move_to_end(key)
+    while len(_composed) > KEPT_COMPOSITES_REMEMBERED:
+        _composed.popitem(last=False)
 
 
 def check_reuse_prefix(prefix: str | None) -> None:
@@ -296,7 +311,7 @@ class Composer:
             self._report_refusal(len(members), exc)
             return await _load_each(members, context, seq)
         if self.reuse_prefix is not None:
-            _composed[(context.session.endpoint, bucket, name)] = composite.generation
+            _remember((context.session.endpoint, bucket, name), composite.generation)
         loaded = await self._download(bucket, name, composite, expected, members, context, seq)
         return loaded if loaded is not None else await _load_each(members, context, seq)
 
@@ -306,8 +321,10 @@ class Composer:
     def _made_here(self, bucket: str, name: str, kept: ObjectInfo) -> bool:
         """Whether the listed ``kept`` composite is the version this process composed; if not (composed
         elsewhere, or replaced since), it is composed again in its place."""
-        made = _composed.get((self.context.session.endpoint, bucket, name))
+        key = (self.context.session.endpoint, bucket, name)
+        made = _composed.get(key)
         if made == kept.generation:
+            _composed.move_to_end(key)
             return True
         if made is None:
             logger.info("kept composite gs://%s/%s was not composed here: composing it again", bucket, name)
@@ -480,31 +497,41 @@ def _split(chunks: list[bytes] | list[memoryview], members: list[Member]) -> lis
     return outcomes
 
 
-def compose_in_order(
-    items: Iterable[tuple[str, ObjectInfo | None]],
-    client: Client,
-    *,
-    max_sources: int,
-    max_bytes: int,
-    reuse_prefix: str | None,
-    skip_missing: bool,
-    storage_classes: Iterable[str] = COMPOSED_CLASSES,
-) -> Iterator[tuple[str, Loaded]]:
-    """Yield ``(url, bytes or stream)`` for each item in input order, small runs of ``storage_classes``
-    loaded as composites."""
-    composer = Composer(
-        client,
-        max_sources=max_sources,
-        max_bytes=max_bytes,
-        reuse_prefix=reuse_prefix,
-        storage_classes=storage_classes,
-    )
-    try:
-        yield from deliver_in_order(
-            composer.units(items), composer.context, 2 * client.transfer.max_in_flight, skip_missing=skip_missing
+@dataclass(frozen=True)
+class Composing:
+    """Read runs of small objects as server-side composites (see ``compose_shards_by_gcs``): at most
+    ``max_sources`` objects and ``max_bytes`` bytes in one, of ``storage_classes`` only, kept under
+    ``reuse_prefix`` for later epochs if given (a grouping of ``reading.read_in_order``)."""
+
+    max_sources: int = MAX_SOURCES
+    max_bytes: int = 32 * 1024 * 1024
+    reuse_prefix: str | None = None
+    storage_classes: Collection[str] = COMPOSED_CLASSES
+
+    def __post_init__(self) -> None:
+        require_integer("max_sources", self.max_sources, 2, MAX_SOURCES)
+        require_integer("max_composite_bytes", self.max_bytes, 1)
+        check_reuse_prefix(self.reuse_prefix)
+        object.__setattr__(self, "storage_classes", check_storage_classes(self.storage_classes))
+
+    def load(
+        self, items: Iterable[tuple[str, ObjectInfo | None]], client: Client, *, skip_missing: bool
+    ) -> Iterator[tuple[str, Loaded]]:
+        """Yield ``(url, bytes or stream)`` for each item in input order, small runs of ``storage_classes``
+        loaded as composites."""
+        composer = Composer(
+            client,
+            max_sources=self.max_sources,
+            max_bytes=self.max_bytes,
+            reuse_prefix=self.reuse_prefix,
+            storage_classes=self.storage_classes,
         )
-    finally:
-        composer.close()
+        try:
+            yield from deliver_in_order(
+                composer.units(items), composer.context, 2 * client.transfer.max_in_flight, skip_missing=skip_missing
+            )
+        finally:
+            composer.close()
 
 
 # -- leftovers at exit ------------------------------------------------------------------------------

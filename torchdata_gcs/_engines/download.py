@@ -20,9 +20,7 @@ import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
-
-from torch.utils.data.datapipes.utils.common import StreamWrapper
+from typing import IO, Any, TypeVar, cast
 
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, verify_bytes
 from .._ops.client import Client
@@ -83,26 +81,14 @@ Loaded = bytes | list[bytes] | list[memoryview] | PartStream
 stream over one too large for the byte budget."""
 
 
-class _ObjectStream(StreamWrapper):
-    """torch's ``StreamWrapper`` without its closing of the wrapped stream when the wrapper is collected.
-
-    ``pair[1].read()`` takes the wrapped stream's ``read`` and drops the pair, and with it the wrapper,
-    before calling it: the stream must still be open then. What it wraps closes itself when it is
-    collected (a stream read ahead then gives its buffer budget back); ``close()`` closes it at once.
-    """
-
-    def __del__(self) -> None:
-        pass
-
-
-def as_stream(url: str, data: Loaded) -> StreamWrapper:
-    """A loaded object as the binary stream torchdata's decoders expect (seekable unless streamed);
-    it pickles, so it crosses from DataLoader workers to the main process."""
+def as_stream(url: str, data: Loaded) -> IO[bytes]:
+    """A loaded object as a binary stream named by its URL (seekable unless streamed); it pickles, so it
+    crosses from DataLoader workers to the main process."""
     if isinstance(data, bytes):
-        stream: io.IOBase = io.BytesIO(data)  # shares the bytes
-    else:
-        stream = MemoryStream(data) if isinstance(data, list) else data
-    return _ObjectStream(stream, name=url)
+        stream = io.BytesIO(data)  # shares the bytes
+        stream.name = url  # type: ignore[attr-defined]  # BytesIO takes attributes; its pickle keeps them
+        return stream
+    return cast(IO[bytes], MemoryStream(data, url) if isinstance(data, list) else data)
 
 
 def fetch_object(context: RequestContext, url: str, info: ObjectInfo | None, seq: int) -> Awaitable[tuple[Loaded, int]]:

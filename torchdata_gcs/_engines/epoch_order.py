@@ -24,7 +24,7 @@ import torch.distributed as dist
 from .._ops.urls import brief
 from ..errors import ResumeError
 
-__all__ = ["Consumed", "Split", "epoch_order", "rank_and_world_size", "rank_slice", "worker_slice"]
+__all__ = ["Consumed", "Split", "epoch_order", "epoch_share", "rank_and_world_size", "rank_slice", "worker_slice"]
 
 
 def epoch_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
@@ -172,3 +172,10 @@ class Consumed:
 
 def _natural(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def epoch_share(count: int, seed: int, epoch: int, shuffle: bool, start: Consumed, split: Split) -> list[int]:
+    """The items (indices of ``count``) that ``split``'s rank and worker read of the epoch's one order, in order,
+    what ``start`` says was consumed left out: what every front end that deals epochs deals."""
+    order = epoch_order(count, seed, epoch, shuffle)
+    return [order[position] for position in start.share(count, split)]

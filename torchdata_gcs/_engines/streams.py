@@ -31,10 +31,12 @@ __all__ = ["FilledBytes", "MemoryStream", "PartSource", "PartStream"]
 
 
 class MemoryStream(io.RawIOBase):
-    """A seekable read-only stream over an object held as consecutive parts, without joining them."""
+    """A seekable read-only stream over an object held as consecutive parts, without joining them; ``name``
+    says what it holds (a front end's streams are named by the object's URL)."""
 
-    def __init__(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview], name: str = "") -> None:
         super().__init__()
+        self.name = name
         self._parts = parts
         self._starts = [0, *accumulate(map(len, parts))][:-1]
         self._size = sum(map(len, parts))
@@ -89,11 +91,11 @@ class MemoryStream(io.RawIOBase):
     def __reduce__(self) -> tuple[Any, ...]:
         if self.closed:
             raise ValueError("a closed stream cannot be pickled")
-        return _memory_stream_at, ([bytes(part) for part in self._parts], self._position)
+        return _memory_stream_at, ([bytes(part) for part in self._parts], self._position, self.name)
 
 
-def _memory_stream_at(parts: list[bytes], position: int) -> MemoryStream:
-    stream = MemoryStream(parts)
+def _memory_stream_at(parts: list[bytes], position: int, name: str) -> MemoryStream:
+    stream = MemoryStream(parts, name)
     stream.seek(position)
     return stream
 
@@ -157,6 +159,11 @@ class PartStream(io.RawIOBase):
         unread = [bytes(self._current[self._offset :]), *self._chunks]  # copies the current chunk's rest only
         arguments = (self.url, self.size, self.part_size, self._allowance, self._source, self._expected, None, unread)
         return _resumed_part_stream, (arguments, self._received, self._crc)
+
+    @property
+    def name(self) -> str:
+        """The object's URL, as every front end's streams are named."""
+        return self.url
 
     def _take(self, chunks: list[bytes]) -> None:
         for chunk in chunks:

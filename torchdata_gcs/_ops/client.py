@@ -79,11 +79,19 @@ class GCSClient:
 
     def replace(self, *, retry: RetryConfig | None = None, transfer: TransferConfig | None = None) -> GCSClient:
         """This client with another ``retry`` or ``transfer`` (what is not given is kept; the endpoint too)."""
+        if retry is None and transfer is None:
+            return self
         return _client(self.destination, retry or self.retry, transfer or self.transfer)
 
     def __repr__(self) -> str:  # all of it: fsspec tells its cached filesystems apart by their arguments' text
         transport = "" if self.transport is None else f", transport={self.transport!r}"
         return f"GCSClient({self.config!r}, retry={self.retry!r}, transfer={self.transfer!r}{transport})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GCSClient) and self.__getstate__() == other.__getstate__()
+
+    def __hash__(self) -> int:
+        return hash(self.__getstate__())
 
     def __getstate__(self) -> tuple[Destination, RetryConfig, TransferConfig]:
         return self.destination, self.retry, self.transfer

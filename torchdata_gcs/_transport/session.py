@@ -131,6 +131,7 @@ class Session:
         reach = (config, self.endpoint, defaults, Unanswered, _where_the_endpoint_comes_from(destination))
         trust = _trust(self.endpoint) if transport is None else (None, "")
         self.transport: Transport = transport or AiohttpTransport(*reach, trust)
+        self._defaults = None if transport is None else defaults  # the library's own transports send them
         # Media reads land in the reader's buffers (see .wire); through a proxy, aiohttp takes them too.
         self.media: Transport = (
             self.transport
@@ -240,6 +241,8 @@ class Session:
         take that many seconds, and the read timeout does not apply. A ``media`` request (no body) goes
         out through the media transport."""
         params, headers = self.billed(params, headers, xml_api=xml_api)
+        if self._defaults is not None:
+            headers = {**self._defaults, **headers} if headers else self._defaults
         target = f"{path}?{query_string(params)}" if params else path
         transport = self.media if media else self.transport
         return _Sent(self, transport, method, url, target, headers, json, data, answer_timeout)

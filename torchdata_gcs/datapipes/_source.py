@@ -8,12 +8,8 @@ from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
 
-from .._ops.checksums import ObjectInfo
-from .._ops.urls import brief, not_a_url
+from .._ops.urls import not_a_url
 from ..errors import InvalidURIError
-
-Item = str | tuple[str, ObjectInfo]
-"""What the loaders take: a ``gs://`` URL, or the ``(url, ObjectInfo)`` pair a listing yields."""
 
 T = TypeVar("T")
 
@@ -30,11 +26,3 @@ def as_source(source: IterDataPipe[T] | Iterable[T] | str) -> IterDataPipe[T] | 
     if isinstance(source, os.PathLike) or not isinstance(source, Iterable):
         raise InvalidURIError(f"{not_a_url(source)}, or a DataPipe of them")
     return tuple(source)
-
-
-def split_item(item: Item) -> tuple[str, ObjectInfo | None]:
-    if isinstance(item, str):
-        return item, None
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], ObjectInfo):
-        return item
-    raise InvalidURIError(f"expected a gs:// URL or a (url, ObjectInfo) pair, got {brief(item)}")

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 
 from torch.utils.data import IterDataPipe, functional_datapipe
 
-from .._engines.compose import (
-    COMPOSED_CLASSES,
-    check_reuse_prefix,
-    check_storage_classes,
-    compose_in_order,
-)
-from .._engines.download import Loaded
-from .._ops.checksums import ObjectInfo
-from .._ops.client import Client, GCSClient
+from .._engines.compose import COMPOSED_CLASSES, Composing
+from .._engines.reading import Item
+from .._ops.client import GCSClient
 from .._ops.objects import MAX_SOURCES
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ._source import Item
 from .loading import GCSFileLoaderIterDataPipe
 
 __all__ = ["GCSShardComposerIterDataPipe"]
@@ -113,23 +106,4 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         retry: RetryConfig | None = None,
     ) -> None:
         super().__init__(source_datapipe, skip_missing=skip_missing, client=client, transfer=transfer, retry=retry)
-        if not 2 <= max_sources <= MAX_SOURCES:
-            raise ValueError(f"max_sources must be 2 to {MAX_SOURCES}, got {max_sources}")
-        if max_composite_bytes < 1:
-            raise ValueError(f"max_composite_bytes must be positive, got {max_composite_bytes}")
-        check_reuse_prefix(reuse_prefix)
-        self.max_sources = max_sources
-        self.max_composite_bytes = max_composite_bytes
-        self.reuse_prefix = reuse_prefix
-        self.storage_classes = check_storage_classes(storage_classes)
-
-    def _load(self, items: Iterator[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
-        return compose_in_order(
-            items,
-            gcs,
-            max_sources=self.max_sources,
-            max_bytes=self.max_composite_bytes,
-            reuse_prefix=self.reuse_prefix,
-            skip_missing=self.skip_missing,
-            storage_classes=self.storage_classes,
-        )
+        self._grouping = Composing(max_sources, max_composite_bytes, reuse_prefix, storage_classes)

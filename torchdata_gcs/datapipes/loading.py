@@ -8,17 +8,28 @@ from typing import Any
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from .._engines.download import Loaded, as_stream, load_in_order
-from .._engines.stalls import stall_report, timed
+from .._engines.reading import Grouping, Item, read_in_order, split_item
+from .._engines.stalls import stall_report
 from .._engines.workers import WorkerStats
-from .._ops.checksums import ObjectInfo
 from .._ops.client import Client, GCSClient, client_of
 from .._ops.urls import parse_url
 from .._transport.context import LoadStats
 from ..config import ClientConfig, RetryConfig, TransferConfig
-from ._source import Item, as_source, split_item
+from ._source import as_source
 
 __all__ = ["GCSFileLoaderIterDataPipe"]
+
+
+class _ObjectStream(StreamWrapper):
+    """torch's ``StreamWrapper`` without its closing of the wrapped stream when the wrapper is collected.
+
+    ``pair[1].read()`` takes the wrapped stream's ``read`` and drops the pair, and with it the wrapper,
+    before calling it: the stream must still be open then. What it wraps closes itself when it is
+    collected (a stream read ahead then gives its buffer budget back); ``close()`` closes it at once.
+    """
+
+    def __del__(self) -> None:
+        pass
 
 
 @functional_datapipe("load_files_by_gcs")
@@ -90,10 +101,13 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         """Load every item; :attr:`stats` counts this iteration's requests, bytes and retries."""
         self.stats = self._shared.restart()
         gcs = Client(self.client, stats=self.stats)
-        loaded = self._load((split_item(item) for item in self.source_datapipe), gcs)
-        for url, data in timed(loaded, self._shared.waits()):
+        items = (split_item(item) for item in self.source_datapipe)
+        reading = read_in_order(
+            items, gcs, self._shared.waits(), skip_missing=self.skip_missing, grouping=self._grouping
+        )
+        for url, stream in reading:
             self._shared.publish()
-            yield url, as_stream(url, data)
+            yield url, _ObjectStream(stream, name=url)
 
     def stall_stats(self) -> dict[str, Any]:
         """Where loading time went in this process and the DataLoader workers it forked (as of the last
@@ -116,8 +130,7 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         """
         return stall_report(self._shared.processes())
 
-    def _load(self, items: Iterator[tuple[str, ObjectInfo | None]], gcs: Client) -> Iterator[tuple[str, Loaded]]:
-        return load_in_order(items, gcs, skip_missing=self.skip_missing)
+    _grouping: Grouping | None = None  # how runs of small objects are read together (none: one GET each)
 
     def __len__(self) -> int:
         if self.skip_missing:
