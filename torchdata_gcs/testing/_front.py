@@ -26,11 +26,12 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .._ops.paging import MAX_PAGE_SIZE
-from ._batch import BATCH_PATH, answer_batch, batch_calls
+from ._batch import answer_batch, batch_calls
+from ._faults import HTML_PAGE, HTTP_FAULTS, Fault
 from ._folders import Content, Folders
 from ._gcs_rules import GCSRules, bucket_call_refusal, bucket_permission, denied
 from ._list_index import ListingIndex
@@ -39,68 +40,23 @@ from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._patches import MetadataPatches
 from ._process import LocalService
 from ._rate_ramp import READS, WRITES, RateRamp, bucket_of, rate_limited
+from ._request_kinds import JSON_PREFIXES, is_write, repeatable, request_kind
 from ._soft_delete import BucketOverlay
-from ._stuck_pages import continues_listing, stuck_page
+from ._stuck_pages import stuck_page
 from ._versions import Versions
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "RecordedRequest", "request_kind"]
+__all__ = ["GCSFront", "RecordedRequest"]
 
-FaultKind = Literal[
-    "http_400",
-    "http_403",
-    "http_404",
-    "http_412",
-    "http_429",
-    "http_503",
-    "reset",
-    "truncate",
-    "stall",
-    "corrupt",
-    "html_200",
-    "repeat_token",
-]
 CompletionAnswer = Literal["late", "lost"]
 MAX_COMPOSE_SOURCES = 32
-FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
-_HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
-_HTTP_FAULTS = {
-    "http_400": (400, "Bad Request", "injected by the test front: Invalid argument."),
-    "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
-    "http_404": (404, "Not Found", "injected by the test front: No such object"),
-    "http_412": (
-        412,
-        "Precondition Failed",
-        "injected by the test front: At least one of the pre-conditions you specified did not hold.",
-    ),
-    "http_429": (429, "Too Many Requests", "injected by the test front: Too Many Requests"),
-    "http_503": (503, "Service Unavailable", "injected by the test front: Service Unavailable"),
-}
-REQUEST_KINDS: tuple[str, ...] = (
-    "list",
-    "get",
-    "range_get",
-    "compose",
-    "upload",
-    "delete",
-    "metadata",
-    "batch",
-    "other",
-)
-
 CHUNK = 256 * 1024  # bytes read and forwarded at a time, both ways
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
 )
-_LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
-_COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
 _STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
-_BUCKET = re.compile(r"/storage/v1/b/[^/]+")
-_XML_BUCKET = re.compile(r"/[^/]+/?")
-_XML_OBJECT = re.compile(r"/[^/]+/.+")
-_JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
 _DESCRIBED = ("metadata", "list", "compose", "upload")  # kinds whose JSON answers describe objects
 _MAX_RESULTS = re.compile(r"(?:^|&)maxResults=(\d+)")
 
@@ -127,74 +83,6 @@ def cap_list_page(target: str, limit: int = MAX_PAGE_SIZE) -> str:
     return f"{path}?{query[: match.start(1)]}{limit}{query[match.end(1) :]}"
 
 
-def request_kind(method: str, target: str, has_range: bool = False) -> str:
-    """Classify a request (``target`` is ``/path?query``) as one of :data:`REQUEST_KINDS`.
-
-    JSON API paths are recognised, and XML API path-style ones (``/bucket/object``) for downloads,
-    uploads and multipart uploads (``uploads``, ``uploadId``, ``partNumber``).
-
-    Example:
-        >>> request_kind("GET", "/download/storage/v1/b/bkt/o/a%2Fb?alt=media", has_range=True)
-        'range_get'
-        >>> request_kind("POST", "/storage/v1/b/bkt/o/out/compose")
-        'compose'
-    """
-    path, _, query = target.partition("?")
-    params = {key: value for key, _, value in (part.partition("=") for part in query.split("&"))}
-    xml = not path.startswith(_JSON_PREFIXES)
-    if method == "DELETE":
-        return "delete"
-    if method == "POST" and path == BATCH_PATH:  # its calls are counted one by one as they are carried out
-        return "batch"
-    if method in ("POST", "PUT") and (
-        path.startswith("/upload/")
-        or params.keys() & {"uploads", "uploadId", "partNumber"}
-        or (method == "PUT" and xml and _XML_OBJECT.fullmatch(path))
-    ):
-        return "upload"
-    if method == "POST" and _COMPOSE.fullmatch(path):
-        return "compose"
-    if method == "GET" and "uploadId" in params:  # listing a multipart upload's parts
-        return "other"
-    if method == "GET":
-        if path.startswith("/download/") or params.get("alt") == "media" or (xml and _XML_OBJECT.fullmatch(path)):
-            return "range_get" if has_range else "get"
-        if _LIST.fullmatch(path) or (xml and _XML_BUCKET.fullmatch(path)):
-            return "list"
-    if method in ("GET", "HEAD") and (path.startswith(("/storage/v1/b/", "/download/")) or (xml and path != "/")):
-        return "metadata"
-    return "other"
-
-
-def is_write(method: str, target: str) -> bool:
-    """Whether a request changes what the bucket holds (an upload, compose, rewrite, delete or patch;
-    XML multipart requests included)."""
-    return method in ("POST", "PUT", "DELETE", "PATCH") and not target.startswith(("/storage/v1/b?", BATCH_PATH))
-
-
-def repeatable(method: str, target: str, headers: Any = None) -> bool:
-    """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the generation
-    (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation`` or of a bucket, or an XML
-    multipart upload's request: a start writes no object (a repeat opens one more empty upload), and the others are
-    bound to their upload ID (a part PUT overwrites the same part number, a repeated completion or abort finds the
-    upload gone).
-
-    Example:
-        >>> repeatable("POST", "/upload/storage/v1/b/b/o?uploadType=multipart&name=x&ifGenerationMatch=0")
-        True
-        >>> repeatable("DELETE", "/storage/v1/b/b/o/x"), repeatable("PUT", "/b/x?partNumber=2&uploadId=u")
-        (False, True)
-    """
-    params = dict(parse_qsl(target.partition("?")[2], keep_blank_values=True))
-    if "ifGenerationMatch" in params or (method == "DELETE" and "generation" in params):
-        return True
-    if method == "DELETE" and _BUCKET.fullmatch(target.partition("?")[0]):  # GCS: bucket deletes are idempotent
-        return True
-    if headers is not None and headers.get("x-goog-if-generation-match") is not None:
-        return True
-    return not target.startswith(_JSON_PREFIXES) and bool(params.keys() & {"uploadId", "uploads"})
-
-
 def _accepts_gzip(accept_encoding: str) -> bool:
     """Whether an ``Accept-Encoding`` header allows gzip (``gzip``, with a non-zero ``q`` if one is given)."""
     for coding in accept_encoding.split(","):
@@ -216,65 +104,6 @@ class RecordedRequest:
     def header(self, name: str) -> list[str]:
         """Every value of header ``name`` (case-insensitive)."""
         return [value for key, value in self.headers if key.lower() == name.lower()]
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A failure to inject into matching requests.
-
-    Args:
-        kind: ``"http_400"`` (a request GCS deems invalid), ``"http_403"`` (permission denied), ``"http_429"`` or
-            ``"http_503"`` answers that status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the
-            connection (the client gets ECONNRESET) instead of answering; ``"truncate"`` forwards the request and sends
-            the real status and headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
-            answers nothing for ``stall_seconds``, then closes; ``"corrupt"`` flips one bit of the request body (a
-            request that has one) or of the answer's body, as damage in transit would. Only ``"truncate"`` and
-            ``"corrupt"`` reach upstream. ``"http_404"`` and ``"http_412"`` answer as a missing object and a failed
-            precondition do; ``"html_200"`` answers 200 with an HTML page, as a captive portal or a misconfigured proxy
-            would; ``"repeat_token"`` answers a list request for a page after the first (it carries a ``pageToken``, or
-            multipart uploads' markers) with a page that names that same token (or those markers) as the next one, as a
-            server that never lets a listing end would (other requests are not matched).
-        rate: probability that a matching request is hit, drawn from the front's seeded generator.
-        match: a request kind from :data:`REQUEST_KINDS` (``"get"``, ``"list"``, ...), or a regular
-            expression searched in ``"METHOD /path?query"`` as the client sent it; ``None``: all.
-        times: inject at most this many times (``None``: no limit).
-        retry_after: seconds to send in ``Retry-After`` with an HTTP fault; ``None`` sends none.
-        stall_seconds: how long a ``"stall"`` holds the request; longer than the client's timeout.
-    """
-
-    kind: FaultKind
-    rate: float = 1.0
-    match: str | None = None
-    times: int | None = None
-    retry_after: float | None = None
-    stall_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(FAULT_KINDS)}; got {self.kind!r}")
-        if not 0.0 <= self.rate <= 1.0:
-            raise ValueError(f"rate must be within [0, 1], got {self.rate}")
-        if self.times is not None and self.times < 1:
-            raise ValueError(f"times must be >= 1 or None, got {self.times}")
-        if self.retry_after is not None and (self.kind not in ("http_429", "http_503") or self.retry_after < 0):
-            raise ValueError(f"retry_after must be >= 0 and only set for http_429/http_503, got {self.retry_after}")
-        if self.stall_seconds <= 0:
-            raise ValueError(f"stall_seconds must be > 0, got {self.stall_seconds}")
-        if self.match is not None and self.match not in REQUEST_KINDS:
-            try:
-                re.compile(self.match)
-            except re.error as exc:
-                raise ValueError(f"match is neither a request kind nor a valid regex: {exc}") from None
-
-    def applies_to(self, kind: str, request_line: str) -> bool:
-        """Whether a request of ``kind`` with ``request_line`` (``"METHOD /path?query"``) matches."""
-        if self.kind == "repeat_token" and not continues_listing(request_line.partition(" ")[2]):
-            return False
-        if self.match is None:
-            return True
-        if self.match in REQUEST_KINDS:
-            return self.match == kind
-        return re.search(self.match, request_line) is not None
 
 
 class GCSFront(LocalService):
@@ -880,7 +709,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server.front._pause(self.server.front.latency):
             self._close_now()
             return True
-        content_type, body = rate_limited(bucket, xml=not self.path.startswith(_JSON_PREFIXES))
+        content_type, body = rate_limited(bucket, xml=not self.path.startswith(JSON_PREFIXES))
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
         if self.close_connection:
             headers.append(("Connection", "close"))
@@ -1231,7 +1060,7 @@ class _Handler(BaseHTTPRequestHandler):
         path names no bucket, or the bucket exists and no object: upstream's answer then stands."""
         path = self.path.partition("?")[0]
         api = "json"
-        if bucket is None and not path.startswith(_JSON_PREFIXES):  # the XML API: /bucket/object
+        if bucket is None and not path.startswith(JSON_PREFIXES):  # the XML API: /bucket/object
             api, (bucket, _, named) = "xml", unquote(path[1:]).partition("/")
             name = named or None
         if not bucket:
@@ -1249,13 +1078,13 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _inject(self, fault: Fault) -> None:
-        if fault.kind in _HTTP_FAULTS:
-            status, reason, message = _HTTP_FAULTS[fault.kind]
+        if fault.kind in HTTP_FAULTS:
+            status, reason, message = HTTP_FAULTS[fault.kind]
             extra = [] if fault.retry_after is None else [("Retry-After", f"{fault.retry_after:g}")]
             self._answer_error(status, reason, message, extra)
         elif fault.kind == "html_200":
-            headers = [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(_HTML_PAGE)))]
-            self.wfile.write(_head(200, "OK", headers) + (b"" if self.command == "HEAD" else _HTML_PAGE))
+            headers = [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(HTML_PAGE)))]
+            self.wfile.write(_head(200, "OK", headers) + (b"" if self.command == "HEAD" else HTML_PAGE))
         elif fault.kind == "reset":  # SO_LINGER 0: close() sends RST instead of FIN
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._close_now()
