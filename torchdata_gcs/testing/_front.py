@@ -13,7 +13,6 @@ import gzip
 import http.client
 import io
 import json
-import random
 import re
 import socket
 import socketserver
@@ -24,7 +23,6 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
@@ -34,21 +32,23 @@ from ._batch import answer_batch, batch_calls
 from ._faults import HTML_PAGE, HTTP_FAULTS, Fault
 from ._folders import Content, Folders
 from ._gcs_rules import GCSRules, bucket_call_refusal, bucket_permission, denied
-from ._list_index import ListingIndex
+from ._list_index import ListingIndex, ListingSnapshots
 from ._match_glob import glob_page
 from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
 from ._patches import MetadataPatches
 from ._process import LocalService
 from ._rate_ramp import READS, WRITES, RateRamp, bucket_of, rate_limited
-from ._request_kinds import JSON_PREFIXES, is_write, repeatable, request_kind
+from ._request_kinds import JSON_PREFIXES, is_write, request_kind
+from ._request_log import RecordedRequest, RequestLog
 from ._soft_delete import BucketOverlay
 from ._stuck_pages import stuck_page
+from ._upstream import UpstreamLink
 from ._versions import Versions
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["GCSFront", "RecordedRequest"]
+__all__ = ["GCSFront"]
 
 CompletionAnswer = Literal["late", "lost"]
 MAX_COMPOSE_SOURCES = 32
@@ -90,20 +90,6 @@ def _accepts_gzip(accept_encoding: str) -> bool:
         if name.strip().lower() == "gzip":
             return weight.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
     return False
-
-
-@dataclass(frozen=True)
-class RecordedRequest:
-    """A request as the front received it: method, ``/path?query``, headers in order, and body."""
-
-    method: str
-    target: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    def header(self, name: str) -> list[str]:
-        """Every value of header ``name`` (case-insensitive)."""
-        return [value for key, value in self.headers if key.lower() == name.lower()]
 
 
 class GCSFront(LocalService):
@@ -222,21 +208,17 @@ class GCSFront(LocalService):
         self.completion_answer = completion_answer
         self.endpoint = ""
         self._lock = threading.Lock()
-        self._random = random.Random(seed)
-        self._faults: tuple[Fault, ...] = ()
-        self._fired: list[int] = []
-        self._counts: Counter[str] = Counter()
-        self._injected: Counter[str] = Counter()
-        self._connections: set[socket.socket] = set()
-        self._peak_connections = 0
+        self._log = RequestLog(seed, keep_requests=record, lose_write_answers=lose_write_answers)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._pool = _UpstreamPool(self._upstream_address)
-        self._indexes: dict[str, ListingIndex] = {}
+        self._link = UpstreamLink(self._upstream_address)
+        self._listings = ListingSnapshots()
         address = self._upstream_address
         self.rules = GCSRules(
-            self._live_generation, self._bucket_exists, only_promised_headers=only_promised_headers, also_send=also_send
+            self._link.live_generation,
+            self._link.bucket_exists,
+            only_promised_headers=only_promised_headers,
+            also_send=also_send,
         )
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be within [1, {MAX_PAGE_SIZE}], got {page_size}")
@@ -244,18 +226,12 @@ class GCSFront(LocalService):
         self._multipart = MultipartUploads(
             lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size, page_size
         )
-        self._record_requests = record
         self.object_only = object_only
-        self._recorded: list[RecordedRequest] = []
-        self._lose_write_answers = lose_write_answers
-        self._writes_seen: set[str] = set()
-        self._unconditional_resends: list[str] = []
-        self.bucket_overlay = BucketOverlay(self._ask)
-        self.folders = Folders(hierarchical, self._ask)
-        self.patches = MetadataPatches(lambda method, path, body: self._ask(path, method, body))
-        self._versions = Versions(self._ask)
+        self.bucket_overlay = BucketOverlay(self._link.ask)
+        self.folders = Folders(hierarchical, self._link.ask)
+        self.patches = MetadataPatches(lambda method, path, body: self._link.ask(path, method, body))
+        self._versions = Versions(self._link.ask)
         self.ignore_range = ignore_range
-        self._abandoned = 0
         self.rate_ramp = rate_ramp
         self.set_faults(faults)
 
@@ -310,21 +286,19 @@ class GCSFront(LocalService):
     @property
     def faults(self) -> tuple[Fault, ...]:
         """The faults in force, in the order they are tried."""
-        return self._faults
+        return self._log.faults
 
     def set_faults(self, faults: Sequence[Fault]) -> None:
         """Replace the faults (thread-safe); their ``times`` allowances start afresh."""
         faults = tuple(faults)
         if not all(isinstance(fault, Fault) for fault in faults):
             raise ValueError("faults must be Fault instances")
-        with self._lock:
-            self._faults, self._fired = faults, [0] * len(faults)
+        self._log.set_faults(faults)
 
     @property
     def counts(self) -> Counter[str]:
         """Requests received so far by kind (a copy)."""
-        with self._lock:
-            return Counter(self._counts)
+        return self._log.counts
 
     @property
     def open_uploads(self) -> list[tuple[str, str]]:
@@ -340,52 +314,51 @@ class GCSFront(LocalService):
     @property
     def recorded(self) -> list[RecordedRequest]:
         """Every request received, as the client sent it, when the front was made with ``record=True``."""
-        with self._lock:
-            return list(self._recorded)
+        return self._log.recorded
 
     @property
     def unconditional_resends(self) -> list[str]:
         """``"METHOD /path?query"`` of every write sent again that GCS does not make safe to repeat (a
         late repeat could overwrite or delete a newer object); kept with ``lose_write_answers``."""
-        with self._lock:
-            return list(self._unconditional_resends)
+        return self._log.unconditional_resends
 
     @property
     def peak_connections(self) -> int:
         """The most client connections open at once since the last :meth:`reset_counts`."""
-        with self._lock:
-            return self._peak_connections
+        return self._log.peak_connections
 
     @property
     def abandoned_answers(self) -> int:
         """Answers whose client closed the connection before the front had sent all of their body."""
-        with self._lock:
-            return self._abandoned
+        return self._log.abandoned_answers
 
     @property
     def faults_injected(self) -> Counter[str]:
         """Faults injected so far by fault kind (a copy)."""
-        with self._lock:
-            return Counter(self._injected)
+        return self._log.faults_injected
 
     def reset_counts(self) -> None:
         """Zero :attr:`counts`, :attr:`faults_injected` and :attr:`multipart_completions`, and start
         :attr:`peak_connections` over from the connections open now (``times`` allowances are kept)."""
         self._multipart.forget_completions()
-        with self._lock:
-            self._counts.clear()
-            self._injected.clear()
-            self._peak_connections = len(self._connections)
+        self._log.reset()
 
     def start(self) -> Self:
         """Start serving (if not already); returns ``self``."""
         with self._lock:
             if self._server is not None:
                 return self
-            server = _Server(("127.0.0.1", 0), _Handler)
-            server.front = self
-            self._stopping = threading.Event()
-            self._pool = _UpstreamPool(self._upstream_address)
+            self._link.reopen()
+            server = _Server(
+                ("127.0.0.1", 0),
+                _Handler,
+                front=self,
+                log=self._log,
+                link=self._link,
+                uploads=self._multipart,
+                versions=self._versions,
+                listings=self._listings,
+            )
             self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
             self._thread = threading.Thread(
                 target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="gcs-front", daemon=True
@@ -398,51 +371,21 @@ class GCSFront(LocalService):
         """Stop serving and close every connection, stalled ones included; safe to call again."""
         with self._lock:
             server, self._server = self._server, None
-            connections = list(self._connections)
+            connections = self._log.connections
         if server is None:
             return
         server.shutdown()
         server.server_close()
-        self._stopping.set()
+        server.stopping.set()
         for connection in connections:
             try:
                 connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._pool.close()
+        self._link.close()
         if self._thread is not None:
             self._thread.join()
         self._multipart.close()
-
-    def _record(self, kind: str, request_line: str) -> Fault | None:
-        """Count one request and pick the fault to inject into it, if any."""
-        with self._lock:
-            self._counts[kind] += 1
-            for index, fault in enumerate(self._faults):
-                if fault.times is not None and self._fired[index] >= fault.times:
-                    continue
-                if not fault.applies_to(kind, request_line):
-                    continue
-                if fault.rate < 1.0 and self._random.random() >= fault.rate:
-                    continue
-                self._fired[index] += 1
-                self._injected[fault.kind] += 1
-                return fault
-        return None
-
-    def _loses_answer(self, method: str, target: str, headers: Any) -> bool:
-        """Whether to answer this write 503 after carrying it out: its first attempt, with
-        ``lose_write_answers``; a write seen before and not :func:`repeatable` is noted."""
-        if not self._lose_write_answers or not is_write(method, target):
-            return False
-        with self._lock:
-            if target not in self._writes_seen:
-                self._writes_seen.add(target)
-                self._injected["lost_answer"] += 1
-                return True
-            if not repeatable(method, target, headers):
-                self._unconditional_resends.append(f"{method} {target}")
-        return False
 
     def index_listings(self, bucket: str) -> int:
         """Answer list requests for ``bucket`` from a snapshot of its objects taken now.
@@ -463,105 +406,34 @@ class GCSFront(LocalService):
             if not page.get("nextPageToken"):
                 break
             params["pageToken"] = page["nextPageToken"]
-        with self._lock:
-            self._indexes[bucket] = ListingIndex(resources)
+        self._listings.keep(bucket, ListingIndex(resources))
         return len(resources)
-
-    def _live_generation(self, bucket: str, name: str) -> int | None:
-        """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        live = self._live_version(bucket, name)
-        return None if live is None else live[0]
-
-    def _live_version(self, bucket: str, name: str) -> tuple[int, str | None] | None:
-        """The generation and storage class of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation,storageClass"
-        status, answer = self._ask(path)
-        if status != 200:
-            return None
-        resource = json.loads(answer)
-        return int(resource["generation"]), resource.get("storageClass")
-
-    def _stored_size(self, bucket: str, name: str) -> str:
-        """The size of ``bucket/name`` upstream (``*`` if it is gone)."""
-        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=size")
-        return str(json.loads(answer).get("size", "*")) if status == 200 else "*"
-
-    def _bucket_exists(self, bucket: str) -> bool:
-        return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
-
-    def _holds_objects(self, bucket: str) -> bool:
-        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o?maxResults=1")
-        return status == 200 and bool(json.loads(answer).get("items"))
-
-    def _ask(self, path: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
-        """The status and body of a request (a GET by default, with a JSON ``body`` if given) of ``path``
-        upstream, for the front's own checks and acts."""
-        connection, _ = self._pool.get()
-        try:
-            connection.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
-            response = connection.getresponse()
-            answer = response.read()
-        except (OSError, http.client.HTTPException):
-            connection.close()
-            raise
-        self._pool.put(connection)
-        return response.status, answer
-
-    def _forget_indexes(self) -> None:
-        with self._lock:
-            self._indexes = {}
-
-    def _track(self, connection: socket.socket, open_: bool) -> None:
-        with self._lock:
-            if open_:
-                self._connections.add(connection)
-                self._peak_connections = max(self._peak_connections, len(self._connections))
-            else:
-                self._connections.discard(connection)
-
-    def _pause(self, seconds: float) -> bool:
-        """Sleep, cut short by ``stop()``; returns False when the front is stopping."""
-        if seconds > 0:
-            return not self._stopping.wait(seconds)
-        return not self._stopping.is_set()
-
-
-class _UpstreamPool:
-    """Idle keep-alive connections to the upstream, reused last-in first-out."""
-
-    def __init__(self, address: tuple[str, int], max_idle: int = 256, timeout: float = 120.0) -> None:
-        self._address = address
-        self._max_idle = max_idle
-        self._timeout = timeout
-        self._idle: list[http.client.HTTPConnection] = []
-        self._closed = False
-        self._lock = threading.Lock()
-
-    def get(self) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection, and whether it was used before (and so may have been closed by the peer)."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return http.client.HTTPConnection(*self._address, timeout=self._timeout), False
-
-    def put(self, connection: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(connection)
-                return
-        connection.close()
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle, self._closed = self._idle, [], True
-        for connection in idle:
-            connection.close()
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # many clients connect at once; the default backlog of 5 drops SYNs
-    front: GCSFront
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[_Handler],
+        *,
+        front: GCSFront,
+        log: RequestLog,
+        link: UpstreamLink,
+        uploads: MultipartUploads,
+        versions: Versions,
+        listings: ListingSnapshots,
+    ) -> None:
+        super().__init__(address, handler)
+        self.front = front
+        self.log = log
+        self.link = link
+        self.uploads = uploads  # the XML API multipart uploads the front serves
+        self.versions = versions
+        self.listings = listings
+        self.stopping = threading.Event()  # set when the front stops
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN, which can be slow; it is not needed here.
@@ -571,6 +443,12 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], OSError):  # a client that went away is not an error
             super().handle_error(request, client_address)
+
+    def pause(self, seconds: float) -> bool:
+        """Sleep, cut short when the front stops; returns False when it is stopping."""
+        if seconds > 0:
+            return not self.stopping.wait(seconds)
+        return not self.stopping.is_set()
 
 
 def _head(status: int, reason: str, headers: list[tuple[str, str]]) -> bytes:
@@ -650,13 +528,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.server.front._track(self.connection, True)
+        self.server.log.track(self.connection, True)
 
     def finish(self) -> None:
         try:
             super().finish()
         finally:
-            self.server.front._track(self.connection, False)
+            self.server.log.track(self.connection, False)
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -664,13 +542,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         front = self.server.front
         kind = request_kind(self.command, self.path, "Range" in self.headers)
-        fault = front._record(kind, f"{self.command} {self.path}")
+        fault = self.server.log.record(kind, f"{self.command} {self.path}")
         self.stuck = fault is not None and fault.kind == "repeat_token"  # the answer is rewritten, not replaced
         fault = None if self.stuck else fault
         if fault is None and front.rate_ramp is not None and self._over_rate(front.rate_ramp, kind):
             return
         if kind in ("upload", "delete", "compose"):
-            front._forget_indexes()  # the bucket changes: its snapshot would go stale
+            self.server.listings.forget()  # the bucket changes: its snapshot would go stale
         if kind == "list" and self.path.startswith("/storage/"):
             self.path = cap_list_page(self.path, front.page_size)
             if fault is None and self._answer_from_index():
@@ -681,16 +559,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the body's end is unknown
             self._answer_error(400, "Bad Request", "malformed Content-Length")
             return
-        if front._record_requests:
+        if self.server.log.keeps_requests:
             data = b"".join(body or ())
             body = iter([data]) if body is not None else None
-            with front._lock:
-                front._recorded.append(RecordedRequest(self.command, self.path, list(self.headers.items()), data))
+            self.server.log.keep(RecordedRequest(self.command, self.path, list(self.headers.items()), data))
         if fault is None and kind == "list" and (listing := front.bucket_overlay.listing(self.path)) is not None:
-            if front._pause(front.latency):
+            if self.server.pause(front.latency):
                 self._answer_error(*listing) if isinstance(listing, tuple) else self._answer_json(listing)
             return
-        if fault is None and front._loses_answer(self.command, self.path, self.headers):
+        if fault is None and self.server.log.loses_answer(self.command, self.path, self.headers):
             self._carry_out_unanswered(body, chunked, kind)
             return
         self._carry_out(body, chunked, kind, fault)
@@ -706,7 +583,7 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
         except ValueError:
             self.close_connection = True
-        if not self.server.front._pause(self.server.front.latency):
+        if not self.server.pause(self.server.front.latency):
             self._close_now()
             return True
         content_type, body = rate_limited(bucket, xml=not self.path.startswith(JSON_PREFIXES))
@@ -731,7 +608,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind not in ("truncate", "corrupt"):
             for _ in body or ():  # take the whole request, so the client waits for an answer
                 pass
-            if front._pause(front.latency):
+            if self.server.pause(front.latency):
                 self._inject(fault)
             else:
                 self._close_now()
@@ -740,7 +617,7 @@ class _Handler(BaseHTTPRequestHandler):
         if needed is not None:
             for _ in body or ():
                 pass
-            if front._pause(front.latency):
+            if self.server.pause(front.latency):
                 self._answer_error(*denied(*needed), error_reason="forbidden")
             else:
                 self._close_now()
@@ -776,7 +653,7 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "upload" and body is not None:
             body, longer = front.bucket_overlay.upload_body(self.path, self.headers.get("Content-Type", ""), body)
             content_length = int(self.headers.get("Content-Length") or 0) + longer if longer else None
-        if not front._pause(front.latency):
+        if not self.server.pause(front.latency):
             self._close_now()
             return
         path, _, query = self.path.partition("?")
@@ -817,7 +694,7 @@ class _Handler(BaseHTTPRequestHandler):
         with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
             refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
             refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
-            refusal = refusal or bucket_call_refusal(self.command, path, params, front._holds_objects)
+            refusal = refusal or bucket_call_refusal(self.command, path, params, self.server.link.holds_objects)
             deleting = kind == "delete" and refusal is None
             deletion = front.bucket_overlay.deletion(*_object_of(path), params) if deleting else None
             refusal = refusal or (deletion.refusal if deletion is not None else None)
@@ -857,18 +734,18 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
         request out but cuts the answer's body in half (an answer lost on the way)."""
         front = self.server.front
-        completing = self.command == "POST" and front._multipart.unfinished(self.path) is not None
+        completing = self.command == "POST" and self.server.uploads.unfinished(self.path) is not None
         delay, answer = (front.completion_delay, front.completion_answer) if completing else (0.0, "late")
-        if answer == "late" and not front._pause(delay):  # the completion takes its time, then happens
+        if answer == "late" and not self.server.pause(delay):  # the completion takes its time, then happens
             self._close_now()
             return
-        status, reason, headers, payload = front._multipart.answer(self.command, self.path, self.headers, body)
+        status, reason, headers, payload = self.server.uploads.answer(self.command, self.path, self.headers, body)
         payload = stuck_page(self.path, payload) if self.stuck and status == 200 else payload
         if answer == "lost":  # done at once, and the answer never comes
-            front._pause(delay)
+            self.server.pause(delay)
             self._close_now()
             return
-        if front._pause(front.latency):
+        if self.server.pause(front.latency):
             headers = [*headers, ("Content-Length", str(len(payload)))]
             self.wfile.write(_head(status, reason, headers) + (payload[: len(payload) // 2] if truncate else payload))
             if truncate:
@@ -880,18 +757,18 @@ class _Handler(BaseHTTPRequestHandler):
         """Answer a list request from the front's snapshot of its bucket, if it has one that fits."""
         front = self.server.front
         path, _, query = self.path.partition("?")
-        index = front._indexes.get(unquote(path.split("/")[4]))
+        index = self.server.listings.of(unquote(path.split("/")[4]))
         if index is None:
             return False
         try:
             page = index.page(dict(parse_qsl(query, keep_blank_values=True)))
         except ValueError as exc:
-            if front._pause(front.latency):
+            if self.server.pause(front.latency):
                 self._answer_error(400, "Bad Request", str(exc))
             return True
         if page is None:
             return False
-        if front._pause(front.latency):
+        if self.server.pause(front.latency):
             self._answer_json(page)
         return True
 
@@ -901,7 +778,7 @@ class _Handler(BaseHTTPRequestHandler):
         bucket, name = _object_of(path)
         if "generation" not in params or bucket is None or name is None or not params["generation"].isdigit():
             return False
-        versions, generation = self.server.front._versions, int(params["generation"])
+        versions, generation = self.server.versions, int(params["generation"])
         if kind == "delete":
             with self.server.front.rules.writes:
                 outcome = versions.delete(bucket, name, generation)
@@ -922,7 +799,7 @@ class _Handler(BaseHTTPRequestHandler):
         the glob is invalid. False when the front leaves it upstream (see ``glob_page``)."""
         rules = self.server.front.rules
         try:
-            page = glob_page(params, path, self.server.front._ask)
+            page = glob_page(params, path, self.server.link.ask)
         except ValueError as exc:
             message = f"Invalid matchGlob {params['matchGlob']!r}: {exc}"
             self._answer_error(400, "Bad Request", message, error_reason="invalid")
@@ -942,7 +819,7 @@ class _Handler(BaseHTTPRequestHandler):
         and whether the front gives it a hierarchical namespace."""
         if self._answer_not_found("metadata", bucket, None):
             return
-        resource = json.loads(self.server.front._ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
+        resource = json.loads(self.server.link.ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
         enabled = bucket in self.server.front.folders.hierarchical
         layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": enabled}}
         layout.update({key: resource[key] for key in ("location", "locationType") if key in resource})
@@ -982,7 +859,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.compose_class, self.sources_to_delete = None, ()
         for source in sources:
             name = str(source.get("name", ""))
-            version = front._live_version(bucket, name)
+            version = self.server.link.live_version(bucket, name)
             live, storage_class = version if version is not None else (None, None)
             pinned = source.get("generation")
             if live is None or (pinned is not None and int(pinned) != live):
@@ -1022,7 +899,7 @@ class _Handler(BaseHTTPRequestHandler):
             length -= len(piece)
             received += len(piece)
             yield piece
-            if bandwidth is not None and not front._pause(started + received / bandwidth - time.monotonic()):
+            if bandwidth is not None and not self.server.pause(started + received / bandwidth - time.monotonic()):
                 raise ConnectionError("the front is stopping")
 
     def _read_chunked(self) -> Iterator[bytes]:
@@ -1089,7 +966,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._close_now()
         else:  # stall
-            self.server.front._pause(fault.stall_seconds)
+            self.server.pause(fault.stall_seconds)
             self._close_now()
 
     def _forward(
@@ -1115,12 +992,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             complete = self._relay(response, truncate, corrupt, kind, sources)
         except (BrokenPipeError, ConnectionResetError):  # the client closed the connection mid-answer
-            with self.server.front._lock:
-                self.server.front._abandoned += 1
+            self.server.log.note_abandoned()
             raise
         finally:
             if complete:
-                self.server.front._pool.put(connection)
+                self.server.link.pool.put(connection)
             else:
                 self.close_connection = True
                 response.close()
@@ -1142,7 +1018,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif content_length is not None:
             headers.append(("Content-Length", str(content_length)))
         while True:
-            connection, reused = self.server.front._pool.get()
+            connection, reused = self.server.link.pool.get()
             try:
                 connection.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                 for name, value in headers:
@@ -1181,7 +1057,7 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         if response.status == 416 and bucket is not None and name is not None:  # GCS names the object's size
             response.read()
-            size = front._stored_size(bucket, name)
+            size = self.server.link.stored_size(bucket, name)
             self._answer_error(
                 416,
                 "Requested range not satisfiable",
@@ -1207,14 +1083,16 @@ class _Handler(BaseHTTPRequestHandler):
                     rules.add_composite(bucket, name, int(generation), components, self.compose_class)
                     for source, source_generation in self.sources_to_delete:  # for good: no soft-deleted copy
                         path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(source, safe='')}"
-                        front._ask(f"{path}?generation={source_generation}", "DELETE")
+                        self.server.link.ask(f"{path}?generation={source_generation}", "DELETE")
                     if self.compose_custom_time is not None:  # the emulator's compose drops it; GCS keeps it
                         path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
-                        front._ask(path, "PATCH", json.dumps({"customTime": self.compose_custom_time}).encode())
-                        data = front._ask(f"{path}?generation={generation}&projection=noAcl")[1]
+                        self.server.link.ask(
+                            path, "PATCH", json.dumps({"customTime": self.compose_custom_time}).encode()
+                        )
+                        data = self.server.link.ask(f"{path}?generation={generation}&projection=noAcl")[1]
             self._note_kms_key(kind, data)
             data = front.bucket_overlay.answer(self.path, front.patches.rewrite(rules.rewrite_resources(data)))
-            data = front._versions.listing(bucket, data) if kind == "list" and bucket is not None else data
+            data = self.server.versions.listing(bucket, data) if kind == "list" and bucket is not None else data
             data = front.folders.describe_bucket(self.path, data)
             data = stuck_page(self.path, data) if self.stuck else data
             if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
@@ -1257,7 +1135,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(pending + (_chunk(piece) if rechunk else piece))
             pending = b""
             sent += len(piece)
-            if bandwidth is not None and not front._pause(started + sent / bandwidth - time.monotonic()):
+            if bandwidth is not None and not self.server.pause(started + sent / bandwidth - time.monotonic()):
                 return False
         if pending or rechunk:
             self.wfile.write(pending + (b"0\r\n\r\n" if rechunk else b""))
