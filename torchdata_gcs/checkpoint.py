@@ -17,7 +17,7 @@ from typing import IO, Any
 from ._engines import checkpoints
 from ._engines.checkpoints import Strategy, write_config
 from ._engines.compressing import CompressingWriter
-from ._engines.upload import StreamingWriter
+from ._engines.publishing import StreamingWriter
 from ._ops.client import Client
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 

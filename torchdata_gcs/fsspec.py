@@ -50,10 +50,10 @@ from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object
 from ._engines.listing import list_objects_async
-from ._engines.publishing import PublishingWriter
+from ._engines.publishing import PublishingWriter, StreamingWriter
 from ._engines.ranges import read_ranges_into
 from ._engines.streams import FilledBytes, PartStream
-from ._engines.upload import StreamingWriter, new_writer
+from ._engines.upload import new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
 from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value

@@ -27,7 +27,8 @@ from .._transport.retry import Attempts
 from ..config import WriteConfig
 from ..errors import GCSError, IntegrityError
 from .ranges import read_into_buffer, read_ranges_into, read_version_start
-from .upload import library_errors_first, new_writer
+from .serializer_errors import library_errors_first
+from .upload import new_writer
 
 __all__ = [
     "HEADER_GUESS",

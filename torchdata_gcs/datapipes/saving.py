@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._engines.checkpoints import Strategy, open_writer, write_config
-from .._engines.upload import library_errors_first
+from .._engines.serializer_errors import library_errors_first
 from .._ops.client import Client
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, WriteConfig, Zstd
