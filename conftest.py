@@ -6,12 +6,16 @@ Modules that need an optional dependency this environment lacks are not collecte
 What needs HAProxy with Lua (``LatencyFront``) is skipped, with the reason, where it is missing: the tests
 marked ``haproxy`` and the doctests that start a ``LatencyFront``. ``TORCHDATA_GCS_REQUIRE_HAPROXY=1``
 (set by CI, which installs HAProxy) makes them fail there instead.
+
+Ctrl-C is as a terminal gives it, even where the run was started in the background of a shell, which starts
+it with SIGINT ignored (its children would inherit that): the tests that press Ctrl-C need it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 
 import pytest
 
@@ -26,6 +30,8 @@ REQUIRE_HAPROXY = "TORCHDATA_GCS_REQUIRE_HAPROXY"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers",
         f"haproxy: needs HAProxy with Lua (LatencyFront); skipped where it is missing, unless {REQUIRE_HAPROXY} is set",

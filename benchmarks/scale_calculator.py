@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torchdata_gcs import TransferConfig, WriteConfig
 from torchdata_gcs._engines.parallel_listing import SPLIT_BUDGET
-from torchdata_gcs._engines.upload import part_size
+from torchdata_gcs._engines.publishing import part_size
 from torchdata_gcs._ops.objects import MAX_SOURCES
 from torchdata_gcs._ops.paging import MAX_PAGE_SIZE
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 from ._engines import checkpoints
 from ._engines.checkpoints import Strategy, write_config
 from ._engines.compressing import CompressingWriter
-from ._engines.upload import StreamingWriter
+from ._engines.publishing import StreamingWriter
 from ._ops.client import Client, GCSClient
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
 
@@ -52,8 +52,9 @@ def open_writer(
 
     Args:
         url: ``gs://bucket/object``.
-        client: endpoint and credentials; defaults to ``ClientConfig()``.
-        retry: retry policy for every request.
+        client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
+            takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
+        retry: retry policy for every request, in place of the client's own.
         write: part size, parts in flight, strategy and compression (:class:`WriteConfig`).
         part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
     """

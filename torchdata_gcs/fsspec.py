@@ -50,9 +50,9 @@ from torchdata_gcs_fsspec_handler import VARIABLE
 
 from ._engines.download import Loaded, fetch_object
 from ._engines.listing import list_objects_async
-from ._engines.publishing import PublishingWriter
+from ._engines.publishing import PublishingWriter, StreamingWriter
 from ._engines.streams import FilledBytes, PartStream
-from ._engines.upload import StreamingWriter, new_writer
+from ._engines.upload import new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
 from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
@@ -308,8 +308,9 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
     Args:
         client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
             takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
-        retry: how transient failures are retried.
-        transfer: requests in flight per call and the part size of concurrent ranged reads.
+        retry: how transient failures are retried, in place of the client's own.
+        transfer: requests in flight per call and the part size of concurrent ranged reads, in place of the
+            client's own.
         write: part size, parts in flight and strategy of streamed writes (``compression`` must be
             ``None``: files are stored as written; fsspec's own ``compression=`` compresses them).
         **storage_options: fsspec's own (``asynchronous``, ``loop``, ``skip_instance_cache``, ...), and

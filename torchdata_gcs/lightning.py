@@ -49,10 +49,10 @@ class GCSCheckpointIO(CheckpointIO):
     ``AsyncCheckpointIO`` to upload in the background.
 
     Args:
-        client: where requests go and how they authenticate (default: GCS with Application Default
-            Credentials, or ``STORAGE_EMULATOR_HOST``).
-        retry: how transient failures are retried, for saves, loads and removals.
-        transfer: how loads read (concurrency, range size).
+        client: a ``GCSClient`` (or the ``ClientConfig`` of one): where requests go and how they authenticate
+            (default: ``STORAGE_EMULATOR_HOST``, else GCS with Application Default Credentials).
+        retry: how transient failures are retried, for saves, loads and removals (in place of the client's own).
+        transfer: how loads read (concurrency, range size; in place of the client's own).
         write: how saves stream out (:class:`~torchdata_gcs.WriteConfig`: ``strategy="compose"`` where the XML
             API is missing, ``compression="zstd"``); checked here, not at the first save. Loads detect
             compression by themselves.

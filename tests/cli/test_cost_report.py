@@ -13,7 +13,7 @@ import pytest
 
 from torchdata_gcs._ops.urls import TEMPORARY_PREFIX
 from torchdata_gcs.cli import main
-from torchdata_gcs.cli.doctor import bucket_settings
+from torchdata_gcs.cli.bucket_settings import bucket_settings
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 WEEK = 7 * 86400

@@ -17,7 +17,9 @@ import pytest
 
 from torchdata_gcs._ops.uploads import UPLOAD_MARKERS
 from torchdata_gcs.cli import main
-from torchdata_gcs.cli.doctor import CHECKS, SCRATCH_MARK, bucket_settings
+from torchdata_gcs.cli.bucket_settings import bucket_settings
+from torchdata_gcs.cli.doctor import SCRATCH_MARK
+from torchdata_gcs.cli.doctor_report import CHECKS
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 from torchdata_gcs.testing._process import free_port
 

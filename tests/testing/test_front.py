@@ -20,7 +20,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 from tests.http_proxy import RecordingProxy
 from torchdata_gcs import GCSFileLoaderIterDataPipe, RetryConfig, TransferConfig
 from torchdata_gcs.testing import REQUEST_KINDS, Emulator, Fault, GCSFront
-from torchdata_gcs.testing._front import request_kind
+from torchdata_gcs.testing._request_kinds import request_kind
 
 MiB = 1024 * 1024
 RETRY = RetryConfig(initial_delay=0.01, max_delay=0.05, max_attempts=10)

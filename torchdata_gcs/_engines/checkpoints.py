@@ -21,9 +21,11 @@ from .compressed_read import block_table_of, read_decompressed_into
 from .compressing import CompressingWriter
 from .compression import decompress, is_compressed
 from .memory_file import memory_file
+from .publishing import StreamingWriter
 from .ranges import read_into, read_into_buffer
+from .serializer_errors import library_errors_first
 from .streams import MemoryStream
-from .upload import StreamingWriter, library_errors_first, new_writer
+from .upload import new_writer
 
 __all__ = ["ZIP_MAGIC", "Strategy", "load", "open_reader", "open_writer", "remove", "save", "write_config"]
 

@@ -29,7 +29,8 @@ from .._transport.retry import reread_while_damaged_async
 from ..config import WriteConfig
 from ..errors import GCSError, IntegrityError
 from .ranges import read_into_buffer
-from .upload import library_errors_first, new_writer
+from .serializer_errors import library_errors_first
+from .upload import new_writer
 
 __all__ = [
     "HEADER_GUESS",

@@ -43,8 +43,9 @@ class GCSFileListerIterDataPipe(IterDataPipe):
             An empty pattern (or none) keeps all.
         with_metadata: yield ``(url, ObjectInfo)`` instead of ``url``; ``load_files_by_gcs``
             then pins each read to the listed generation and checks the listed crc32c.
-        client: endpoint and credentials; defaults to ``ClientConfig()``.
-        retry: retry policy for list requests; defaults to ``RetryConfig()``.
+        client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
+            takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
+        retry: retry policy for list requests, in place of the client's own.
         page_size: objects per list request, 1 to 1000.
         concurrency: list requests in flight at once for one prefix; the key space is split into
             ranges as full pages come back, keeping the total number of list requests within

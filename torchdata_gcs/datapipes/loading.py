@@ -52,9 +52,10 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
             ``(url, ObjectInfo)`` pairs that ``list_files_by_gcs(with_metadata=True)`` yields.
         skip_missing: skip an object that does not exist (or no longer has the listed generation)
             with a ``MissingObjectWarning`` instead of raising ``NotFoundError``.
-        client: endpoint and credentials; defaults to ``ClientConfig()``.
-        transfer: concurrency and buffering; defaults to ``TransferConfig()``.
-        retry: retry policy; defaults to ``RetryConfig()``.
+        client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
+            takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
+        transfer: concurrency and buffering, in place of the client's own.
+        retry: retry policy, in place of the client's own.
 
     Returns:
         ``(url, StreamWrapper)`` pairs whose streams are binary and seekable (a streamed one reads

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._engines.checkpoints import Strategy, open_writer, write_config
-from .._engines.upload import library_errors_first
+from .._engines.serializer_errors import library_errors_first
 from .._ops.client import Client, GCSClient, client_of
 from .._ops.urls import parse_url
 from ..config import ClientConfig, RetryConfig, WriteConfig, Zstd
@@ -37,8 +37,9 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
 
     Args:
         source_datapipe: a DataPipe or an iterable of ``(url, payload)`` pairs.
-        client: endpoint and credentials; defaults to ``ClientConfig()``.
-        retry: retry policy; defaults to ``RetryConfig()``.
+        client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
+            takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
+        retry: retry policy, in place of the client's own.
         write: part size, parts in flight per object, strategy and compression (:class:`WriteConfig`);
             ``checkpoint.load`` detects compression by itself.
         part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.

@@ -12,9 +12,12 @@ answers to writes carried out, GCS's per-bucket request-rate ramp), and to count
 """
 
 from ._emulator import Emulator, EmulatorError
-from ._front import FAULT_KINDS, REQUEST_KINDS, Fault, GCSFront, RecordedRequest
+from ._faults import FAULT_KINDS, Fault
+from ._front import GCSFront
 from ._latency import LatencyFront
 from ._rate_ramp import RateRamp
+from ._request_kinds import REQUEST_KINDS
+from ._request_log import RecordedRequest
 
 __all__ = [
     "Emulator",

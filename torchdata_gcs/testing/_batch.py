@@ -14,9 +14,7 @@ from urllib.parse import urlsplit
 
 from .._ops.batch import MAX_BATCH_CALLS, http_message, mixed_parts
 
-__all__ = ["BATCH_PATH", "InnerCall", "answer_batch", "batch_calls"]
-
-BATCH_PATH = "/batch/storage/v1"
+__all__ = ["InnerCall", "answer_batch", "batch_calls"]
 
 _DROPPED = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect"})
 

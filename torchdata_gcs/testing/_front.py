@@ -8,273 +8,36 @@ behaviours, so clients can be tested and measured against them over real sockets
 
 from __future__ import annotations
 
-import contextlib
-import gzip
 import http.client
-import io
 import json
-import random
-import re
 import socket
-import socketserver
-import struct
-import sys
 import threading
-import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Literal, get_args
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode, urlsplit
 
 from .._ops.paging import MAX_PAGE_SIZE
-from ._batch import BATCH_PATH, answer_batch, batch_calls
-from ._folders import Content, Folders
-from ._gcs_rules import GCSRules, bucket_call_refusal, bucket_permission, denied
-from ._list_index import ListingIndex
-from ._match_glob import glob_page
-from ._multipart import MIN_PART_SIZE, MultipartUploads, is_multipart_request
+from ._faults import Fault
+from ._folders import Folders
+from ._gcs_rules import GCSRules
+from ._handler import FrontHandler
+from ._list_index import ListingIndex, ListingSnapshots
+from ._multipart import MIN_PART_SIZE, MultipartUploads
 from ._patches import MetadataPatches
 from ._process import LocalService
-from ._rate_ramp import READS, WRITES, RateRamp, bucket_of, rate_limited
+from ._rate_ramp import RateRamp
+from ._request_log import RecordedRequest, RequestLog
+from ._server import CompletionAnswer, FrontServer
 from ._soft_delete import BucketOverlay
-from ._stuck_pages import continues_listing, stuck_page
+from ._upstream import UpstreamLink
 from ._versions import Versions
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["FAULT_KINDS", "REQUEST_KINDS", "Fault", "GCSFront", "RecordedRequest", "request_kind"]
-
-FaultKind = Literal[
-    "http_400",
-    "http_403",
-    "http_404",
-    "http_412",
-    "http_429",
-    "http_503",
-    "reset",
-    "truncate",
-    "stall",
-    "corrupt",
-    "html_200",
-    "repeat_token",
-]
-CompletionAnswer = Literal["late", "lost"]
-MAX_COMPOSE_SOURCES = 32
-FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
-_HTML_PAGE = b"<html><body><h1>Sign in to continue</h1></body></html>"
-_HTTP_FAULTS = {
-    "http_400": (400, "Bad Request", "injected by the test front: Invalid argument."),
-    "http_403": (403, "Forbidden", "injected by the test front: the caller does not have permission"),
-    "http_404": (404, "Not Found", "injected by the test front: No such object"),
-    "http_412": (
-        412,
-        "Precondition Failed",
-        "injected by the test front: At least one of the pre-conditions you specified did not hold.",
-    ),
-    "http_429": (429, "Too Many Requests", "injected by the test front: Too Many Requests"),
-    "http_503": (503, "Service Unavailable", "injected by the test front: Service Unavailable"),
-}
-REQUEST_KINDS: tuple[str, ...] = (
-    "list",
-    "get",
-    "range_get",
-    "compose",
-    "upload",
-    "delete",
-    "metadata",
-    "batch",
-    "other",
-)
-
-CHUNK = 256 * 1024  # bytes read and forwarded at a time, both ways
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
-)
-_LIST = re.compile(r"/storage/v1/b/[^/]+/o/?")
-_COMPOSE = re.compile(r"/storage/v1/b/[^/]+/o/.+/compose")
-_STORAGE_LAYOUT = re.compile(r"/storage/v1/b/[^/]+/storageLayout")
-_BUCKET = re.compile(r"/storage/v1/b/[^/]+")
-_XML_BUCKET = re.compile(r"/[^/]+/?")
-_XML_OBJECT = re.compile(r"/[^/]+/.+")
-_JSON_PREFIXES = ("/storage/", "/download/", "/upload/")
-_DESCRIBED = ("metadata", "list", "compose", "upload")  # kinds whose JSON answers describe objects
-_MAX_RESULTS = re.compile(r"(?:^|&)maxResults=(\d+)")
-
-
-def cap_list_page(target: str, limit: int = MAX_PAGE_SIZE) -> str:
-    """Make a JSON API list request ask for at most ``limit`` entries (GCS serves at most 1,000 a page).
-
-    The emulator returns every object in one page when ``maxResults`` is missing; GCS caps pages.
-
-    Example:
-        >>> cap_list_page("/storage/v1/b/bkt/o?prefix=a%2F")
-        '/storage/v1/b/bkt/o?prefix=a%2F&maxResults=1000'
-        >>> cap_list_page("/storage/v1/b/bkt/o?maxResults=5000&prefix=x")
-        '/storage/v1/b/bkt/o?maxResults=1000&prefix=x'
-    """
-    path, _, query = target.partition("?")
-    if re.search(r"(?:^|&)maxResults=(?!\d+(?:&|$))", query):
-        return target  # not a number: upstream refuses it, as GCS does
-    match = _MAX_RESULTS.search(query)
-    if match is None:
-        return f"{path}?{query}{'&' if query else ''}maxResults={limit}"
-    if int(match.group(1)) <= limit:
-        return target
-    return f"{path}?{query[: match.start(1)]}{limit}{query[match.end(1) :]}"
-
-
-def request_kind(method: str, target: str, has_range: bool = False) -> str:
-    """Classify a request (``target`` is ``/path?query``) as one of :data:`REQUEST_KINDS`.
-
-    JSON API paths are recognised, and XML API path-style ones (``/bucket/object``) for downloads,
-    uploads and multipart uploads (``uploads``, ``uploadId``, ``partNumber``).
-
-    Example:
-        >>> request_kind("GET", "/download/storage/v1/b/bkt/o/a%2Fb?alt=media", has_range=True)
-        'range_get'
-        >>> request_kind("POST", "/storage/v1/b/bkt/o/out/compose")
-        'compose'
-    """
-    path, _, query = target.partition("?")
-    params = {key: value for key, _, value in (part.partition("=") for part in query.split("&"))}
-    xml = not path.startswith(_JSON_PREFIXES)
-    if method == "DELETE":
-        return "delete"
-    if method == "POST" and path == BATCH_PATH:  # its calls are counted one by one as they are carried out
-        return "batch"
-    if method in ("POST", "PUT") and (
-        path.startswith("/upload/")
-        or params.keys() & {"uploads", "uploadId", "partNumber"}
-        or (method == "PUT" and xml and _XML_OBJECT.fullmatch(path))
-    ):
-        return "upload"
-    if method == "POST" and _COMPOSE.fullmatch(path):
-        return "compose"
-    if method == "GET" and "uploadId" in params:  # listing a multipart upload's parts
-        return "other"
-    if method == "GET":
-        if path.startswith("/download/") or params.get("alt") == "media" or (xml and _XML_OBJECT.fullmatch(path)):
-            return "range_get" if has_range else "get"
-        if _LIST.fullmatch(path) or (xml and _XML_BUCKET.fullmatch(path)):
-            return "list"
-    if method in ("GET", "HEAD") and (path.startswith(("/storage/v1/b/", "/download/")) or (xml and path != "/")):
-        return "metadata"
-    return "other"
-
-
-def is_write(method: str, target: str) -> bool:
-    """Whether a request changes what the bucket holds (an upload, compose, rewrite, delete or patch;
-    XML multipart requests included)."""
-    return method in ("POST", "PUT", "DELETE", "PATCH") and not target.startswith(("/storage/v1/b?", BATCH_PATH))
-
-
-def repeatable(method: str, target: str, headers: Any = None) -> bool:
-    """Whether GCS makes a write safe to send again (its retry strategy): a precondition on the generation
-    (``ifGenerationMatch``, ``x-goog-if-generation-match``), a delete of one ``generation`` or of a bucket, or an XML
-    multipart upload's request: a start writes no object (a repeat opens one more empty upload), and the others are
-    bound to their upload ID (a part PUT overwrites the same part number, a repeated completion or abort finds the
-    upload gone).
-
-    Example:
-        >>> repeatable("POST", "/upload/storage/v1/b/b/o?uploadType=multipart&name=x&ifGenerationMatch=0")
-        True
-        >>> repeatable("DELETE", "/storage/v1/b/b/o/x"), repeatable("PUT", "/b/x?partNumber=2&uploadId=u")
-        (False, True)
-    """
-    params = dict(parse_qsl(target.partition("?")[2], keep_blank_values=True))
-    if "ifGenerationMatch" in params or (method == "DELETE" and "generation" in params):
-        return True
-    if method == "DELETE" and _BUCKET.fullmatch(target.partition("?")[0]):  # GCS: bucket deletes are idempotent
-        return True
-    if headers is not None and headers.get("x-goog-if-generation-match") is not None:
-        return True
-    return not target.startswith(_JSON_PREFIXES) and bool(params.keys() & {"uploadId", "uploads"})
-
-
-def _accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an ``Accept-Encoding`` header allows gzip (``gzip``, with a non-zero ``q`` if one is given)."""
-    for coding in accept_encoding.split(","):
-        name, _, weight = coding.strip().partition(";")
-        if name.strip().lower() == "gzip":
-            return weight.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
-    return False
-
-
-@dataclass(frozen=True)
-class RecordedRequest:
-    """A request as the front received it: method, ``/path?query``, headers in order, and body."""
-
-    method: str
-    target: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    def header(self, name: str) -> list[str]:
-        """Every value of header ``name`` (case-insensitive)."""
-        return [value for key, value in self.headers if key.lower() == name.lower()]
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A failure to inject into matching requests.
-
-    Args:
-        kind: ``"http_400"`` (a request GCS deems invalid), ``"http_403"`` (permission denied), ``"http_429"`` or
-            ``"http_503"`` answers that status with a GCS-style JSON error instead of forwarding; ``"reset"`` resets the
-            connection (the client gets ECONNRESET) instead of answering; ``"truncate"`` forwards the request and sends
-            the real status and headers (full ``Content-Length``) but only half the body, then closes; ``"stall"``
-            answers nothing for ``stall_seconds``, then closes; ``"corrupt"`` flips one bit of the request body (a
-            request that has one) or of the answer's body, as damage in transit would. Only ``"truncate"`` and
-            ``"corrupt"`` reach upstream. ``"http_404"`` and ``"http_412"`` answer as a missing object and a failed
-            precondition do; ``"html_200"`` answers 200 with an HTML page, as a captive portal or a misconfigured proxy
-            would; ``"repeat_token"`` answers a list request for a page after the first (it carries a ``pageToken``, or
-            multipart uploads' markers) with a page that names that same token (or those markers) as the next one, as a
-            server that never lets a listing end would (other requests are not matched).
-        rate: probability that a matching request is hit, drawn from the front's seeded generator.
-        match: a request kind from :data:`REQUEST_KINDS` (``"get"``, ``"list"``, ...), or a regular
-            expression searched in ``"METHOD /path?query"`` as the client sent it; ``None``: all.
-        times: inject at most this many times (``None``: no limit).
-        retry_after: seconds to send in ``Retry-After`` with an HTTP fault; ``None`` sends none.
-        stall_seconds: how long a ``"stall"`` holds the request; longer than the client's timeout.
-    """
-
-    kind: FaultKind
-    rate: float = 1.0
-    match: str | None = None
-    times: int | None = None
-    retry_after: float | None = None
-    stall_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(FAULT_KINDS)}; got {self.kind!r}")
-        if not 0.0 <= self.rate <= 1.0:
-            raise ValueError(f"rate must be within [0, 1], got {self.rate}")
-        if self.times is not None and self.times < 1:
-            raise ValueError(f"times must be >= 1 or None, got {self.times}")
-        if self.retry_after is not None and (self.kind not in ("http_429", "http_503") or self.retry_after < 0):
-            raise ValueError(f"retry_after must be >= 0 and only set for http_429/http_503, got {self.retry_after}")
-        if self.stall_seconds <= 0:
-            raise ValueError(f"stall_seconds must be > 0, got {self.stall_seconds}")
-        if self.match is not None and self.match not in REQUEST_KINDS:
-            try:
-                re.compile(self.match)
-            except re.error as exc:
-                raise ValueError(f"match is neither a request kind nor a valid regex: {exc}") from None
-
-    def applies_to(self, kind: str, request_line: str) -> bool:
-        """Whether a request of ``kind`` with ``request_line`` (``"METHOD /path?query"``) matches."""
-        if self.kind == "repeat_token" and not continues_listing(request_line.partition(" ")[2]):
-            return False
-        if self.match is None:
-            return True
-        if self.match in REQUEST_KINDS:
-            return self.match == kind
-        return re.search(self.match, request_line) is not None
+__all__ = ["GCSFront"]
 
 
 class GCSFront(LocalService):
@@ -393,21 +156,17 @@ class GCSFront(LocalService):
         self.completion_answer = completion_answer
         self.endpoint = ""
         self._lock = threading.Lock()
-        self._random = random.Random(seed)
-        self._faults: tuple[Fault, ...] = ()
-        self._fired: list[int] = []
-        self._counts: Counter[str] = Counter()
-        self._injected: Counter[str] = Counter()
-        self._connections: set[socket.socket] = set()
-        self._peak_connections = 0
-        self._server: _Server | None = None
+        self._log = RequestLog(seed, keep_requests=record, lose_write_answers=lose_write_answers)
+        self._server: FrontServer | None = None
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._pool = _UpstreamPool(self._upstream_address)
-        self._indexes: dict[str, ListingIndex] = {}
+        self._link = UpstreamLink(self._upstream_address)
+        self._listings = ListingSnapshots()
         address = self._upstream_address
         self.rules = GCSRules(
-            self._live_generation, self._bucket_exists, only_promised_headers=only_promised_headers, also_send=also_send
+            self._link.live_generation,
+            self._link.bucket_exists,
+            only_promised_headers=only_promised_headers,
+            also_send=also_send,
         )
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be within [1, {MAX_PAGE_SIZE}], got {page_size}")
@@ -415,18 +174,12 @@ class GCSFront(LocalService):
         self._multipart = MultipartUploads(
             lambda: http.client.HTTPConnection(*address, timeout=300), self.rules, min_part_size, page_size
         )
-        self._record_requests = record
         self.object_only = object_only
-        self._recorded: list[RecordedRequest] = []
-        self._lose_write_answers = lose_write_answers
-        self._writes_seen: set[str] = set()
-        self._unconditional_resends: list[str] = []
-        self.bucket_overlay = BucketOverlay(self._ask)
-        self.folders = Folders(hierarchical, self._ask)
-        self.patches = MetadataPatches(lambda method, path, body: self._ask(path, method, body))
-        self._versions = Versions(self._ask)
+        self.bucket_overlay = BucketOverlay(self._link.ask)
+        self.folders = Folders(hierarchical, self._link.ask)
+        self.patches = MetadataPatches(lambda method, path, body: self._link.ask(path, method, body))
+        self._versions = Versions(self._link.ask)
         self.ignore_range = ignore_range
-        self._abandoned = 0
         self.rate_ramp = rate_ramp
         self.set_faults(faults)
 
@@ -481,21 +234,19 @@ class GCSFront(LocalService):
     @property
     def faults(self) -> tuple[Fault, ...]:
         """The faults in force, in the order they are tried."""
-        return self._faults
+        return self._log.faults
 
     def set_faults(self, faults: Sequence[Fault]) -> None:
         """Replace the faults (thread-safe); their ``times`` allowances start afresh."""
         faults = tuple(faults)
         if not all(isinstance(fault, Fault) for fault in faults):
             raise ValueError("faults must be Fault instances")
-        with self._lock:
-            self._faults, self._fired = faults, [0] * len(faults)
+        self._log.set_faults(faults)
 
     @property
     def counts(self) -> Counter[str]:
         """Requests received so far by kind (a copy)."""
-        with self._lock:
-            return Counter(self._counts)
+        return self._log.counts
 
     @property
     def open_uploads(self) -> list[tuple[str, str]]:
@@ -511,52 +262,51 @@ class GCSFront(LocalService):
     @property
     def recorded(self) -> list[RecordedRequest]:
         """Every request received, as the client sent it, when the front was made with ``record=True``."""
-        with self._lock:
-            return list(self._recorded)
+        return self._log.recorded
 
     @property
     def unconditional_resends(self) -> list[str]:
         """``"METHOD /path?query"`` of every write sent again that GCS does not make safe to repeat (a
         late repeat could overwrite or delete a newer object); kept with ``lose_write_answers``."""
-        with self._lock:
-            return list(self._unconditional_resends)
+        return self._log.unconditional_resends
 
     @property
     def peak_connections(self) -> int:
         """The most client connections open at once since the last :meth:`reset_counts`."""
-        with self._lock:
-            return self._peak_connections
+        return self._log.peak_connections
 
     @property
     def abandoned_answers(self) -> int:
         """Answers whose client closed the connection before the front had sent all of their body."""
-        with self._lock:
-            return self._abandoned
+        return self._log.abandoned_answers
 
     @property
     def faults_injected(self) -> Counter[str]:
         """Faults injected so far by fault kind (a copy)."""
-        with self._lock:
-            return Counter(self._injected)
+        return self._log.faults_injected
 
     def reset_counts(self) -> None:
         """Zero :attr:`counts`, :attr:`faults_injected` and :attr:`multipart_completions`, and start
         :attr:`peak_connections` over from the connections open now (``times`` allowances are kept)."""
         self._multipart.forget_completions()
-        with self._lock:
-            self._counts.clear()
-            self._injected.clear()
-            self._peak_connections = len(self._connections)
+        self._log.reset()
 
     def start(self) -> Self:
         """Start serving (if not already); returns ``self``."""
         with self._lock:
             if self._server is not None:
                 return self
-            server = _Server(("127.0.0.1", 0), _Handler)
-            server.front = self
-            self._stopping = threading.Event()
-            self._pool = _UpstreamPool(self._upstream_address)
+            self._link.reopen()
+            server = FrontServer(
+                ("127.0.0.1", 0),
+                FrontHandler,
+                front=self,
+                log=self._log,
+                link=self._link,
+                uploads=self._multipart,
+                versions=self._versions,
+                listings=self._listings,
+            )
             self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
             self._thread = threading.Thread(
                 target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="gcs-front", daemon=True
@@ -569,51 +319,21 @@ class GCSFront(LocalService):
         """Stop serving and close every connection, stalled ones included; safe to call again."""
         with self._lock:
             server, self._server = self._server, None
-            connections = list(self._connections)
+            connections = self._log.connections
         if server is None:
             return
         server.shutdown()
         server.server_close()
-        self._stopping.set()
+        server.stopping.set()
         for connection in connections:
             try:
                 connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._pool.close()
+        self._link.close()
         if self._thread is not None:
             self._thread.join()
         self._multipart.close()
-
-    def _record(self, kind: str, request_line: str) -> Fault | None:
-        """Count one request and pick the fault to inject into it, if any."""
-        with self._lock:
-            self._counts[kind] += 1
-            for index, fault in enumerate(self._faults):
-                if fault.times is not None and self._fired[index] >= fault.times:
-                    continue
-                if not fault.applies_to(kind, request_line):
-                    continue
-                if fault.rate < 1.0 and self._random.random() >= fault.rate:
-                    continue
-                self._fired[index] += 1
-                self._injected[fault.kind] += 1
-                return fault
-        return None
-
-    def _loses_answer(self, method: str, target: str, headers: Any) -> bool:
-        """Whether to answer this write 503 after carrying it out: its first attempt, with
-        ``lose_write_answers``; a write seen before and not :func:`repeatable` is noted."""
-        if not self._lose_write_answers or not is_write(method, target):
-            return False
-        with self._lock:
-            if target not in self._writes_seen:
-                self._writes_seen.add(target)
-                self._injected["lost_answer"] += 1
-                return True
-            if not repeatable(method, target, headers):
-                self._unconditional_resends.append(f"{method} {target}")
-        return False
 
     def index_listings(self, bucket: str) -> int:
         """Answer list requests for ``bucket`` from a snapshot of its objects taken now.
@@ -634,806 +354,5 @@ class GCSFront(LocalService):
             if not page.get("nextPageToken"):
                 break
             params["pageToken"] = page["nextPageToken"]
-        with self._lock:
-            self._indexes[bucket] = ListingIndex(resources)
+        self._listings.keep(bucket, ListingIndex(resources))
         return len(resources)
-
-    def _live_generation(self, bucket: str, name: str) -> int | None:
-        """The generation of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        live = self._live_version(bucket, name)
-        return None if live is None else live[0]
-
-    def _live_version(self, bucket: str, name: str) -> tuple[int, str | None] | None:
-        """The generation and storage class of ``bucket/name`` upstream, or ``None`` if it does not exist."""
-        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=generation,storageClass"
-        status, answer = self._ask(path)
-        if status != 200:
-            return None
-        resource = json.loads(answer)
-        return int(resource["generation"]), resource.get("storageClass")
-
-    def _stored_size(self, bucket: str, name: str) -> str:
-        """The size of ``bucket/name`` upstream (``*`` if it is gone)."""
-        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}?fields=size")
-        return str(json.loads(answer).get("size", "*")) if status == 200 else "*"
-
-    def _bucket_exists(self, bucket: str) -> bool:
-        return self._ask(f"/storage/v1/b/{quote(bucket, safe='')}?fields=name")[0] == 200
-
-    def _holds_objects(self, bucket: str) -> bool:
-        status, answer = self._ask(f"/storage/v1/b/{quote(bucket, safe='')}/o?maxResults=1")
-        return status == 200 and bool(json.loads(answer).get("items"))
-
-    def _ask(self, path: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
-        """The status and body of a request (a GET by default, with a JSON ``body`` if given) of ``path``
-        upstream, for the front's own checks and acts."""
-        connection, _ = self._pool.get()
-        try:
-            connection.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
-            response = connection.getresponse()
-            answer = response.read()
-        except (OSError, http.client.HTTPException):
-            connection.close()
-            raise
-        self._pool.put(connection)
-        return response.status, answer
-
-    def _forget_indexes(self) -> None:
-        with self._lock:
-            self._indexes = {}
-
-    def _track(self, connection: socket.socket, open_: bool) -> None:
-        with self._lock:
-            if open_:
-                self._connections.add(connection)
-                self._peak_connections = max(self._peak_connections, len(self._connections))
-            else:
-                self._connections.discard(connection)
-
-    def _pause(self, seconds: float) -> bool:
-        """Sleep, cut short by ``stop()``; returns False when the front is stopping."""
-        if seconds > 0:
-            return not self._stopping.wait(seconds)
-        return not self._stopping.is_set()
-
-
-class _UpstreamPool:
-    """Idle keep-alive connections to the upstream, reused last-in first-out."""
-
-    def __init__(self, address: tuple[str, int], max_idle: int = 256, timeout: float = 120.0) -> None:
-        self._address = address
-        self._max_idle = max_idle
-        self._timeout = timeout
-        self._idle: list[http.client.HTTPConnection] = []
-        self._closed = False
-        self._lock = threading.Lock()
-
-    def get(self) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection, and whether it was used before (and so may have been closed by the peer)."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return http.client.HTTPConnection(*self._address, timeout=self._timeout), False
-
-    def put(self, connection: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(connection)
-                return
-        connection.close()
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle, self._closed = self._idle, [], True
-        for connection in idle:
-            connection.close()
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # many clients connect at once; the default backlog of 5 drops SYNs
-    front: GCSFront
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host's FQDN, which can be slow; it is not needed here.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], OSError):  # a client that went away is not an error
-            super().handle_error(request, client_address)
-
-
-def _head(status: int, reason: str, headers: list[tuple[str, str]]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {reason}\r\n", *(f"{name}: {value}\r\n" for name, value in headers), "\r\n"]
-    return "".join(lines).encode("latin-1")
-
-
-def _chunk_size(line: bytes) -> int:
-    try:
-        return int(line.split(b";", 1)[0], 16)
-    except ValueError:
-        raise ConnectionError(f"malformed chunk size line {line[:40]!r}") from None
-
-
-def _object_of(target: str) -> tuple[str | None, str | None]:
-    """``(bucket, name)`` of a JSON API object path (``name`` is ``None`` for a bucket's paths)."""
-    parts = target.partition("?")[0].split("/")
-    if parts[1:4] == ["storage", "v1", "b"] and len(parts) > 4:
-        offset = 4
-    elif parts[1:5] in (["download", "storage", "v1", "b"], ["upload", "storage", "v1", "b"]) and len(parts) > 5:
-        offset = 5
-    else:
-        return None, None
-    bucket = unquote(parts[offset])
-    rest = parts[offset + 1 :]
-    if len(rest) < 2 or rest[0] != "o" or not rest[1]:
-        return bucket, None
-    name = "/".join(rest[1:])
-    return bucket, unquote(name.removesuffix("/compose") if target.split("?")[0].endswith("/compose") else name)
-
-
-def _compose_request(data: bytes) -> tuple[list[dict[str, Any]], bool]:
-    """The ``sourceObjects`` of a compose request body (none if it is malformed: the emulator answers it),
-    and whether it asks for them to be deleted (``deleteSourceObjects``)."""
-    try:
-        request = json.loads(data)
-        sources = request.get("sourceObjects", [])
-    except (ValueError, AttributeError):
-        return [], False
-    deleting = request.get("deleteSourceObjects") is True
-    return ([source for source in sources if isinstance(source, dict)] if isinstance(sources, list) else []), deleting
-
-
-def _destination_custom_time(data: bytes) -> str | None:
-    """The ``destination.customTime`` of a compose request body, if it gives one."""
-    try:
-        time = json.loads(data).get("destination", {}).get("customTime")
-    except (ValueError, AttributeError):
-        return None
-    return time if isinstance(time, str) else None
-
-
-def _flip_one_byte(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """``chunks`` with one bit of the middle byte of the first non-empty chunk flipped."""
-    for chunk in chunks:
-        if chunk:
-            middle = len(chunk) // 2
-            yield chunk[:middle] + bytes([chunk[middle] ^ 0x01]) + chunk[middle + 1 :]
-            break
-        yield chunk
-    yield from chunks
-
-
-def _chunk(piece: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(piece), piece) if piece else b""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server: _Server
-
-    compose_class: str | None = None  # the storage class of the sources of the compose being forwarded
-    compose_custom_time: str | None = None  # the custom time the compose being forwarded gives its object
-    sources_to_delete: Sequence[tuple[str, int]] = ()  # its sources, with their generations, if it deletes them
-    stuck = False  # the request's answer names its own page token as the next one ("repeat_token")
-
-    def setup(self) -> None:
-        super().setup()
-        self.server.front._track(self.connection, True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.front._track(self.connection, False)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def _handle(self) -> None:
-        front = self.server.front
-        kind = request_kind(self.command, self.path, "Range" in self.headers)
-        fault = front._record(kind, f"{self.command} {self.path}")
-        self.stuck = fault is not None and fault.kind == "repeat_token"  # the answer is rewritten, not replaced
-        fault = None if self.stuck else fault
-        if fault is None and front.rate_ramp is not None and self._over_rate(front.rate_ramp, kind):
-            return
-        if kind in ("upload", "delete", "compose"):
-            front._forget_indexes()  # the bucket changes: its snapshot would go stale
-        if kind == "list" and self.path.startswith("/storage/"):
-            self.path = cap_list_page(self.path, front.page_size)
-            if fault is None and self._answer_from_index():
-                return
-        try:
-            body, chunked = self._request_body()
-        except ValueError:
-            self.close_connection = True  # the body's end is unknown
-            self._answer_error(400, "Bad Request", "malformed Content-Length")
-            return
-        if front._record_requests:
-            data = b"".join(body or ())
-            body = iter([data]) if body is not None else None
-            with front._lock:
-                front._recorded.append(RecordedRequest(self.command, self.path, list(self.headers.items()), data))
-        if fault is None and kind == "list" and (listing := front.bucket_overlay.listing(self.path)) is not None:
-            if front._pause(front.latency):
-                self._answer_error(*listing) if isinstance(listing, tuple) else self._answer_json(listing)
-            return
-        if fault is None and front._loses_answer(self.command, self.path, self.headers):
-            self._carry_out_unanswered(body, chunked, kind)
-            return
-        self._carry_out(body, chunked, kind, fault)
-
-    def _over_rate(self, ramp: RateRamp, kind: str) -> bool:
-        """Answer 429 as GCS does if this object request is over its bucket's rate (see ``_rate_ramp``)."""
-        write = is_write(self.command, self.path)
-        bucket = bucket_of(self.path)
-        if bucket is None or kind not in (WRITES if write else READS) or ramp.admit(bucket, write):
-            return False
-        try:
-            for _ in self._request_body()[0] or ():  # take the whole request, so the connection stays usable
-                pass
-        except ValueError:
-            self.close_connection = True
-        if not self.server.front._pause(self.server.front.latency):
-            self._close_now()
-            return True
-        content_type, body = rate_limited(bucket, xml=not self.path.startswith(_JSON_PREFIXES))
-        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
-        if self.close_connection:
-            headers.append(("Connection", "close"))
-        self.wfile.write(_head(429, "Too Many Requests", headers) + (b"" if self.command == "HEAD" else body))
-        return True
-
-    def _carry_out_unanswered(self, body: Iterator[bytes] | None, chunked: bool, kind: str) -> None:
-        """Carry the request out, drop upstream's answer and answer 503 instead: a lost answer."""
-        answer, self.wfile = self.wfile, io.BytesIO()
-        try:
-            self._carry_out(body, chunked, kind, None)
-        finally:
-            self.wfile = answer
-        if self.connection.fileno() != -1:  # not closed while carrying out
-            self._answer_error(503, "Service Unavailable", "injected by the test front: the answer was lost")
-
-    def _carry_out(self, body: Iterator[bytes] | None, chunked: bool, kind: str, fault: Fault | None) -> None:
-        front = self.server.front
-        if fault is not None and fault.kind not in ("truncate", "corrupt"):
-            for _ in body or ():  # take the whole request, so the client waits for an answer
-                pass
-            if front._pause(front.latency):
-                self._inject(fault)
-            else:
-                self._close_now()
-            return
-        needed = bucket_permission(self.command, self.path.partition("?")[0]) if front.object_only else None
-        if needed is not None:
-            for _ in body or ():
-                pass
-            if front._pause(front.latency):
-                self._answer_error(*denied(*needed), error_reason="forbidden")
-            else:
-                self._close_now()
-            return
-        if kind == "batch":
-            try:
-                calls = batch_calls(self.headers.get("Content-Type", ""), b"".join(body or ()))
-            except ValueError as exc:
-                self._answer_error(400, "Bad Request", str(exc))
-                return
-            answer = answer_batch((self.server.server_name, self.server.server_port), self.headers.items(), calls)
-            if fault is not None and fault.kind == "truncate":  # carried out, its answer cut on the way
-                self.wfile.write(answer[: len(answer) // 2])
-                self._close_now()
-                return
-            self.wfile.write(answer)
-            return
-        truncate = fault is not None and fault.kind == "truncate"
-        corrupt_answer = fault is not None and fault.kind == "corrupt" and body is None
-        if fault is not None and fault.kind == "corrupt" and body is not None:
-            body = _flip_one_byte(body)
-        if is_multipart_request(self.command, self.path):
-            self._answer_multipart(body, truncate=truncate)
-            return
-        sources: list[dict[str, Any]] = []
-        deletes_sources = False
-        if kind == "compose" and self.command == "POST":
-            data = b"".join(body or ())
-            body = iter([data])
-            sources, deletes_sources = _compose_request(data)
-            self.compose_custom_time = _destination_custom_time(data)
-        content_length = None
-        if kind == "upload" and body is not None:
-            body, longer = front.bucket_overlay.upload_body(self.path, self.headers.get("Content-Type", ""), body)
-            content_length = int(self.headers.get("Content-Length") or 0) + longer if longer else None
-        if not front._pause(front.latency):
-            self._close_now()
-            return
-        path, _, query = self.path.partition("?")
-        params = dict(parse_qsl(query, keep_blank_values=True))
-        checked = (kind in ("upload", "delete", "compose") or "/rewriteTo/" in path) and params.keys() & {
-            "ifGenerationMatch",
-            "ifGenerationNotMatch",
-        }
-        if kind == "compose" and self._answer_not_found(kind, _object_of(path)[0], None):  # its bucket, first
-            for _ in body or ():
-                pass
-            return
-        if self.command == "GET" and _STORAGE_LAYOUT.fullmatch(path):
-            self._answer_storage_layout(unquote(path.split("/")[4]))
-            return
-        folders_answer = front.folders.answer(self.command, path, params, lambda: b"".join(body or ()))
-        if folders_answer is not None:
-            self._answer_folders(*folders_answer)
-            return
-        if kind == "list" and "matchGlob" in params and self._answer_match_glob(path, params):
-            return
-        if self._answer_version(kind, path, params):
-            return
-        patched = front.patches.target(self.command, path)
-        if patched is not None:  # preconditions, removed keys and metagenerations, which the emulator lacks
-            data = b"".join(body or ())
-            with front.rules.writes:
-                answer = front.patches.patch(*patched, params, data)
-            if isinstance(answer, tuple):
-                self._answer_error(*answer)
-                return
-            if answer is not None:
-                self._answer_json(json.loads(answer))
-                return
-            body = iter([data])
-        if checked and body is not None:  # taken in at the client's pace first, so only the write holds the lock
-            body = iter([b"".join(body)])
-        with front.rules.writes if checked else contextlib.nullcontext():  # check and write at once
-            refusal = self._compose_refusal(sources, deletes_sources) if kind == "compose" else None
-            refusal = refusal or front.rules.precondition_refusal(self.command, path, params)
-            refusal = refusal or bucket_call_refusal(self.command, path, params, front._holds_objects)
-            deleting = kind == "delete" and refusal is None
-            deletion = front.bucket_overlay.deletion(*_object_of(path), params) if deleting else None
-            refusal = refusal or (deletion.refusal if deletion is not None else None)
-            if refusal is not None:
-                for _ in body or ():
-                    pass
-                self._answer_error(*refusal)
-                return
-            self._forward(
-                body,
-                chunked,
-                truncate=truncate,
-                corrupt=corrupt_answer,
-                kind=kind,
-                sources=sources,
-                content_length=content_length,
-            )
-            if deletion is not None:
-                deletion.settle()
-
-    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
-
-    def _note_kms_key(self, kind: str, answer: bytes) -> None:
-        """Record the Cloud KMS key an upload or compose (``kmsKeyName``) or a finished rewrite
-        (``destinationKmsKeyName``) wrote its object with, which the emulator ignores, so the object's
-        resources name it as GCS's do."""
-        params = dict(parse_qsl(self.path.partition("?")[2]))
-        written = json.loads(answer)
-        if "/rewriteTo/" in self.path:
-            key, written = params.get("destinationKmsKeyName"), written.get("resource") if written.get("done") else None
-        else:
-            key = params.get("kmsKeyName") if kind in ("upload", "compose") else None
-        if key is not None and written is not None:
-            self.server.front.rules.add_kms_key(written["bucket"], written["name"], int(written["generation"]), key)
-
-    def _answer_multipart(self, body: Iterator[bytes] | None, *, truncate: bool) -> None:
-        """Serve an XML API multipart upload request, which the emulator lacks; ``truncate`` carries the
-        request out but cuts the answer's body in half (an answer lost on the way)."""
-        front = self.server.front
-        completing = self.command == "POST" and front._multipart.unfinished(self.path) is not None
-        delay, answer = (front.completion_delay, front.completion_answer) if completing else (0.0, "late")
-        if answer == "late" and not front._pause(delay):  # the completion takes its time, then happens
-            self._close_now()
-            return
-        status, reason, headers, payload = front._multipart.answer(self.command, self.path, self.headers, body)
-        payload = stuck_page(self.path, payload) if self.stuck and status == 200 else payload
-        if answer == "lost":  # done at once, and the answer never comes
-            front._pause(delay)
-            self._close_now()
-            return
-        if front._pause(front.latency):
-            headers = [*headers, ("Content-Length", str(len(payload)))]
-            self.wfile.write(_head(status, reason, headers) + (payload[: len(payload) // 2] if truncate else payload))
-            if truncate:
-                self._close_now()
-        else:
-            self._close_now()
-
-    def _answer_from_index(self) -> bool:
-        """Answer a list request from the front's snapshot of its bucket, if it has one that fits."""
-        front = self.server.front
-        path, _, query = self.path.partition("?")
-        index = front._indexes.get(unquote(path.split("/")[4]))
-        if index is None:
-            return False
-        try:
-            page = index.page(dict(parse_qsl(query, keep_blank_values=True)))
-        except ValueError as exc:
-            if front._pause(front.latency):
-                self._answer_error(400, "Bad Request", str(exc))
-            return True
-        if page is None:
-            return False
-        if front._pause(front.latency):
-            self._answer_json(page)
-        return True
-
-    def _answer_version(self, kind: str, path: str, params: dict[str, str]) -> bool:
-        """Answer as GCS does a JSON API read or delete of a version by its ``generation`` where the emulator
-        would not (see ``_versions``); False when the request is to go upstream."""
-        bucket, name = _object_of(path)
-        if "generation" not in params or bucket is None or name is None or not params["generation"].isdigit():
-            return False
-        versions, generation = self.server.front._versions, int(params["generation"])
-        if kind == "delete":
-            with self.server.front.rules.writes:
-                outcome = versions.delete(bucket, name, generation)
-            if outcome is True:
-                return False
-            if outcome is False:
-                self.wfile.write(_head(204, "No Content", []))
-            else:
-                self._answer_error(*outcome)
-            return True
-        if self.command == "GET" and versions.gone(bucket, name, generation):
-            self._answer_error(404, "Not Found", f"No such object: {bucket}/{name}#{generation}")
-            return True
-        return False
-
-    def _answer_match_glob(self, path: str, params: dict[str, str]) -> bool:
-        """Answer a JSON API list request with ``matchGlob`` as GCS does (the emulator ignores it); 400 if
-        the glob is invalid. False when the front leaves it upstream (see ``glob_page``)."""
-        rules = self.server.front.rules
-        try:
-            page = glob_page(params, path, self.server.front._ask)
-        except ValueError as exc:
-            message = f"Invalid matchGlob {params['matchGlob']!r}: {exc}"
-            self._answer_error(400, "Bad Request", message, error_reason="invalid")
-            return True
-        if page is not None:
-            self._answer_json(json.loads(rules.rewrite_resources(json.dumps(page).encode())))
-        return page is not None
-
-    def _answer_json(self, document: dict[str, Any]) -> None:
-        body = json.dumps(document).encode()
-        body = stuck_page(self.path, body) if self.stuck else body
-        headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
-        self.wfile.write(_head(200, "OK", headers) + body)
-
-    def _answer_storage_layout(self, bucket: str) -> None:
-        """GCS's ``getStorageLayout``, which the emulator lacks: the bucket's location as upstream reports it,
-        and whether the front gives it a hierarchical namespace."""
-        if self._answer_not_found("metadata", bucket, None):
-            return
-        resource = json.loads(self.server.front._ask(f"/storage/v1/b/{quote(bucket, safe='')}")[1])
-        enabled = bucket in self.server.front.folders.hierarchical
-        layout = {"kind": "storage#storageLayout", "bucket": bucket, "hierarchicalNamespace": {"enabled": enabled}}
-        layout.update({key: resource[key] for key in ("location", "locationType") if key in resource})
-        self._answer_json(layout)
-
-    def _answer_folders(self, status: int, reason: str, content: Content) -> None:
-        """Send the front's own answer about folders: an error message, no body (204), or a JSON document."""
-        if isinstance(content, str):
-            self._answer_error(status, reason, content)
-        elif content is None:
-            self.wfile.write(_head(status, reason, []))
-        else:
-            body = self.server.front.rules.rewrite_resources(json.dumps(content).encode())
-            headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body)))]
-            self.wfile.write(_head(status, reason, headers) + body)
-
-    def _compose_refusal(self, sources: list[dict[str, Any]], deleting: bool = False) -> tuple[int, str, str] | None:
-        """GCS's answer to a compose whose sources are missing or changed; the emulator checks neither.
-
-        More than 32 sources (GCS's limit per call) get 400; a source that does not exist, or whose
-        ``generation`` is not the live one (buckets without versioning keep no other), 404; a failed
-        ``objectPreconditions.ifGenerationMatch``, 412; sources of more than one storage class, 400
-        (the emulator composes them, and makes the composite Standard). A compose that would delete
-        its sources (``deleteSourceObjects``, which the emulator ignores) is refused with the 403 of a
-        held object's delete if one of them is held; otherwise the front deletes them once it is done.
-        """
-        bucket = unquote(self.path.split("/")[4])
-        if len(sources) > MAX_COMPOSE_SOURCES:
-            return (
-                400,
-                "Bad Request",
-                f"The number of source components provided ({len(sources)}) exceeds the maximum (32)",
-            )
-        front = self.server.front
-        classes = set()
-        versions: list[tuple[str, int]] = []
-        self.compose_class, self.sources_to_delete = None, ()
-        for source in sources:
-            name = str(source.get("name", ""))
-            version = front._live_version(bucket, name)
-            live, storage_class = version if version is not None else (None, None)
-            pinned = source.get("generation")
-            if live is None or (pinned is not None and int(pinned) != live):
-                return 404, "Not Found", f"No such object: {bucket}/{name}" + (f"#{pinned}" if pinned else "")
-            wanted = (source.get("objectPreconditions") or {}).get("ifGenerationMatch")
-            if wanted is not None and int(wanted) != live:
-                return 412, "Precondition Failed", "At least one of the pre-conditions you specified did not hold."
-            classes.add(storage_class)
-            versions.append((name, live))
-            if deleting and front.bucket_overlay.held(bucket, live):
-                return front.bucket_overlay.hold_refusal(bucket, name)
-        if len(classes) > 1:
-            return 400, "Bad Request", "All of the source objects must have the same storage class."
-        self.compose_class = classes.pop() if classes else None
-        self.sources_to_delete = versions if deleting else ()
-        return None
-
-    def _request_body(self) -> tuple[Iterator[bytes] | None, bool]:
-        """The request body as it arrives, and whether it is chunked."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(), True
-        length = int(self.headers.get("Content-Length") or 0)
-        if length < 0:
-            raise ValueError(length)
-        return (self._read_exact(length) if length else None), False
-
-    def _read_exact(self, length: int) -> Iterator[bytes]:
-        """``length`` bytes of the request body, taken in at most ``bandwidth`` bytes/s."""
-        front = self.server.front
-        bandwidth = front.bandwidth
-        size = CHUNK if bandwidth is None else int(min(CHUNK, max(1024, bandwidth / 20)))
-        received, started = 0, time.monotonic()
-        while length > 0:
-            piece = self.rfile.read(min(size, length))
-            if not piece:
-                raise ConnectionError("the client closed the connection in the middle of its body")
-            length -= len(piece)
-            received += len(piece)
-            yield piece
-            if bandwidth is not None and not front._pause(started + received / bandwidth - time.monotonic()):
-                raise ConnectionError("the front is stopping")
-
-    def _read_chunked(self) -> Iterator[bytes]:
-        while size := _chunk_size(self.rfile.readline(1024)):
-            yield from self._read_exact(size)
-            self.rfile.readline(1024)  # the CRLF after each chunk
-        while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailers, dropped
-            pass
-
-    def _close_now(self) -> None:
-        self.close_connection = True
-        self.rfile.close()
-        self.connection.close()
-
-    def _answer_error(
-        self,
-        status: int,
-        reason: str,
-        message: str,
-        extra: Sequence[tuple[str, str]] = (),
-        *,
-        error_reason: str | None = None,
-    ) -> None:
-        """Answer ``status`` with a JSON error body shaped like GCS's (``error_reason``: its ``errors[].reason``,
-        if not ``reason``)."""
-        error = {"domain": "global", "reason": error_reason or reason, "message": message}
-        body = json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
-        headers = [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(body))), *extra]
-        if self.close_connection:
-            headers.append(("Connection", "close"))
-        self.wfile.write(_head(status, reason, headers) + (b"" if self.command == "HEAD" else body))
-
-    def _answer_not_found(self, kind: str, bucket: str | None, name: str | None) -> bool:
-        """Answer a 404 from upstream as GCS words it (see ``GCSRules.not_found``); False where the
-        path names no bucket, or the bucket exists and no object: upstream's answer then stands."""
-        path = self.path.partition("?")[0]
-        api = "json"
-        if bucket is None and not path.startswith(_JSON_PREFIXES):  # the XML API: /bucket/object
-            api, (bucket, _, named) = "xml", unquote(path[1:]).partition("/")
-            name = named or None
-        if not bucket:
-            return False
-        if kind in ("get", "range_get") and api == "json":
-            api = "media"
-        answer = self.server.front.rules.not_found(bucket, name, api)
-        if answer is None:
-            return False
-        content_type, body = answer
-        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
-        if self.close_connection:
-            headers.append(("Connection", "close"))
-        self.wfile.write(_head(404, "Not Found", headers) + (b"" if self.command == "HEAD" else body))
-        return True
-
-    def _inject(self, fault: Fault) -> None:
-        if fault.kind in _HTTP_FAULTS:
-            status, reason, message = _HTTP_FAULTS[fault.kind]
-            extra = [] if fault.retry_after is None else [("Retry-After", f"{fault.retry_after:g}")]
-            self._answer_error(status, reason, message, extra)
-        elif fault.kind == "html_200":
-            headers = [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(_HTML_PAGE)))]
-            self.wfile.write(_head(200, "OK", headers) + (b"" if self.command == "HEAD" else _HTML_PAGE))
-        elif fault.kind == "reset":  # SO_LINGER 0: close() sends RST instead of FIN
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self._close_now()
-        else:  # stall
-            self.server.front._pause(fault.stall_seconds)
-            self._close_now()
-
-    def _forward(
-        self,
-        body: Iterator[bytes] | None,
-        chunked: bool,
-        *,
-        truncate: bool,
-        corrupt: bool = False,
-        kind: str = "other",
-        sources: Sequence[dict[str, Any]] = (),
-        content_length: int | None = None,
-    ) -> None:
-        try:
-            connection, response = self._exchange(body, chunked, content_length)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            self.close_connection = True
-            self._answer_error(
-                502, "Bad Gateway", f"the test front could not reach {self.server.front.upstream}: {exc!r}"
-            )
-            return
-        complete = False
-        try:
-            complete = self._relay(response, truncate, corrupt, kind, sources)
-        except (BrokenPipeError, ConnectionResetError):  # the client closed the connection mid-answer
-            with self.server.front._lock:
-                self.server.front._abandoned += 1
-            raise
-        finally:
-            if complete:
-                self.server.front._pool.put(connection)
-            else:
-                self.close_connection = True
-                response.close()
-                connection.close()
-
-    def _exchange(
-        self, body: Iterator[bytes] | None, chunked: bool, content_length: int | None = None
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Send the request upstream, streaming its body (a bodiless one skips stale pooled connections);
-        ``content_length``: that of a body the front rewrote."""
-        dropped = _HOP_BY_HOP | {token.strip().lower() for token in self.headers.get("Connection", "").split(",")}
-        if self.server.front.ignore_range:
-            dropped |= {"range"}
-        if chunked or content_length is not None:
-            dropped |= {"content-length"}
-        headers = [(name, value) for name, value in self.headers.items() if name.lower() not in dropped]
-        if chunked:
-            headers.append(("Transfer-Encoding", "chunked"))
-        elif content_length is not None:
-            headers.append(("Content-Length", str(content_length)))
-        while True:
-            connection, reused = self.server.front._pool.get()
-            try:
-                connection.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
-                for name, value in headers:
-                    connection.putheader(name, value)
-                connection.endheaders()
-                if body is not None:
-                    for piece in body:
-                        connection.send(_chunk(piece) if chunked else piece)
-                    if chunked:
-                        connection.send(b"0\r\n\r\n")
-                return connection, connection.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                connection.close()
-                if not reused or body is not None:
-                    raise
-            except BaseException:
-                connection.close()
-                raise
-
-    def _relay(
-        self,
-        response: http.client.HTTPResponse,
-        truncate: bool,
-        corrupt: bool = False,
-        kind: str = "other",
-        sources: Sequence[dict[str, Any]] = (),
-    ) -> bool:
-        """Stream ``response`` to the client (with one byte flipped if ``corrupt``) as GCS would send
-        it (see ``GCSRules``); returns whether it was read to its end."""
-        front = self.server.front
-        rules = front.rules
-        has_body = self.command != "HEAD" and response.status >= 200 and response.status not in (204, 304)
-        bucket, name = _object_of(self.path)
-        if response.status == 404 and self._answer_not_found(kind, bucket, name):
-            response.read()
-            return True
-        if response.status == 416 and bucket is not None and name is not None:  # GCS names the object's size
-            response.read()
-            size = front._stored_size(bucket, name)
-            self._answer_error(
-                416,
-                "Requested range not satisfiable",
-                "Request range not satisfiable",
-                [("Content-Range", f"bytes */{size}")],
-            )
-            return True
-        headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
-        status, reason = response.status, response.reason
-        if kind == "delete" and status == 200 and self.path.startswith("/storage/"):  # GCS: 204, no body
-            status, reason, has_body = 204, "No Content", False
-            headers = [(k, v) for k, v in headers if k.lower() not in ("content-length", "content-type")]
-        source: io.BufferedIOBase | http.client.HTTPResponse = response
-        length = response.length  # None: chunked or until close
-        json_answer = response.getheader("Content-Type", "").startswith("application/json")
-        rewrite = "/rewriteTo/" in self.path
-        if has_body and response.status == 200 and json_answer and (kind in _DESCRIBED or rewrite):
-            data = response.read()  # object resources are small: rewritten whole
-            if kind == "compose" and bucket is not None and name is not None:
-                generation = json.loads(data).get("generation")
-                if generation is not None:
-                    components = rules.components_of(bucket, sources)
-                    rules.add_composite(bucket, name, int(generation), components, self.compose_class)
-                    for source, source_generation in self.sources_to_delete:  # for good: no soft-deleted copy
-                        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(source, safe='')}"
-                        front._ask(f"{path}?generation={source_generation}", "DELETE")
-                    if self.compose_custom_time is not None:  # the emulator's compose drops it; GCS keeps it
-                        path = f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
-                        front._ask(path, "PATCH", json.dumps({"customTime": self.compose_custom_time}).encode())
-                        data = front._ask(f"{path}?generation={generation}&projection=noAcl")[1]
-            self._note_kms_key(kind, data)
-            data = front.bucket_overlay.answer(self.path, front.patches.rewrite(rules.rewrite_resources(data)))
-            data = front._versions.listing(bucket, data) if kind == "list" and bucket is not None else data
-            data = front.folders.describe_bucket(self.path, data)
-            data = stuck_page(self.path, data) if self.stuck else data
-            if _accepts_gzip(self.headers.get("Accept-Encoding", "")):  # GCS compresses JSON answers when asked
-                data = gzip.compress(data)
-                headers.append(("Content-Encoding", "gzip"))
-            source, length = io.BytesIO(data), len(data)
-            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(length))]
-        headers = rules.answer_headers(headers, bucket=bucket, name=name)
-        rechunk = (
-            has_body and (length is None or not rules.sends("content-length")) and self.request_version == "HTTP/1.1"
-        )
-        if has_body and length is None and not rechunk:
-            self.close_connection = True
-        if rechunk:
-            headers.append(("Transfer-Encoding", "chunked"))
-        if self.close_connection:
-            headers.append(("Connection", "close"))
-        pending = _head(status, reason, headers)
-        if not has_body:
-            self.wfile.write(pending)
-            response.read()
-            return True
-        bandwidth = front.bandwidth
-        size = CHUNK if bandwidth is None else int(min(CHUNK, max(1024, bandwidth / 20)))
-        cut_at = (length // 2 if length is not None else -1) if truncate else None  # -1: half the first piece
-        sent, started = 0, time.monotonic()
-        while True:
-            piece = source.read1(size)
-            if cut_at == -1:
-                cut_at = len(piece) // 2
-            if cut_at is not None and sent + len(piece) >= cut_at:
-                piece = piece[: cut_at - sent]
-                self.wfile.write(pending + (_chunk(piece) if rechunk else piece))
-                self.close_connection = True
-                return False
-            if not piece:
-                break
-            if corrupt:
-                piece, corrupt = next(_flip_one_byte(iter([piece]))), False
-            self.wfile.write(pending + (_chunk(piece) if rechunk else piece))
-            pending = b""
-            sent += len(piece)
-            if bandwidth is not None and not front._pause(started + sent / bandwidth - time.monotonic()):
-                return False
-        if pending or rechunk:
-            self.wfile.write(pending + (b"0\r\n\r\n" if rechunk else b""))
-        response.read()  # marks the response finished, so its connection can be reused
-        if length is not None and sent < length:  # upstream stopped early: the client must see a cut too
-            self.close_connection = True
-            return False
-        return True

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import base64
 import bisect
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._ops.paging import MAX_PAGE_SIZE
 
-__all__ = ["ListingIndex", "parse_fields"]
+__all__ = ["ListingIndex", "ListingSnapshots", "parse_fields"]
 
 _SUPPORTED = frozenset(
     {
@@ -128,3 +129,23 @@ class ListingIndex:
                 value = [{name: item[name] for name in sub if name in item} for item in value]
             selected[key] = value
         return selected
+
+
+class ListingSnapshots:
+    """The snapshots a front answers list requests from, by bucket (see ``GCSFront.index_listings``); a write
+    through the front drops them all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._indexes: dict[str, ListingIndex] = {}
+
+    def keep(self, bucket: str, index: ListingIndex) -> None:
+        with self._lock:
+            self._indexes[bucket] = index
+
+    def of(self, bucket: str) -> ListingIndex | None:
+        return self._indexes.get(bucket)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._indexes = {}
