@@ -348,3 +348,48 @@ def test_no_datapipe_type_outside_the_datapipes() -> None:
             continue
         found += [f"{name} imports {t}" for t in absolute_imports(path) if t.startswith(DATAPIPE_MODULES)]
     assert sorted(found) == []
+
+
+IGNORE = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[^\]]*\])?(?P<rest>.*)$")
+
+
+def test_every_type_ignore_names_its_error_and_says_why() -> None:
+    """mypy checks the package (pyproject.toml): what it is told to ignore names the error ignored and carries
+    the reason beside it, ``# type: ignore[code]  # why``."""
+    found = []
+    for path in modules():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            match = IGNORE.search(line)
+            if match and not (match["codes"] and re.match(r"\s+#\s*\S", match["rest"])):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{number}")
+    assert found == []
+
+
+MAX_MODULE_LINES = 700
+
+
+def test_no_room_is_too_big_to_live_in() -> None:
+    """No module above ~700 lines: a class with dozens of methods is a package."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}: {lines} lines"
+        for path in modules()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert found == []
+
+
+def test_the_endpoint_is_resolved_in_one_place() -> None:
+    """Where requests go is decided once, when a client is made (``Destination.of``): nothing else calls
+    ``resolve_endpoint``, and no front end builds default client settings of its own."""
+    found = []
+    for path in modules():
+        name = str(path.relative_to(PACKAGE.parent))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called == "resolve_endpoint" and name != "torchdata_gcs/_transport/session.py":
+                found.append(f"{name}:{node.lineno} resolves the endpoint")
+            if called == "ClientConfig" and not (node.args or node.keywords) and name != "torchdata_gcs/_ops/client.py":
+                found.append(f"{name}:{node.lineno} makes default client settings")
+    assert found == []

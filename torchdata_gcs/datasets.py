@@ -8,10 +8,11 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
-from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Any, Generic, cast
 
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from typing_extensions import TypeVar
 
 from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
 from ._engines.inputs import list_inputs
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GCSIterableDataset", "GCSMapDataset", "elastic_state"]
 
-T = TypeVar("T")
+T = TypeVar("T", default=tuple[str, bytes])  # an item: (url, bytes) unless a transform makes another
 
 Objects = str | Sequence[str] | Sequence[tuple[str, ObjectInfo]]
 """What a dataset reads: ``gs://`` prefixes, object URLs or globs to list, or ``(url, ObjectInfo)`` pairs
@@ -104,7 +105,7 @@ class _Dataset(Generic[T]):
             ...     [url for url, _ in ds]
             ['gs://demo/train/a.jpg', 'gs://demo/train/b.jpg']
         """
-        return cls(urls, **settings)  # type: ignore[call-arg]
+        return cls(urls, **settings)  # type: ignore[call-arg]  # the class is a dataset, whose __init__ takes the urls
 
     @classmethod
     def from_objects(
@@ -143,7 +144,7 @@ class _Dataset(Generic[T]):
             else:
                 missing += 1
                 warnings.warn(f"skipping {url}: no such object", MissingObjectWarning, stacklevel=2)
-        dataset = cls(pairs, client=client, retry=retry, **settings)  # type: ignore[call-arg]
+        dataset = cls(pairs, client=client, retry=retry, **settings)  # type: ignore[call-arg]  # as above
         dataset._stats.local().missing += missing
         return dataset
 
@@ -197,7 +198,7 @@ def _pairs(objects: Objects) -> list[tuple[str, ObjectInfo]] | None:
         )
     for url, _ in pairs:
         parse_url(url, allow_prefix=False)
-    return cast(list[tuple[str, ObjectInfo]], pairs)
+    return pairs
 
 
 class GCSMapDataset(_Dataset[T], Dataset[T]):

@@ -98,7 +98,7 @@ class _WriteStream(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         chunk = data if isinstance(data, bytes) else bytes(memoryview(data).cast("B"))  # the writer keeps bytes anyway
         try:
             written = self._writer.write(chunk)
@@ -416,7 +416,7 @@ class GCSStorageWriter(FileSystemWriter):
             overwrite=overwrite,
             _extensions=_extensions,
         )
-        self.fs: _GCSFileSystem = _GCSFileSystem(client, None, retry, write)  # type: ignore[assignment]
+        self.fs: _GCSFileSystem = _GCSFileSystem(client, None, retry, write)  # type: ignore[assignment]  # torch's FsspecWriter declares its fs as fsspec's
         self.path: str = self.fs.init_path(path)
 
     def _metadata_url(self) -> str:
@@ -549,7 +549,7 @@ class GCSStorageReader(FileSystemReader):
     ) -> None:
         super().__init__(path, _extension_registry=_extension_registry)
         transfer = transfer or TransferConfig(max_buffered_bytes=READ_AHEAD)
-        self.fs: _GCSFileSystem = _GCSFileSystem(client, transfer, retry)  # type: ignore[assignment]
+        self.fs: _GCSFileSystem = _GCSFileSystem(client, transfer, retry)  # type: ignore[assignment]  # as above, for the reader
         self.path: str = self.fs.init_path(path)
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any
+from typing import Any, cast
 
 from ._engines import checkpoints
 from ._engines.checkpoints import Strategy, write_config
@@ -133,7 +133,8 @@ class GCSCheckpointIO(CheckpointIO):
         url = self._gcs_url(path)
         if url is None:
             return self._local.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        return checkpoints.load(url, self._gcs, map_location=map_location, weights_only=weights_only)
+        loaded = checkpoints.load(url, self._gcs, map_location=map_location, weights_only=weights_only)
+        return cast(dict[str, Any], loaded)  # what Lightning saved: its checkpoint's dict
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete the checkpoint at ``path``; a missing one is no error, as with ``TorchCheckpointIO``."""

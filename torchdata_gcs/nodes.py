@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
-from typing import IO, Any
+from typing import IO, Any, cast
 
 try:
     from torchdata.nodes import BaseNode
@@ -20,6 +20,8 @@ except ImportError as exc:  # torchdata 0.9 or none
     raise ImportError(
         "torchdata_gcs.nodes needs torchdata >= 0.10, which has torchdata.nodes: pip install 'torchdata>=0.10'"
     ) from exc
+
+from typing_extensions import TypeVar
 
 from ._engines.compose import COMPOSED_CLASSES, Composing
 from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
@@ -40,6 +42,8 @@ from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
 from .errors import InvalidURIError
 
 __all__ = ["ComposeShards", "EpochObjects", "ListFiles", "LoadFiles"]
+
+T = TypeVar("T", default=tuple[str, IO[bytes]])  # an item: (url, stream) unless a transform makes another
 
 
 class ListFiles(BaseNode[Item]):
@@ -69,7 +73,7 @@ class ListFiles(BaseNode[Item]):
         skip_missing: bool = False,
         list_once: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torchdata's BaseNode.__init__ has no annotations
         self.urls = url_list(urls)
         require_integer("concurrency", concurrency, 1, 256)
         self.masks = [masks] if isinstance(masks, str) else list(masks)
@@ -150,7 +154,7 @@ class EpochObjects(BaseNode[Item]):
     def __init__(
         self, source: BaseNode[Item], *, shuffle: bool = False, seed: int = 0, drop_last: bool = False
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torchdata's BaseNode.__init__ has no annotations
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
         self.source, self.shuffle, self.seed, self.drop_last = source, shuffle, seed, drop_last
@@ -210,21 +214,21 @@ class EpochObjects(BaseNode[Item]):
         }
 
 
-class _Reading(BaseNode[Any]):
+class _Reading(BaseNode[T]):
     """A node that reads its source's objects ahead, in order (runs of small ones together as ``grouping``
     says, if given), and whose state is its source's state as of the last object it handed out."""
 
     def __init__(
         self,
         source: BaseNode[Item],
-        transform: Transform[Any] | None,
+        transform: Transform[T] | None,
         skip_missing: bool,
         grouping: Grouping | None,
         client: GCSClient | ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torchdata's BaseNode.__init__ has no annotations
         self.source, self.transform, self.skip_missing = source, transform, skip_missing
         self._make_item = None if transform is None else ItemMaker(transform)
         self._grouping = grouping
@@ -256,12 +260,14 @@ class _Reading(BaseNode[Any]):
             self._states.append((pair[0], self.source.state_dict()))
             yield pair
 
-    def next(self) -> Any:
+    def next(self) -> T:
         url, stream = next(self._loaded)
         pulled = ""
         while pulled != url:  # the states of objects skipped as missing go with them
             pulled, self._state = self._states.popleft()
-        return (url, stream) if self._make_item is None else self._make_item(url, stream)
+        if self._make_item is None:
+            return cast(T, (url, stream))  # T is (url, stream) where no transform is given: its default
+        return self._make_item(url, stream)
 
     def get_state(self) -> dict[str, Any]:
         return {"source": self._state}
@@ -273,7 +279,7 @@ class _Reading(BaseNode[Any]):
         return stall_report({process_name(): (self.stats, self._waits)})
 
 
-class LoadFiles(_Reading):
+class LoadFiles(_Reading[T]):
     """``(url, stream)`` for each URL or ``(url, ObjectInfo)`` of ``source``, in order, up to
     ``transfer.max_in_flight`` requests ahead; or, with ``transform``, the item it makes of each:
     ``transform(stream)`` for a callable that takes one positional argument (``stream.name`` is the URL),
@@ -287,7 +293,7 @@ class LoadFiles(_Reading):
         self,
         source: BaseNode[Item],
         *,
-        transform: Transform[Any] | None = None,
+        transform: Transform[T] | None = None,
         skip_missing: bool = False,
         client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
@@ -296,7 +302,7 @@ class LoadFiles(_Reading):
         super().__init__(source, transform, skip_missing, None, client, transfer, retry)
 
 
-class ComposeShards(_Reading):
+class ComposeShards(_Reading[T]):
     """As :class:`LoadFiles`, with runs of small objects read as server-side composites (see
     ``compose_shards_by_gcs``, whose settings these are); the source should list ``with_metadata``."""
 
@@ -304,7 +310,7 @@ class ComposeShards(_Reading):
         self,
         source: BaseNode[Item],
         *,
-        transform: Transform[Any] | None = None,
+        transform: Transform[T] | None = None,
         max_sources: int = MAX_SOURCES,
         max_composite_bytes: int = 32 * 1024 * 1024,
         reuse_prefix: str | None = None,

@@ -207,7 +207,7 @@ def save_sharded(
     return f"{folder}/{INDEX_NAME}"
 
 
-_UNITS = {"B": 1, **{f"{unit}B": 1000**power for power, unit in enumerate("KMGT", 1)}}
+_UNITS: dict[str, int] = {"B": 1, **{f"{unit}B": 1000**power for power, unit in enumerate("KMGT", 1)}}
 _UNITS.update({f"{unit}IB": 1024**power for power, unit in enumerate("KMGT", 1)})
 
 

@@ -94,7 +94,7 @@ class StallWatch(Generic[T]):
             yield batch
 
     def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
+        return len(self.loader)  # type: ignore[arg-type]  # len() of a loader without one raises, as the loader's own would
 
     def __getattr__(self, name: str) -> Any:
         if name == "loader":  # not set yet: no loader to ask

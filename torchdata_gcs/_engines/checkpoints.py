@@ -91,7 +91,8 @@ def load(url: str, client: Client, *, map_location: Any, weights_only: bool | No
             view = memoryview(decompress(view, url))
         elif path is not None and head.startswith(ZIP_MAGIC):
             return torch.load(path, mmap=True, map_location=map_location, weights_only=weights_only)
-        return torch.load(MemoryStream([view]), map_location=map_location, weights_only=weights_only)
+        stream = cast(IO[bytes], MemoryStream([view]))  # a binary file object, as torch.load takes
+        return torch.load(stream, map_location=map_location, weights_only=weights_only)
 
 
 @contextmanager

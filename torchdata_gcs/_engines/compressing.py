@@ -96,7 +96,7 @@ class CompressingWriter(PublishingWriter):
         """Uncompressed bytes written so far."""
         return self._raw
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         if not self._open:
             raise ValueError("write to a closed writer")
         size = len(memoryview(data).cast("B"))

@@ -86,7 +86,7 @@ def as_stream(url: str, data: Loaded) -> IO[bytes]:
     crosses from DataLoader workers to the main process."""
     if isinstance(data, bytes):
         stream = io.BytesIO(data)  # shares the bytes
-        stream.name = url  # type: ignore[attr-defined]  # BytesIO takes attributes; its pickle keeps them
+        stream.name = url  # BytesIO takes attributes; its pickle keeps them
         return stream
     return cast(IO[bytes], MemoryStream(data, url) if isinstance(data, list) else data)
 
@@ -348,7 +348,7 @@ def _deliver_in_order(
 
     try:
         for seq, unit in enumerate(units):
-            window.append(handoff.submit(unit(context, seq)))  # type: ignore[arg-type]
+            window.append(handoff.submit(unit(context, seq)))  # type: ignore[arg-type]  # a Unit returns a coroutine, typed as an Awaitable
             keep_the_loop_busy()
             if len(window) > window_size:
                 yield from deliver()

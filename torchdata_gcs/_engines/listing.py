@@ -4,7 +4,7 @@ objects named one by one."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -87,7 +87,7 @@ def list_objects(
     *,
     as_prefix: bool = False,
     item_fields: str | None = ITEM_FIELDS,
-) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+) -> Generator[list[tuple[str, dict[str, Any]]], None, None]:
     """:func:`list_objects_async` for a blocking caller, each batch handed over as it is ready; closing
     the iterator, or Ctrl-C while it waits, cancels the listing."""
     return iterate(
@@ -120,7 +120,7 @@ async def describe(context: RequestContext, urls: Sequence[str]) -> list[ObjectI
             if is_missing_bucket(exc):  # never a missing object to skip
                 raise
             return exc
-        return ObjectInfo.from_json(resource)  # type: ignore[arg-type]
+        return ObjectInfo.from_json(resource)  # type: ignore[arg-type]  # missing_ok=False: never None
 
     return await asyncio.gather(*(one(url) for url in urls))
 

@@ -278,7 +278,7 @@ class _Listing:
         if self._pages_left(victim) < MIN_SPLIT_PAGES:
             return None
         cut = len(self.prefix)
-        low, high = victim.after[cut:], None if victim.end is None else victim.end[cut:]  # type: ignore[index]
+        low, high = victim.after[cut:], None if victim.end is None else victim.end[cut:]  # type: ignore[index]  # one with pages left has listed a page: after is set
         # The open end is cut further ahead the more listers are idle; they then split what is left.
         stride = STRIDE_PAGES * (1 + self.idle) * victim.last_page_stride
         suffix = split_point(low, high, self.space, stride=stride)

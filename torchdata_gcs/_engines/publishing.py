@@ -188,7 +188,7 @@ class StreamingWriter(PublishingWriter):
         """Bytes written so far (where the next write lands in the object)."""
         return self._size
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         if self._state != "open" or self._prepared:
             raise ValueError(f"write to a {'prepared' if self._state == 'open' else self._state} writer ({self.url})")
         view = memoryview(data).cast("B")

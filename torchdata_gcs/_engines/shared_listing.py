@@ -23,7 +23,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import final
+from typing import Any, final
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
@@ -59,7 +59,7 @@ class SharedListing:
         if name and not name.endswith("/"):
             raise InvalidURIError(f"a manifest folder must end with '/': {folder!r}", url=folder)
         self.client, self.bucket, self.selects = client, bucket, selects
-        self.request = {"format": FORMAT, "inputs": inputs, "masks": masks}
+        self.request: dict[str, Any] = {"format": FORMAT, "inputs": inputs, "masks": masks}
         key = hashlib.sha256(json.dumps(self.request, sort_keys=True).encode()).hexdigest()[:32]
         self.manifest_name = f"{name}{key}.jsonl.gz"
         self.lock_name = f"{name}{key}.lock"
@@ -224,7 +224,7 @@ class SharedListing:
 
     def _publish(self, entries: list[Entry]) -> None:
         header = json.dumps({**self.request, "objects": len(entries), "created": time.time()})
-        lines = [header] + [json.dumps([index, url, *info]) for index, url, info in entries]  # type: ignore[misc]
+        lines = [header] + [json.dumps([index, url, *info]) for index, url, info in entries]  # type: ignore[misc]  # a manifest's entries always carry their metadata
         data = gzip.compress("\n".join(lines).encode("utf-8"), compresslevel=5)
         try:
             self.client.create(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from typing import Any, TypeVar
 
 from torch.utils.data import get_worker_info
@@ -123,7 +123,7 @@ class WaitHistogram:
         return figures
 
 
-def timed(items: Iterable[T], waits: WaitHistogram) -> Iterator[T]:
+def timed(items: Iterable[T], waits: WaitHistogram) -> Generator[T, None, None]:
     """``items``, recording into ``waits`` how long each took to come; closing this closes ``items``."""
     iterator, clock = iter(items), time.perf_counter
     try:

@@ -48,7 +48,7 @@ class MemoryStream(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # RawIOBase's takes any buffer; these get what BufferedReader passes
         """Fill ``buffer`` across parts (short only at the end), as readers such as PIL expect of a file."""
         target = memoryview(buffer).cast("B")
         filled = 0
@@ -201,7 +201,7 @@ class PartStream(io.RawIOBase):
         self._current, self._offset = memoryview(self._chunks.popleft()), 0
         return True
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # RawIOBase's takes any buffer; these get what BufferedReader passes
         """Fill ``buffer`` across chunks (short only at the end), as readers of a file expect."""
         target = memoryview(buffer).cast("B")
         filled = 0

@@ -164,7 +164,7 @@ async def _read_once(
         header = memoryview(bytes(first[8:]) + rest)
     entries, _ = parse_header(url, header, info.size - start)
     data = torch.empty(info.size - start, dtype=torch.uint8)
-    target = memoryview(data.numpy())
+    target = _byte_view(data)
     have = max(0, len(first) - start)
     target[:have] = first[start:]
     if len(target) > have:
@@ -246,10 +246,15 @@ def _layout(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | N
     return struct.pack("<Q", len(raw)) + raw, order
 
 
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable view of a CPU ``uint8`` tensor's bytes, without a copy."""
+    return memoryview(tensor.numpy())  # type: ignore[arg-type]  # numpy's stubs give arrays the buffer protocol on 3.12+ only
+
+
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes on the CPU, in C order, without a copy where it is already laid out so."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return _byte_view(flat.view(torch.uint8))
 
 
 def _pieces(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None) -> Iterator[bytes | memoryview]:
@@ -269,7 +274,7 @@ def decode(data: bytes | memoryview) -> dict[str, torch.Tensor]:
     start = _header_size("<bytes>", data, len(data))
     entries, _ = parse_header("<bytes>", memoryview(data)[8:start], len(data) - start)
     region = torch.empty(len(data) - start, dtype=torch.uint8)
-    memoryview(region.numpy())[:] = memoryview(data)[start:]
+    _byte_view(region)[:] = memoryview(data)[start:]
     return tensors_of(entries, region)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import IO, Any, Generic, TypeVar
+from typing import IO, Any, Generic, TypeVar, cast
 
 __all__ = ["ItemMaker", "Transform"]
 
@@ -58,6 +58,6 @@ class ItemMaker(Generic[T]):
         self.stream_alone = _stream_alone(transform)
 
     def __call__(self, url: str, stream: IO[bytes]) -> T:
-        if self.stream_alone:
-            return self.transform(stream)  # type: ignore[call-arg]  # its shape was checked when made
-        return self.transform(url, stream)  # type: ignore[call-arg]
+        if self.stream_alone:  # its shape was checked when made
+            return cast(Callable[[IO[bytes]], T], self.transform)(stream)
+        return cast(Callable[[str, IO[bytes]], T], self.transform)(url, stream)

@@ -89,7 +89,7 @@ class WorkerStats:
         statistics (this process's live, a worker's as last published) and its waits."""
         found = {}
         for row, values in self._rows():
-            stats, waits = self._stats(values), self._waits if row == self._row else self._histogram(row)
+            stats, waits = self._stats(values), self._waits if row is None or row == self._row else self._histogram(row)
             if stats.requests or stats.objects or waits.count:
                 name = process_name() if row is None else "main" if row == 0 else str(row - 1)
                 found[name] = (stats, waits)

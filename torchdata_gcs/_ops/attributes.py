@@ -99,8 +99,8 @@ class ObjectAttributes:
             raise TypeError(f"content_type must be a non-empty str, got {content_type!r}")
         return cls(
             content_type,
-            user_metadata(metadata),  # type: ignore[arg-type]
-            fixed_fields(fixed_key_metadata),  # type: ignore[arg-type]
+            user_metadata(metadata),  # type: ignore[arg-type]  # not removable: no value is None
+            fixed_fields(fixed_key_metadata),  # type: ignore[arg-type]  # as above
             kms_key(kms_key_name),
         )
 

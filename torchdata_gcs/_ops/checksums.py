@@ -81,7 +81,7 @@ def _library_extend() -> Callable[[int, int, int], int] | None:
             continue
         extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
         extend.restype = ctypes.c_uint32
-        return extend  # type: ignore[no-any-return]
+        return extend
     return None
 
 

@@ -183,7 +183,7 @@ class Client:
     def run(self, verb: Callable[Concatenate[RequestContext, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop, as a single call, and wait
         for it."""
-        return run(verb(self.call_context(), *args, **kwargs))  # type: ignore[arg-type]
+        return run(verb(self.call_context(), *args, **kwargs))  # type: ignore[arg-type]  # a verb is a coroutine function, typed as returning an Awaitable
 
     def list_page(self, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
         """One page of the bucket's listing for the query ``params``."""

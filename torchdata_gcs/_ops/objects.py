@@ -219,7 +219,7 @@ def multipart_body(
     way (computed from bytes; a bytearray or memoryview must come with it), in ``storage_class`` if given
     (else the bucket's default), with the resource ``fields`` given (user metadata, cache control...)."""
     boundary = uuid.uuid4().hex
-    checksum = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
+    checksum = crc32c_base64(data if crc32c is None else crc32c)
     resource = {**(fields or {}), "name": name, "crc32c": checksum, "contentType": content_type}
     if storage_class is not None:
         resource["storageClass"] = storage_class
@@ -307,7 +307,7 @@ async def create_object(
     """
     url = format_url(bucket, name)
     body, headers = multipart_body(name, data, content_type, crc32c, storage_class, fields)
-    expected = crc32c_base64(data if crc32c is None else crc32c)  # type: ignore[arg-type]
+    expected = crc32c_base64(data if crc32c is None else crc32c)
     # The name in the query as well as in the metadata (GCS takes either): request lines then say what they write.
     params: dict[str, Any] = {"uploadType": "multipart", "name": name, "fields": "generation,crc32c"}
     if kms_key_name is not None:
@@ -478,7 +478,7 @@ async def rewrite_object(
 
     async def send_once() -> dict[str, Any]:
         async with context.session.send("POST", url, path, params, json={}) as answer:
-            return await context.session.json_answer(answer, url, ("done",))  # type: ignore[no-any-return]
+            return await context.session.json_answer(answer, url, ("done",))
 
     async def earlier_won(error: GCSError) -> dict[str, Any]:
         live = await object_resource(context, *destination, "size,generation,crc32c", required=REQUIRED_FIELDS)
@@ -624,9 +624,9 @@ async def patch_object(context: RequestContext, bucket: str, name: str, patch: M
 
         async def send_once(params: dict[str, Any] = params) -> dict[str, Any]:
             async with context.session.send("PATCH", url, path, params, json=dict(patch)) as answer:
-                return await context.session.json_answer(answer, url, ("generation",))  # type: ignore[no-any-return]
+                return await context.session.json_answer(answer, url, ("generation",))
 
-        async def earlier_won(error: GCSError, generation: str = live["generation"]) -> dict[str, Any]:
+        async def earlier_won(error: GCSError, generation: str = params["ifGenerationMatch"]) -> dict[str, Any]:
             now = await object_resource(context, bucket, name, None)
             if not isinstance(error, PreconditionFailedError) or now is None or now["generation"] != generation:
                 raise error

@@ -116,7 +116,7 @@ def server_glob(keep: NameFilter, name: str, masks: Sequence[str] = ()) -> str |
     ]
     if any(piece is None or piece == keep.root + "**" for piece in pieces):
         return None  # a mask that GCS could not be sure to read alike, or one that keeps everything
-    return pieces[0] if len(pieces) == 1 else "{" + ",".join(sorted(set(pieces))) + "}"  # type: ignore[arg-type]
+    return pieces[0] if len(pieces) == 1 else "{" + ",".join(sorted(set(pieces))) + "}"  # type: ignore[arg-type]  # pieces are strings; None was handled above
 
 
 def tree_glob(glob: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any
@@ -46,7 +46,7 @@ def version_gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFou
 
 
 async def _pinned(
-    context: RequestContext, url: str, params: dict[str, Any], attempt: Callable[[], Awaitable[None]]
+    context: RequestContext, url: str, params: dict[str, Any], attempt: Callable[[], Coroutine[Any, Any, None]]
 ) -> None:
     """Run ``attempt`` as retries allow; a 404 of a read pinned to a generation says the version is gone."""
     try:

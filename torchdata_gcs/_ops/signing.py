@@ -64,8 +64,9 @@ def signed_url(
     ``credentials`` must hold an RSA private key, as a service account's key file does; others raise
     ``AccessDeniedError``: user credentials cannot sign, and those that sign through the IAM API (impersonated,
     metadata server) would send a request of their own, with no deadline of ours."""
-    signer = getattr(credentials, "signer", None) if isinstance(credentials, google.auth.credentials.Signing) else None
-    if not isinstance(signer, google.auth.crypt.RSASigner):
+    signing = credentials if isinstance(credentials, google.auth.credentials.Signing) else None
+    signer = getattr(signing, "signer", None)
+    if signing is None or not isinstance(signer, google.auth.crypt.RSASigner):
         raise AccessDeniedError(
             f"cannot sign a URL with {type(credentials).__name__}: V4 signing needs a service account's "
             "private key (token=, ClientConfig.credentials or credentials_file of a service-account key)"
@@ -89,7 +90,7 @@ def signed_url(
     parameters = {
         **{key: "" if value is None else value for key, value in (query or {}).items()},
         "X-Goog-Algorithm": ALGORITHM,
-        "X-Goog-Credential": f"{credentials.signer_email}/{scope}",
+        "X-Goog-Credential": f"{signing.signer_email}/{scope}",
         "X-Goog-Date": timestamp,
         "X-Goog-Expires": expiration_seconds(expiration, now),
         "X-Goog-SignedHeaders": signed_headers,

@@ -9,7 +9,7 @@ unless told to abort every upload.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from urllib.parse import quote
 from xml.etree import ElementTree
@@ -50,7 +50,7 @@ async def _uploads_page(context: RequestContext, bucket: str, params: dict[str, 
         return await response.read()
 
 
-def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Iterator[Upload]:
+def unfinished_uploads(client: Client, bucket: str, *, prefix: str = "") -> Generator[Upload, None, None]:
     """The bucket's unfinished multipart uploads of objects named ``prefix...``, page by page (``GET
     /BUCKET?uploads`` on the XML API)."""
     url = format_url(bucket, prefix)

@@ -113,9 +113,6 @@ def progress_deadline(deadline: Deadline, progress: float | None) -> Deadline:
     return deadline._replace(ends=max(deadline.ends, progress + deadline.seconds))
 
 
-_UNCANCEL = sys.version_info >= (3, 11)  # Task.cancelling() and uncancel(), as asyncio.timeout uses them
-
-
 class _Timer:
     """Cancels the task that runs one attempt when its deadline comes (as ``asyncio.timeout`` does, with a
     timer of its own, on Python 3.10 too), except while :func:`consumer_wait` holds it."""
@@ -139,7 +136,10 @@ class _Timer:
     def __enter__(self) -> None:
         self.task = asyncio.current_task()
         assert self.task is not None
-        self.cancelling = self.task.cancelling() if _UNCANCEL else 0
+        # Task.cancelling() and uncancel() (Python 3.11+), as asyncio.timeout uses them
+        self.cancelling = 0
+        if sys.version_info >= (3, 11):
+            self.cancelling = self.task.cancelling()
         self.arm()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -151,7 +151,9 @@ class _Timer:
         if not self.expired:
             return
         assert task is not None
-        left = task.uncancel() if _UNCANCEL else 0
+        left = 0
+        if sys.version_info >= (3, 11):
+            left = task.uncancel()
         if left <= self.cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError  # ours, and no one else's cancellation: the deadline came
 

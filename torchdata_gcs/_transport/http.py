@@ -226,7 +226,10 @@ def is_missing_bucket(error: BaseException) -> bool:
     """
     url = getattr(error, "url", None)
     return (
-        isinstance(error, NotFoundError) and bool(url) and url.startswith("gs://") and url.find("/", 5) == len(url) - 1
+        isinstance(error, NotFoundError)
+        and isinstance(url, str)
+        and url.startswith("gs://")
+        and url.find("/", 5) == len(url) - 1
     )
 
 

@@ -14,8 +14,8 @@ import contextlib
 import sys
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterable, Iterator
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterable
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from . import lifecycle
 
@@ -192,7 +192,7 @@ def wait_unless_on_io_loop(coroutine: Coroutine[Any, Any, T], timeout: float | N
     return wait(submit(coroutine), timeout)
 
 
-def iterate(items: AsyncGenerator[T, None]) -> Iterator[T]:
+def iterate(items: AsyncGenerator[T, None]) -> Generator[T, None, None]:
     """The items of ``items``, an async generator run on the I/O loop, for a blocking caller (each one
     :func:`run`); when the caller stops early (closes this iterator, or Ctrl-C ends a wait), ``items`` is
     closed there, so nothing of it keeps running. Closed at exit if still open (:func:`close_at_exit`)."""
@@ -202,7 +202,7 @@ def iterate(items: AsyncGenerator[T, None]) -> Iterator[T]:
 def _iterate(items: AsyncGenerator[T, None]) -> Generator[T, None, None]:
     try:
         while (item := run(_next(items))) is not _END:
-            yield item  # type: ignore[misc]
+            yield cast(T, item)  # anything but _END is an item
     finally:
         with contextlib.suppress(TimeoutError):  # not closed in time: the loop's end at exit cancels it
             wait_unless_on_io_loop(_aclose(items), CLOSE_SECONDS)
@@ -219,7 +219,7 @@ async def _next(items: AsyncGenerator[T, None]) -> T | object:
 
 
 async def _aclose(items: AsyncGenerator[Any, None]) -> None:
-    while items.ag_running:  # the step a Ctrl-C cancelled is still unwinding
+    while getattr(items, "ag_running", False):  # the step a Ctrl-C cancelled is still unwinding
         await asyncio.sleep(0)
     await items.aclose()
 
@@ -302,7 +302,7 @@ class Slot(Generic[T]):
                     raise concurrent.futures.TimeoutError
         if self._error is not None:
             raise self._error
-        return self._result  # type: ignore[return-value]
+        return cast(T, self._result)  # done without an error: the result is in
 
     def cancel(self) -> bool:
         """Cancel the coroutine (at once, on the loop); ``False`` if its result is already in."""

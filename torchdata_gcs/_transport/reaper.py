@@ -200,7 +200,7 @@ def serve(parent: int, deadline: float) -> None:
         task: Task | None = None
         try:
             task = pickle.loads(data)
-            task.run()  # type: ignore[union-attr]
+            task.run()
         except Exception as exc:  # noqa: BLE001 - one task's failure must not keep the others from running
             logger.warning("%s failed: %s: %s", task or "a task", type(exc).__name__, exc)
 

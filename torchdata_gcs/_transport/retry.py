@@ -129,8 +129,8 @@ class Attempts:
             ):
                 raise exc.error from None  # one line, without the network library's chain
             return self._next(exc, delay)
-        shared = self.throttle is not None and getattr(exc, "status", None) == 429
-        delay = backoff_delay(max(1, self.throttle.level) if shared else self.attempt, retry, _JITTER)  # type: ignore[union-attr]
+        throttle = self.throttle if getattr(exc, "status", None) == 429 else None  # a 429 waits the shared step
+        delay = backoff_delay(max(1, throttle.level) if throttle is not None else self.attempt, retry, _JITTER)
         hinted = getattr(exc, "retry_after", None)
         if hinted is not None:
             delay = max(delay, min(hinted, retry.max_delay))

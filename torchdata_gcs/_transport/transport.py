@@ -10,9 +10,11 @@ from __future__ import annotations
 import io
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 __all__ = ["Body", "FilledBytes", "Headers", "Response", "Transport"]
+
+T = TypeVar("T")
 
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 """A request body: bytes, or pieces sent in order without being joined."""
@@ -27,9 +29,21 @@ class Headers(Protocol):
 
     def __contains__(self, name: object, /) -> bool: ...
 
-    def get(self, name: str, default: Any = None, /) -> Any: ...
+    @overload
+    def get(self, name: str, /) -> str | None: ...
 
-    def getall(self, name: str, default: Any, /) -> Any: ...
+    @overload
+    def get(self, name: str, /, default: T) -> str | T: ...
+
+    def get(self, name: str, /, default: Any = None) -> Any: ...
+
+    @overload
+    def getall(self, name: str, /) -> list[str]: ...
+
+    @overload
+    def getall(self, name: str, /, default: T) -> list[str] | T: ...
+
+    def getall(self, name: str, /, default: Any = None) -> Any: ...
 
 
 class Response(Protocol):
@@ -37,7 +51,11 @@ class Response(Protocol):
     each takes up where the last stopped. A body cut off raises the transport's network error."""
 
     status: int
-    headers: Headers
+
+    @property
+    def headers(self) -> Headers:
+        """The answer's headers."""
+        ...
 
     async def read(self) -> bytes:
         """The rest of the body."""

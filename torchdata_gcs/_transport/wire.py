@@ -57,7 +57,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # asyncio hands a Transport; this protocol reads and pauses, so it is a ReadTransport
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.target is not None:
@@ -80,7 +80,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.end += nbytes
             if self.end - self.start == len(self.buffer):
                 self.paused = True
-                self.transport.pause_reading()  # type: ignore[union-attr]
+                self.transport.pause_reading()  # type: ignore[union-attr]  # set once connected, before data arrives
         self._wake()
 
     def eof_received(self) -> bool:
@@ -100,7 +100,7 @@ class _Connection(asyncio.BufferedProtocol):
     def resume(self) -> None:
         if self.paused and not self.closed:
             self.paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+            self.transport.resume_reading()  # type: ignore[union-attr]  # set once connected
 
     async def wait(self, timeout: float) -> bool:
         """Wait for bytes or the end of the connection; ``False`` if none came within ``timeout``."""
@@ -343,9 +343,9 @@ class WireTransport:
         loop = asyncio.get_running_loop()
         deadline = None if answer_timeout is None else loop.time() + answer_timeout
         for reused in (True, False):
-            connection = self._reusable() if reused else None
-            if connection is None:
-                connection, reused = await self._connect(deadline), False
+            found = self._reusable() if reused else None
+            connection = found if found is not None else await self._connect(deadline)
+            reused = found is not None
             try:
                 response = await self._answer(connection, head, method, url, deadline)
                 break
@@ -439,7 +439,7 @@ class WireTransport:
     ) -> WireResponse:
         """Send ``head`` on ``connection`` and read the answer's status and headers."""
         connection.received = False
-        connection.transport.write(head)  # type: ignore[union-attr]
+        connection.transport.write(head)  # type: ignore[union-attr]  # a connection handed out is connected
         response = WireResponse(
             connection,
             0,

@@ -69,7 +69,7 @@ def _bench_listing(
     sample: list[tuple[str, ObjectInfo]] = []
     count, elapsed, complete = 0, 0.0, True
     started = time.perf_counter()
-    with contextlib.closing(listed):  # type: ignore[type-var]
+    with contextlib.closing(listed):  # type: ignore[type-var]  # a generator, typed as the DataPipe's iterator
         for item in listed:
             count += 1
             if len(sample) < limit:
@@ -93,7 +93,7 @@ def _bench_loading(
         warnings.simplefilter("always")
         started = time.perf_counter()
         loaded = iter(pipe)
-        with contextlib.closing(loaded):  # type: ignore[type-var]
+        with contextlib.closing(loaded):  # type: ignore[type-var]  # as above
             for _, stream in loaded:
                 size += len(stream.read())
                 stream.close()

@@ -37,7 +37,7 @@ def checked_age(text: str) -> str:
 
 
 def _seconds(age: str) -> float:
-    number, unit = _AGE.fullmatch(age).groups()  # type: ignore[union-attr]
+    number, unit = _AGE.fullmatch(age).groups()  # type: ignore[union-attr]  # argparse checked the form
     return float(number) * _SECONDS[unit]
 
 

@@ -136,4 +136,4 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
     def __len__(self) -> int:
         if self.skip_missing:
             raise TypeError(f"{type(self).__name__} with skip_missing=True has no known length")
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)

@@ -78,7 +78,7 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         strategy: Strategy | None = None,
         compression: str | Zstd | None = None,
     ) -> None:
-        self.source_datapipe = as_source(source_datapipe)  # type: ignore[arg-type]
+        self.source_datapipe = as_source(source_datapipe)
         self.client = client_of(client, retry)
         self.write = write_config(write, "save_by_gcs", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                                   strategy=strategy, compression=compression)  # fmt: skip
@@ -95,7 +95,7 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
             yield url
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 def _write(payload: Any, writer: IO[bytes]) -> None:
@@ -105,4 +105,4 @@ def _write(payload: Any, writer: IO[bytes]) -> None:
         shutil.copyfileobj(payload, writer, _COPY_CHUNK)
     else:
         with library_errors_first():
-            torch.save(payload, cast(IO[bytes], writer))
+            torch.save(payload, writer)

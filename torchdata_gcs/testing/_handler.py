@@ -193,12 +193,12 @@ class FrontHandler(JsonApiHandler):
         if patched is not None:  # preconditions, removed keys and metagenerations, which the emulator lacks
             data = b"".join(body or ())
             with front.rules.writes:
-                answer = front.patches.patch(*patched, params, data)
-            if isinstance(answer, tuple):
-                self.answer_error(*answer)
+                patch_answer = front.patches.patch(*patched, params, data)
+            if isinstance(patch_answer, tuple):
+                self.answer_error(*patch_answer)
                 return
-            if answer is not None:
-                self.answer_json(json.loads(answer))
+            if patch_answer is not None:
+                self.answer_json(json.loads(patch_answer))
                 return
             body = iter([data])
         if checked and body is not None:  # taken in at the client's pace first, so only the write holds the lock
@@ -362,11 +362,11 @@ class FrontHandler(JsonApiHandler):
             response.read()
             return True
         bandwidth = front.bandwidth
-        size = CHUNK if bandwidth is None else int(min(CHUNK, max(1024, bandwidth / 20)))
+        piece_size = CHUNK if bandwidth is None else int(min(CHUNK, max(1024, bandwidth / 20)))
         cut_at = (length // 2 if length is not None else -1) if truncate else None  # -1: half the first piece
         sent, started = 0, time.monotonic()
         while True:
-            piece = source.read1(size)
+            piece = source.read1(piece_size)
             if cut_at == -1:
                 cut_at = len(piece) // 2
             if cut_at is not None and sent + len(piece) >= cut_at:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from email.message import Message
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
@@ -370,7 +371,7 @@ class MultipartUploads:
         request, and the bytes follow in one streamed request, which the emulator's name guard passes
         through unread (a multipart body it must read whole and search for its parts)."""
         bucket = quote(upload.bucket, safe="")
-        resource = {**upload.fixed, "name": upload.name, "contentType": upload.content_type}
+        resource: dict[str, Any] = {**upload.fixed, "name": upload.name, "contentType": upload.content_type}
         resource["metadata"] = upload.metadata
         size = sum(os.path.getsize(os.path.join(upload.folder, str(number))) for number in numbers)
         document = json.dumps(resource).encode()
