@@ -51,12 +51,13 @@ from torchdata_gcs_fsspec_handler import VARIABLE
 from ._engines.download import Loaded, fetch_object
 from ._engines.listing import list_objects_async
 from ._engines.publishing import PublishingWriter, StreamingWriter
-from ._engines.streams import FilledBytes, PartStream
+from ._engines.ranges import read_span, read_span_async
+from ._engines.streams import PartStream
 from ._engines.upload import new_writer
 from ._ops.attributes import ObjectAttributes, fixed_fields, kms_key, user_metadata
 from ._ops.batch import delete_objects
-from ._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, crc32c_value
-from ._ops.client import Client, GCSClient, client_of
+from ._ops.checksums import ObjectInfo, crc32c_base64, crc32c_of_concatenation, crc32c_value
+from ._ops.client import Client, GCSClient, RequestContext, client_of
 from ._ops.objects import (
     MAX_SOURCES,
     check_bucket,
@@ -76,14 +77,10 @@ from ._ops.objects import (
 )
 from ._ops.paging import MAX_PAGE_SIZE, PageTrail
 from ._ops.patterns import has_magic, tree_glob
-from ._ops.reads import read_ranges_into
-from ._ops.signing import signed_url
+from ._ops.reads import media_read_url
+from ._ops.signing import signed_url, signing_credentials
 from ._ops.urls import TEMPORARY_PREFIX, brief, format_url, validate_bucket, validate_object_name
-from ._transport.context import LoadStats, RequestContext
-from ._transport.deadline import call_deadline
-from ._transport.http import credentials_for
-from ._transport.loop import io_loop, on_io_loop, run
-from ._transport.session import media_url
+from ._transport.loop import io_loop
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
 from .errors import AccessDeniedError, GCSError, InvalidURIError, NotFoundError, PreconditionFailedError
 
@@ -149,8 +146,7 @@ def _on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -
 
     @functools.wraps(method)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
-        with call_deadline(self.client.retry) if one_call else contextlib.nullcontext():
-            return await on_io_loop(method(self, *args, **kwargs))  # type: ignore[arg-type]
+        return await self._gcs.call(method(self, *args, **kwargs), one_call=one_call)
 
     return wrapper
 
@@ -394,8 +390,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         self.kms_key_name = kms_key(kms_key_name)
         """The Cloud KMS key every write (``cp`` too) encrypts with unless it names its own; ``None``: the
         bucket's default encryption."""
-        self.stats = LoadStats()
-        self._gcs = Client(self.client, stats=self.stats)
+        self._gcs = Client(self.client)
+        self.stats = self._gcs.stats
         self.version_aware = version_aware
         self._hierarchical: dict[str, bool] = {}  # bucket -> whether it has a hierarchical namespace
         self._invalidations = itertools.count()
@@ -515,8 +511,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         """The version a ``name#<generation>`` path names, to read it; ``None`` for the live one."""
         if self._split_version(path)[2] is None:
             return None
-        info = await self._info(path)
-        return ObjectInfo(info["size"], info["generation"], info["crc32c"])
+        return _version(await self._info(path))
 
     def _context(self, budget: int | None = None) -> RequestContext:
         """A request context for one call (``budget``: bytes it may hold ahead, if not the transfer's)."""
@@ -933,8 +928,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         GCS's JSON API asks. Reading it needs credentials, unless the object is public."""
         bucket, name, _ = self._object(path, version=True)
         generation = _one_generation(path, generation, self._split_version(path)[2])
-        url = f"{media_url(self.client.endpoint, bucket, name)}?alt=media"
-        return url if generation is None else f"{url}&generation={generation}"
+        return media_read_url(self.client.endpoint, bucket, name, generation)
 
     def sign(
         self,
@@ -968,10 +962,8 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
         query.update({key: kwargs[arg] for arg, key in _SIGNED_QUERY.items() if kwargs.get(arg) is not None})
         if generation is not None:
             query["generation"] = generation
-        if self.client.config.anonymous:
-            raise AccessDeniedError("an anonymous filesystem cannot sign URLs: it holds no private key")
         return signed_url(
-            credentials_for(self.client.config),
+            signing_credentials(self.client.config),
             self.client.endpoint,
             bucket,
             name,
@@ -1007,20 +999,7 @@ class GCSFileSystem(AsyncFileSystem):  # type: ignore[misc]
             raise IsADirectoryError(f"{url} is a directory")
         size = info["size"]
         start, end = _resolve(start, size), _resolve(end, size) if end is not None else size
-        return await self._read_version(url, info, start, end)
-
-    async def _read_version(self, url: str, info: dict[str, Any], start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of the version ``info`` describes, as concurrent ranged GETs of the part
-        size; checked by length, and by crc32c when they are the whole object."""
-        if end <= start:
-            return b""
-        buffer = FilledBytes(end - start)  # the bytes returned, held once
-        crc = await read_ranges_into(
-            self._context(), url, info["generation"], start, buffer.view, self.client.transfer.part_size
-        )
-        if start == 0 and end == info["size"]:
-            check_crc32c(url, crc32c_base64(crc), {"GCS": info["crc32c"]})
-        return buffer.take()
+        return await read_span_async(url, _version(info), start, end, self._gcs)
 
     @_on_io_loop
     async def _get_file(self, rpath: str, lpath: str, callback: Callback = DEFAULT_CALLBACK, **kwargs: Any) -> None:
@@ -1588,7 +1567,7 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         fs: GCSFileSystem = self.fs
-        return run(fs._read_version(self._gs_url, self.details, start, min(end, self.size)))
+        return read_span(self._gs_url, _version(self.details), start, min(end, self.size), fs._gcs)
 
 
 class StagedWriter(io.RawIOBase):
@@ -1681,6 +1660,11 @@ def _path_text(path: Any) -> str:
     if not isinstance(text, str):
         raise TypeError(f"a GCS path must be a str such as 'gs://bucket/name', got {type(path).__name__} {brief(path)}")
     return text
+
+
+def _version(info: dict[str, Any]) -> ObjectInfo:
+    """The object version an ``info`` entry describes."""
+    return ObjectInfo(info["size"], info["generation"], info["crc32c"])
 
 
 def _resolve(offset: int | None, size: int) -> int:
