@@ -35,7 +35,8 @@ class Buckets(Listing):
     @property
     def buckets(self) -> list[str]:
         """The names of ``project``'s buckets, as gcsfs's ``buckets``: ``ls("")``."""
-        return self.ls("")  # type: ignore[no-any-return]
+        names: list[str] = self.ls("")
+        return names
 
     @on_io_loop
     async def _mkdir(self, path: str, create_parents: bool = False, location: str | None = None, **kwargs: Any) -> None:

@@ -5,30 +5,30 @@ requests, each request under its own), with a request context of the filesystem'
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._ops.client import Client, GCSClient, RequestContext
 from .paths import Paths
 
 __all__ = ["Calls", "in_bulk_on_io_loop", "on_io_loop"]
 
-T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
 
 
-def on_io_loop(method: Callable[..., Awaitable[T]], *, one_call: bool = True) -> Callable[..., Awaitable[T]]:
+def on_io_loop(method: F, *, one_call: bool = True) -> F:
     """Run a coroutine method on the process's I/O loop, where its session lives, whatever loop awaits it;
     as one call, which ``RetryConfig.deadline`` bounds as a whole, unless it is not ``one_call``."""
 
     @functools.wraps(method)
-    async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
+    async def wrapper(self: Calls, *args: Any, **kwargs: Any) -> Any:
         return await self._gcs.call(method(self, *args, **kwargs), one_call=one_call)
 
-    return wrapper
+    return cast(F, wrapper)  # the method's own signature: wrapper takes and passes on exactly its arguments
 
 
-def in_bulk_on_io_loop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def in_bulk_on_io_loop(method: F) -> F:
     """:func:`on_io_loop` for a method that may send any number of requests (an ``rm`` of a whole prefix),
     each under its own deadline."""
     return on_io_loop(method, one_call=False)

@@ -60,7 +60,8 @@ class Changes(Files):
             resource = await patch_object(self._context(), bucket, name, patch)
         finally:  # cached listings describe the object's metadata; a failed request may have patched it
             self._drop_listings([path], written=True)
-        return resource.get("metadata", {})  # type: ignore[no-any-return]
+        after: dict[str, str] = resource.get("metadata", {})
+        return after
 
     setxattrs = sync_wrapper(_setxattrs)
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections import deque
 from collections.abc import Iterable
+from types import TracebackType
 from typing import Any
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
@@ -66,12 +67,14 @@ _CAT_CONTEXT: contextvars.ContextVar[RequestContext | None] = contextvars.Contex
 ``TransferConfig.max_in_flight`` slots instead of opening a connection per path at once."""
 
 
-class PublishingTransaction(Transaction):  # type: ignore[misc]
+class PublishingTransaction(Transaction):  # type: ignore[misc]  # fsspec ships no types: to mypy its classes are Any
     """fsspec's transaction, each file's parts uploaded before any file is published: a failure until then
     (an exception inside ``with``, a part that fails) publishes nothing. Then each file is published by one
     request of its own, in the order opened: GCS cannot publish several objects at once, so a file whose
     publishing fails leaves those before it published, and it and those after it are not (a warning names
     both lists); the error is raised as it came."""
+
+    files: deque[StagedWriter]  # the writers opened within it, in order (fsspec's ``open`` adds them)
 
     def complete(self, commit: bool = True) -> None:
         files, self.files = list(self.files), deque()
@@ -178,7 +181,7 @@ class Files(Listing):
             pinned = await self._pinned(path)
             context = _CAT_CONTEXT.get() or self._context(budget=sys.maxsize)
             data, _ = await fetch_object(context, url, pinned, 0)
-            return data if isinstance(data, bytes) else b"".join(data)  # type: ignore[arg-type]
+            return data if isinstance(data, bytes) else b"".join(data)
         info = await self._info(path, refresh=True)
         if info["type"] != "file":
             raise IsADirectoryError(f"{url} is a directory")
@@ -246,7 +249,9 @@ class Files(Listing):
             writer = self._new_writer(url, mode == "xb", attributes)
             opened = writer if autocommit else StagedWriter(writer)
             # what fsspec's buffered files tell of themselves
-            opened.fs, opened.path, opened.name, opened.mode = self, path, path, mode
+            opened.fs, opened.path, opened.name, opened.mode = (  # type: ignore[union-attr]  # io writers lack them
+                self, path, path, mode
+            )  # fmt: skip
             return opened
         raise NotImplementedError(
             f"mode {mode!r}: GCS objects are written whole, never appended to or updated in place"
@@ -336,7 +341,7 @@ class Files(Listing):
             writer.close()
 
 
-class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
+class GCSFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec ships no types: to mypy its classes are Any
     """A read-only, seekable file over one version of an object (the live one when opened): it reads
     only the ranges asked for, a block ahead (``cache_type`` is fsspec's), and a version replaced while
     it is open fails its next read with ``NotFoundError`` instead of mixing two versions' bytes.
@@ -347,6 +352,7 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
     """
 
     DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
+    fs: Files
 
     def __init__(
         self,
@@ -368,11 +374,10 @@ class GCSFile(AbstractBufferedFile):  # type: ignore[misc]
 
     def url(self) -> str:
         """The HTTP URL of the version this file reads (``fs.url`` of its generation), as gcsfs's ``url()``."""
-        return self.fs.url(self.path, generation=self.details["generation"])  # type: ignore[no-any-return]
+        return self.fs.url(self.path, generation=self.details["generation"])
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        fs: Files = self.fs
-        return read_span(self._gs_url, _version(self.details), start, min(end, self.size), fs._gcs)
+        return read_span(self._gs_url, _version(self.details), start, min(end, self.size), self.fs._gcs)
 
 
 class StagedWriter(io.RawIOBase):
@@ -391,15 +396,15 @@ class StagedWriter(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         if self.closed:
             raise ValueError("I/O operation on closed file")
-        return self._writer.readinto(buffer)  # type: ignore[no-any-return]  # refused, as every writer refuses it
+        return self._writer.readinto(buffer)  # refused, as every writer refuses it
 
     def tell(self) -> int:
         return self._writer.tell()
 
-    def write(self, data: Any) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         if self.closed:
             raise ValueError("write to a closed file")
-        return self._writer.write(data)  # type: ignore[no-any-return]
+        return self._writer.write(data)
 
     def prepare(self) -> None:
         """Upload every part written, leaving only the publishing (see ``StreamingWriter.prepare``)."""
@@ -415,13 +420,17 @@ class StagedWriter(io.RawIOBase):
 class _TextWriter(io.TextIOWrapper):
     """Text over a binary writer that, left by an exception, aborts the writer instead of publishing it."""
 
-    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+    mode: str  # as open() gives a text file its mode (io.TextIOWrapper itself has none)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if exc_type is None or not isinstance(self.buffer, PublishingWriter):
-            return super().__exit__(exc_type, exc, traceback)  # type: ignore[no-any-return]
+            super().__exit__(exc_type, exc, traceback)
+            return
         self.buffer.abort()
         with contextlib.suppress(Exception):  # the text still pending has nowhere to go: the write failed
             self.close()
-        return None
 
 
 def _one_generation(path: str, *generations: int | str | None) -> int | None:

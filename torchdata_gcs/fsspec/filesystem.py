@@ -136,4 +136,4 @@ class GCSFileSystem(Changes, Removing, Buckets):
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop the blocking methods run on: the I/O loop of the current process (fork-safe)."""
-        return self._loop if self.asynchronous else io_loop()  # type: ignore[no-any-return]
+        return self._loop if self.asynchronous else io_loop()

@@ -63,9 +63,10 @@ class Listing(ListingsCache):
     async def _exists(self, path: str, **kwargs: Any) -> bool:
         """fsspec's, and a path GCS would refuse does not exist (``isdir`` says so already)."""
         try:
-            return await super()._exists(path, **kwargs)  # type: ignore[no-any-return]
+            exists: bool = await super()._exists(path, **kwargs)
         except InvalidPathError:
             return False
+        return exists
 
     @on_io_loop
     async def _info(self, path: str, refresh: bool = False, **kwargs: Any) -> dict[str, Any]:
@@ -198,11 +199,13 @@ class Listing(ListingsCache):
         info = self.info(path)
         if info["type"] != "file":
             raise IsADirectoryError(f"{path} is a directory: GCS keeps times for objects only")
-        return info[key]  # type: ignore[no-any-return]
+        moment: datetime.datetime = info[key]
+        return moment
 
     async def _getxattr(self, path: str, attr: str) -> str:
         """The user metadata value ``attr`` of an object; ``KeyError`` if it has none, as gcsfs raises."""
-        return (await self._info(path)).get("metadata", {})[attr]  # type: ignore[no-any-return]
+        value: str = (await self._info(path)).get("metadata", {})[attr]
+        return value
 
     getxattr = sync_wrapper(_getxattr)
 

@@ -76,7 +76,7 @@ def default_project(config: ClientConfig) -> str | None:
             return None
         return (document.get("project_id") or document.get("quota_project_id")) if isinstance(document, dict) else None
     try:
-        return google.auth.default()[1]  # type: ignore[no-any-return]
+        return google.auth.default()[1]
     except (google.auth.exceptions.DefaultCredentialsError, ValueError):
         return None
 

@@ -26,7 +26,7 @@ class InvalidPathError(InvalidURIError, OSError):
     ``ValueError``) that is an ``OSError`` too, as fsspec's callers expect of a filesystem's errors."""
 
 
-class Paths(AsyncFileSystem):  # type: ignore[misc]
+class Paths(AsyncFileSystem):  # type: ignore[misc]  # fsspec ships no types: to mypy its classes are Any
     """The filesystem's paths: how fsspec's path arguments are read, and what bucket, name and version each
     names."""
 
@@ -51,7 +51,8 @@ class Paths(AsyncFileSystem):  # type: ignore[misc]
             if isinstance(path, (bytes, bytearray)) or not isinstance(path, Iterable):
                 _path_text(path)
             path = [_path_text(p) for p in path]
-        return await super()._expand_path(path, *args, **kwargs)  # type: ignore[no-any-return]
+        expanded: list[str] = await super()._expand_path(path, *args, **kwargs)
+        return expanded
 
     async def _pipe(self, path: Any, value: Any = None, **kwargs: Any) -> Any:
         for name in path if isinstance(path, dict) else [path]:
