@@ -1,5 +1,6 @@
-"""One object version read whole for a blocking caller: concurrent ranges straight into the caller's buffer,
-checked against the object's crc32c without another pass, and read again while damaged."""
+"""One object version read for a blocking caller: whole, as concurrent ranges straight into the caller's
+buffer, checked against the object's crc32c without another pass, and read again while damaged; or a span
+of it, as concurrent ranges into the bytes returned, checked by length (and by crc32c if it is all of it)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from .._ops.client import Client
 from .._ops.reads import read_ranges_into
 from .._transport.loop import run
 from .._transport.retry import reread_while_damaged
+from .._transport.transport import FilledBytes
 
-__all__ = ["read_into", "read_into_buffer"]
+__all__ = ["read_into", "read_into_buffer", "read_span", "read_span_async"]
 
 
 def read_into_buffer(url: str, info: ObjectInfo, client: Client) -> bytearray:
@@ -32,3 +34,20 @@ def read_into(target: memoryview, url: str, info: ObjectInfo, client: Client) ->
         check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
 
     reread_while_damaged(read, check, client.retry, url, client.stats.count_retry)
+
+
+async def read_span_async(url: str, info: ObjectInfo, start: int, end: int, client: Client) -> bytes:
+    """Bytes ``[start, end)`` of the version ``info`` names, as concurrent ranged GETs of ``part_size``;
+    checked by length, and by crc32c when they are the whole object."""
+    if end <= start:
+        return b""
+    buffer = FilledBytes(end - start)  # the bytes returned, held once
+    crc = await read_ranges_into(client.context(), url, info.generation, start, buffer.view, client.transfer.part_size)
+    if start == 0 and end == info.size:
+        check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})
+    return buffer.take()
+
+
+def read_span(url: str, info: ObjectInfo, start: int, end: int, client: Client) -> bytes:
+    """:func:`read_span_async`, for a thread that waits for the bytes."""
+    return run(read_span_async(url, info, start, end, client))

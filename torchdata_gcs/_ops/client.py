@@ -1,23 +1,26 @@
 """The client: :class:`GCSClient`, the one public handle (settings, retry policy, transfer settings and
 transport, with the endpoint resolved once), and :class:`Client`, what a front-end object makes of it (plus
-its statistics), making the request context of each iteration, with the single-request verbs of
-:mod:`.objects` as blocking methods (run on the process's I/O loop, like every request); and what a
-reaper's task keeps to build one in the reaper."""
+its statistics), making the request context of each iteration (the :class:`RequestContext` every verb of
+this layer takes), with the single-request verbs of :mod:`.objects` as blocking methods and any coroutine
+as one call (run on the process's I/O loop, like every request); and what a reaper's task keeps to build
+one in the reaper."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .._transport.context import LoadStats, RequestContext, new_context
-from .._transport.loop import run
+from .._transport.deadline import call_deadline
+from .._transport.loop import on_io_loop, run
 from .._transport.session import Destination, Session, session_for
 from .._transport.transport import Transport
 from ..config import ClientConfig, RetryConfig, TransferConfig
 from . import objects
 from .checksums import ObjectInfo
 
-__all__ = ["Client", "GCSClient", "ReaperTask"]
+__all__ = ["Client", "GCSClient", "ReaperTask", "RequestContext"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -184,6 +187,13 @@ class Client:
         """Run the coroutine verb ``verb(context, *args, **kwargs)`` on the I/O loop, as a single call, and wait
         for it."""
         return run(verb(self.call_context(), *args, **kwargs))  # type: ignore[arg-type]  # a verb is a coroutine function, typed as returning an Awaitable
+
+    async def call(self, work: Coroutine[Any, Any, T], *, one_call: bool = True) -> T:
+        """Await ``work`` on the I/O loop, where this process's sessions live, from whichever event loop awaits
+        this: as one call, which ``retry.deadline`` bounds as a whole, unless not ``one_call`` (a call that may
+        send any number of requests, each then under its own deadline)."""
+        with call_deadline(self.retry) if one_call else contextlib.nullcontext():
+            return await on_io_loop(work)
 
     def list_page(self, bucket: str, params: dict[str, Any], *, url: str) -> dict[str, Any]:
         """One page of the bucket's listing for the query ``params``."""

@@ -3,7 +3,8 @@
 A first answer says the object's size, generation and crc32c (:class:`MediaAnswer`); ranged reads of one
 version resume from the byte they reached, are checked for their length and are collected as chunks or
 read straight into a caller's buffer, where the transport puts each piece (``Response.readinto``) and it
-is hashed while in cache. Engines hold a request context and read through these; they never see a response."""
+is hashed while in cache. Engines hold a request context and read through these; they never see a response.
+The URL such a GET goes to is given out too, for others to read an object from."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
+from .._transport.session import media_url
 from .._transport.transport import Response
 from ..errors import GCSError, IntegrityError, NotFoundError
 from .checksums import ObjectInfo, crc32c_extend, crc32c_of_concatenation, reported_crc32c
@@ -26,6 +28,7 @@ __all__ = [
     "MediaAnswer",
     "learn_version",
     "media_answer",
+    "media_read_url",
     "read_range",
     "read_ranges_into",
     "read_version_start",
@@ -33,6 +36,13 @@ __all__ = [
     "stream_range",
     "version_gone",
 ]
+
+
+def media_read_url(endpoint: str, bucket: str, name: str, generation: int | None = None) -> str:
+    """The URL a GET of the object's bytes (of ``generation`` if given) goes to on ``endpoint``: what anyone
+    with credentials (or none, for a public object) reads it from."""
+    url = f"{media_url(endpoint, bucket, name)}?alt=media"
+    return url if generation is None else f"{url}&generation={generation}"
 
 
 def version_gone(url: str, params: dict[str, Any], exc: NotFoundError) -> NotFoundError:

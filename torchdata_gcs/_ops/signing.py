@@ -1,6 +1,7 @@
 """V4 signed URLs of one object: a canonical request, its SHA-256 in a string to sign, that string signed
 with GOOG4-RSA-SHA256 by a service account's private key, as GCS's "V4 signing process" describes. Pure
-computation, no request: anyone holding the URL may then make that one request until it expires."""
+computation, no request: anyone holding the URL may then make that one request until it expires. And the
+credentials a client's settings sign with."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from urllib.parse import quote, urlsplit
 import google.auth.credentials
 import google.auth.crypt
 
+from .._transport.http import credentials_for
+from ..config import ClientConfig
 from ..errors import AccessDeniedError
 
-__all__ = ["ALGORITHM", "MAX_EXPIRATION", "expiration_seconds", "signed_url"]
+__all__ = ["ALGORITHM", "MAX_EXPIRATION", "expiration_seconds", "signed_url", "signing_credentials"]
 
 ALGORITHM = "GOOG4-RSA-SHA256"
 MAX_EXPIRATION = 7 * 24 * 3600
@@ -37,6 +40,14 @@ def expiration_seconds(expiration: int | datetime.timedelta | datetime.datetime,
     if not 1 <= seconds <= MAX_EXPIRATION:
         raise ValueError(f"a signed URL lasts 1 to {MAX_EXPIRATION} seconds (seven days), asked {seconds}")
     return seconds
+
+
+def signing_credentials(config: ClientConfig) -> google.auth.credentials.Credentials:
+    """The credentials URLs are signed with for a client of ``config``: its credentials object or key file's,
+    else Application Default Credentials; anonymous access holds no private key (``AccessDeniedError``)."""
+    if config.anonymous:
+        raise AccessDeniedError("an anonymous client cannot sign URLs: it holds no private key")
+    return credentials_for(config)
 
 
 def _encoded(text: object) -> str:
