@@ -64,7 +64,8 @@ def choose(environ: Mapping[str, str], gcsfs_installed: bool) -> str:
 def handler() -> type:
     """The ``GCSFileSystem`` class :func:`choose` picks for this process's environment."""
     module = choose(os.environ, gcsfs_installed=importlib.util.find_spec(GCSFS) is not None)
-    return importlib.import_module(module).GCSFileSystem  # type: ignore[no-any-return]
+    found: type = importlib.import_module(module).GCSFileSystem
+    return found
 
 
 def __getattr__(name: str) -> type:

@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from .._ops.client import Client
+from .._ops.client import Client, GCSClient, client_of
 from .._ops.objects import storage_layout
 from .._ops.urls import format_url, parse_url
 from .._transport.session import Session
@@ -39,7 +39,7 @@ _UNKNOWN = "unknown (no storage.buckets.get)"
 def doctor(
     url: str,
     *,
-    client: ClientConfig | None = None,
+    client: GCSClient | ClientConfig | None = None,
     say: Callable[[str], None] = lambda line: None,
     sample_size: int = SAMPLE_SIZE,
 ) -> Report:
@@ -47,8 +47,9 @@ def doctor(
     return the report; ``say`` is given each line of it as it is known. Ctrl-C (``KeyboardInterrupt``) stops the checks,
     cleans up and returns a report marked ``interrupted``. A bucket that does not exist or an endpoint that cannot be
     reached raises its ``GCSError``."""
-    client = dataclasses.replace(client or ClientConfig(), connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
-    run = _Run(url, client, say, sample_size)
+    given = client_of(client)
+    short = dataclasses.replace(given.config, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
+    run = _Run(url, GCSClient(short, transport=given.transport), say, sample_size)
     try:
         run.introduce()
         try:
@@ -68,12 +69,12 @@ def doctor(
 class _Run:
     """One doctor run: the bucket's settings as read, the checks in its scratch folder, and the report as it grows."""
 
-    def __init__(self, url: str, client: ClientConfig, say: Callable[[str], None], sample_size: int) -> None:
+    def __init__(self, url: str, client: GCSClient, say: Callable[[str], None], sample_size: int) -> None:
         self.bucket, name = parse_url(url)
         # A name that does not end in "/" is a folder too, as list_files_by_gcs reads it.
         prefix = name if not name or name.endswith("/") else name + "/"
         scratch = f"{prefix}{SCRATCH_MARK}{secrets.token_hex(4)}/"
-        self.client = client
+        self.config = client.config
         self.objects = Client(client, RETRY)
         self.say = say
         self.report = Report(url=format_url(self.bucket, prefix), scratch=format_url(self.bucket, scratch))
@@ -89,8 +90,8 @@ class _Run:
         report.identity = _identity(self.objects.session)
         say(f"endpoint  {report.endpoint}")
         say(f"identity  {report.identity}")
-        if self.client.user_project:
-            say(f"billed to {self.client.user_project} (requester pays)")
+        if self.config.user_project:
+            say(f"billed to {self.config.user_project} (requester pays)")
         say(f"scratch   {report.scratch} (deleted at the end)")
         report.facts = self.bucket_facts()
         say("")
@@ -119,7 +120,7 @@ class _Run:
         self.checks.hierarchical = bool((resource.get("hierarchicalNamespace") or {}).get("enabled"))
         self.checks.retained = bool(resource.get("retentionPolicy"))
         self.checks.held = bool(resource.get("defaultEventBasedHold"))
-        return bucket_settings(resource, self.client.user_project)
+        return bucket_settings(resource, self.config.user_project)
 
     def advise_lifecycle(self) -> None:
         """Print the lifecycle configuration that adds the rules for torchdata-gcs's leftovers the bucket lacks."""
@@ -150,7 +151,7 @@ class _Run:
         except GCSError:
             return [Fact(name, _UNKNOWN) for name in FACT_NAMES]
         self.checks.hierarchical = bool((layout.get("hierarchicalNamespace") or {}).get("enabled"))
-        known = {fact.name: fact for fact in bucket_settings(layout, self.client.user_project)}
+        known = {fact.name: fact for fact in bucket_settings(layout, self.config.user_project)}
         return [known[name] if name in LAYOUT_FACTS else Fact(name, _UNKNOWN) for name in FACT_NAMES]
 
     # -- the end ---------------------------------------------------------------------------------
