@@ -2,24 +2,12 @@
 
     .venv/bin/python -m benchmarks.code_ab --old /tmp/ab-old --new /tmp/ab-new [--rounds 3] [--quick]
 
-Each tree is a plain copy of the package's sources (``git archive COMMIT | tar -x -C DIR``). The emulator
-(filesystem backend) is seeded once, with random bytes: 2,000 x 100 KiB and 2 x 256 MiB. Every run is a
-process of its own with ``PYTHONPATH`` set to one tree (the child checks that ``torchdata_gcs`` came from
-there), old and new alternating, the order swapped every round. Workloads:
-
-- ``small``: ``load_files_by_gcs`` over the 2,000 small objects at 0 ms: wall time and the reader's CPU
-  (user + system, imports excluded) per object;
-- ``large``: ``load_files_by_gcs`` over the 2 large objects: MB/s and CPU per GB;
-- ``checkpoint``: ``checkpoint.save`` of a 256 MiB state dict (16 float32 tensors of 2048 x 2048) through
-  a ``GCSFront`` (the emulator lacks XML multipart uploads), then ``checkpoint.load`` of it straight from
-  the emulator: MB/s each;
-- ``map``: ``GCSMapDataset`` over the small objects in ``DataLoader(num_workers=0, batch_size=64)``: CPU
-  per object of the reads (the listing when the dataset is made is timed apart).
-
-Every run's bytes are checked (length and crc32c of each object, of each loaded tensor), so a fast wrong
-answer fails its run. Prints a table of each side's medians, their ratio, and the median over the rounds of
-each round's new / old (the two sides of a round ran back to back, under about the same load), then
-everything as JSON (also to ``--json``) with the load average at start and end.
+Each tree is a copy of the sources (``git archive COMMIT | tar -x -C DIR``); every run is a process of its own
+with ``PYTHONPATH`` set to one tree, the two sides alternating, the order swapped every round. Workloads:
+``small`` (``load_files_by_gcs`` over 2,000 x 100 KiB: CPU per object), ``large`` (over 2 x 256 MiB: MB/s),
+``checkpoint`` (``checkpoint.save`` of 256 MiB through a ``GCSFront``, then ``load``), ``map``
+(``GCSMapDataset`` in a ``DataLoader``: CPU per object). Every run's bytes are checked (length and crc32c).
+Prints each side's medians, their ratio and the median of each round's new / old, then the JSON (``--json``).
 """
 
 from __future__ import annotations
