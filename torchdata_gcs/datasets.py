@@ -17,6 +17,7 @@ from typing_extensions import TypeVar
 from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
+from ._engines.local_cache import LocalCache, check_cache
 from ._engines.parallel_listing import ListingStats
 from ._engines.reading import read_in_order
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
@@ -63,8 +64,10 @@ class _Dataset(Generic[T]):
         allow_empty: bool,
         skip_missing: bool,
         list_once: bool,
+        cache: LocalCache | None,
     ) -> None:
         require_integer("concurrency", concurrency, 1, 256)
+        self.cache = check_cache(cache)
         self._make_item: ItemMaker[T] = ItemMaker(transform or cast(Transform[T], _url_and_bytes))
         self.client = client_of(client, retry, transfer)
         self._gcs = Client(self.client)
@@ -178,7 +181,7 @@ class _Dataset(Generic[T]):
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
         gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
         make_item = self._make_item
-        for url, stream in read_in_order(items, gcs, self._stats.waits(), skip_missing=False):
+        for url, stream in read_in_order(items, gcs, self._stats.waits(), skip_missing=False, cache=self.cache):
             item = make_item(url, stream)
             self._stats.publish()
             yield item
@@ -230,6 +233,8 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         list_once: where a ``torch.distributed`` default process group of several ranks is initialized,
             rank 0 lists and the other ranks receive its listing (every rank must then make the dataset,
             over the same inputs, at the same point); ``False`` lists on each rank.
+        cache: a ``LocalCache``: objects whose listed version is in it are read from this machine's disk, the
+            others from GCS and then kept there, for every rank and worker of the machine.
 
     Raises:
         NotFoundError: a bucket does not exist, or an input matches no object.
@@ -262,9 +267,21 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         allow_empty: bool = False,
         skip_missing: bool = False,
         list_once: bool = True,
+        cache: LocalCache | None = None,
     ) -> None:
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
+            urls,
+            masks,
+            manifest,
+            transform,
+            client,
+            transfer,
+            retry,
+            concurrency,
+            allow_empty,
+            skip_missing,
+            list_once,
+            cache,
         )
 
     def __len__(self) -> int:
@@ -299,7 +316,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     Args:
         urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing,
-            list_once: as for :class:`GCSMapDataset`.
+            list_once, cache: as for :class:`GCSMapDataset`.
         shuffle: shuffle the order each epoch.
         seed: the shuffle's seed; every rank and worker must use the same one.
         drop_last: drop the tail that would leave ranks unequal, instead of padding the order.
@@ -335,10 +352,22 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         allow_empty: bool = False,
         skip_missing: bool = False,
         list_once: bool = True,
+        cache: LocalCache | None = None,
     ) -> None:
         require_integer("batch_size", batch_size, 1)
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
+            urls,
+            masks,
+            manifest,
+            transform,
+            client,
+            transfer,
+            retry,
+            concurrency,
+            allow_empty,
+            skip_missing,
+            list_once,
+            cache,
         )
         self.shuffle, self.seed, self.drop_last, self.batch_size = shuffle, seed, drop_last, batch_size
         self._epoch = SharedEpoch()  # set here, read in persistent workers too

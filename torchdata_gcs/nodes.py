@@ -26,6 +26,7 @@ from typing_extensions import TypeVar
 from ._engines.compose import COMPOSED_CLASSES, Composing
 from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
 from ._engines.inputs import list_inputs
+from ._engines.local_cache import LocalCache, check_cache
 from ._engines.parallel_listing import ListingStats
 from ._engines.reading import Grouping, Item, read_in_order, split_item
 from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
@@ -227,9 +228,11 @@ class _Reading(BaseNode[T]):
         client: GCSClient | ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
+        cache: LocalCache | None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # torchdata's BaseNode.__init__ has no annotations
         self.source, self.transform, self.skip_missing = source, transform, skip_missing
+        self.cache = check_cache(cache)
         self._make_item = None if transform is None else ItemMaker(transform)
         self._grouping = grouping
         self.client = client_of(client, retry, transfer)
@@ -251,7 +254,7 @@ class _Reading(BaseNode[T]):
         self.stats, self._waits = LoadStats(), WaitHistogram()
         gcs = self._gcs.replace(stats=self.stats)
         self._loaded = read_in_order(
-            self._pulled(), gcs, self._waits, skip_missing=self.skip_missing, grouping=self._grouping
+            self._pulled(), gcs, self._waits, skip_missing=self.skip_missing, grouping=self._grouping, cache=self.cache
         )
 
     def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
@@ -286,7 +289,8 @@ class LoadFiles(_Reading[T]):
     ``transform(url, stream)`` for one that takes two, as in every front end (another shape raises ``TypeError``).
 
     A missing object raises ``NotFoundError``, or with ``skip_missing`` is skipped with a
-    ``MissingObjectWarning``. Settings are those of ``load_files_by_gcs``.
+    ``MissingObjectWarning``. Settings are those of ``load_files_by_gcs``; ``cache``, a ``LocalCache``, keeps
+    the objects on this machine's disk for every process of it to read again.
     """
 
     def __init__(
@@ -298,13 +302,15 @@ class LoadFiles(_Reading[T]):
         client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
+        cache: LocalCache | None = None,
     ) -> None:
-        super().__init__(source, transform, skip_missing, None, client, transfer, retry)
+        super().__init__(source, transform, skip_missing, None, client, transfer, retry, cache)
 
 
 class ComposeShards(_Reading[T]):
     """As :class:`LoadFiles`, with runs of small objects read as server-side composites (see
-    ``compose_shards_by_gcs``, whose settings these are); the source should list ``with_metadata``."""
+    ``compose_shards_by_gcs``, whose settings these are); the source should list ``with_metadata``. With a
+    ``cache``, the objects are kept (not the composites), and a run is composed of those not found there."""
 
     def __init__(
         self,
@@ -319,6 +325,7 @@ class ComposeShards(_Reading[T]):
         client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
+        cache: LocalCache | None = None,
     ) -> None:
         composing = Composing(max_sources, max_composite_bytes, reuse_prefix, storage_classes)
-        super().__init__(source, transform, skip_missing, composing, client, transfer, retry)
+        super().__init__(source, transform, skip_missing, composing, client, transfer, retry, cache)
