@@ -33,9 +33,21 @@ import google_crc32c
 
 from .._ops.checksums import ObjectInfo
 from .._ops.urls import parse_url
+from .._transport import lifecycle
 from ..errors import CacheWarning
 
-__all__ = ["CacheEntry", "CacheStore", "LAYOUT", "LocalCache", "check_cache", "parse_limit", "store_of"]
+__all__ = [
+    "LAYOUT",
+    "CacheEntry",
+    "CacheStore",
+    "FolderReport",
+    "LocalCache",
+    "check_cache",
+    "clear_folder",
+    "folder_report",
+    "parse_limit",
+    "store_of",
+]
 
 LAYOUT = "torchdata-gcs-cache-v1"
 """The folder under the cache's path that holds it (another layout would take another name)."""
@@ -46,7 +58,8 @@ _TOUCH_EVERY = 3600.0
 """An entry's last read is written down at most this often (seconds): a hit costs no write most of the time."""
 _RESCAN_EVERY = 60.0
 """A full cache looks for idle entries at most this often (seconds)."""
-_LOCK_POLL = 0.02
+_RECENT_READS = 10_000
+"""The state file's recent hit rate is of the latest reads, from when this many were counted."""
 
 
 def parse_limit(limit: int | str) -> int:
@@ -172,7 +185,6 @@ class CacheStore:
         self.cache = cache
         self.root = Path(cache.path, LAYOUT)
         self.entries, self.temporary = self.root / "entries", self.root / "tmp"
-        self._state_lock, self._state = self.root / "state.lock", self.root / "state.json"
         self._lock = threading.Lock()  # this process's threads, around the state file and the warnings
         self._warned: set[tuple[str, str]] = set()
         self._broken: str | None = None  # why the cache is off in this process
@@ -289,7 +301,7 @@ class CacheStore:
             freed = 0
             if folder.exists():
                 for old in os.listdir(folder):
-                    freed += self._unlink_counted(folder / old)
+                    freed += _remove_file(folder / old)
             state["bytes"] = max(0, state["bytes"] - freed)
             if state["bytes"] + entry.size > self.cache.limit and not self._make_room(state, entry.size):
                 return
@@ -304,19 +316,18 @@ class CacheStore:
         if now < state.get("next_scan", 0):
             return False
         entries = []
-        for folder in self.entries.glob("*/*"):
-            for file in os.scandir(folder):
-                try:
-                    facts = file.stat()
-                except FileNotFoundError:
-                    continue
-                entries.append((facts.st_mtime, facts.st_size, Path(file.path)))
+        for file in _entry_files(self.root):
+            try:
+                facts = file.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((facts.st_mtime, facts.st_size, Path(file.path)))
         state["bytes"] = sum(size for _, size, _ in entries)
         idle_before = now - self.cache.evict_idle_after
         for modified, _, path in sorted(entries):
             if state["bytes"] + size <= self.cache.limit or modified >= idle_before:
                 break
-            state["bytes"] -= self._unlink_counted(path)
+            state["bytes"] -= _remove_file(path)
         fits = state["bytes"] + size <= self.cache.limit
         if not fits:
             kept = [modified for modified, _, path in entries if path.exists()]
@@ -326,62 +337,46 @@ class CacheStore:
     def _remove(self, path: Path, size: int) -> None:
         try:
             with self._state_locked() as state:
-                state["bytes"] = max(0, state["bytes"] - self._unlink_counted(path))
+                state["bytes"] = max(0, state["bytes"] - _remove_file(path))
         except OSError as exc:
             self.warn("an entry cannot be removed", exc)
-
-    @staticmethod
-    def _unlink_counted(path: Path) -> int:
-        """Remove a file; its size, or 0 if another process removed it first."""
-        try:
-            size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            return 0
-        return size
 
     # the state file: total bytes, hits and misses
 
     @contextmanager
     def _state_locked(self) -> Iterator[dict[str, Any]]:
-        with self._lock:
-            descriptor = os.open(self._state_lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX)
-                state = self._read_state()
-                hits, misses = self._counted
-                state["hits"] += hits
-                state["misses"] += misses
-                self._counted = [0, 0]
-                yield state
-                scratch = self._state.with_suffix(f".{os.getpid()}")
-                scratch.write_text(json.dumps(state))
-                os.replace(scratch, self._state)
-            finally:
-                os.close(descriptor)  # and the flock with it
+        """The state file, locked against every process, with this process's counts added to it."""
+        with self._lock, locked_state(self.root) as state:
+            hits, misses = self._counted
+            self._counted = [0, 0]
+            state["hits"] += hits
+            state["misses"] += misses
+            recent = state["recent"] if sum(state["recent"]) < _RECENT_READS else [0, 0]
+            state["recent"] = [recent[0] + hits, recent[1] + misses]
+            state["limit"] = self.cache.limit
+            yield state
 
     def _read_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"bytes": 0, "hits": 0, "misses": 0, "next_scan": 0}
-        try:
-            state.update(json.loads(self._state.read_text()))
-        except FileNotFoundError:
-            pass
-        except ValueError:  # torn by a crash of an older writer: the next scan counts the bytes again
-            state["next_scan"] = 0
-        return state
+        return read_state(self.root)
 
     def count(self, hit: bool) -> None:
-        """Count a read from the cache or from GCS; written down with the next change of the state file or
-        every thousand reads."""
+        """Count a read from the cache or from GCS; written down with the next change of the state file, every
+        thousand reads, and when the process ends."""
         with self._lock:
             self._counted[0 if hit else 1] += 1
             due = sum(self._counted) >= 1000
-        if due and not self._broken:
-            try:
-                with self._state_locked():
-                    pass
-            except OSError as exc:
-                self.warn("its state cannot be written", exc)
+        if due:
+            self.flush_counts()
+
+    def flush_counts(self) -> None:
+        """Add this process's counts to the state file."""
+        if self._broken or not any(self._counted):
+            return
+        try:
+            with self._state_locked():
+                pass
+        except OSError as exc:
+            self.warn("its state cannot be written", exc)
 
     # one download per node
 
@@ -417,6 +412,92 @@ class CacheStore:
                     pass
 
 
+def read_state(root: Path) -> dict[str, Any]:
+    """The state file of the cache at ``root`` (its folder :data:`LAYOUT`), as last written, unlocked."""
+    state: dict[str, Any] = {"bytes": 0, "hits": 0, "misses": 0, "recent": [0, 0], "next_scan": 0, "limit": None}
+    try:
+        state.update(json.loads((root / "state.json").read_text()))
+    except FileNotFoundError:
+        pass
+    except ValueError:  # torn by a machine's crash: the next scan counts the bytes again
+        state["next_scan"] = 0
+    return state
+
+
+@contextmanager
+def locked_state(root: Path) -> Iterator[dict[str, Any]]:
+    """The state file of the cache at ``root``, locked against every process (``flock``, dropped by the kernel
+    if the holder dies); what the block leaves in it is written back, by a rename."""
+    descriptor = os.open(root / "state.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        state = read_state(root)
+        yield state
+        scratch = root / f"state.json.{os.getpid()}"
+        scratch.write_text(json.dumps(state))
+        os.replace(scratch, root / "state.json")
+    finally:
+        os.close(descriptor)  # and the flock with it
+
+
+@dataclass(frozen=True)
+class FolderReport:
+    """What a cache's folder holds: entries and their bytes, the limit it was last used with, and the reads
+    counted (all of them, and the latest few thousand: the hit rate now)."""
+
+    entries: int
+    bytes: int
+    limit: int | None
+    hits: int
+    misses: int
+    recent_hits: int
+    recent_misses: int
+
+
+def folder_report(path: str | os.PathLike[str]) -> FolderReport:
+    """What the cache at ``path`` holds, counted on disk; ``FileNotFoundError`` if there is none."""
+    root = _existing(path)
+    sizes = [file.stat().st_size for file in _entry_files(root)]
+    state = read_state(root)
+    return FolderReport(len(sizes), sum(sizes), state["limit"], state["hits"], state["misses"], *state["recent"])
+
+
+def clear_folder(path: str | os.PathLike[str]) -> FolderReport:
+    """Remove every entry of the cache at ``path`` and its counts; what it held. Processes reading it meanwhile
+    read from GCS what is gone."""
+    root = _existing(path)
+    with locked_state(root) as state:
+        sizes = [_remove_file(Path(file.path)) for file in _entry_files(root)]
+        held = FolderReport(len(sizes), sum(sizes), state["limit"], state["hits"], state["misses"], *state["recent"])
+        state.update(bytes=0, hits=0, misses=0, recent=[0, 0], next_scan=0)
+    return held
+
+
+def _existing(path: str | os.PathLike[str]) -> Path:
+    root = Path(os.fspath(path), LAYOUT)
+    if not root.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no local cache here", os.fspath(path))
+    return root
+
+
+def _remove_file(path: Path) -> int:
+    """Remove a file; its size, or 0 if another process removed it first."""
+    try:
+        size = path.stat().st_size
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return size
+
+
+def _entry_files(root: Path) -> Iterator[os.DirEntry[str]]:
+    for folder in (root / "entries").glob("*/*"):
+        try:
+            yield from os.scandir(folder)
+        except FileNotFoundError:  # emptied and removed meanwhile
+            continue
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -433,10 +514,17 @@ _STORES_LOCK = threading.Lock()
 
 def store_of(cache: LocalCache) -> CacheStore:
     """This process's store for ``cache`` (made on first use; a forked child makes its own: locks are a
-    process's)."""
+    process's). Its counts are written down when the process ends."""
     key = (os.getpid(), cache._settings())
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is None:
             store = _STORES[key] = CacheStore(cache)
+            lifecycle.cleanup(_flush_counts)
         return store
+
+
+def _flush_counts() -> None:
+    for (pid, _), store in list(_STORES.items()):
+        if pid == os.getpid():
+            store.flush_counts()
