@@ -293,3 +293,41 @@ def test_a_file_system_without_working_locks_reads_from_gcs_with_one_warning(
     monkeypatch.setattr(fcntl, "lockf", refuse)  # what an NFS mount without a lock daemon answers
     caught = read_all_warned(front, LocalCache(tmp_path, limit="1MB"))
     assert len(caught) == 1 and "No locks available" in str(caught[0].message)
+
+
+# -- whole objects: checkpoints and safetensors ------------------------------------------------------------
+
+
+def test_checkpoints_and_safetensors_load_from_the_cache_the_second_time(
+    gcs_emulator: Emulator, front: GCSFront, tmp_path: Path
+) -> None:
+    import torch
+
+    from torchdata_gcs import WriteConfig, Zstd, checkpoint, safetensors
+
+    gcs_emulator.create_bucket("local-cache-weights")
+    client, cache = front.client_config, LocalCache(tmp_path, limit="1GB")
+    state = {"w": torch.arange(10_000.0), "b": torch.ones(3, dtype=torch.int64)}
+    urls = {
+        "plain": "gs://local-cache-weights/plain.pt",
+        "zstd": "gs://local-cache-weights/zstd.pt",
+        "safetensors": "gs://local-cache-weights/model.safetensors",
+    }
+    checkpoint.save(state, urls["plain"], client=client)
+    checkpoint.save(state, urls["zstd"], client=client, write=WriteConfig(compression=Zstd(byte_grouping=True)))
+    safetensors.save_file(state, urls["safetensors"], client=client)
+
+    def load_all() -> list[dict[str, torch.Tensor]]:
+        return [
+            checkpoint.load(urls["plain"], client=client, cache=cache),
+            checkpoint.load(urls["zstd"], client=client, cache=cache),
+            safetensors.load_file(urls["safetensors"], client=client, cache=cache),
+        ]
+
+    for loaded in load_all():
+        assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
+    before = media_gets(front)
+    for loaded in load_all():
+        assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
+    assert media_gets(front) == before  # metadata only: which version is live
+    assert len(entries(tmp_path)) == 3

@@ -39,7 +39,7 @@ from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, Slot, close_at_exit, submit
 from .._transport.retry import reread_while_damaged_async
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
-from .local_cache import CacheEntry, CacheStore, LocalCache, store_of
+from .local_cache import LOCK_POLL, CacheEntry, CacheStore, LocalCache, store_of
 from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
@@ -476,7 +476,7 @@ class CachedReads:
             while not self.store.try_lock(entry):
                 if time.monotonic() > deadline:
                     return False
-                await asyncio.sleep(_LOCK_POLL)
+                await asyncio.sleep(LOCK_POLL)
         except OSError as exc:
             self.store.warn("its locks failed", exc)
             return False
@@ -491,10 +491,6 @@ class CachedReads:
             self.store.keep(entry, parts)
         else:
             await asyncio.to_thread(self.store.keep, entry, parts)
-
-
-_LOCK_POLL = 0.02
-"""Seconds between looks at an entry another process is downloading."""
 
 
 async def _ready(outcomes: list[Outcome], context: RequestContext, seq: int) -> tuple[list[Outcome], int]:

@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +34,12 @@ import google_crc32c
 from .._ops.checksums import ObjectInfo
 from .._ops.urls import parse_url
 from .._transport import lifecycle
+from .._transport.context import LoadStats
 from ..errors import CacheWarning
 
 __all__ = [
     "LAYOUT",
+    "LOCK_POLL",
     "CacheEntry",
     "CacheStore",
     "FolderReport",
@@ -46,6 +48,7 @@ __all__ = [
     "clear_folder",
     "folder_report",
     "parse_limit",
+    "read_through",
     "store_of",
 ]
 
@@ -58,6 +61,8 @@ _TOUCH_EVERY = 3600.0
 """An entry's last read is written down at most this often (seconds): a hit costs no write most of the time."""
 _RESCAN_EVERY = 60.0
 """A full cache looks for idle entries at most this often (seconds)."""
+LOCK_POLL = 0.02
+"""Seconds between looks at an entry another process is downloading."""
 _RECENT_READS = 10_000
 """The state file's recent hit rate is of the latest reads, from when this many were counted."""
 
@@ -395,6 +400,20 @@ class CacheStore:
             self._held.add(offset)
             return True
 
+    def lock_waiting(self, entry: CacheEntry, wait: float) -> bool:
+        """Take the entry's lock, waiting up to ``wait`` seconds while another process holds it; ``False`` if it
+        is not taken (the wait ran out, or locks failed: one warning)."""
+        deadline = time.monotonic() + wait
+        try:
+            while not self.try_lock(entry):
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(LOCK_POLL)
+        except OSError as exc:
+            self.warn("its locks failed", exc)
+            return False
+        return True
+
     def unlock(self, entry: CacheEntry) -> None:
         offset = entry.lock_offset
         with self._lock:
@@ -410,6 +429,36 @@ class CacheStore:
                     os.unlink(file.path)
                 except FileNotFoundError:
                     pass
+
+
+def read_through(
+    cache: LocalCache, url: str, info: ObjectInfo, read: Callable[[memoryview], None], stats: LoadStats, wait: float
+) -> bytes | bytearray:
+    """An object's stored bytes, whole: its entry's if its version is in ``cache``, else read by ``read`` into a
+    buffer of its size (``read`` checks them) and kept. One process of the node reads it while the others wait
+    for it, at most ``wait`` seconds (then they read it too)."""
+    store = store_of(cache)
+    entry = CacheEntry.of(url, info) if store.usable else None
+    buffer = bytearray(info.size)
+    if entry is None:
+        read(memoryview(buffer))
+        return buffer
+    locked = store.lock_waiting(entry, wait)
+    try:
+        data = store.read(entry)
+        if data is not None:
+            store.count(hit=True)
+            stats.cache_hits += 1
+            stats.cache_bytes += len(data)
+            return data
+        read(memoryview(buffer))
+        store.count(hit=False)
+        stats.cache_misses += 1
+        store.keep(entry, [buffer])
+        return buffer
+    finally:
+        if locked:
+            store.unlock(entry)
 
 
 def read_state(root: Path) -> dict[str, Any]:
