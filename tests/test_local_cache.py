@@ -331,3 +331,32 @@ def test_checkpoints_and_safetensors_load_from_the_cache_the_second_time(
         assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
     assert media_gets(front) == before  # metadata only: which version is live
     assert len(entries(tmp_path)) == 3
+
+
+def test_the_readme_snippet_reads_a_second_epoch_from_the_cache(
+    front: GCSFront, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.readme import readme_block
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", front.endpoint)  # the snippet's default client
+    snippet = readme_block('LocalCache("/mnt/nvme/gcs-cache"').replace("/mnt/nvme/gcs-cache", str(tmp_path))
+    namespace = {"decode": lambda stream: stream.read()}
+    exec(snippet.replace("gs://my-bucket/train/", PREFIX), namespace)  # noqa: S102 - our own README
+    dataset = namespace["dataset"]
+    assert sorted(dataset) == sorted(OBJECTS.values())
+    dataset.set_epoch(1)
+    assert sorted(dataset) == sorted(OBJECTS.values())
+    assert (dataset.stats.cache_misses, dataset.stats.cache_hits) == (COUNT, COUNT)
+
+
+def test_the_stall_watch_reports_the_cache(front: GCSFront, tmp_path: Path) -> None:
+    from torchdata_gcs.stalls import StallWatch
+
+    cache = LocalCache(tmp_path, limit="1MB")
+    for expected in ((0, COUNT), (COUNT, 0)):
+        dataset = GCSIterableDataset(PREFIX, client=front.client_config, cache=cache)
+        watch = StallWatch(DataLoader(dataset, batch_size=8, num_workers=2), source=dataset)
+        assert sum(len(batch[0]) for batch in watch) == COUNT
+        report = watch.report()
+        assert (report["cache_hits"], report["cache_misses"]) == expected
+        assert report["cache_bytes"] == expected[0] * SIZE
