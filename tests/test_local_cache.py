@@ -23,7 +23,7 @@ from torchdata_gcs._engines.local_cache import LAYOUT
 from torchdata_gcs.testing import Emulator, GCSFront
 
 BUCKET = "local-cache"
-COUNT, SIZE = 40, 4096
+COUNT, SIZE = 50, 4096
 OBJECTS = {f"data/{i:03d}.bin": os.urandom(SIZE) for i in range(COUNT)}
 PREFIX = f"gs://{BUCKET}/data/"
 
