@@ -360,3 +360,19 @@ def test_the_stall_watch_reports_the_cache(front: GCSFront, tmp_path: Path) -> N
         report = watch.report()
         assert (report["cache_hits"], report["cache_misses"]) == expected
         assert report["cache_bytes"] == expected[0] * SIZE
+
+
+def test_entries_left_unread_make_room_for_new_ones(gcs_emulator: Emulator, front: GCSFront, tmp_path: Path) -> None:
+    gcs_emulator.seed("local-cache-next", {f"{i}.bin": os.urandom(SIZE) for i in range(10)})
+    cache = LocalCache(tmp_path, limit=10 * SIZE, evict_idle_after=1.0)
+    old = GCSMapDataset(PREFIX, client=front.client_config, cache=cache)
+    old.__getitems__(list(range(10)))
+    assert len(entries(tmp_path)) == 10 and old.stats.cache_misses == 10
+    new = GCSMapDataset("gs://local-cache-next/", client=front.client_config, cache=cache)
+    new.__getitems__(list(range(10)))
+    assert new.stats.cache_misses == 10 and len(entries(tmp_path)) == 10  # full of recent entries: nothing admitted
+    time.sleep(1.2)
+    new.__getitems__(list(range(10)))  # the old entries are idle now
+    again = GCSMapDataset("gs://local-cache-next/", client=front.client_config, cache=cache)
+    again.__getitems__(list(range(10)))
+    assert again.stats.cache_hits == 10 and len(entries(tmp_path)) == 10

@@ -23,6 +23,7 @@ import secrets
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -196,6 +197,7 @@ class CacheStore:
         self._lock_file = -1
         self._held: set[int] = set()  # lock offsets this process holds (fcntl locks are the process's)
         self._counted = [0, 0]  # hits and misses not yet written to the state file
+        self._idle: deque[Path] = deque()  # entries found unread for evict_idle_after, the longest first
         try:
             for folder in (self.entries, self.temporary):
                 folder.mkdir(parents=True, exist_ok=True)
@@ -288,7 +290,7 @@ class CacheStore:
             state = self._read_state()
         except OSError:
             return True
-        return state["bytes"] + size <= self.cache.limit or time.time() >= state["next_scan"]
+        return state["bytes"] + size <= self.cache.limit or bool(self._idle) or time.time() >= state["next_scan"]
 
     def keep(self, entry: CacheEntry, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Keep an object's verified bytes (in the parts they came in) as its entry, if there is room."""
@@ -315,11 +317,26 @@ class CacheStore:
             state["bytes"] += entry.size
 
     def _make_room(self, state: dict[str, Any], size: int) -> bool:
-        """Evict entries unread for ``evict_idle_after`` (the longest unread first) until ``size`` fits;
-        the walk that finds them also sets the total right (entries removed by others)."""
+        """Evict entries unread for ``evict_idle_after`` (the longest unread first) until ``size`` fits. The
+        candidates come from one walk of the folder, which also sets the total right (entries removed by
+        others), kept for the admissions that follow: one walk per turnover, not one per entry."""
         now = time.time()
-        if now < state.get("next_scan", 0):
-            return False
+        idle_before = now - self.cache.evict_idle_after
+        if not self._idle and now >= state["next_scan"]:
+            state["bytes"], self._idle, youngest = self._walk(idle_before)
+            state["next_scan"] = max(now + min(_RESCAN_EVERY, self.cache.evict_idle_after), youngest)
+        while self._idle and state["bytes"] + size > self.cache.limit:
+            path = self._idle.popleft()
+            try:
+                if path.stat().st_mtime < idle_before:  # not read since the walk
+                    state["bytes"] = max(0, state["bytes"] - _remove_file(path))
+            except FileNotFoundError:
+                continue
+        return state["bytes"] + size <= self.cache.limit
+
+    def _walk(self, idle_before: float) -> tuple[int, deque[Path], float]:
+        """Every entry's size summed, the idle ones (longest unread first), and when the first of the others
+        becomes idle."""
         entries = []
         for file in _entry_files(self.root):
             try:
@@ -327,17 +344,10 @@ class CacheStore:
             except FileNotFoundError:
                 continue
             entries.append((facts.st_mtime, facts.st_size, Path(file.path)))
-        state["bytes"] = sum(size for _, size, _ in entries)
-        idle_before = now - self.cache.evict_idle_after
-        for modified, _, path in sorted(entries):
-            if state["bytes"] + size <= self.cache.limit or modified >= idle_before:
-                break
-            state["bytes"] -= _remove_file(path)
-        fits = state["bytes"] + size <= self.cache.limit
-        if not fits:
-            kept = [modified for modified, _, path in entries if path.exists()]
-            state["next_scan"] = max(now + _RESCAN_EVERY, min(kept, default=now) + self.cache.evict_idle_after)
-        return fits
+        entries.sort()
+        idle = deque(path for modified, _, path in entries if modified < idle_before)
+        youngest = min((modified for modified, _, _ in entries if modified >= idle_before), default=idle_before)
+        return sum(size for _, size, _ in entries), idle, youngest + self.cache.evict_idle_after
 
     def _remove(self, path: Path, size: int) -> None:
         try:
