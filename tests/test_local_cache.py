@@ -376,3 +376,15 @@ def test_entries_left_unread_make_room_for_new_ones(gcs_emulator: Emulator, fron
     again = GCSMapDataset("gs://local-cache-next/", client=front.client_config, cache=cache)
     again.__getitems__(list(range(10)))
     assert again.stats.cache_hits == 10 and len(entries(tmp_path)) == 10
+
+
+def test_compose_shards_keeps_the_objects_and_reads_them_back(front: GCSFront, tmp_path: Path) -> None:
+    cache = LocalCache(tmp_path, limit="1MB")
+    listed = IterableWrapper([PREFIX]).list_files_by_gcs(client=front.client_config, with_metadata=True)
+    pipe = listed.compose_shards_by_gcs(client=front.client_config, cache=cache)
+    expected = {f"gs://{BUCKET}/{name}": data for name, data in OBJECTS.items()}
+    assert {url: stream.read() for url, stream in pipe} == expected
+    assert pipe.stats.composes > 0 and len(entries(tmp_path)) == COUNT
+    before = media_gets(front)
+    assert {url: stream.read() for url, stream in pipe} == expected
+    assert media_gets(front) == before and pipe.stats.composes == 0 and pipe.stats.cache_hits == COUNT
