@@ -44,5 +44,5 @@ def test_a_second_epoch_reads_from_the_cache_the_same_items(kind, front: GCSFron
     assert [dict(epoch) for epoch in epochs] == [{f"gs://{BUCKET}/{n}": d for n, d in OBJECTS.items()}] * 2
     assert epochs[0] != epochs[1]  # reshuffled, read in its own order
     assert gets[1] == 0 and (gets[0] == len(OBJECTS) if kind is LoadFiles else 0 < gets[0] < len(OBJECTS))
-    kept = sorted(path.stat().st_size for path in tmp_path.rglob("entries/*/*/*"))
+    kept = sorted(path.stat().st_size for path in tmp_path.rglob("entries/*/*"))
     assert kept == sorted(len(data) for data in OBJECTS.values())  # the objects, not the composites

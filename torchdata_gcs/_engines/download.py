@@ -487,10 +487,7 @@ class CachedReads:
         if entry is None or not isinstance(data, (bytes, list)):
             return
         parts = [data] if isinstance(data, bytes) else data
-        if entry.size <= self.context.part_size:
-            self.store.keep(entry, parts)
-        else:
-            await asyncio.to_thread(self.store.keep, entry, parts)
+        await asyncio.to_thread(self.store.keep, entry, parts)  # file writes hold up no request of the loop
 
 
 async def _ready(outcomes: list[Outcome], context: RequestContext, seq: int) -> tuple[list[Outcome], int]:

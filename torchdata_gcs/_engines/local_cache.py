@@ -64,6 +64,8 @@ _RESCAN_EVERY = 60.0
 """A full cache looks for idle entries at most this often (seconds)."""
 LOCK_POLL = 0.02
 """Seconds between looks at an entry another process is downloading."""
+_CLAIM = 64 * 1024 * 1024
+"""The most room a process claims on the limit at once."""
 _RECENT_READS = 10_000
 """The state file's recent hit rate is of the latest reads, from when this many were counted."""
 
@@ -171,12 +173,9 @@ class CacheEntry:
         return cls(key, int(info.generation), crc, info.size)
 
     @property
-    def folder(self) -> str:
-        return f"{self.key[:2]}/{self.key}"
-
-    @property
-    def file_name(self) -> str:
-        return f"{self.generation}.{self.crc32c:08x}"
+    def path(self) -> str:
+        """Where it is under the entries' folder: one of 256 folders, then key, generation and crc32c."""
+        return f"{self.key[:2]}/{self.key}.{self.generation}.{self.crc32c:08x}"
 
     @property
     def lock_offset(self) -> int:
@@ -198,15 +197,29 @@ class CacheStore:
         self._held: set[int] = set()  # lock offsets this process holds (fcntl locks are the process's)
         self._counted = [0, 0]  # hits and misses not yet written to the state file
         self._idle: deque[Path] = deque()  # entries found unread for evict_idle_after, the longest first
+        self._claim = 0  # bytes of the limit this process has claimed and not used yet
+        self._claiming = threading.Lock()  # this process's writers, around the claim
         try:
-            for folder in (self.entries, self.temporary):
-                folder.mkdir(parents=True, exist_ok=True)
+            self.temporary.mkdir(parents=True, exist_ok=True)
+            if not (self.entries / "ff").is_dir():
+                for prefix in range(256):
+                    (self.entries / f"{prefix:02x}").mkdir(parents=True, exist_ok=True)
             self._lock_file = os.open(self.root / "locks", os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.lockf(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)  # do byte-range locks work here?
-            fcntl.lockf(self._lock_file, fcntl.LOCK_UN, 1, 0)
+            self._check_locks()
             self._remove_abandoned()
         except OSError as exc:
             self._turn_off(exc)
+
+    def _check_locks(self) -> None:
+        """Whether byte-range locks work on this file system: an ``OSError`` if not (``ENOLCK`` where an NFS
+        mount has no lock daemon); held by another process at this moment counts as working."""
+        try:
+            fcntl.lockf(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            return
+        fcntl.lockf(self._lock_file, fcntl.LOCK_UN, 1, 0)
 
     @property
     def usable(self) -> bool:
@@ -233,7 +246,7 @@ class CacheStore:
         """The entry's bytes, checked; ``None`` if it is not there (or was damaged: then it is removed)."""
         if self._broken:
             return None
-        path = self.entries / entry.folder / entry.file_name
+        path = self.entries / entry.path
         try:
             with open(path, "rb", buffering=0) as file:
                 data = file.read()
@@ -286,11 +299,13 @@ class CacheStore:
         its lock: a hint that spares writing an entry a full cache would drop)."""
         if self._broken or size > self.cache.limit:
             return False
+        if size <= self._claim or self._idle:
+            return True
         try:
             state = self._read_state()
         except OSError:
             return True
-        return state["bytes"] + size <= self.cache.limit or bool(self._idle) or time.time() >= state["next_scan"]
+        return state["bytes"] + size <= self.cache.limit or time.time() >= state["next_scan"]
 
     def keep(self, entry: CacheEntry, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Keep an object's verified bytes (in the parts they came in) as its entry, if there is room."""
@@ -302,19 +317,36 @@ class CacheStore:
                     file.write(part)
 
     def _admit(self, entry: CacheEntry, temporary: Path) -> None:
-        """Rename the written entry into place if the limit allows, older generations of it removed."""
-        folder = self.entries / entry.folder
-        with self._state_locked() as state:
-            freed = 0
-            if folder.exists():
-                for old in os.listdir(folder):
-                    freed += _remove_file(folder / old)
-            state["bytes"] = max(0, state["bytes"] - freed)
-            if state["bytes"] + entry.size > self.cache.limit and not self._make_room(state, entry.size):
-                return
-            folder.mkdir(parents=True, exist_ok=True)
-            os.replace(temporary, folder / entry.file_name)
-            state["bytes"] += entry.size
+        """Rename the written entry into place if the limit allows. The bytes come out of this process's claim
+        on the limit; the state file is locked only to claim more. (Older generations of the object are never
+        served, and go at the next walk of the folder.)"""
+        with self._claiming:  # the rename too: a walk of the folder must not miss an entry already counted
+            if entry.size > self._claim:
+                with self._state_locked() as state:
+                    if not self._claim_more(state, entry.size):
+                        return
+            os.replace(temporary, self.entries / entry.path)
+            self._claim -= entry.size
+
+    def _claim_more(self, state: dict[str, Any], size: int) -> bool:
+        """Give back what is left of this process's claim and claim room for ``size`` bytes and, where the limit
+        allows, a sixteenth of it more (at most :data:`_CLAIM`): the next admissions need no lock."""
+        state["bytes"] = max(0, state["bytes"] - self._claim)
+        self._claim = 0
+        for wanted in (max(size, min(self.cache.limit // 16, _CLAIM)), size):
+            if state["bytes"] + wanted <= self.cache.limit or self._make_room(state, wanted):
+                state["bytes"] += wanted
+                self._claim = wanted
+                return True
+        return False
+
+    def give_back_claim(self) -> None:
+        """Return what is left of this process's claim to the state file (at the end of the process)."""
+        with self._claiming:
+            if self._claim and not self._broken:
+                with self._state_locked() as state:
+                    state["bytes"] = max(0, state["bytes"] - self._claim)
+                    self._claim = 0
 
     def _make_room(self, state: dict[str, Any], size: int) -> bool:
         """Evict entries unread for ``evict_idle_after`` (the longest unread first) until ``size`` fits. The
@@ -323,7 +355,9 @@ class CacheStore:
         now = time.time()
         idle_before = now - self.cache.evict_idle_after
         if not self._idle and now >= state["next_scan"]:
-            state["bytes"], self._idle, youngest = self._walk(idle_before)
+            on_disk, self._idle, youngest = self._walk(idle_before)
+            state["claims"] = {pid: claim for pid, claim in state["claims"].items() if _alive(int(pid))}
+            state["bytes"] = on_disk + sum(claim for pid, claim in state["claims"].items() if int(pid) != os.getpid())
             state["next_scan"] = max(now + min(_RESCAN_EVERY, self.cache.evict_idle_after), youngest)
         while self._idle and state["bytes"] + size > self.cache.limit:
             path = self._idle.popleft()
@@ -336,7 +370,7 @@ class CacheStore:
 
     def _walk(self, idle_before: float) -> tuple[int, deque[Path], float]:
         """Every entry's size summed, the idle ones (longest unread first), and when the first of the others
-        becomes idle."""
+        becomes idle; entries of an object's older generations (never served again) are removed."""
         entries = []
         for file in _entry_files(self.root):
             try:
@@ -344,6 +378,9 @@ class CacheStore:
             except FileNotFoundError:
                 continue
             entries.append((facts.st_mtime, facts.st_size, Path(file.path)))
+        entries, superseded = _newest_generations(entries)
+        for path in superseded:
+            _remove_file(path)
         entries.sort()
         idle = deque(path for modified, _, path in entries if modified < idle_before)
         youngest = min((modified for modified, _, _ in entries if modified >= idle_before), default=idle_before)
@@ -370,6 +407,8 @@ class CacheStore:
             state["recent"] = [recent[0] + hits, recent[1] + misses]
             state["limit"] = self.cache.limit
             yield state
+            claims = {pid: claim for pid, claim in state["claims"].items() if int(pid) != os.getpid()}
+            state["claims"] = {**claims, str(os.getpid()): self._claim} if self._claim else claims
 
     def _read_state(self) -> dict[str, Any]:
         return read_state(self.root)
@@ -473,7 +512,15 @@ def read_through(
 
 def read_state(root: Path) -> dict[str, Any]:
     """The state file of the cache at ``root`` (its folder :data:`LAYOUT`), as last written, unlocked."""
-    state: dict[str, Any] = {"bytes": 0, "hits": 0, "misses": 0, "recent": [0, 0], "next_scan": 0, "limit": None}
+    state: dict[str, Any] = {
+        "bytes": 0,  # of the entries, and of the room processes have claimed for theirs (claims)
+        "claims": {},
+        "hits": 0,
+        "misses": 0,
+        "recent": [0, 0],
+        "next_scan": 0,
+        "limit": None,
+    }
     try:
         state.update(json.loads((root / "state.json").read_text()))
     except FileNotFoundError:
@@ -539,6 +586,24 @@ def _existing(path: str | os.PathLike[str]) -> Path:
     return root
 
 
+def _newest_generations(
+    entries: list[tuple[float, int, Path]],
+) -> tuple[list[tuple[float, int, Path]], list[Path]]:
+    """The entries of each object's newest generation, and the others (never served again)."""
+    newest: dict[str, tuple[int, tuple[float, int, Path]]] = {}
+    superseded = []
+    for entry in entries:
+        key, generation, _ = entry[2].name.split(".")
+        kept = newest.get(key)
+        if kept is not None and kept[0] >= int(generation):
+            superseded.append(entry[2])
+            continue
+        if kept is not None:
+            superseded.append(kept[1][2])
+        newest[key] = (int(generation), entry)
+    return [entry for _, entry in newest.values()], superseded
+
+
 def _remove_file(path: Path) -> int:
     """Remove a file; its size, or 0 if another process removed it first."""
     try:
@@ -550,7 +615,7 @@ def _remove_file(path: Path) -> int:
 
 
 def _entry_files(root: Path) -> Iterator[os.DirEntry[str]]:
-    for folder in (root / "entries").glob("*/*"):
+    for folder in (root / "entries").glob("*"):
         try:
             yield from os.scandir(folder)
         except FileNotFoundError:  # emptied and removed meanwhile
@@ -586,4 +651,8 @@ def store_of(cache: LocalCache) -> CacheStore:
 def _flush_counts() -> None:
     for (pid, _), store in list(_STORES.items()):
         if pid == os.getpid():
+            try:
+                store.give_back_claim()
+            except OSError as exc:
+                store.warn("its state cannot be written", exc)
             store.flush_counts()
