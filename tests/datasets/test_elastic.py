@@ -9,16 +9,19 @@ in lockstep here, as DDP's do."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.delivery import assert_exactly_once, read
-from tests.ranks import as_rank
+from tests.ranks import as_rank, run_ranks
 from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.datasets import elastic_state
@@ -302,6 +305,36 @@ def test_node_locality_keeps_each_nodes_objects_from_epoch_to_epoch_every_object
     as_rank(monkeypatch, 1, 4)  # no node named: one node, dealt as without locality
     ds.set_epoch(0)
     assert ds.share() == dataset(prefix, client).share()
+
+
+def _epochs_on_a_process_group(prefix: str, rank: int, client: ClientConfig) -> list[list[str]]:
+    for name in ("RANK", "WORLD_SIZE", "GROUP_RANK"):
+        os.environ.pop(name, None)
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # as torchrun sets it; the rank and world size are the process group's
+    ds = dataset(prefix, client, locality="node")
+    shares = []
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        shares.append([url for url, _ in ds.share()])
+    return shares
+
+
+def test_node_locality_on_a_process_group_puts_rank_r_on_node_r_over_the_ranks_per_node(
+    objects: tuple[str, dict[str, bytes]],
+    client: ClientConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    gcs_emulator: Emulator,
+    tmp_path: Path,
+) -> None:
+    """4 ranks of a gloo process group with LOCAL_WORLD_SIZE 2 deal as the environment of 2 nodes of 2 ranks."""
+    prefix, _ = objects
+    work = functools.partial(_epochs_on_a_process_group, prefix)
+    outcomes = run_ranks(4, tmp_path, gcs_emulator.endpoint, work)
+    assert [outcome.get("error") for outcome in outcomes] == [None] * 4
+    ds = dataset(prefix, client, locality="node")
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        assert [outcome["result"][epoch] for outcome in outcomes] == node_shares(monkeypatch, ds, 4, per_node=2)
 
 
 def test_node_locality_stopped_on_two_nodes_resumes_on_one_node_or_three_reading_each_object_once(
