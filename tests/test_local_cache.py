@@ -389,3 +389,28 @@ def test_compose_shards_keeps_the_objects_and_reads_them_back(front: GCSFront, t
     before = media_gets(front)
     assert {url: stream.read() for url, stream in pipe} == expected
     assert media_gets(front) == before and pipe.stats.composes == 0 and pipe.stats.cache_hits == COUNT
+
+
+def test_two_nodes_each_keep_their_part_and_read_a_second_epoch_from_their_own_disk(
+    gcs_emulator: Emulator, front: GCSFront, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 nodes of 2 ranks (torchrun's variables), a folder each holding 60% of the data: the second epoch asks
+    GCS for under a tenth of the objects, and every epoch reads every object once."""
+    from tests.ranks import as_rank
+
+    objects = {f"{i:03d}.bin": os.urandom(SIZE) for i in range(40)}
+    gcs_emulator.seed("local-cache-nodes", objects)
+    gets = []
+    for epoch in range(2):
+        before, read = media_gets(front), []
+        for rank in range(4):
+            as_rank(monkeypatch, rank, 4, per_node=2)
+            cache = LocalCache(tmp_path / f"node-{rank // 2}", limit=int(0.6 * len(objects) * SIZE))
+            dataset = GCSIterableDataset(
+                "gs://local-cache-nodes/", shuffle=True, locality="node", client=front.client_config, cache=cache
+            )
+            dataset.set_epoch(epoch)
+            read += [url for url, data in dataset if data == objects[url.rsplit("/", 1)[1]]]
+        assert sorted(read) == sorted(f"gs://local-cache-nodes/{name}" for name in objects), f"epoch {epoch}"
+        gets.append(media_gets(front) - before)
+    assert gets[0] == len(objects) and gets[1] < len(objects) / 10, gets
