@@ -414,3 +414,19 @@ def test_two_nodes_each_keep_their_part_and_read_a_second_epoch_from_their_own_d
         assert sorted(read) == sorted(f"gs://local-cache-nodes/{name}" for name in objects), f"epoch {epoch}"
         gets.append(media_gets(front) - before)
     assert gets[0] == len(objects) and gets[1] < len(objects) / 10, gets
+
+
+def test_a_script_whose_cache_folder_is_gone_at_its_end_ends_without_a_word(front: GCSFront, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import shutil
+        from torchdata_gcs import ClientConfig, GCSMapDataset, LocalCache
+        cache = LocalCache({str(tmp_path / "cache")!r}, limit="1MB")
+        client = ClientConfig(endpoint={front.endpoint!r}, anonymous=True)
+        dataset = GCSMapDataset({PREFIX!r}, client=client, cache=cache)
+        dataset[0], dataset[0]
+        shutil.rmtree({str(tmp_path / "cache")!r})
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")

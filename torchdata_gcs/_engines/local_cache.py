@@ -422,14 +422,16 @@ class CacheStore:
         if due:
             self.flush_counts()
 
-    def flush_counts(self) -> None:
-        """Add this process's counts to the state file."""
+    def flush_counts(self, *, quietly: bool = False) -> None:
+        """Add this process's counts to the state file (an ``OSError`` raised ``quietly``, else warned of)."""
         if self._broken or not any(self._counted):
             return
         try:
             with self._state_locked():
                 pass
         except OSError as exc:
+            if quietly:
+                raise
             self.warn("its state cannot be written", exc)
 
     # one download per node
@@ -649,10 +651,12 @@ def store_of(cache: LocalCache) -> CacheStore:
 
 
 def _flush_counts() -> None:
+    """At the end of a process: its claim given back and its counts written, quietly (nothing is printed at
+    exit; a folder removed meanwhile loses only counts)."""
     for (pid, _), store in list(_STORES.items()):
-        if pid == os.getpid():
+        if pid == os.getpid() and store.root.is_dir():
             try:
                 store.give_back_claim()
-            except OSError as exc:
-                store.warn("its state cannot be written", exc)
-            store.flush_counts()
+                store.flush_counts(quietly=True)
+            except OSError:
+                pass
