@@ -20,6 +20,7 @@ import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import IO, Any, TypeVar, cast
 
 from .._ops.checksums import (
@@ -285,9 +286,18 @@ class _ObjectRead:
 Outcome = tuple[str, "Loaded | NotFoundError"]
 """One object's result: its bytes, or the ``NotFoundError`` that the consumer raises or skips."""
 
-Unit = Callable[["RequestContext", int], Awaitable[tuple[list[Outcome], int]]]
+
+@dataclass(frozen=True)
+class Ready:
+    """Outcomes known when their unit is made (objects read from the local cache): delivered in their turn
+    without a trip to the I/O loop."""
+
+    outcomes: list[Outcome]
+
+
+Unit = Callable[["RequestContext", int], Awaitable[tuple[list[Outcome], int]]] | Ready
 """Loads a run of consecutive objects given the request context and its sequence number; returns their outcomes
-in order and the budget to give back once they are delivered."""
+in order and the budget to give back once they are delivered. Or, :class:`Ready`, the outcomes themselves."""
 
 
 async def load_one(url: str, info: ObjectInfo | None, context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
@@ -358,8 +368,11 @@ def _deliver_in_order(
 
     try:
         for seq, unit in enumerate(units):
-            window.append(handoff.submit(unit(context, seq)))  # type: ignore[arg-type]  # a Unit returns a coroutine, typed as an Awaitable
-            keep_the_loop_busy()
+            if isinstance(unit, Ready):  # read already (from the local cache): nothing for the loop to do
+                window.append(Slot.holding((unit.outcomes, 0)))
+            else:
+                window.append(handoff.submit(unit(context, seq)))  # type: ignore[arg-type]  # a Unit returns a coroutine, typed as an Awaitable
+                keep_the_loop_busy()
             if len(window) > window_size:
                 yield from deliver()
         handoff.flush()
@@ -418,7 +431,7 @@ class CachedReads:
         if data is None:
             return None
         self._hit(data)
-        return functools.partial(_ready, [(url, data)])
+        return Ready([(url, data)])
 
     def loading(self, url: str, info: ObjectInfo | None) -> Unit:
         """A unit that reads the object from its entry once no other process is downloading it, else from GCS,
@@ -488,8 +501,3 @@ class CachedReads:
             return
         parts = [data] if isinstance(data, bytes) else data
         await asyncio.to_thread(self.store.keep, entry, parts)  # file writes hold up no request of the loop
-
-
-async def _ready(outcomes: list[Outcome], context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
-    """A unit whose object is already read (from the cache)."""
-    return outcomes, 0

@@ -33,7 +33,6 @@ from typing import Any
 import google_crc32c
 
 from .._ops.checksums import ObjectInfo
-from .._ops.urls import parse_url
 from .._transport import lifecycle
 from .._transport.context import LoadStats
 from ..errors import CacheWarning
@@ -156,7 +155,7 @@ def check_cache(cache: object) -> LocalCache | None:
 class CacheEntry:
     """Where one object version lives in the cache, and what its bytes must hash to."""
 
-    key: str  # a hash of bucket and name: the entry's folder and its lock
+    key: str  # a hash of the object's URL: the entry's folder and its lock
     generation: int
     crc32c: int
     size: int
@@ -167,8 +166,7 @@ class CacheEntry:
         no crc32c: nothing to key it by or check it against)."""
         if info is None or info.generation is None or not info.crc32c:
             return None
-        bucket, name = parse_url(url, allow_prefix=False)
-        key = hashlib.sha256(f"{bucket}\n{name}".encode()).hexdigest()[:40]
+        key = hashlib.sha256(url.encode()).hexdigest()[:40]  # the URL names bucket and object, one way only
         crc = int.from_bytes(base64.b64decode(info.crc32c), "big")
         return cls(key, int(info.generation), crc, info.size)
 
@@ -190,6 +188,8 @@ class CacheStore:
         self.cache = cache
         self.root = Path(cache.path, LAYOUT)
         self.entries, self.temporary = self.root / "entries", self.root / "tmp"
+        self._entries = str(self.entries)  # entry paths are joined as text: a hit costs no pathlib
+        self._temporary = str(self.temporary)
         self._lock = threading.Lock()  # this process's threads, around the state file and the warnings
         self._warned: set[tuple[str, str]] = set()
         self._broken: str | None = None  # why the cache is off in this process
@@ -246,7 +246,7 @@ class CacheStore:
         """The entry's bytes, checked; ``None`` if it is not there (or was damaged: then it is removed)."""
         if self._broken:
             return None
-        path = self.entries / entry.path
+        path = f"{self._entries}/{entry.path}"
         try:
             with open(path, "rb", buffering=0) as file:
                 data = file.read()
@@ -257,8 +257,8 @@ class CacheStore:
             self.warn("an entry cannot be read", exc)
             return None
         if len(data) != entry.size or google_crc32c.value(data) != entry.crc32c:
-            self.warn("a damaged entry was removed", str(path))
-            self._remove(path, entry.size)
+            self.warn("a damaged entry was removed", path)
+            self._remove(Path(path))
             return None
         if time.time() - modified > min(_TOUCH_EVERY, self.cache.evict_idle_after / 24):
             try:
@@ -268,31 +268,6 @@ class CacheStore:
         return data
 
     # writing
-
-    @contextmanager
-    def writing(self, entry: CacheEntry) -> Iterator[Any]:
-        """A file to write the entry's bytes into, put in place when the block ends if there is room (else
-        dropped). Nothing is kept if the block raises or the disk fails."""
-        temporary = self.temporary / f"{os.getpid()}.{secrets.token_hex(6)}"
-        try:
-            file = open(temporary, "wb", buffering=0)
-        except OSError as exc:
-            self.warn("an entry cannot be written", exc)
-            yield None
-            return
-        try:
-            with file:
-                yield file
-            self._admit(entry, temporary)
-        except OSError as exc:
-            self.warn("an entry cannot be written", exc)
-        finally:
-            try:
-                os.unlink(temporary)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self.warn("a temporary file cannot be removed", exc)
 
     def has_room(self, size: int) -> bool:
         """Whether an entry of ``size`` bytes may be admitted now, as far as the state file says (read without
@@ -308,25 +283,38 @@ class CacheStore:
         return state["bytes"] + size <= self.cache.limit or time.time() >= state["next_scan"]
 
     def keep(self, entry: CacheEntry, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        """Keep an object's verified bytes (in the parts they came in) as its entry, if there is room."""
+        """Keep an object's verified bytes (in the parts they came in) as its entry, if there is room: written
+        under a temporary name, renamed into place. Nothing is kept if the disk fails."""
         if not self.has_room(entry.size):
             return
-        with self.writing(entry) as file:
-            if file is not None:
+        temporary = f"{self._temporary}/{os.getpid()}.{secrets.token_hex(6)}"
+        try:
+            with open(temporary, "wb") as file:
                 for part in parts:
                     file.write(part)
+            if self._admit(entry, temporary):
+                return
+        except OSError as exc:
+            self.warn("an entry cannot be written", exc)
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.warn("a temporary file cannot be removed", exc)
 
-    def _admit(self, entry: CacheEntry, temporary: Path) -> None:
-        """Rename the written entry into place if the limit allows. The bytes come out of this process's claim
-        on the limit; the state file is locked only to claim more. (Older generations of the object are never
-        served, and go at the next walk of the folder.)"""
+    def _admit(self, entry: CacheEntry, temporary: str) -> bool:
+        """Rename the written entry into place if the limit allows (``False`` if not). The bytes come out of
+        this process's claim on the limit; the state file is locked only to claim more. (Older generations of
+        the object are never served, and go at the next walk of the folder.)"""
         with self._claiming:  # the rename too: a walk of the folder must not miss an entry already counted
             if entry.size > self._claim:
                 with self._state_locked() as state:
                     if not self._claim_more(state, entry.size):
-                        return
-            os.replace(temporary, self.entries / entry.path)
+                        return False
+            os.replace(temporary, f"{self._entries}/{entry.path}")
             self._claim -= entry.size
+        return True
 
     def _claim_more(self, state: dict[str, Any], size: int) -> bool:
         """Give back what is left of this process's claim and claim room for ``size`` bytes and, where the limit
@@ -386,7 +374,7 @@ class CacheStore:
         youngest = min((modified for modified, _, _ in entries if modified >= idle_before), default=idle_before)
         return sum(size for _, size, _ in entries), idle, youngest + self.cache.evict_idle_after
 
-    def _remove(self, path: Path, size: int) -> None:
+    def _remove(self, path: Path) -> None:
         try:
             with self._state_locked() as state:
                 state["bytes"] = max(0, state["bytes"] - _remove_file(path))

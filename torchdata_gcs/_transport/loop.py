@@ -273,6 +273,10 @@ class Handoff:
                     slot._cancel()
 
 
+_NOTHING_TO_WAIT_FOR = threading.Condition()
+"""The condition of slots that hold their result from the start: never waited on."""
+
+
 class Slot(Generic[T]):
     """One handed-over coroutine's result: what a ``concurrent.futures.Future`` gives a waiting thread,
     in one small object without a lock, condition or callback list of its own (thousands of results
@@ -286,6 +290,13 @@ class Slot(Generic[T]):
         self._done = self._cancelled = False
         self._result: T | None = None
         self._error: BaseException | None = None
+
+    @classmethod
+    def holding(cls, result: T) -> Slot[T]:
+        """A slot whose result is already in (no coroutine, nothing on the loop)."""
+        slot: Slot[T] = cls(io_loop(), _NOTHING_TO_WAIT_FOR)
+        slot._done, slot._result = True, result
+        return slot
 
     def done(self) -> bool:
         """Whether the result (or error, or cancellation) is in."""
