@@ -1,6 +1,6 @@
 """Hit rates of cache eviction policies over the epochs of one dataset: a simulation, no GCS, no disk.
 
-    .venv/bin/python -m benchmarks.cache_policy [--objects 10000] [--epochs 5] [--seed 0] [--json PATH]
+    .venv/bin/python -m benchmarks.cache_policy [--objects 10000] [--epochs 5] [--seed 0] [--verify] [--json PATH]
 
 Objects of one size are each read once per epoch, in the same order every epoch or reshuffled every epoch
 (``epoch_order``, as the datasets deal it), through a cache holding a fraction of them (0.25, 0.5, 0.6,
@@ -9,7 +9,7 @@ rule); the same where ``evict_idle_after`` is half an epoch or 1.5 epochs (an en
 evicted to make room); Belady's OPT (evict what is next read furthest in the future, or pass the incoming
 object by if that is it); OPT knowing only the current and the next epoch's orders (what ``epoch_order``
 gives from the seed). Prints the mean hit rate of the epochs after the first per policy, order and size,
-as Markdown tables, then the JSON.
+as Markdown tables, then the JSON. ``--verify`` first checks OPT against an exhaustive search on small traces.
 """
 
 from __future__ import annotations
@@ -125,6 +125,38 @@ def belady(reads: list[int], capacity: int, following: list[float]) -> list[bool
     return hits
 
 
+def best_possible(reads: list[int], capacity: int) -> int:
+    """The most hits any policy gets on ``reads`` (exhaustive search, for small traces): what OPT must get."""
+
+    @functools.cache
+    def best(position: int, cache: frozenset[int]) -> int:
+        if position == len(reads):
+            return 0
+        item = reads[position]
+        if item in cache:
+            return 1 + best(position + 1, cache)
+        if len(cache) < capacity:
+            return max(best(position + 1, cache), best(position + 1, cache | {item}))
+        return max(best(position + 1, cache), *(best(position + 1, cache - {out} | {item}) for out in cache))
+
+    return best(0, frozenset())
+
+
+def verify(cases: int = 200) -> None:
+    """OPT against the exhaustive search on ``cases`` small traces: epochs of a few objects, and random reads."""
+    import random
+
+    for case in range(cases):
+        draw = random.Random(case)
+        count = draw.randint(3, 6)
+        capacity = draw.randint(1, count - 1)
+        reads = trace(count, 3, case, True) if case % 2 else [draw.randrange(count) for _ in range(14)]
+        got, best = sum(belady(reads, capacity, next_reads(reads))), best_possible(reads, capacity)
+        if got != best:
+            raise SystemExit(f"OPT got {got} hits where {best} are possible: {reads}, capacity {capacity}")
+    print(f"OPT matched the exhaustive search on {cases} small traces")
+
+
 def policies(count: int) -> dict[str, Callable[[list[int], int], list[bool]]]:
     """Each policy as a function of the reads and the capacity (in objects)."""
     return {
@@ -187,9 +219,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as given to the datasets")
     parser.add_argument("--json", help="also write the JSON here")
+    parser.add_argument("--verify", action="store_true", help="check OPT against an exhaustive search first")
     args = parser.parse_args()
     if args.epochs < 2 or args.objects < 4:
         parser.error("at least 2 epochs and 4 objects")
+    if args.verify:
+        verify()
     started = time.perf_counter()
     results = simulate(args.objects, args.epochs, args.seed)
     seconds = time.perf_counter() - started
