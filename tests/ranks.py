@@ -1,5 +1,5 @@
 """Ranks of one gloo process group, forked from the test process (which has imported torch already, so
-they start fast), and the list requests a front received."""
+they start fast), ranks told by torchrun's environment variables, and the list requests a front received."""
 
 from __future__ import annotations
 
@@ -13,12 +13,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch.distributed as dist
 
 from torchdata_gcs import ClientConfig
 from torchdata_gcs.testing import GCSFront
 
 DEADLINE = 90.0  # seconds for a whole run of ranks, start to end
+
+
+def as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world: int, per_node: int | None = None) -> None:
+    """Make this process rank ``rank`` of ``world`` as torchrun tells it (``RANK``, ``WORLD_SIZE``), on nodes of
+    ``per_node`` ranks each if given (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), else on no node named."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    if per_node is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+        monkeypatch.delenv("GROUP_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+        monkeypatch.setenv("GROUP_RANK", str(rank // per_node))
 
 
 def list_requests(front: GCSFront, since: int = 0) -> Counter[str]:

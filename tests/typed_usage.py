@@ -27,6 +27,8 @@ def datasets(client: GCSClient) -> None:
         assert_type(item, int)
     for pair in GCSIterableDataset("gs://bucket/"):
         assert_type(pair, tuple[str, bytes])
+    for item in GCSIterableDataset("gs://bucket/", transform=length, locality="node"):
+        assert_type(item, int)
 
 
 def checkpoints(client: GCSClient) -> None:

@@ -10,6 +10,7 @@ Importing the package registers the functional DataPipes on ``IterDataPipe``::
 """
 
 from . import checkpoint
+from ._engines.local_cache import LocalCache
 from ._engines.parallel_listing import ListingStats
 from ._ops.checksums import ObjectInfo
 from ._ops.client import GCSClient
@@ -25,6 +26,7 @@ from .datapipes import (
 from .datasets import GCSIterableDataset, GCSMapDataset
 from .errors import (
     AccessDeniedError,
+    CacheWarning,
     ComposeFallbackWarning,
     DeadlineExceededError,
     EndpointError,
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AccessDeniedError",
+    "CacheWarning",
     "ClientConfig",
     "ComposeFallbackWarning",
     "DeadlineExceededError",
@@ -61,6 +64,7 @@ __all__ = [
     "ListingError",
     "ListingStats",
     "LoadStats",
+    "LocalCache",
     "MissingObjectWarning",
     "NotFoundError",
     "ObjectInfo",

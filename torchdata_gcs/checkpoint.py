@@ -17,6 +17,7 @@ from typing import IO, Any
 from ._engines import checkpoints
 from ._engines.checkpoints import Strategy, write_config
 from ._engines.compressing import CompressingWriter
+from ._engines.local_cache import LocalCache, check_cache
 from ._engines.publishing import StreamingWriter
 from ._ops.client import Client, GCSClient
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, Zstd
@@ -124,6 +125,7 @@ def load(
     client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
+    cache: LocalCache | None = None,
 ) -> Any:
     """``torch.load`` of ``url`` (compressed or not); ``weights_only=None`` leaves the choice to
     ``torch.load``'s own default.
@@ -131,10 +133,12 @@ def load(
     The checkpoint is read as concurrent checked ranges; a compressed one is decompressed range by
     range as it arrives, on several threads. On Linux the bytes land in an anonymous in-memory file
     that ``torch.load(mmap=True)`` then maps: the tensors use those bytes themselves, so loading holds
-    the checkpoint once, not twice.
+    the checkpoint once, not twice. With a ``cache`` (a ``LocalCache``), the checkpoint's stored bytes are
+    read from this machine's disk if its version is there, else downloaded once for every process of the
+    machine and kept; they are then held in memory (no mapping).
     """
     gcs = Client(client, retry, transfer=transfer)
-    return checkpoints.load(url, gcs, map_location=map_location, weights_only=weights_only)
+    return checkpoints.load(url, gcs, map_location=map_location, weights_only=weights_only, cache=check_cache(cache))
 
 
 def remove(url: str, *, client: GCSClient | ClientConfig | None = None, retry: RetryConfig | None = None) -> bool:

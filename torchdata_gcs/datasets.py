@@ -8,15 +8,16 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
-from typing import IO, TYPE_CHECKING, Any, Generic, cast
+from typing import IO, TYPE_CHECKING, Any, Generic, Literal, cast
 
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from typing_extensions import TypeVar
 
-from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
+from ._engines.epoch_order import Consumed, Split, check_locality, epoch_share, node_count, rank_and_world_size
 from ._engines.inputs import list_inputs
 from ._engines.listing import describe_objects
+from ._engines.local_cache import LocalCache, check_cache
 from ._engines.parallel_listing import ListingStats
 from ._engines.reading import read_in_order
 from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
@@ -63,8 +64,10 @@ class _Dataset(Generic[T]):
         allow_empty: bool,
         skip_missing: bool,
         list_once: bool,
+        cache: LocalCache | None,
     ) -> None:
         require_integer("concurrency", concurrency, 1, 256)
+        self.cache = check_cache(cache)
         self._make_item: ItemMaker[T] = ItemMaker(transform or cast(Transform[T], _url_and_bytes))
         self.client = client_of(client, retry, transfer)
         self._gcs = Client(self.client)
@@ -178,7 +181,7 @@ class _Dataset(Generic[T]):
         """The items read concurrently (up to ``max_in_flight`` requests), in order, transformed."""
         gcs = self._gcs.replace(stats=self._stats.local())  # this process's counts: a worker has its own
         make_item = self._make_item
-        for url, stream in read_in_order(items, gcs, self._stats.waits(), skip_missing=False):
+        for url, stream in read_in_order(items, gcs, self._stats.waits(), skip_missing=False, cache=self.cache):
             item = make_item(url, stream)
             self._stats.publish()
             yield item
@@ -230,6 +233,8 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         list_once: where a ``torch.distributed`` default process group of several ranks is initialized,
             rank 0 lists and the other ranks receive its listing (every rank must then make the dataset,
             over the same inputs, at the same point); ``False`` lists on each rank.
+        cache: a ``LocalCache``: objects whose listed version is in it are read from this machine's disk, the
+            others from GCS and then kept there, for every rank and worker of the machine.
 
     Raises:
         NotFoundError: a bucket does not exist, or an input matches no object.
@@ -262,9 +267,21 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         allow_empty: bool = False,
         skip_missing: bool = False,
         list_once: bool = True,
+        cache: LocalCache | None = None,
     ) -> None:
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
+            urls,
+            masks,
+            manifest,
+            transform,
+            client,
+            transfer,
+            retry,
+            concurrency,
+            allow_empty,
+            skip_missing,
+            list_once,
+            cache,
         )
 
     def __len__(self) -> int:
@@ -292,6 +309,17 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     worker, the one of the process that started it), else from torchrun's ``RANK`` and ``WORLD_SIZE``.
     Objects are read ahead concurrently, in order.
 
+    With ``locality="node"``, each node reads the same objects every epoch (what a node-local cache needs):
+    the objects are split among the nodes by a partition that depends on ``seed`` and the number of nodes
+    alone, and each node deals its part, in the epoch's order (a new shuffle of it each epoch), to its ranks
+    as above; every rank still reads as many items, and every epoch reads every object once (padded or cut
+    within each node). The nodes are torchrun's: ``LOCAL_WORLD_SIZE`` ranks each, rank ``r`` on node
+    ``r // LOCAL_WORLD_SIZE`` (``GROUP_RANK``, if set, must agree); without ``LOCAL_WORLD_SIZE``, one node.
+    A rank's batches then hold only its node's objects, and what all ranks have read after a step is no
+    longer a prefix of the order; but positions in the order still name objects whatever the number of
+    nodes, so a resume deals the rest of the epoch to any number of nodes (each its own objects first),
+    every object read once.
+
     :meth:`state_dict` says how far this worker's share has been read, so ``StatefulDataLoader``
     resumes mid-epoch without reading anything twice. To resume on another number of ranks or
     workers, :func:`elastic_state` turns any one rank's saved ``StatefulDataLoader`` state into a
@@ -299,12 +327,14 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
 
     Args:
         urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing,
-            list_once: as for :class:`GCSMapDataset`.
+            list_once, cache: as for :class:`GCSMapDataset`.
         shuffle: shuffle the order each epoch.
         seed: the shuffle's seed; every rank and worker must use the same one.
         drop_last: drop the tail that would leave ranks unequal, instead of padding the order.
         batch_size: the DataLoader's ``batch_size``: each worker takes this many items a turn. Any value
             resumes exactly; only the prefix after every step needs the DataLoader's.
+        locality: ``None`` (one order dealt to all ranks) or ``"node"`` (each node keeps its objects from
+            epoch to epoch); anything else raises ``ValueError``.
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -325,6 +355,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         seed: int = 0,
         drop_last: bool = False,
         batch_size: int = 1,
+        locality: Literal["node"] | None = None,
         masks: str | Sequence[str] = "",
         manifest: str | None = None,
         transform: Transform[T] | None = None,
@@ -335,12 +366,26 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         allow_empty: bool = False,
         skip_missing: bool = False,
         list_once: bool = True,
+        cache: LocalCache | None = None,
     ) -> None:
         require_integer("batch_size", batch_size, 1)
+        check_locality(locality)
         self._configure(
-            urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing, list_once
+            urls,
+            masks,
+            manifest,
+            transform,
+            client,
+            transfer,
+            retry,
+            concurrency,
+            allow_empty,
+            skip_missing,
+            list_once,
+            cache,
         )
         self.shuffle, self.seed, self.drop_last, self.batch_size = shuffle, seed, drop_last, batch_size
+        self.locality = locality
         self._epoch = SharedEpoch()  # set here, read in persistent workers too
         self._sender: tuple[int, int] | None = None  # (rank, world size) of the process that pickled this copy
         self._done = 0  # items of this worker's share delivered this epoch
@@ -379,7 +424,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         rank, world = self.rank_and_world_size()
         worker = get_worker_info()
         workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        return Split(rank, world, workers[0], workers[1], self.batch_size, self.drop_last)
+        nodes = node_count(self.locality, rank, world)
+        return Split(rank, world, workers[0], workers[1], self.batch_size, self.drop_last, nodes)
 
     def _started(self) -> Consumed:
         """What was consumed of the current epoch before this run (nothing, unless resumed into it)."""
@@ -418,6 +464,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
             "workers": split.workers,
             "batch_size": self.batch_size,
             "start": self._started().to_state(),
+            **({"nodes": split.nodes} if self.locality else {}),  # without locality, as states before it
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -440,7 +487,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         Raises ``ResumeError`` (nothing changed) for a malformed state, or one taken over another listing
         (objects added, removed or renamed since: another order, where resuming would skip or repeat
         objects) or in another order (shuffle; for a worker's own state also drop_last, rank, world size,
-        worker, workers, batch size), saying what differs; a state with nothing read yet (``done`` 0)
+        worker, workers, batch size, nodes), saying what differs; a state with nothing read yet (``done`` 0)
         fits any."""
         if isinstance(state, Mapping) and "consumed" in state:
             epoch, seed, consumed = elastic_start(state, self._listing, self.shuffle)
@@ -451,7 +498,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         saved_start = state.get("order", {}).get("start") if isinstance(state, Mapping) else None
         start = Consumed.from_state(saved_start, len(self.objects)) if isinstance(saved_start, list) else Consumed()
         order["start"] = start.to_state()
-        share = len(start.share(len(self.objects), self._split()))
+        share = start.share_size(len(self.objects), self._split())
         epoch, seed, done = resume_position(state, self._listing, order, share)
         self._epoch.value, self.seed, self._resume, self._start = epoch, seed, done, (epoch, start)
         self._turns = SharedTurns()

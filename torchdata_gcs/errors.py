@@ -16,7 +16,8 @@
         └── NoMultipartListing                         the endpoint lists no multipart uploads
     UserWarning
     ├── MissingObjectWarning                           a missing object was skipped, as asked
-    └── ComposeFallbackWarning                         objects loaded one by one, not composed
+    ├── ComposeFallbackWarning                         objects loaded one by one, not composed
+    └── CacheWarning                                   the local cache cannot be used: read from GCS
 
 Each error also derives from the builtin a caller would naturally catch, so ``except
 FileNotFoundError`` works on a missing object. Errors pickle across worker processes and never carry
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 __all__ = [
     "AccessDeniedError",
+    "CacheWarning",
     "ComposeFallbackWarning",
     "DeadlineExceededError",
     "EndpointError",
@@ -143,3 +145,8 @@ class MissingObjectWarning(UserWarning):
 class ComposeFallbackWarning(UserWarning):
     """Objects are loaded one by one because composites cannot be used (permissions) or kept ones
     are not reused (input order)."""
+
+
+class CacheWarning(UserWarning):
+    """The local cache could not be created, read or written (a full disk, no permission, locks that do not
+    work on its file system, entries removed or damaged): the objects concerned are read from GCS instead."""

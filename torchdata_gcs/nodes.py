@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
-from typing import IO, Any, cast
+from typing import IO, Any, Literal, cast
 
 try:
     from torchdata.nodes import BaseNode
@@ -24,8 +24,9 @@ except ImportError as exc:  # torchdata 0.9 or none
 from typing_extensions import TypeVar
 
 from ._engines.compose import COMPOSED_CLASSES, Composing
-from ._engines.epoch_order import Consumed, Split, epoch_share, rank_and_world_size
+from ._engines.epoch_order import Consumed, Split, check_locality, epoch_share, node_count, rank_and_world_size
 from ._engines.inputs import list_inputs
+from ._engines.local_cache import LocalCache, check_cache
 from ._engines.parallel_listing import ListingStats
 from ._engines.reading import Grouping, Item, read_in_order, split_item
 from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
@@ -128,6 +129,15 @@ class EpochObjects(BaseNode[Item]):
     ``WORLD_SIZE``. The first reset reads epoch 0 and lists the source (its only reset); each later
     ``reset()`` reads the next epoch, as ``torchdata.nodes.Loader`` resets its nodes for each pass.
 
+    With ``locality="node"`` (``None``, the default, deals as above; anything else raises ``ValueError``),
+    each machine reads the same objects every epoch, as a node-local cache needs: the items are split among
+    the machines by a partition that depends on ``seed`` and their number alone, and each deals its part, in
+    the epoch's order, to its ranks as above (every rank as many items, every item once an epoch, padded or
+    cut within each machine; what all ranks have read after a step is then no prefix of the order). The
+    machines are torchrun's nodes: ``LOCAL_WORLD_SIZE`` ranks each, rank ``r`` on node
+    ``r // LOCAL_WORLD_SIZE`` (``GROUP_RANK``, if set, must agree); without ``LOCAL_WORLD_SIZE``, one. A
+    state resumes on any number of nodes, as on any number of ranks.
+
     The state (``get_state``) is the same on every rank at the same step: the epoch, the seed, a
     fingerprint of the listing and how many items each rank has consumed; a reset to it, on any number
     of ranks, deals what the ranks had not consumed, so every item is read once. A state taken over
@@ -152,12 +162,20 @@ class EpochObjects(BaseNode[Item]):
     """
 
     def __init__(
-        self, source: BaseNode[Item], *, shuffle: bool = False, seed: int = 0, drop_last: bool = False
+        self,
+        source: BaseNode[Item],
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        locality: Literal["node"] | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # torchdata's BaseNode.__init__ has no annotations
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+        check_locality(locality)
         self.source, self.shuffle, self.seed, self.drop_last = source, shuffle, seed, drop_last
+        self.locality = locality
         self._items: list[Item] | None = None  # the source's items, listed at the first reset
         self._listing: dict[str, Any] = {}
         self._epoch = -1  # the epoch being read (none yet)
@@ -184,7 +202,7 @@ class EpochObjects(BaseNode[Item]):
         if initial_state is not None:  # what all ranks consumed, whatever their number: dealt anew below
             epoch, seed, start = elastic_start(elastic_position([initial_state]), self._listing, self.shuffle)
         rank, world = rank_and_world_size()
-        split = Split(rank, world, drop_last=self.drop_last)
+        split = Split(rank, world, drop_last=self.drop_last, nodes=node_count(self.locality, rank, world))
         share = epoch_share(len(self._items), seed, epoch, self.shuffle, start, split)
         self.seed, self._epoch, self._share, self._done = seed, epoch, share, 0
         self._order = {
@@ -194,6 +212,7 @@ class EpochObjects(BaseNode[Item]):
             "worker": 0,  # one reader per rank (a ParallelMapper's workers map what it reads, in order)
             "workers": 1,
             "start": start.to_state(),
+            **({"nodes": split.nodes} if self.locality else {}),  # without locality, as states before it
         }
 
     def next(self) -> Item:
@@ -227,9 +246,11 @@ class _Reading(BaseNode[T]):
         client: GCSClient | ClientConfig | None,
         transfer: TransferConfig | None,
         retry: RetryConfig | None,
+        cache: LocalCache | None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # torchdata's BaseNode.__init__ has no annotations
         self.source, self.transform, self.skip_missing = source, transform, skip_missing
+        self.cache = check_cache(cache)
         self._make_item = None if transform is None else ItemMaker(transform)
         self._grouping = grouping
         self.client = client_of(client, retry, transfer)
@@ -251,7 +272,7 @@ class _Reading(BaseNode[T]):
         self.stats, self._waits = LoadStats(), WaitHistogram()
         gcs = self._gcs.replace(stats=self.stats)
         self._loaded = read_in_order(
-            self._pulled(), gcs, self._waits, skip_missing=self.skip_missing, grouping=self._grouping
+            self._pulled(), gcs, self._waits, skip_missing=self.skip_missing, grouping=self._grouping, cache=self.cache
         )
 
     def _pulled(self) -> Iterator[tuple[str, ObjectInfo | None]]:
@@ -286,7 +307,8 @@ class LoadFiles(_Reading[T]):
     ``transform(url, stream)`` for one that takes two, as in every front end (another shape raises ``TypeError``).
 
     A missing object raises ``NotFoundError``, or with ``skip_missing`` is skipped with a
-    ``MissingObjectWarning``. Settings are those of ``load_files_by_gcs``.
+    ``MissingObjectWarning``. Settings are those of ``load_files_by_gcs``; ``cache``, a ``LocalCache``, keeps
+    the objects on this machine's disk for every process of it to read again.
     """
 
     def __init__(
@@ -298,13 +320,15 @@ class LoadFiles(_Reading[T]):
         client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
+        cache: LocalCache | None = None,
     ) -> None:
-        super().__init__(source, transform, skip_missing, None, client, transfer, retry)
+        super().__init__(source, transform, skip_missing, None, client, transfer, retry, cache)
 
 
 class ComposeShards(_Reading[T]):
     """As :class:`LoadFiles`, with runs of small objects read as server-side composites (see
-    ``compose_shards_by_gcs``, whose settings these are); the source should list ``with_metadata``."""
+    ``compose_shards_by_gcs``, whose settings these are); the source should list ``with_metadata``. With a
+    ``cache``, the objects are kept (not the composites), and a run is composed of those not found there."""
 
     def __init__(
         self,
@@ -319,6 +343,7 @@ class ComposeShards(_Reading[T]):
         client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
+        cache: LocalCache | None = None,
     ) -> None:
         composing = Composing(max_sources, max_composite_bytes, reuse_prefix, storage_classes)
-        super().__init__(source, transform, skip_missing, composing, client, transfer, retry)
+        super().__init__(source, transform, skip_missing, composing, client, transfer, retry, cache)

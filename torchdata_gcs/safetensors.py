@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ._engines import tensor_files
+from ._engines.local_cache import LocalCache, check_cache
 from ._ops.client import Client, GCSClient
 from ._ops.urls import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
@@ -56,6 +57,7 @@ def load_file(
     client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
+    cache: LocalCache | None = None,
 ) -> dict[str, torch.Tensor]:
     """The tensors of the safetensors file at ``url``, as ``safetensors.torch.load_file``.
 
@@ -63,7 +65,9 @@ def load_file(
     seen, into one CPU allocation that the tensors share (a tensor not aligned to its dtype gets its
     own copy). Nothing is returned unless the file's crc32c matches GCS's. For another ``device``
     (``"cuda"``, ``"cuda:1"``, ``0``) the tensors are loaded to the CPU, then moved with ``.to(device)``;
-    a device this process cannot use fails with torch's error before anything is read.
+    a device this process cannot use fails with torch's error before anything is read. With a ``cache`` (a
+    ``LocalCache``), the file comes from this machine's disk if its version is there, else it is downloaded
+    once for every process of the machine and kept.
 
     Raises:
         NotFoundError: no such object, or no such bucket.
@@ -80,7 +84,7 @@ def load_file(
         {'w': tensor([1., 1.])}
     """
     target = _usable(device)
-    tensors = tensor_files.load(url, Client(client, retry, transfer=transfer))
+    tensors = tensor_files.load(url, Client(client, retry, transfer=transfer), check_cache(cache))
     return _to(tensors, target)
 
 

@@ -32,7 +32,8 @@ class StallWatch(Generic[T]):
     and ``object_wait_s``, the reading processes' wait for their next object (the I/O read-ahead did
     not hide), in all and per process under ``workers`` (``"main"`` for the rank's own process, a
     DataLoader worker's id for a worker), each with its ``objects``, ``requests``, ``bytes``,
-    ``retries`` and ``throttled`` (429 answers).
+    ``retries``, ``throttled`` (429 answers) and, with a ``LocalCache``, ``cache_hits``, ``cache_misses`` and
+    ``cache_bytes``.
 
     Args:
         loader: what the training loop iterates.
@@ -103,7 +104,8 @@ class StallWatch(Generic[T]):
 
     def report(self) -> dict[str, Any]:
         """This rank's figures: ``rank``, ``batch_wait_s``, ``object_wait_s``, ``objects``, ``requests``,
-        ``bytes``, ``retries``, ``throttled`` and ``workers``; JSON-serializable."""
+        ``bytes``, ``retries``, ``throttled``, ``cache_hits``, ``cache_misses``, ``cache_bytes`` and
+        ``workers``; JSON-serializable."""
         figures = self.source.stall_stats() if self.source is not None else stall_report({})
         return {"rank": figures.pop("rank"), "batch_wait_s": self.batch_waits.summary(), **figures}
 

@@ -1,21 +1,27 @@
 """GCSIterableDataset's epoch has one order whatever the world size, and resumes on any number of ranks and
 workers: after every step what all ranks read is a prefix of the order; a run stopped on 2 ranks x 2
-workers resumes on 3 ranks x 1 worker (and again on 1 rank x 2 workers), every object exactly once.
+workers resumes on 3 ranks x 1 worker (and again on 1 rank x 2 workers), every object exactly once. With
+node locality each node keeps its objects from epoch to epoch, and a run resumes on another number of nodes.
 
-Ranks are told by torchrun's ``RANK`` and ``WORLD_SIZE``, as the dataset reads them without a process
-group (``test_shares.py`` runs real ranks); their loaders step in lockstep here, as DDP's do."""
+Ranks (and nodes) are told by torchrun's ``RANK`` and ``WORLD_SIZE`` (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``),
+as the dataset reads them without a process group (``test_shares.py`` runs real ranks); their loaders step
+in lockstep here, as DDP's do."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.delivery import assert_exactly_once, read
+from tests.ranks import as_rank, run_ranks
 from torchdata_gcs import ClientConfig, GCSIterableDataset, GCSMapDataset, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.datasets import elastic_state
@@ -42,15 +48,16 @@ def dataset(prefix: str, client: ClientConfig, **settings: Any) -> GCSIterableDa
 Rank = tuple[StatefulDataLoader, Iterator[list[tuple[str, bytes]]]]
 
 
-def loaders(monkeypatch: pytest.MonkeyPatch, datasets: list[GCSIterableDataset], workers: int) -> list[Rank]:
-    """One loader per rank (rank ``r`` reads ``datasets[r]``), each seeing its own RANK and WORLD_SIZE
-    whenever it runs (its workers start, or it reads, at its first step)."""
+def loaders(
+    monkeypatch: pytest.MonkeyPatch, datasets: list[GCSIterableDataset], workers: int, per_node: int | None = None
+) -> list[Rank]:
+    """One loader per rank (rank ``r`` reads ``datasets[r]``), each seeing its own RANK and WORLD_SIZE (and,
+    on nodes of ``per_node`` ranks, its node) whenever it runs (its workers start, or it reads, at its first step)."""
 
     def batches(loader: StatefulDataLoader, rank: int) -> Iterator[list[tuple[str, bytes]]]:
         iterator = None
         while True:
-            monkeypatch.setenv("RANK", str(rank))
-            monkeypatch.setenv("WORLD_SIZE", str(len(datasets)))
+            as_rank(monkeypatch, rank, len(datasets), per_node)
             if iterator is None:
                 iterator = iter(loader)
             batch = next(iterator, None)
@@ -265,3 +272,133 @@ def test_only_the_first_pass_after_a_resume_starts_from_the_position(
     resumed_pass, next_pass = ([item for batch in loader for item in batch] for _ in range(2))
     assert_exactly_once(consumed + resumed_pass, contents)
     assert_exactly_once(next_pass, contents)
+
+
+def node_shares(monkeypatch: pytest.MonkeyPatch, ds: GCSIterableDataset, world: int, per_node: int) -> list[list[str]]:
+    """The URLs each rank reads of the dataset's epoch (rank by rank), on nodes of ``per_node`` ranks."""
+    shares = []
+    for rank in range(world):
+        as_rank(monkeypatch, rank, world, per_node)
+        shares.append([url for url, _ in ds.share()])
+    return shares
+
+
+def test_node_locality_keeps_each_nodes_objects_from_epoch_to_epoch_every_object_read_once(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 nodes of 2 ranks, epochs 0, 1 and 2: every object read once, 15 by each rank; each node reads the
+    same 30 objects every epoch, the other node's never, in another order each epoch."""
+    prefix, contents = objects
+    ds = dataset(prefix, client, locality="node")
+    by_node: list[list[list[str]]] = [[], []]  # each node's order (its ranks' shares interleaved), epoch by epoch
+    for epoch in (0, 1, 2):
+        ds.set_epoch(epoch)
+        shares = node_shares(monkeypatch, ds, world=4, per_node=2)
+        assert [len(share) for share in shares] == [N // 4] * 4
+        assert sorted(url for share in shares for url in share) == sorted(contents), f"epoch {epoch} reads all once"
+        for node in (0, 1):
+            by_node[node].append([url for pair in zip(*shares[2 * node : 2 * node + 2], strict=True) for url in pair])
+    for orders in by_node:
+        assert all(set(order) == set(orders[0]) for order in orders), "a node reads the same objects every epoch"
+        assert orders[0] != orders[1] != orders[2] != orders[0], "in another order each epoch"
+    assert not set(by_node[0][0]) & set(by_node[1][0]), "the nodes read different objects"
+    as_rank(monkeypatch, 1, 4)  # no node named: one node, dealt as without locality
+    ds.set_epoch(0)
+    assert ds.share() == dataset(prefix, client).share()
+
+
+def _epochs_on_a_process_group(prefix: str, rank: int, client: ClientConfig) -> list[list[str]]:
+    for name in ("RANK", "WORLD_SIZE", "GROUP_RANK"):
+        os.environ.pop(name, None)
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # as torchrun sets it; the rank and world size are the process group's
+    ds = dataset(prefix, client, locality="node")
+    shares = []
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        shares.append([url for url, _ in ds.share()])
+    return shares
+
+
+def test_node_locality_on_a_process_group_puts_rank_r_on_node_r_over_the_ranks_per_node(
+    objects: tuple[str, dict[str, bytes]],
+    client: ClientConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    gcs_emulator: Emulator,
+    tmp_path: Path,
+) -> None:
+    """4 ranks of a gloo process group with LOCAL_WORLD_SIZE 2 deal as the environment of 2 nodes of 2 ranks."""
+    prefix, _ = objects
+    work = functools.partial(_epochs_on_a_process_group, prefix)
+    outcomes = run_ranks(4, tmp_path, gcs_emulator.endpoint, work)
+    assert [outcome.get("error") for outcome in outcomes] == [None] * 4
+    ds = dataset(prefix, client, locality="node")
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        assert [outcome["result"][epoch] for outcome in outcomes] == node_shares(monkeypatch, ds, 4, per_node=2)
+
+
+def test_node_locality_stopped_on_two_nodes_resumes_on_one_node_or_three_reading_each_object_once(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after 3 steps on 2 nodes of 2 ranks of 2 workers; resumed on 1 node of 3 ranks, and (from the
+    same position) on 3 nodes of 1 rank: the rest of the epoch read once."""
+    prefix, contents = objects
+    stopped = loaders(monkeypatch, [dataset(prefix, client, locality="node") for _ in range(4)], 2, per_node=2)
+    delivered = items(steps(stopped, 3))
+    saved = [loader.state_dict() for loader, _ in stopped]
+    finish(stopped)
+    position = elastic_state(saved[0])
+    assert all(elastic_state(state) == position for state in saved[1:]), "any rank's state says the same"
+    prefix_length, beyond = position["consumed"]
+    assert prefix_length + len(beyond) == 3 * 4 * BATCH
+
+    for per_node in (3, 1):
+        resumed = [dataset(prefix, client, locality="node") for _ in range(3)]
+        for ds in resumed:
+            ds.load_state_dict(position)
+        rest = items(steps(loaders(monkeypatch, resumed, workers=1, per_node=per_node)))
+        assert len(rest) == N - 3 * 4 * BATCH
+        assert_exactly_once(delivered + rest, contents)
+
+
+def test_node_locality_refuses_what_describes_no_nodes_and_a_state_dealt_to_other_nodes(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, _ = objects
+    for value, shown in [("rack", "'rack'"), ("Node", "'Node'"), (True, "True")]:
+        with pytest.raises(ValueError, match=f"locality must be None or 'node', got {shown}"):
+            dataset(prefix, client, locality=value)
+    ds = dataset(prefix, client, locality="node")
+    for environment, words in [
+        (
+            {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "3"},
+            "WORLD_SIZE 4 is not a multiple of LOCAL_WORLD_SIZE 3",
+        ),
+        ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE must be >= 1, got 0"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "two"},
+            "LOCAL_WORLD_SIZE and GROUP_RANK must be integers",
+        ),
+        (
+            {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0"},
+            "GROUP_RANK 0 is not the node of rank 3",
+        ),
+        ({"RANK": "0", "WORLD_SIZE": "4", "GROUP_RANK": "0"}, "GROUP_RANK is set .* but LOCAL_WORLD_SIZE is not"),
+    ]:
+        as_rank(monkeypatch, 0, 1)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=words):
+            ds.share()
+
+    as_rank(monkeypatch, 0, 2, per_node=1)
+    states = {}
+    for locality in (None, "node"):
+        reading = dataset(prefix, client, locality=locality)
+        iterator = iter(reading)
+        next(iterator), next(iterator)
+        iterator.close()
+        states[locality] = reading.state_dict()
+    for locality, other, words in [(None, "node", "nodes 1 then, 2 now"), ("node", None, "nodes 2 then, 1 now")]:
+        with pytest.raises(ResumeError, match=words):
+            dataset(prefix, client, locality=other).load_state_dict(states[locality])

@@ -1,8 +1,9 @@
 """EpochObjects under torchdata.nodes.Loader: one order per epoch whatever the world size, equal shares
-per rank, and a state any rank saves that resumes on any number of ranks, every object read once.
+per rank, and a state any rank saves that resumes on any number of ranks, every object read once; with
+node locality, each machine's objects the same every epoch, and a resume on another number of machines.
 
-Ranks are told by torchrun's ``RANK`` and ``WORLD_SIZE``, read when a rank's loader resets its nodes;
-their loaders step in lockstep here, as DDP's do."""
+Ranks (and machines) are told by torchrun's ``RANK`` and ``WORLD_SIZE`` (``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``), read when a rank's loader resets its nodes; their loaders step in lockstep here, as DDP's do."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Loader, ParallelMapper
 
 from tests.delivery import assert_exactly_once, read
+from tests.ranks import as_rank
 from tests.readme import readme_block
 from torchdata_gcs import ClientConfig, GCSIterableDataset, InvalidURIError, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
@@ -58,12 +60,12 @@ def loaders(roots: list[BaseNode], state: dict[str, Any] | None = None) -> list[
     return made
 
 
-def passes(monkeypatch: pytest.MonkeyPatch, ranks: list[Loader]) -> list[Batches]:
-    """A pass over every rank's loader (which resets its nodes), each begun while the environment names its rank."""
+def passes(monkeypatch: pytest.MonkeyPatch, ranks: list[Loader], per_node: int | None = None) -> list[Batches]:
+    """A pass over every rank's loader (which resets its nodes), each begun while the environment names its rank
+    (and, on machines of ``per_node`` ranks, its machine)."""
     started = []
     for rank, loader in enumerate(ranks):
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", str(len(ranks)))
+        as_rank(monkeypatch, rank, len(ranks), per_node)
         started.append(iter(loader))
     return started
 
@@ -247,3 +249,47 @@ def test_the_source_is_listed_once_for_every_epoch_and_anything_but_urls_is_refu
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="RANK must be in 0..WORLD_SIZE-1, got RANK=2, WORLD_SIZE=2"):
         next(EpochObjects(IterableWrapper([f"{prefix}000.bin"])))
+
+
+def test_node_locality_keeps_each_machines_objects_from_epoch_to_epoch_and_resumes_on_another_number_of_them(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 machines of 2 ranks, epochs 0, 1 and 2: every object read once, each machine the same 30 every epoch
+    (the other's never), in another order each epoch. Stopped after 2 steps of epoch 3, the rest of that
+    epoch is read once on 1 machine of 3 ranks, and (from the same state) on 3 machines of 1 rank."""
+    prefix, contents = objects
+    ranks = loaders([pipeline(prefix, client, locality="node") for _ in range(4)])
+    by_machine: list[list[list[str]]] = [[], []]  # each machine's objects in the order read, epoch by epoch
+    for _ in range(3):  # each pass, the next epoch
+        taken = steps(passes(monkeypatch, ranks, per_node=2))
+        assert len(taken) == N // 4 // BATCH, "15 objects per rank"
+        assert_exactly_once(items(taken), contents)
+        for machine in (0, 1):
+            by_machine[machine].append(
+                [url for batches in taken for b in batches[2 * machine : 2 * machine + 2] for url, _ in b]
+            )
+    for orders in by_machine:
+        assert all(set(order) == set(orders[0]) for order in orders), "a machine reads the same objects every epoch"
+        assert orders[0] != orders[1] != orders[2] != orders[0], "in another order each epoch"
+    assert not set(by_machine[0][0]) & set(by_machine[1][0]), "the machines read different objects"
+
+    running = passes(monkeypatch, ranks, per_node=2)
+    delivered = items(steps(running, 2))
+    state = ranks[3].state_dict()
+    steps(running)
+    for per_node in (3, 1):
+        resumed = loaders([pipeline(prefix, client, locality="node", workers=1) for _ in range(3)], state)
+        rest = items(steps(passes(monkeypatch, resumed, per_node=per_node)))
+        assert len(rest) == N - 2 * 4 * BATCH
+        assert_exactly_once(delivered + rest, contents)
+
+
+def test_node_locality_refuses_another_value_and_machines_of_unequal_ranks(
+    objects: tuple[str, dict[str, bytes]], client: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, _ = objects
+    with pytest.raises(ValueError, match="locality must be None or 'node', got 'rack'"):
+        EpochObjects(IterableWrapper([]), locality="rack")  # type: ignore[arg-type]
+    as_rank(monkeypatch, 0, 3, per_node=2)
+    with pytest.raises(ValueError, match="WORLD_SIZE 3 is not a multiple of LOCAL_WORLD_SIZE 2"):
+        next(EpochObjects(ListFiles(prefix, client=client), locality="node"))

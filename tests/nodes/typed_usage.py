@@ -18,4 +18,5 @@ def nodes() -> None:
     listed = ListFiles("gs://bucket/", with_metadata=True)
     assert_type(LoadFiles(listed).next(), tuple[str, IO[bytes]])
     assert_type(LoadFiles(EpochObjects(listed), transform=length).next(), int)
+    assert_type(LoadFiles(EpochObjects(listed, locality="node")).next(), tuple[str, IO[bytes]])
     assert_type(ComposeShards(listed, transform=length).next(), int)

@@ -20,6 +20,7 @@ from ..config import WriteConfig, Zstd
 from .compressed_read import block_table_of, read_decompressed_into
 from .compressing import CompressingWriter
 from .compression import decompress, is_compressed
+from .local_cache import LocalCache, read_through
 from .memory_file import memory_file
 from .publishing import StreamingWriter
 from .ranges import read_into, read_into_buffer
@@ -83,8 +84,19 @@ def open_reader(url: str, client: Client) -> IO[bytes]:
     return cast(IO[bytes], MemoryStream([decompress(buffer, url)]))
 
 
-def load(url: str, client: Client, *, map_location: Any, weights_only: bool | None) -> Any:
-    """``torch.load`` of ``url``, compressed or not; mapped from an in-memory file where the system has one."""
+def load(
+    url: str, client: Client, *, map_location: Any, weights_only: bool | None, cache: LocalCache | None = None
+) -> Any:
+    """``torch.load`` of ``url``, compressed or not; mapped from an in-memory file where the system has one. With
+    a ``cache``, the object's stored bytes come from it (or are kept in it)."""
+    if cache is not None:
+        with call_deadline(client.retry):
+            info = _object_info(url, client)
+            stored = read_through(
+                cache, url, info, lambda view: read_into(view, url, info, client), client.stats, client.retry.deadline
+            )
+        stream = cast(IO[bytes], MemoryStream([memoryview(decompress(stored, url))]))
+        return torch.load(stream, map_location=map_location, weights_only=weights_only)
     with call_deadline(client.retry), _downloaded(url, _object_info(url, client), client) as (path, view):
         head = bytes(view[:16])
         if is_compressed(head):  # compressed without a block table: older checkpoints, other zstd writers

@@ -45,8 +45,9 @@ from ..errors import (
     NotFoundError,
     PreconditionFailedError,
 )
-from .download import Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
+from .download import CachedReads, Loaded, Outcome, Unit, deliver_in_order, fetch_object, load_one
 from .listing import describe, list_objects_async
+from .local_cache import CacheEntry, LocalCache
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +152,10 @@ class Composer:
 
     # -- planning (consumer thread; preparation in a worker thread) ---------------------------------------------
 
-    def units(self, items: Iterable[tuple[str, ObjectInfo | None]]) -> Iterator[Unit]:
+    def units(self, items: Iterable[tuple[str, ObjectInfo | None]], cache: CachedReads | None = None) -> Iterator[Unit]:
         """Group consecutive items of one bucket and storage class into compose units; the rest become
-        single-object loads."""
+        single-object loads. With a ``cache``, an object found there ends the run and is read from it, and
+        the members of a composite are kept there (the objects, not the composite)."""
         group: list[Member] = []
         group_key = ("", "")
         group_bytes = 0
@@ -162,9 +164,9 @@ class Composer:
             nonlocal group, group_bytes
             if len(group) == 1:
                 url, _, info = group[0]
-                yield functools.partial(load_one, url, info)
+                yield cache.loading(url, info) if cache is not None else functools.partial(load_one, url, info)
             elif group:
-                yield functools.partial(self._load_group, group)
+                yield functools.partial(self._load_group, group, cache)
             group, group_bytes = [], 0
 
         for url, info in self._described(items):
@@ -173,9 +175,14 @@ class Composer:
                 yield functools.partial(_missing, url, info)
                 continue
             bucket, name = parse_url(url, allow_prefix=False)
+            found = cache.found(url, info) if cache is not None else None
+            if found is not None:
+                yield from flush()
+                yield found
+                continue
             if info.size > self.max_bytes or not self._may_compose(url, info) or not self._may_compose_in(bucket):
                 yield from flush()
-                yield functools.partial(load_one, url, info)
+                yield cache.loading(url, info) if cache is not None else functools.partial(load_one, url, info)
                 continue
             key = (bucket, info.storage_class or "")
             if key != group_key or len(group) == self.max_sources or group_bytes + info.size > self.max_bytes:
@@ -277,7 +284,18 @@ class Composer:
 
     # -- one group (I/O loop) --------------------------------------------------------------------
 
-    async def _load_group(self, members: list[Member], context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
+    async def _load_group(
+        self, members: list[Member], cache: CachedReads | None, context: RequestContext, seq: int
+    ) -> tuple[list[Outcome], int]:
+        outcomes, held = await self._load_members(members, context, seq)
+        if cache is not None:
+            for (url, _, info), (_, data) in zip(members, outcomes, strict=True):
+                await cache.keep(CacheEntry.of(url, info), data)
+        return outcomes, held
+
+    async def _load_members(
+        self, members: list[Member], context: RequestContext, seq: int
+    ) -> tuple[list[Outcome], int]:
         bucket = parse_url(members[0][0], allow_prefix=False)[0]
         name = self._composite_name(members)
         expected = _composite_info(members)
@@ -515,10 +533,15 @@ class Composing:
         object.__setattr__(self, "storage_classes", check_storage_classes(self.storage_classes))
 
     def load(
-        self, items: Iterable[tuple[str, ObjectInfo | None]], client: Client, *, skip_missing: bool
+        self,
+        items: Iterable[tuple[str, ObjectInfo | None]],
+        client: Client,
+        *,
+        skip_missing: bool,
+        cache: LocalCache | None = None,
     ) -> Iterator[tuple[str, Loaded]]:
         """Yield ``(url, bytes or stream)`` for each item in input order, small runs of ``storage_classes``
-        loaded as composites."""
+        loaded as composites; with a ``cache``, the objects found there read from it, the others kept."""
         composer = Composer(
             client,
             max_sources=self.max_sources,
@@ -527,8 +550,12 @@ class Composing:
             storage_classes=self.storage_classes,
         )
         try:
+            reads = CachedReads(cache, composer.context) if cache is not None else None
             yield from deliver_in_order(
-                composer.units(items), composer.context, 2 * client.transfer.max_in_flight, skip_missing=skip_missing
+                composer.units(items, reads),
+                composer.context,
+                2 * client.transfer.max_in_flight,
+                skip_missing=skip_missing,
             )
         finally:
             composer.close()

@@ -22,8 +22,16 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future
 from typing import IO, Any, TypeVar, cast
 
-from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_concatenation, verify_bytes
+from .._ops.checksums import (
+    REQUIRED_FIELDS,
+    ObjectInfo,
+    check_crc32c,
+    crc32c_base64,
+    crc32c_of_concatenation,
+    verify_bytes,
+)
 from .._ops.client import Client
+from .._ops.objects import object_resource
 from .._ops.reads import MediaAnswer, learn_version, media_answer, read_range, read_ranges_into, version_gone
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
@@ -31,11 +39,13 @@ from .._transport.http import is_missing_bucket
 from .._transport.loop import Handoff, Slot, close_at_exit, submit
 from .._transport.retry import reread_while_damaged_async
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
+from .local_cache import LOCK_POLL, CacheEntry, CacheStore, LocalCache, store_of
 from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CachedReads",
     "as_stream",
     "deliver_in_order",
     "fetch_object",
@@ -363,8 +373,123 @@ def _deliver_in_order(
 
 
 def load_in_order(
-    items: Iterable[tuple[str, ObjectInfo | None]], client: Client, *, skip_missing: bool
+    items: Iterable[tuple[str, ObjectInfo | None]],
+    client: Client,
+    *,
+    skip_missing: bool,
+    cache: LocalCache | None = None,
 ) -> Iterator[tuple[str, Loaded]]:
-    """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time."""
-    units = (functools.partial(load_one, url, info) for url, info in items)
-    return deliver_in_order(units, client.context(), 2 * client.transfer.max_in_flight, skip_missing=skip_missing)
+    """Yield ``(url, bytes or stream)`` for each item in input order, ``max_in_flight`` requests at a time; with
+    a ``cache``, each object from it where its version is there, else from GCS (and then kept)."""
+    context = client.context()
+    reads = CachedReads(cache, context) if cache is not None else None
+    units = (functools.partial(load_one, url, info) if reads is None else reads.unit(url, info) for url, info in items)
+    return deliver_in_order(units, context, 2 * client.transfer.max_in_flight, skip_missing=skip_missing)
+
+
+class CachedReads:
+    """Objects read through a :class:`LocalCache`: an entry found is read on the consumer's thread as its unit
+    is made (small ones; larger ones in a thread of their own), so a cached epoch sends no request; a missing
+    one is downloaded by one process of the node while the others wait for it (the entry's lock), then kept."""
+
+    def __init__(self, cache: LocalCache, context: RequestContext) -> None:
+        self.store: CacheStore = store_of(cache)
+        self.context = context
+        self.wait_for_others = context.retry.deadline  # then download it anyway
+
+    def entry(self, url: str, info: ObjectInfo | None) -> CacheEntry | None:
+        """The object's entry, if it may be cached: a known version, and no larger than the byte budget."""
+        if not self.store.usable:
+            return None
+        entry = CacheEntry.of(url, info)
+        return entry if entry is not None and entry.size <= self.context.budget.limit else None
+
+    def unit(self, url: str, info: ObjectInfo | None) -> Unit:
+        """The object's unit: its cached bytes, or a download that keeps them."""
+        return self.found(url, info) or self.loading(url, info)
+
+    def found(self, url: str, info: ObjectInfo | None) -> Unit | None:
+        """A unit holding the object's bytes, read from its entry now, if it is there (and small: larger ones
+        are read by :meth:`loading`'s unit, off the consumer's thread)."""
+        entry = self.entry(url, info)
+        if entry is None or entry.size > self.context.part_size:
+            return None
+        data = self.store.read(entry)
+        if data is None:
+            return None
+        self._hit(data)
+        return functools.partial(_ready, [(url, data)])
+
+    def loading(self, url: str, info: ObjectInfo | None) -> Unit:
+        """A unit that reads the object from its entry once no other process is downloading it, else from GCS,
+        and keeps it. A URL without its listed version costs a metadata request first: which version is live
+        decides which entry may serve it."""
+        if info is None and self.store.usable:
+            return functools.partial(self._describe_and_load, url)
+        entry = self.entry(url, info)
+        if entry is None:
+            return functools.partial(load_one, url, info)
+        return functools.partial(self._load, entry, url, info)
+
+    def _hit(self, data: bytes) -> None:
+        self.store.count(hit=True)
+        self.context.stats.cache_hits += 1
+        self.context.stats.cache_bytes += len(data)
+
+    async def _read(self, entry: CacheEntry) -> bytes | None:
+        if entry.size <= self.context.part_size:
+            return self.store.read(entry)
+        return await asyncio.to_thread(self.store.read, entry)
+
+    async def _load(
+        self, entry: CacheEntry, url: str, info: ObjectInfo | None, context: RequestContext, seq: int
+    ) -> tuple[list[Outcome], int]:
+        locked = await self._lock(entry)
+        try:
+            data = await self._read(entry)  # another process may have kept it meanwhile
+            if data is not None:
+                self._hit(data)
+                return [(url, data)], 0
+            self.store.count(hit=False)
+            context.stats.cache_misses += 1
+            outcomes, held = await load_one(url, info, context, seq)
+            await self.keep(entry, outcomes[0][1])
+            return outcomes, held
+        finally:
+            if locked:
+                self.store.unlock(entry)
+
+    async def _describe_and_load(self, url: str, context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
+        bucket, name = parse_url(url, allow_prefix=False)
+        resource = await object_resource(context, bucket, name, "size,generation,crc32c", required=REQUIRED_FIELDS)
+        info = None if resource is None else ObjectInfo.from_json(resource)  # missing: load_one says so
+        entry = self.entry(url, info)
+        if entry is None:
+            return await load_one(url, info, context, seq)
+        return await self._load(entry, url, info, context, seq)
+
+    async def _lock(self, entry: CacheEntry) -> bool:
+        """Take the entry's lock, waiting while another process (or task) holds it; ``False`` if the wait
+        outlasted the retry deadline or locks failed: then the object is downloaded without it."""
+        deadline = time.monotonic() + self.wait_for_others
+        try:
+            while not self.store.try_lock(entry):
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(LOCK_POLL)
+        except OSError as exc:
+            self.store.warn("its locks failed", exc)
+            return False
+        return True
+
+    async def keep(self, entry: CacheEntry | None, data: object) -> None:
+        """Keep an object's verified bytes (whole or in parts; a stream or an error is not kept)."""
+        if entry is None or not isinstance(data, (bytes, list)):
+            return
+        parts = [data] if isinstance(data, bytes) else data
+        await asyncio.to_thread(self.store.keep, entry, parts)  # file writes hold up no request of the loop
+
+
+async def _ready(outcomes: list[Outcome], context: RequestContext, seq: int) -> tuple[list[Outcome], int]:
+    """A unit whose object is already read (from the cache)."""
+    return outcomes, 0

@@ -13,7 +13,7 @@ from typing import Any
 from .._ops.patterns import NameFilter
 from .._ops.urls import brief, parse_url, printable
 from ..errors import InvalidURIError, ResumeError
-from .epoch_order import Consumed, Split
+from .epoch_order import Consumed, Split, epoch_order, order_nodes
 
 __all__ = [
     "check_listing_position",
@@ -70,11 +70,9 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
             f"not a resumable state: 'listing' and 'order' must be dicts, got {brief(saved)}, {brief(saved_order)}"
         )
     _check_listing(saved, listing, f"resuming after {done} items would skip or repeat objects", restart)
-    differs = [
-        f"{key} {brief(saved_order.get(key))} then, {value!r} now"
-        for key, value in order.items()
-        if saved_order.get(key, _DEFAULTS.get(key)) != value
-    ]
+    keys = [*order, *(key for key in _DEFAULTS if key not in order)]  # a key left out means its default
+    then, now = ({key: kept.get(key, _DEFAULTS.get(key)) for key in keys} for kept in (saved_order, order))
+    differs = [f"{key} {brief(then[key])} then, {now[key]!r} now" for key in keys if then[key] != now[key]]
     if differs:
         raise ResumeError(
             f"this state was taken in another order ({', '.join(differs)}): resuming after {done} items would skip"
@@ -85,8 +83,8 @@ def resume_position(state: object, listing: dict[str, Any], order: dict[str, Any
     return epoch, seed, done
 
 
-_DEFAULTS = {"batch_size": 1, "start": [0, []]}
-"""What a state saved before these keys existed meant by leaving them out."""
+_DEFAULTS: dict[str, Any] = {"batch_size": 1, "start": [0, []], "nodes": 1}
+"""What a state saved before these keys existed, or without node locality, meant by leaving them out."""
 
 
 def elastic_position(states: Sequence[object]) -> dict[str, Any]:
@@ -128,22 +126,29 @@ def elastic_position(states: Sequence[object]) -> dict[str, Any]:
         workers=len(states),
         block=_count(order, "batch_size") if "batch_size" in order else 1,
         drop_last=bool(order.get("drop_last")),
+        nodes=_count(order, "nodes") if "nodes" in order else 1,
     )
     if split.world < 1 or split.block < 1:
         raise ResumeError(f"not a resumable state: world size and batch size must be >= 1, got {brief(dict(order))}")
+    if split.nodes < 1 or split.world % split.nodes:
+        raise ResumeError(
+            f"not a resumable state: the world size must be a multiple of the nodes (>= 1), got {brief(dict(order))}"
+        )
     start = Consumed.from_state(order.get("start", _DEFAULTS["start"]), count)
     done = [position[2] for position in positions]
     for worker, n in enumerate(done):
-        holds = len(start.share(count, dataclasses.replace(split, worker=worker)))
+        holds = start.share_size(count, dataclasses.replace(split, worker=worker))
         if n > holds:
             raise ResumeError(f"not a resumable state: worker {worker} delivered {n} items of a share of {holds}")
     epoch, seed, _ = positions[0]
+    shuffle = bool(order.get("shuffle"))
+    homes = order_nodes(epoch_order(count, seed, epoch, shuffle), seed, split.nodes, shuffle) if split.nodes > 1 else []
     return {
         "epoch": epoch,
         "seed": seed,
         "listing": dict(listing),
-        "shuffle": bool(order.get("shuffle")),
-        "consumed": start.after(count, split, done).to_state(),
+        "shuffle": shuffle,
+        "consumed": start.after(count, split, done, homes).to_state(),
     }
 
 

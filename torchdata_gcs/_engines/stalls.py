@@ -154,6 +154,9 @@ def _costs(stats: LoadStats) -> dict[str, int]:
         "bytes": stats.bytes,
         "retries": stats.retries,
         "throttled": stats.throttled,
+        "cache_hits": stats.cache_hits,
+        "cache_misses": stats.cache_misses,
+        "cache_bytes": stats.cache_bytes,
     }
 
 

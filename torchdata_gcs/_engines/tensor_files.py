@@ -28,7 +28,8 @@ from .._transport.loop import run
 from .._transport.retry import reread_while_damaged_async
 from ..config import WriteConfig
 from ..errors import GCSError, IntegrityError
-from .ranges import read_into_buffer
+from .local_cache import LocalCache, read_through
+from .ranges import read_into, read_into_buffer
 from .serializer_errors import library_errors_first
 from .upload import new_writer
 
@@ -186,9 +187,16 @@ async def _read_checked(context: RequestContext, url: str, client: Client) -> di
     return await reread_while_damaged_async(reading, check, client.retry, url, client.stats.count_retry)
 
 
-def load(url: str, client: Client) -> dict[str, torch.Tensor]:
-    """The tensors of the safetensors file at ``url``, checked."""
-    return load_many([url], client)[0]
+def load(url: str, client: Client, cache: LocalCache | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file at ``url``, checked; with a ``cache``, from it (or kept in it)."""
+    if cache is None:
+        return load_many([url], client)[0]
+    with call_deadline(client.retry):
+        info = _object_info(url, client)
+        stored = read_through(
+            cache, url, info, lambda view: read_into(view, url, info, client), client.stats, client.retry.deadline
+        )
+    return decode(stored)
 
 
 def load_many(urls: list[str], client: Client) -> list[dict[str, torch.Tensor]]:

@@ -25,8 +25,9 @@ T = TypeVar("T")
 class LoadStats:
     """What loading cost so far: requests sent, bytes received, retries, 429 answers, objects
     delivered, objects skipped because they do not exist (``skip_missing``), seconds the consumer
-    waited for the next object, and (``compose_shards_by_gcs``) compose calls made and kept
-    composites reused."""
+    waited for the next object, (``compose_shards_by_gcs``) compose calls made and kept
+    composites reused, and (with a ``LocalCache``) objects read from the cache, objects read from GCS
+    through it, and the bytes read from the cache (``bytes`` counts GCS's alone)."""
 
     requests: int = 0
     bytes: int = 0
@@ -37,6 +38,9 @@ class LoadStats:
     wait_seconds: float = 0.0
     composes: int = 0
     reused: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes: int = 0
 
     def count_retry(self, _: BaseException) -> None:
         self.retries += 1

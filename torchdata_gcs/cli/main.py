@@ -1,4 +1,5 @@
-"""The ``torchdata-gcs`` command: list, measure and clean datasets on GCS, check a bucket, and run a local emulator.
+"""The ``torchdata-gcs`` command: list, measure and clean datasets on GCS, check a bucket, manage a local cache and
+run a local emulator.
 
 Exit codes: 0 done, 1 GCS refused or failed (one line on stderr; ``--verbose`` for the traceback),
 2 bad usage.
@@ -27,6 +28,7 @@ from ..errors import GCSError, InvalidURIError
 from ..testing import Emulator, EmulatorError
 from .bench import MAX_IN_FLIGHT
 from .bench import bench as run_bench
+from .cache import run_cache
 from .clean import checked_age
 from .clean import clean as run_clean
 from .doctor import SCRATCH_MARK, doctor
@@ -299,6 +301,19 @@ def _parser() -> argparse.ArgumentParser:
         help="abort every unfinished multipart upload older than AGE, also those other tools started",
     )
     clean.set_defaults(run=run_clean)
+
+    cache = commands.add_parser(
+        "cache",
+        help="what a local cache's folder holds (ls), or empty it (clear)",
+        description=(
+            "ls: the entries of the LocalCache at PATH, their size against the limit it was last used with, and "
+            "the hit rate of its recent reads and of all counted. clear: remove every entry and the counts; "
+            "jobs reading it meanwhile read what is gone from GCS again."
+        ),
+    )
+    cache.add_argument("action", choices=("ls", "clear"), help="ls or clear")
+    cache.add_argument("path", metavar="PATH", help="the folder given to LocalCache")
+    cache.set_defaults(run=run_cache)
 
     doctor_command = commands.add_parser(
         "doctor",

@@ -7,6 +7,7 @@ from collections.abc import Collection, Iterable
 from torch.utils.data import IterDataPipe, functional_datapipe
 
 from .._engines.compose import COMPOSED_CLASSES, Composing
+from .._engines.local_cache import LocalCache
 from .._engines.reading import Item
 from .._ops.client import GCSClient
 from .._ops.objects import MAX_SOURCES
@@ -67,7 +68,8 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
             are kept across iterations; ``None`` deletes them once read.
         storage_classes: the storage classes whose objects are composed, such as
             ``("STANDARD", "NEARLINE")``; the default composes Standard objects only.
-        skip_missing, client, transfer, retry: as for ``load_files_by_gcs``.
+        skip_missing, client, transfer, retry, cache: as for ``load_files_by_gcs`` (the objects are cached,
+            not the composites; a run is composed of those not found in the cache).
 
     Returns:
         ``(url, StreamWrapper)`` pairs, as ``load_files_by_gcs`` yields them.
@@ -104,6 +106,9 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
+        cache: LocalCache | None = None,
     ) -> None:
-        super().__init__(source_datapipe, skip_missing=skip_missing, client=client, transfer=transfer, retry=retry)
+        super().__init__(
+            source_datapipe, skip_missing=skip_missing, client=client, transfer=transfer, retry=retry, cache=cache
+        )
         self._grouping = Composing(max_sources, max_composite_bytes, reuse_prefix, storage_classes)

@@ -8,6 +8,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe, functional_datapipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
+from .._engines.local_cache import LocalCache, check_cache
 from .._engines.reading import Grouping, Item, read_in_order, split_item
 from .._engines.stalls import stall_report
 from .._engines.workers import WorkerStats
@@ -56,6 +57,8 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
             takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
         transfer: concurrency and buffering, in place of the client's own.
         retry: retry policy, in place of the client's own.
+        cache: a ``LocalCache``: objects whose version is in it are read from this machine's disk, the others
+            from GCS and then kept there, for every process of the machine.
 
     Returns:
         ``(url, StreamWrapper)`` pairs whose streams are binary and seekable (a streamed one reads
@@ -88,12 +91,14 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         client: GCSClient | ClientConfig | None = None,
         transfer: TransferConfig | None = None,
         retry: RetryConfig | None = None,
+        cache: LocalCache | None = None,
     ) -> None:
         self.source_datapipe = as_source(source_datapipe)
         if isinstance(self.source_datapipe, tuple):
             for item in self.source_datapipe:
                 parse_url(split_item(item)[0], allow_prefix=False)
         self.skip_missing = skip_missing
+        self.cache = check_cache(cache)
         self.client = client_of(client, retry, transfer)
         self.stats = LoadStats()
         self._shared = WorkerStats(spawned=False)  # every iteration's counts and waits, in forked workers too
@@ -104,7 +109,7 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         gcs = Client(self.client, stats=self.stats)
         items = (split_item(item) for item in self.source_datapipe)
         reading = read_in_order(
-            items, gcs, self._shared.waits(), skip_missing=self.skip_missing, grouping=self._grouping
+            items, gcs, self._shared.waits(), skip_missing=self.skip_missing, grouping=self._grouping, cache=self.cache
         )
         for url, stream in reading:
             self._shared.publish()
