@@ -4,6 +4,7 @@ answered, and stays a transient fault, retried, once it has."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import traceback
@@ -101,10 +102,15 @@ def test_a_token_endpoint_whose_certificate_fails_is_named_at_once(
 
 
 def test_a_refused_connection_fails_within_seconds_in_one_line() -> None:
-    endpoint = f"http://127.0.0.1:{free_port()}"
-    started = time.monotonic()
-    with pytest.raises(EndpointError) as info:
-        list(IterableWrapper(["gs://some-bucket/"]).list_files_by_gcs(client=ClientConfig(endpoint=endpoint)))
+    # A port held (bound, not listening: every connection refused) on an address no server of the suite uses:
+    # a free port of 127.0.0.1 may be one an earlier test's server answered on, which is then tried as an
+    # endpoint that went away for a moment, not one that never answered.
+    with socket.socket() as held:
+        held.bind(("127.0.0.3", 0))
+        endpoint = f"http://127.0.0.3:{held.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(EndpointError) as info:
+            list(IterableWrapper(["gs://some-bucket/"]).list_files_by_gcs(client=ClientConfig(endpoint=endpoint)))
     assert time.monotonic() - started < 5
     message = message_of(info.value)
     assert endpoint in message and "connection refused" in message
