@@ -52,26 +52,23 @@ def next_reads(reads: list[int], horizon: Callable[[int], int] | None = None) ->
 
 def lru(reads: list[int], capacity: int) -> list[bool]:
     """Least recently read out first; every miss admitted."""
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = []
-    for item in reads:
-        if item in cache:
-            cache.move_to_end(item)
-            hits.append(True)
-            continue
-        hits.append(False)
-        if len(cache) >= capacity:
-            cache.popitem(last=False)
-        cache[item] = None
-    return hits
+    return _oldest_out(reads, capacity, read_renews=True)
 
 
 def fifo(reads: list[int], capacity: int) -> list[bool]:
     """First admitted out first, whatever was read since; every miss admitted."""
+    return _oldest_out(reads, capacity, read_renews=False)
+
+
+def _oldest_out(reads: list[int], capacity: int, *, read_renews: bool) -> list[bool]:
+    """Every miss admitted, the oldest entry out when full: oldest by last read if ``read_renews``, else by
+    admission."""
     cache: OrderedDict[int, None] = OrderedDict()
     hits = []
     for item in reads:
         if item in cache:
+            if read_renews:
+                cache.move_to_end(item)
             hits.append(True)
             continue
         hits.append(False)
