@@ -67,10 +67,16 @@ def _rank(
 
 
 def run_ranks(
-    world: int, folder: Path, endpoint: str, work: Callable[[int, ClientConfig], Any], timeout: float = 60.0
+    world: int,
+    folder: Path,
+    endpoint: str,
+    work: Callable[[int, ClientConfig], Any],
+    timeout: float = 60.0,
+    killed: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``work(rank, client)`` on ``world`` forked ranks of one gloo process group (``timeout`` seconds
-    for its collectives); each rank's ``{"result": ...}`` or ``{"error": (type name, message, traceback)}``."""
+    for its collectives); each rank's ``{"result": ...}`` or ``{"error": (type name, message, traceback)}``,
+    and ``{"killed": True}`` for rank ``killed``, which must end killed by SIGKILL."""
     context = multiprocessing.get_context("fork")
     ranks = [
         context.Process(target=_rank, args=(rank, world, str(folder), timeout, work, endpoint)) for rank in range(world)
@@ -84,5 +90,8 @@ def run_ranks(
     for rank in hung:
         ranks[rank].kill()
     assert not hung, f"ranks {hung} still running after {DEADLINE} s"
-    assert [process.exitcode for process in ranks] == [0] * world
-    return [pickle.loads((folder / f"rank-{rank}.pkl").read_bytes()) for rank in range(world)]
+    assert [process.exitcode for process in ranks] == [-9 if rank == killed else 0 for rank in range(world)]
+    return [
+        {"killed": True} if rank == killed else pickle.loads((folder / f"rank-{rank}.pkl").read_bytes())
+        for rank in range(world)
+    ]

@@ -9,13 +9,14 @@ import struct
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
 
 from tests.children import run_child
-from torchdata_gcs import IntegrityError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
+from torchdata_gcs import IntegrityError, LocalCache, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs import safetensors as ours
 from torchdata_gcs._engines.tensor_files import MAX_HEADER, MAX_INDEX
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
@@ -354,6 +355,58 @@ def test_sharded_checkpoint_round_trip(gcs_emulator: Emulator, front: GCSFront) 
     front.reset_counts()
     assert_equal(ours.load_sharded(index, client=front.client_config), tensors)
     assert front.counts["range_get"] >= 3
+
+
+def test_load_files_reads_a_folder_by_its_index_or_by_its_files(gcs_emulator: Emulator, front: GCSFront) -> None:
+    tensors = {f"layer{i}.weight": torch.full((64, 64), float(i)) for i in range(4)}
+    ours.save_sharded(tensors, f"gs://{BUCKET}/by-index/", max_shard_size=40_000, client=front.client_config)
+    for url in (f"gs://{BUCKET}/by-index", f"gs://{BUCKET}/by-index/", f"gs://{BUCKET}/by-index/{ours.INDEX_NAME}"):
+        assert_equal(ours.load_files(url, client=front.client_config), tensors)
+    for number in range(2):  # no index: every .safetensors file directly in the folder, nothing deeper
+        part = {name: tensor for name, tensor in tensors.items() if int(name[5]) % 2 == number}
+        gcs_emulator.upload(BUCKET, f"plain/part{number}.safetensors", ours.save(part))
+    gcs_emulator.upload(BUCKET, "plain/README.md", b"not weights")
+    gcs_emulator.upload(BUCKET, "plain/old/part9.safetensors", ours.save({"stale": torch.ones(1)}))
+    assert_equal(ours.load_files(f"gs://{BUCKET}/plain/", client=front.client_config), tensors)
+
+
+def test_load_files_refuses_a_model_whose_files_and_index_disagree(gcs_emulator: Emulator, front: GCSFront) -> None:
+    index = {"weight_map": {"a": "one.safetensors", "b": "one.safetensors", "c": "two.safetensors"}}
+    gcs_emulator.upload(BUCKET, f"odd/{ours.INDEX_NAME}", json.dumps(index).encode())
+    gcs_emulator.upload(BUCKET, "odd/one.safetensors", ours.save({"a": torch.ones(1), "b": torch.ones(1)}))
+    gcs_emulator.upload(BUCKET, "odd/two.safetensors", ours.save({"c": torch.ones(1), "d": torch.ones(1)}))
+    with pytest.raises(
+        IntegrityError, match=r"odd/two.safetensors: holds tensor 'd', where the index .* names no such"
+    ):
+        ours.load_files(f"gs://{BUCKET}/odd/", client=front.client_config)
+    gcs_emulator.upload(BUCKET, "odd/two.safetensors", ours.save({"a": torch.ones(1)}))
+    with pytest.raises(IntegrityError, match=r"tensor 'a' is also in another file"):
+        ours.load_files(f"gs://{BUCKET}/odd/", client=front.client_config)
+    gcs_emulator.upload(BUCKET, "odd/two.safetensors", ours.save({"x": torch.ones(1)}))
+    with pytest.raises(IntegrityError, match=r"holds tensor 'x', where the index"):
+        ours.load_files(f"gs://{BUCKET}/odd/", client=front.client_config)
+    gcs_emulator.upload(BUCKET, "odd/two.safetensors", ours.save({}))
+    with pytest.raises(IntegrityError, match=r"odd/: tensor 'c' is not in two.safetensors, where the index puts it"):
+        ours.load_files(f"gs://{BUCKET}/odd/", client=front.client_config)
+    gcs_emulator.delete(BUCKET, "odd/two.safetensors")
+    with pytest.raises(NotFoundError, match="odd/two.safetensors"):
+        ours.load_files(f"gs://{BUCKET}/odd/", client=front.client_config)
+
+
+def test_load_files_of_a_folder_with_no_weights_is_an_error(front: GCSFront) -> None:
+    with pytest.raises(NotFoundError, match=r"gs://weights/typo/: no safetensors files and no model.safetensors"):
+        ours.load_files(f"gs://{BUCKET}/typo", client=front.client_config)
+
+
+def test_process_group_is_checked_before_anything_is_read(front: GCSFront, tmp_path: Path) -> None:
+    url = f"gs://{BUCKET}/checked.safetensors"
+    ours.save_file({"w": torch.ones(3)}, url, client=front.client_config)
+    front.reset_counts()
+    with pytest.raises(TypeError, match="process_group: expected a torch.distributed ProcessGroup, got int"):
+        ours.load_file(url, process_group=0, client=front.client_config)
+    with pytest.raises(ValueError, match="give process_group or cache, not both"):
+        ours.load_file(url, process_group=object(), cache=LocalCache(tmp_path, limit=2**20), client=front.client_config)
+    assert sum(front.counts.values()) == 0
 
 
 MEMORY_CHILD = textwrap.dedent(

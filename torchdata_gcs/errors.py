@@ -13,6 +13,7 @@
         ├── UploadError            OSError             a write failed: nothing was published
         ├── ListingError                               pages that repeat or go back; ranks that cannot share one
         ├── ResumeError            ValueError          a saved state that does not fit what it is loaded into
+        ├── RankFailedError                            another rank of a shared load failed or stopped
         └── NoMultipartListing                         the endpoint lists no multipart uploads
     UserWarning
     ├── MissingObjectWarning                           a missing object was skipped, as asked
@@ -40,6 +41,7 @@ __all__ = [
     "NoMultipartListing",
     "NotFoundError",
     "PreconditionFailedError",
+    "RankFailedError",
     "ResumeError",
     "TransientError",
     "UploadError",
@@ -131,6 +133,15 @@ class ListingError(GCSError):
 class ResumeError(GCSError, ValueError):
     """A saved state refused by ``load_state_dict``: malformed, or taken over another listing or order, where
     resuming would skip or repeat objects. The message says what differs; nothing was changed."""
+
+
+class RankFailedError(GCSError):
+    """A rank of a process group loading files together (once per machine) failed or stopped, so the others
+    cannot finish: ``rank`` is the global rank that stopped, when it ran on this machine (else ``None``)."""
+
+    def __init__(self, message: str, *, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 class NoMultipartListing(GCSError):

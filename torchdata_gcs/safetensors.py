@@ -16,15 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ._engines import tensor_files
 from ._engines.local_cache import LocalCache, check_cache
 from ._ops.client import Client, GCSClient
 from ._ops.urls import parse_url
 from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
-from .errors import IntegrityError
 
-__all__ = ["INDEX_NAME", "load", "load_file", "load_sharded", "save", "save_file", "save_sharded"]
+__all__ = ["INDEX_NAME", "load", "load_file", "load_files", "load_sharded", "save", "save_file", "save_sharded"]
 
 INDEX_NAME = "model.safetensors.index.json"
 """The index of a sharded checkpoint, as Hugging Face names it."""
@@ -54,6 +54,7 @@ def load_file(
     url: str,
     device: str | int | torch.device = "cpu",
     *,
+    process_group: Any = None,
     client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
@@ -69,9 +70,15 @@ def load_file(
     ``LocalCache``), the file comes from this machine's disk if its version is there, else it is downloaded
     once for every process of the machine and kept.
 
+    With a ``process_group`` (a ``torch.distributed`` group; every rank of it must call this, and no other
+    rank is waited for), the ranks of the group on one machine fetch the file once between them, each
+    its share of the ranges, into one shared-memory segment that every one of them maps (see
+    :func:`load_files`, which says what memory that holds and when it is released).
+
     Raises:
         NotFoundError: no such object, or no such bucket.
         IntegrityError: not a safetensors file, or its bytes do not check out.
+        RankFailedError: with ``process_group``, another rank failed or stopped during the load.
 
     Example:
         >>> import torch
@@ -84,8 +91,71 @@ def load_file(
         {'w': tensor([1., 1.])}
     """
     target = _usable(device)
-    tensors = tensor_files.load(url, Client(client, retry, transfer=transfer), check_cache(cache))
-    return _to(tensors, target)
+    gcs = Client(client, retry, transfer=transfer)
+    if _shared(process_group, cache):
+        return _to(tensor_files.load_once_per_machine([url], gcs, process_group)[0], target)
+    return _to(tensor_files.load(url, gcs, check_cache(cache)), target)
+
+
+def load_files(
+    url: str,
+    device: str | int | torch.device = "cpu",
+    *,
+    process_group: Any = None,
+    client: GCSClient | ClientConfig | None = None,
+    transfer: TransferConfig | None = None,
+    retry: RetryConfig | None = None,
+) -> dict[str, torch.Tensor]:
+    """One state dict of a model held in several safetensors files: ``url`` is its index
+    (``.../model.safetensors.index.json``, as Hugging Face writes it) or its folder (``gs://b/llm/``: its
+    index if it holds one, else every ``.safetensors`` file directly in it).
+
+    Every file is read at once, each as :func:`load_file` reads one, straight into the memory its tensors
+    view: besides the tensors, a load holds at most the first MiB of each file. Each tensor must be where
+    the index's ``weight_map`` puts it, and in one file only.
+
+    With a ``process_group`` (a ``torch.distributed`` group: every rank of it must call this with the same
+    ``url``; ranks outside it are not waited for), the ranks of the group on one machine fetch the files
+    once between them: the first rank there reads the start of each file and makes one segment in
+    ``/dev/shm`` for all of them, each rank reads its share of the ranges into it, and all check the
+    crc32c. Every rank's tensors then view that one segment (zero-copy; a tensor not aligned to its dtype
+    gets a copy): the machine holds the model once, not once per rank. The segment has no name once the
+    load returns (nor after a failure), so nothing is left behind; its memory is released when the last
+    tensor viewing it, on any rank of the machine, is gone (a rank that keeps one tensor keeps the whole
+    segment mapped). Ranks on several machines fetch once per machine. A rank that fails or stops makes
+    every other rank raise within the group's timeout.
+
+    Raises:
+        NotFoundError: no index, shard or safetensors file where ``url`` says.
+        IntegrityError: a file that is not what it says, or a tensor missing from, or extra in, the
+            file the index names.
+        RankFailedError: with ``process_group``, another rank failed or stopped during the load.
+
+    Example:
+        >>> import torch
+        >>> from torchdata_gcs import safetensors, testing
+        >>> with testing.Emulator() as emulator:
+        ...     emulator.create_bucket("weights")
+        ...     config = emulator.client_config
+        ...     state = {"a": torch.ones(2), "b": torch.zeros(1)}
+        ...     _ = safetensors.save_sharded(state, "gs://weights/llm/", 8, client=config)
+        ...     safetensors.load_files("gs://weights/llm/", client=config)
+        {'a': tensor([1., 1.]), 'b': tensor([0.])}
+    """
+    target = _usable(device)
+    gcs = Client(client, retry, transfer=transfer)
+    return _load_model(url, tensor_files.model_files(url, gcs, INDEX_NAME), gcs, target, process_group)
+
+
+def _load_model(
+    url: str, files: tuple[list[str], dict[str, str] | None], gcs: Client, target: torch.device, process_group: Any
+) -> dict[str, torch.Tensor]:
+    urls, weight_map = files
+    if _shared(process_group, None):
+        loaded = tensor_files.load_once_per_machine(urls, gcs, process_group)
+    else:
+        loaded = tensor_files.load_many(urls, gcs)
+    return _to(tensor_files.merge_files(urls, loaded, weight_map, url), target)
 
 
 def save_file(
@@ -124,9 +194,7 @@ def load_sharded(
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The tensors of a sharded checkpoint: ``url`` names its index (``.../model.safetensors.index.json``),
-    whose ``weight_map`` names the shards beside it; they are read concurrently, each as
-    :func:`load_file` reads one.
+    """The tensors of a sharded checkpoint whose index is ``url``: :func:`load_files` given an index.
 
     Raises:
         NotFoundError: the index or a shard is missing.
@@ -135,27 +203,7 @@ def load_sharded(
     """
     target = _usable(device)
     gcs = Client(client, retry, transfer=transfer)
-    index = tensor_files.read_index(url, gcs)
-    try:
-        weight_map = json.loads(index)["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise IntegrityError(
-            f"{url}: not a safetensors index ({type(exc).__name__}: {str(exc)[:200]}); a single safetensors"
-            " file is read with load_file",
-            url=url,
-        ) from None
-    folder = url.rpartition("/")[0]
-    loaded = tensor_files.load_many([f"{folder}/{shard}" for shard in shards], gcs)
-    tensors: dict[str, torch.Tensor] = {}
-    for shard, shard_tensors in zip(shards, loaded, strict=True):
-        named = {name for name, where in weight_map.items() if where == shard}
-        if named - shard_tensors.keys():
-            raise IntegrityError(
-                f"{folder}/{shard} lacks {sorted(named - shard_tensors.keys())} named by {url}", url=url
-            )
-        tensors.update((name, shard_tensors[name]) for name in named)
-    return _to(tensors, target)
+    return _load_model(url, tensor_files.index_files(url, gcs), gcs, target, None)
 
 
 def save_sharded(
@@ -223,6 +271,20 @@ def _size(size: int | str) -> int:
     if match is None or match[2] == "IB" or int(match[1]) == 0:
         raise ValueError(f"max_shard_size: expected a positive number of bytes or a size such as '5GB', got {size!r}")
     return int(match[1]) * _UNITS[match[2]]
+
+
+def _shared(process_group: Any, cache: LocalCache | None) -> bool:
+    """Whether a load goes through ``process_group`` (one of several ranks); with a cache it cannot."""
+    if process_group is None:
+        return False
+    if cache is not None:
+        raise ValueError(
+            "load_file: give process_group or cache, not both (a cache already downloads once per machine;"
+            " process_group also shares the memory)"
+        )
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(f"process_group: expected a torch.distributed ProcessGroup, got {type(process_group).__name__}")
+    return dist.get_world_size(process_group) > 1
 
 
 def _usable(device: str | int | torch.device) -> torch.device:

@@ -24,6 +24,7 @@ from torch.utils.data import get_worker_info
 
 from ..errors import ListingError
 from .parallel_listing import ListingStats
+from .process_groups import timeout_of
 from .shared_listing import Entry
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def _job_group() -> tuple[Any, timedelta | None]:
     job listing) and the default group's timeout (``None``: torch's default)."""
     global _group
     default = dist.group.WORLD
-    timeout = _timeout_of(default)
+    timeout = timeout_of(default)
     if _group is None or _group[0] is not default:
         if not dist.is_gloo_available():
             raise ListingError(
@@ -115,16 +116,6 @@ def _job_group() -> tuple[Any, timedelta | None]:
         _meet(lambda: made.append(dist.new_group(backend="gloo", timeout=timeout)), what, dist.get_rank(), timeout)
         _group = default, made[0]
     return _group[1], timeout
-
-
-def _timeout_of(group: Any) -> timedelta | None:
-    """The timeout ``group`` was made with, read from its first backend; ``None`` where torch hides it."""
-    try:
-        for device in group._device_types:
-            return group._get_backend(device).options._timeout
-    except (AttributeError, RuntimeError):
-        pass
-    return None
 
 
 _SAME_POINT = "every rank must list at the same point; a listing on some ranks alone needs list_once=False"

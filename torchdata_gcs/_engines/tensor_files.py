@@ -27,8 +27,10 @@ from .._transport.deadline import call_deadline
 from .._transport.loop import run
 from .._transport.retry import reread_while_damaged_async
 from ..config import WriteConfig
-from ..errors import GCSError, IntegrityError
+from ..errors import GCSError, IntegrityError, NotFoundError
+from .listing import list_objects
 from .local_cache import LocalCache, read_through
+from .node_fetch import fetch_once_per_machine
 from .ranges import read_into, read_into_buffer
 from .serializer_errors import library_errors_first
 from .upload import new_writer
@@ -43,10 +45,15 @@ __all__ = [
     "encode",
     "load",
     "load_many",
+    "load_once_per_machine",
+    "merge_files",
+    "model_files",
+    "index_files",
     "parse_header",
     "read_index",
     "save",
     "tensors_of",
+    "view_file",
     "write",
 ]
 
@@ -134,7 +141,7 @@ def tensors_of(entries: list[Entry], data: torch.Tensor) -> dict[str, torch.Tens
     tensors = {}
     for name, dtype, shape, begin, end in entries:
         piece = data[begin:end]
-        if begin % dtype.itemsize:
+        if (data.storage_offset() + begin) % dtype.itemsize:
             piece = piece.clone()
         tensors[name] = piece.view(dtype).reshape(shape)
     return tensors
@@ -278,12 +285,25 @@ def encode(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | No
 
 
 def decode(data: bytes | memoryview) -> dict[str, torch.Tensor]:
-    """The tensors of a whole file in memory (one copy of its data region, which they view)."""
-    start = _header_size("<bytes>", data, len(data))
-    entries, _ = parse_header("<bytes>", memoryview(data)[8:start], len(data) - start)
-    region = torch.empty(len(data) - start, dtype=torch.uint8)
-    _byte_view(region)[:] = memoryview(data)[start:]
-    return tensors_of(entries, region)
+    """The tensors of a whole file in memory (one copy of it, which they view)."""
+    whole = torch.empty(len(data), dtype=torch.uint8)
+    _byte_view(whole)[:] = data
+    return view_file("<bytes>", whole)
+
+
+def view_file(url: str, whole: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors of a whole file held in ``whole`` (``uint8``), as views of it where aligned."""
+    raw = _byte_view(whole)
+    start = _header_size(url, raw, len(raw))
+    entries, _ = parse_header(url, raw[8:start], len(raw) - start)
+    return tensors_of(entries, whole[start:])
+
+
+def load_once_per_machine(urls: list[str], client: Client, group: Any) -> list[dict[str, torch.Tensor]]:
+    """The tensors of each file, fetched once per machine by the ranks of ``group`` into shared memory
+    that they view (see :mod:`.node_fetch`)."""
+    wholes = fetch_once_per_machine(urls, client, group)
+    return [view_file(url, whole) for url, whole in zip(urls, wholes, strict=True)]
 
 
 def save(
@@ -309,6 +329,71 @@ def read_index(url: str, client: Client) -> bytearray:
                 url=url,
             )
         return read_into_buffer(url, info, client)
+
+
+def model_files(url: str, client: Client, index_name: str) -> tuple[list[str], dict[str, str] | None]:
+    """The files of a model: the shards an index (``url`` ending in ``.json``) names beside it, with its
+    ``weight_map``; or the ``index_name`` of the folder ``url`` if it holds one; else every ``.safetensors``
+    file directly in it (no weight map). ``NotFoundError`` where there is none."""
+    if not url.endswith(".json"):
+        folder = url.rstrip("/") + "/"
+        bucket, name = parse_url(folder, allow_prefix=True)
+        names = [
+            found
+            for batch in list_objects(client, bucket, name, 1000, match_glob=f"{name}*")
+            for found, _ in batch
+            if found.endswith((".safetensors", f"/{index_name}"))
+        ]
+        if f"{folder}{index_name}" not in names:
+            if not names:
+                raise NotFoundError(f"{folder}: no safetensors files and no {index_name} in this folder", url=folder)
+            return sorted(names), None
+        url = f"{folder}{index_name}"
+    return index_files(url, client)
+
+
+def index_files(url: str, client: Client) -> tuple[list[str], dict[str, str]]:
+    """The shards the index at ``url`` names beside it, and its ``weight_map``."""
+    index = read_index(url, client)
+    try:
+        weight_map = json.loads(index)["weight_map"]
+        if not all(isinstance(key, str) and isinstance(value, str) for key, value in weight_map.items()):
+            raise TypeError("weight_map must map tensor names to file names")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IntegrityError(
+            f"{url}: not a safetensors index ({type(exc).__name__}: {str(exc)[:200]}); a single safetensors"
+            " file is read with load_file",
+            url=url,
+        ) from None
+    folder = url.rpartition("/")[0]
+    return [f"{folder}/{shard}" for shard in sorted(set(weight_map.values()))], weight_map
+
+
+def merge_files(
+    urls: list[str], loaded: list[dict[str, torch.Tensor]], weight_map: dict[str, str] | None, where: str
+) -> dict[str, torch.Tensor]:
+    """One state dict of the files' tensors, each where ``weight_map`` says it is (if there is one): a
+    tensor missing from its file, in a file the map does not name it in, or in two files, is an error."""
+    tensors: dict[str, torch.Tensor] = {}
+    for url, file_tensors in zip(urls, loaded, strict=True):
+        shard = url.rpartition("/")[2]
+        for name, tensor in file_tensors.items():
+            if name in tensors:
+                raise IntegrityError(f"{url}: tensor {name!r} is also in another file of {where}", url=url)
+            if weight_map is not None and weight_map.get(name) != shard:
+                said = "names no such tensor" if name not in weight_map else f"puts it in {weight_map[name]}"
+                raise IntegrityError(f"{url}: holds tensor {name!r}, where the index of {where} {said}", url=url)
+            tensors[name] = tensor
+    missing = sorted((weight_map or {}).keys() - tensors.keys())
+    if missing:
+        assert weight_map is not None
+        name = missing[0]
+        raise IntegrityError(
+            f"{where}: tensor {name!r} is not in {weight_map[name]}, where the index puts it"
+            f" ({len(missing)} missing in all)",
+            url=where,
+        )
+    return tensors
 
 
 def write(data: bytes, url: str, client: Client, config: WriteConfig) -> int:
