@@ -23,6 +23,8 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint._extension import ZStandard
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
 
 from tests.http_proxy import RecordingProxy
@@ -262,6 +264,78 @@ def test_compose_strategy_writes_large_files_to_the_bare_emulator(gcs_emulator: 
     loaded = blank_like(state)
     dcp.load(loaded, storage_reader=GCSStorageReader(url, client=gcs_emulator.client_config))
     assert_same(loaded, state)
+
+
+def gets(front: GCSFront) -> int:
+    """Media GETs the front answered, whole or ranged."""
+    return front.counts["get"] + front.counts["range_get"]
+
+
+def test_load_request_counts_before_and_after_coalescing(front: GCSFront, gcs_bucket: str) -> None:
+    """A few hundred small tensors in one data file: read one request per item, a load would send one GET each;
+    the reader fetches neighbours together, in a couple of GETs."""
+    generator = torch.Generator().manual_seed(12)
+    state = {f"layer{i}.bias": torch.randn(64, generator=generator) for i in range(300)}
+    url = f"gs://{gcs_bucket}/small-items"
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config))
+    front.reset_counts()
+    loaded = blank_like(state)
+    reader = GCSStorageReader(url, client=front.client_config)
+    dcp.load(loaded, storage_reader=reader)
+    assert_same(loaded, state)
+    one_per_item = 1 + len(reader.storage_data)  # .metadata, then each stored item on its own
+    assert one_per_item == 301
+    assert gets(front) == reader.stats.requests <= 3  # .metadata and the data file's items in one range
+
+
+class Halves(DefaultLoadPlanner):
+    """Reads each tensor of two or more rows as two ReadItems (top and bottom rows) of the same stored item, as
+    a rank holding two shards of one saved chunk does: both read the stored item's whole byte range."""
+
+    def create_local_plan(self) -> LoadPlan:
+        plan = super().create_local_plan()
+        items: list[ReadItem] = []
+        for item in plan.items:
+            if item.type != LoadItemType.TENSOR or not item.lengths or item.lengths[0] < 2:
+                items.append(item)
+                continue
+            half, rest = item.lengths[0] // 2, list(item.lengths[1:])
+            items.append(replace(item, lengths=torch.Size([half, *rest])))
+            items.append(
+                replace(
+                    item,
+                    dest_offsets=torch.Size([item.dest_offsets[0] + half, *item.dest_offsets[1:]]),
+                    storage_offsets=torch.Size([item.storage_offsets[0] + half, *item.storage_offsets[1:]]),
+                    lengths=torch.Size([item.lengths[0] - half, *rest]),
+                )
+            )
+        return replace(plan, items=items)
+
+
+def test_read_items_of_one_stored_item_share_one_fetch(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    """Two ReadItems of one stored item read the same byte range: it is fetched once, also when the item is
+    larger than a span (here 4 MiB, read in 1 MiB ranges), not once per ReadItem."""
+    generator = torch.Generator().manual_seed(13)
+    state = {"big": torch.randn(1024, 1024, generator=generator)}
+    state.update({f"small{i}": torch.randn(8, 4, generator=generator) for i in range(20)})
+    url = f"gs://{gcs_bucket}/halves"
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config))
+    (size,) = data_files(gcs_emulator, gcs_bucket, "halves/").values()
+    transfer = TransferConfig(part_size=MiB)
+
+    counts = []
+    for planner in (DefaultLoadPlanner(), Halves()):
+        front.reset_counts()
+        loaded = blank_like(state)
+        reader = GCSStorageReader(url, client=front.client_config, transfer=transfer)
+        dcp.load(loaded, storage_reader=reader, planner=planner)
+        assert_same(loaded, state)
+        assert reader.stats.bytes < size + 64 * 1024  # the data file once, and .metadata
+        counts.append(gets(front))
+    plain, halves = counts
+    assert halves == plain <= 8  # .metadata, the big item in 1 MiB ranges, the small ones together
 
 
 # -- failures ------------------------------------------------------------------------------------------------
