@@ -356,8 +356,10 @@ class GCSStorageWriter(FileSystemWriter):
     Data files stream out through :func:`torchdata_gcs.checkpoint.open_writer` as ``write`` says
     (:class:`~torchdata_gcs.WriteConfig`: part size, parts in flight, ``strategy="compose"`` where the XML API is
     missing; the loose ``part_size``, ``max_parts_in_flight`` and ``strategy`` keywords are deprecated) and each is
-    published only when complete. ``.metadata`` is written last, in one request, straight to its
+    published only when complete, and only if the crc32c GCS reports for the object stored is that of the bytes sent
+    (else it is deleted: ``IntegrityError``). ``.metadata`` is written last, in one request, straight to its
     name; with ``overwrite=False`` that write also fails if a checkpoint appeared at ``path`` meanwhile.
+    ``dcp.async_save``'s future completes once ``.metadata`` is written, or fails with the error that stopped it.
     ``_extensions`` (such as ``[ZStandard()]``) transform each item's bytes as in ``FileSystemWriter``; compress
     that way, not with ``open_writer``'s whole-file ``compression`` (DCP addresses items by byte offset).
 

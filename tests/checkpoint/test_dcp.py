@@ -28,7 +28,15 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
 
 from tests.http_proxy import RecordingProxy
-from torchdata_gcs import ClientConfig, RetryConfig, TransferConfig, WriteConfig
+from torchdata_gcs import (
+    AccessDeniedError,
+    ClientConfig,
+    IntegrityError,
+    NotFoundError,
+    RetryConfig,
+    TransferConfig,
+    WriteConfig,
+)
 from torchdata_gcs.checkpoint import open_writer
 from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
@@ -370,6 +378,97 @@ def test_failed_overwrite_leaves_no_checkpoint_and_load_says_so(
     front.set_faults([])
     with pytest.raises(CheckpointException, match=f"no DCP checkpoint at {url}: {url}/.metadata does not exist"):
         dcp.load(blank_like(model_state()), storage_reader=GCSStorageReader(url, client=client))
+
+
+def small_files_state() -> dict[str, torch.Tensor]:
+    """Four tensors: with ``single_file_per_rank=False``, four data files written in turn, each in one request."""
+    return {f"t{i}": torch.full((1000,), float(i)) for i in range(4)}
+
+
+def upload_of(name: str) -> str:
+    """A fault's ``match`` for the upload that writes ``name`` (a single-request upload names it in its query)."""
+    return rf"^POST /upload/\S+%2F{re.escape(name)}&"
+
+
+def the_failure(caught: pytest.ExceptionInfo[CheckpointException]) -> BaseException:
+    """The one error DCP wrapped in its ``CheckpointException`` (one process: one rank's)."""
+    ((error, _),) = caught.value.failures.values()
+    return error
+
+
+def test_async_save_whose_last_data_file_fails_fails_its_future_and_leaves_no_checkpoint(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    url = f"gs://{gcs_bucket}/async-failed"
+    front.set_faults([Fault("http_403", match=upload_of("__0_3.distcp"))])
+    writer = GCSStorageWriter(url, client=front.client_config, retry=FAST_RETRY, single_file_per_rank=False)
+    future = dcp.async_save(small_files_state(), storage_writer=writer)
+    with pytest.raises(CheckpointException) as caught:
+        future.result(timeout=60)
+    error = the_failure(caught)
+    assert isinstance(error, AccessDeniedError) and "__0_3.distcp" in str(error)
+    assert front.faults_injected["http_403"] == 1
+    names = set(gcs_emulator.names(gcs_bucket))
+    assert {f"async-failed/__0_{i}.distcp" for i in range(3)} <= names  # the files before it were published
+    assert not {"async-failed/__0_3.distcp", "async-failed/.metadata"} & names
+
+    front.set_faults([])
+    reader = GCSStorageReader(url, client=front.client_config)
+    with pytest.raises(NotFoundError, match=f"no DCP checkpoint at {url}: "):
+        reader.read_metadata()
+    with pytest.raises(CheckpointException, match=f"no DCP checkpoint at {url}: "):
+        dcp.load(blank_like(small_files_state()), storage_reader=GCSStorageReader(url, client=front.client_config))
+
+
+@pytest.mark.parametrize("damaged", ["__0_3.distcp", ".metadata"])
+def test_async_save_fails_its_future_when_gcs_stored_other_bytes_than_sent(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str, damaged: str
+) -> None:
+    """One bit of a file's upload flipped on the way, by a server that stores it (GCS would refuse it, as the
+    crc32c travels with it): the crc32c GCS reports for the object stored is compared with that of the bytes
+    sent, the object is deleted, and the future fails. No ``.metadata`` is left, so nothing loads."""
+    url = f"gs://{gcs_bucket}/async-damaged"
+    front.set_faults([Fault("corrupt", match=upload_of(damaged), times=1)])
+    writer = GCSStorageWriter(url, client=front.client_config, retry=FAST_RETRY, single_file_per_rank=False)
+    future = dcp.async_save(small_files_state(), storage_writer=writer)
+    with pytest.raises(CheckpointException) as caught:
+        future.result(timeout=60)
+    error = the_failure(caught)
+    assert isinstance(error, IntegrityError) and f"{url}/{damaged}: the published object's crc32c" in str(error)
+    assert front.faults_injected["corrupt"] == 1
+    names = set(gcs_emulator.names(gcs_bucket))
+    assert not {f"async-damaged/{damaged}", "async-damaged/.metadata"} & names
+    with pytest.raises(NotFoundError, match=f"no DCP checkpoint at {url}: "):
+        GCSStorageReader(url, client=front.client_config).read_metadata()
+
+
+def test_async_save_completes_only_once_metadata_is_written(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    url = f"gs://{gcs_bucket}/async-order"
+    returned = threading.Event()
+    seen: dict[str, Any] = {}
+    futures: list[Future[Any]] = []
+
+    class Watched(GCSStorageWriter):
+        def finish(self, metadata: Any, results: Any) -> None:
+            returned.wait(timeout=60)  # async_save has handed out its future
+            names = gcs_emulator.names(gcs_bucket)
+            seen.update(done=futures[0].done(), data=sorted(names), metadata="async-order/.metadata" in names)
+            super().finish(metadata, results)
+
+    writer = Watched(url, client=front.client_config, single_file_per_rank=False)
+    future = dcp.async_save(small_files_state(), storage_writer=writer)
+    assert isinstance(future, Future)
+    futures.append(future)
+    returned.set()
+    future.result(timeout=60)
+    # every data file was published before .metadata was written, and the future was still pending then
+    assert seen == {"done": False, "data": [f"async-order/__0_{i}.distcp" for i in range(4)], "metadata": False}
+    assert "async-order/.metadata" in gcs_emulator.names(gcs_bucket)
+    loaded = blank_like(small_files_state())
+    dcp.load(loaded, storage_reader=GCSStorageReader(url, client=front.client_config))
+    assert_same(loaded, small_files_state())
 
 
 def test_failure_in_a_writer_thread_fails_the_save_after_every_thread_stopped(
