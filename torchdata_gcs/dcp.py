@@ -356,8 +356,10 @@ class GCSStorageWriter(FileSystemWriter):
     Data files stream out through :func:`torchdata_gcs.checkpoint.open_writer` as ``write`` says
     (:class:`~torchdata_gcs.WriteConfig`: part size, parts in flight, ``strategy="compose"`` where the XML API is
     missing; the loose ``part_size``, ``max_parts_in_flight`` and ``strategy`` keywords are deprecated) and each is
-    published only when complete. ``.metadata`` is written last, in one request, straight to its
+    published only when complete, and only if the crc32c GCS reports for the object stored is that of the bytes sent
+    (else it is deleted: ``IntegrityError``). ``.metadata`` is written last, in one request, straight to its
     name; with ``overwrite=False`` that write also fails if a checkpoint appeared at ``path`` meanwhile.
+    ``dcp.async_save``'s future completes once ``.metadata`` is written, or fails with the error that stopped it.
     ``_extensions`` (such as ``[ZStandard()]``) transform each item's bytes as in ``FileSystemWriter``; compress
     that way, not with ``open_writer``'s whole-file ``compression`` (DCP addresses items by byte offset).
 
@@ -511,13 +513,15 @@ class GCSStorageReader(FileSystemReader):
     Each rank fetches only the byte ranges of the items its load plan names (never whole files unless it needs them
     whole), as concurrent ranged GETs of at most ``transfer.part_size`` bytes, ``transfer.max_in_flight`` at once,
     pinned to the generation of each file seen when first read: a file overwritten during the load fails it rather than
-    mixing versions. Ranges are fetched ahead of DCP, at most ``transfer.max_buffered_bytes`` held at once
-    (:data:`READ_AHEAD`, 64 MiB, unless ``transfer`` is given), as 32 or more concurrent GETs. Every range is checked
-    for its exact length, and every item against the crc32c that :class:`GCSStorageWriter` saved with it in the
-    metadata, before DCP copies it into the caller's tensors (a damaged one is read again, as retries allow); a file
-    read whole is also checked against GCS's crc32c. Checkpoints saved by other writers have no item checksums: their
-    partial reads are checked by length only, as GCS keeps no checksum per range. :attr:`stats` counts the requests and
-    bytes. Files written with extensions (``ZStandard``) are decoded through ``_extension_registry``.
+    mixing versions. Items of a file at most :data:`COALESCE_GAP` apart share a GET, and several ReadItems of one
+    stored item (resharding) fetch its bytes once. Ranges are fetched ahead of DCP, at most
+    ``transfer.max_buffered_bytes`` held at once (:data:`READ_AHEAD`, 64 MiB, unless ``transfer`` is given), as 32
+    or more concurrent GETs. Every range is checked for its exact length, and every item against the crc32c that
+    :class:`GCSStorageWriter` saved with it in the metadata, before DCP copies it into the caller's tensors (a damaged
+    one is read again, as retries allow); a file read whole is also checked against GCS's crc32c. Checkpoints saved by
+    other writers have no item checksums: their partial reads are checked by length only, as GCS keeps no checksum per
+    range. :attr:`stats` counts the requests and bytes. Files written with extensions (``ZStandard``) are decoded
+    through ``_extension_registry``.
 
     Example:
         >>> import warnings
@@ -613,7 +617,9 @@ class GCSStorageReader(FileSystemReader):
 
     def _spans(self, items: list[ReadItem]) -> list[Span]:
         """The byte ranges ``items`` (in file order) read, in that order; ranges that overlap, touch or lie at most
-        ``COALESCE_GAP`` apart share a span of up to ``transfer.part_size`` bytes (a larger item is a span alone)."""
+        ``COALESCE_GAP`` apart share a span of up to ``transfer.part_size`` bytes (a larger item is a span alone).
+        A range inside the span before it joins that span whatever its size: several ReadItems of one stored
+        item (a rank holding more than one shard of it) then fetch its bytes once."""
         limit = self.fs.client.transfer.part_size
         spans: list[Span] = []
         span: Span | None = None
@@ -625,7 +631,7 @@ class GCSStorageReader(FileSystemReader):
                 span is not None
                 and span.url == url
                 and span.start <= start <= span.end + COALESCE_GAP
-                and max(end, span.end) - span.start <= limit
+                and (end <= span.end or max(end, span.end) - span.start <= limit)
             ):
                 span.end = max(end, span.end)
             else:

@@ -23,10 +23,20 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint._extension import ZStandard
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
 
 from tests.http_proxy import RecordingProxy
-from torchdata_gcs import ClientConfig, RetryConfig, TransferConfig, WriteConfig
+from torchdata_gcs import (
+    AccessDeniedError,
+    ClientConfig,
+    IntegrityError,
+    NotFoundError,
+    RetryConfig,
+    TransferConfig,
+    WriteConfig,
+)
 from torchdata_gcs.checkpoint import open_writer
 from torchdata_gcs.dcp import GCSStorageReader, GCSStorageWriter
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
@@ -264,6 +274,78 @@ def test_compose_strategy_writes_large_files_to_the_bare_emulator(gcs_emulator: 
     assert_same(loaded, state)
 
 
+def gets(front: GCSFront) -> int:
+    """Media GETs the front answered, whole or ranged."""
+    return front.counts["get"] + front.counts["range_get"]
+
+
+def test_load_request_counts_before_and_after_coalescing(front: GCSFront, gcs_bucket: str) -> None:
+    """A few hundred small tensors in one data file: read one request per item, a load would send one GET each;
+    the reader fetches neighbours together, in a couple of GETs."""
+    generator = torch.Generator().manual_seed(12)
+    state = {f"layer{i}.bias": torch.randn(64, generator=generator) for i in range(300)}
+    url = f"gs://{gcs_bucket}/small-items"
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config))
+    front.reset_counts()
+    loaded = blank_like(state)
+    reader = GCSStorageReader(url, client=front.client_config)
+    dcp.load(loaded, storage_reader=reader)
+    assert_same(loaded, state)
+    one_per_item = 1 + len(reader.storage_data)  # .metadata, then each stored item on its own
+    assert one_per_item == 301
+    assert gets(front) == reader.stats.requests <= 3  # .metadata and the data file's items in one range
+
+
+class Halves(DefaultLoadPlanner):
+    """Reads each tensor of two or more rows as two ReadItems (top and bottom rows) of the same stored item, as
+    a rank holding two shards of one saved chunk does: both read the stored item's whole byte range."""
+
+    def create_local_plan(self) -> LoadPlan:
+        plan = super().create_local_plan()
+        items: list[ReadItem] = []
+        for item in plan.items:
+            if item.type != LoadItemType.TENSOR or not item.lengths or item.lengths[0] < 2:
+                items.append(item)
+                continue
+            half, rest = item.lengths[0] // 2, list(item.lengths[1:])
+            items.append(replace(item, lengths=torch.Size([half, *rest])))
+            items.append(
+                replace(
+                    item,
+                    dest_offsets=torch.Size([item.dest_offsets[0] + half, *item.dest_offsets[1:]]),
+                    storage_offsets=torch.Size([item.storage_offsets[0] + half, *item.storage_offsets[1:]]),
+                    lengths=torch.Size([item.lengths[0] - half, *rest]),
+                )
+            )
+        return replace(plan, items=items)
+
+
+def test_read_items_of_one_stored_item_share_one_fetch(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    """Two ReadItems of one stored item read the same byte range: it is fetched once, also when the item is
+    larger than a span (here 4 MiB, read in 1 MiB ranges), not once per ReadItem."""
+    generator = torch.Generator().manual_seed(13)
+    state = {"big": torch.randn(1024, 1024, generator=generator)}
+    state.update({f"small{i}": torch.randn(8, 4, generator=generator) for i in range(20)})
+    url = f"gs://{gcs_bucket}/halves"
+    dcp.save(state, storage_writer=GCSStorageWriter(url, client=front.client_config))
+    (size,) = data_files(gcs_emulator, gcs_bucket, "halves/").values()
+    transfer = TransferConfig(part_size=MiB)
+
+    counts = []
+    for planner in (DefaultLoadPlanner(), Halves()):
+        front.reset_counts()
+        loaded = blank_like(state)
+        reader = GCSStorageReader(url, client=front.client_config, transfer=transfer)
+        dcp.load(loaded, storage_reader=reader, planner=planner)
+        assert_same(loaded, state)
+        assert reader.stats.bytes < size + 64 * 1024  # the data file once, and .metadata
+        counts.append(gets(front))
+    plain, halves = counts
+    assert halves == plain <= 8  # .metadata, the big item in 1 MiB ranges, the small ones together
+
+
 # -- failures ------------------------------------------------------------------------------------------------
 
 
@@ -296,6 +378,97 @@ def test_failed_overwrite_leaves_no_checkpoint_and_load_says_so(
     front.set_faults([])
     with pytest.raises(CheckpointException, match=f"no DCP checkpoint at {url}: {url}/.metadata does not exist"):
         dcp.load(blank_like(model_state()), storage_reader=GCSStorageReader(url, client=client))
+
+
+def small_files_state() -> dict[str, torch.Tensor]:
+    """Four tensors: with ``single_file_per_rank=False``, four data files written in turn, each in one request."""
+    return {f"t{i}": torch.full((1000,), float(i)) for i in range(4)}
+
+
+def upload_of(name: str) -> str:
+    """A fault's ``match`` for the upload that writes ``name`` (a single-request upload names it in its query)."""
+    return rf"^POST /upload/\S+%2F{re.escape(name)}&"
+
+
+def the_failure(caught: pytest.ExceptionInfo[CheckpointException]) -> BaseException:
+    """The one error DCP wrapped in its ``CheckpointException`` (one process: one rank's)."""
+    ((error, _),) = caught.value.failures.values()
+    return error
+
+
+def test_async_save_whose_last_data_file_fails_fails_its_future_and_leaves_no_checkpoint(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    url = f"gs://{gcs_bucket}/async-failed"
+    front.set_faults([Fault("http_403", match=upload_of("__0_3.distcp"))])
+    writer = GCSStorageWriter(url, client=front.client_config, retry=FAST_RETRY, single_file_per_rank=False)
+    future = dcp.async_save(small_files_state(), storage_writer=writer)
+    with pytest.raises(CheckpointException) as caught:
+        future.result(timeout=60)
+    error = the_failure(caught)
+    assert isinstance(error, AccessDeniedError) and "__0_3.distcp" in str(error)
+    assert front.faults_injected["http_403"] == 1
+    names = set(gcs_emulator.names(gcs_bucket))
+    assert {f"async-failed/__0_{i}.distcp" for i in range(3)} <= names  # the files before it were published
+    assert not {"async-failed/__0_3.distcp", "async-failed/.metadata"} & names
+
+    front.set_faults([])
+    reader = GCSStorageReader(url, client=front.client_config)
+    with pytest.raises(NotFoundError, match=f"no DCP checkpoint at {url}: "):
+        reader.read_metadata()
+    with pytest.raises(CheckpointException, match=f"no DCP checkpoint at {url}: "):
+        dcp.load(blank_like(small_files_state()), storage_reader=GCSStorageReader(url, client=front.client_config))
+
+
+@pytest.mark.parametrize("damaged", ["__0_3.distcp", ".metadata"])
+def test_async_save_fails_its_future_when_gcs_stored_other_bytes_than_sent(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str, damaged: str
+) -> None:
+    """One bit of a file's upload flipped on the way, by a server that stores it (GCS would refuse it, as the
+    crc32c travels with it): the crc32c GCS reports for the object stored is compared with that of the bytes
+    sent, the object is deleted, and the future fails. No ``.metadata`` is left, so nothing loads."""
+    url = f"gs://{gcs_bucket}/async-damaged"
+    front.set_faults([Fault("corrupt", match=upload_of(damaged), times=1)])
+    writer = GCSStorageWriter(url, client=front.client_config, retry=FAST_RETRY, single_file_per_rank=False)
+    future = dcp.async_save(small_files_state(), storage_writer=writer)
+    with pytest.raises(CheckpointException) as caught:
+        future.result(timeout=60)
+    error = the_failure(caught)
+    assert isinstance(error, IntegrityError) and f"{url}/{damaged}: the published object's crc32c" in str(error)
+    assert front.faults_injected["corrupt"] == 1
+    names = set(gcs_emulator.names(gcs_bucket))
+    assert not {f"async-damaged/{damaged}", "async-damaged/.metadata"} & names
+    with pytest.raises(NotFoundError, match=f"no DCP checkpoint at {url}: "):
+        GCSStorageReader(url, client=front.client_config).read_metadata()
+
+
+def test_async_save_completes_only_once_metadata_is_written(
+    front: GCSFront, gcs_emulator: Emulator, gcs_bucket: str
+) -> None:
+    url = f"gs://{gcs_bucket}/async-order"
+    returned = threading.Event()
+    seen: dict[str, Any] = {}
+    futures: list[Future[Any]] = []
+
+    class Watched(GCSStorageWriter):
+        def finish(self, metadata: Any, results: Any) -> None:
+            returned.wait(timeout=60)  # async_save has handed out its future
+            names = gcs_emulator.names(gcs_bucket)
+            seen.update(done=futures[0].done(), data=sorted(names), metadata="async-order/.metadata" in names)
+            super().finish(metadata, results)
+
+    writer = Watched(url, client=front.client_config, single_file_per_rank=False)
+    future = dcp.async_save(small_files_state(), storage_writer=writer)
+    assert isinstance(future, Future)
+    futures.append(future)
+    returned.set()
+    future.result(timeout=60)
+    # every data file was published before .metadata was written, and the future was still pending then
+    assert seen == {"done": False, "data": [f"async-order/__0_{i}.distcp" for i in range(4)], "metadata": False}
+    assert "async-order/.metadata" in gcs_emulator.names(gcs_bucket)
+    loaded = blank_like(small_files_state())
+    dcp.load(loaded, storage_reader=GCSStorageReader(url, client=front.client_config))
+    assert_same(loaded, small_files_state())
 
 
 def test_failure_in_a_writer_thread_fails_the_save_after_every_thread_stopped(
