@@ -34,3 +34,4 @@ def datasets(client: GCSClient) -> None:
 def checkpoints(client: GCSClient) -> None:
     assert_type(checkpoint.save({"step": 1}, "gs://bucket/ckpt.pt", client=client), int)
     assert_type(safetensors.load_file("gs://bucket/model.safetensors", client=client), dict[str, torch.Tensor])
+    assert_type(safetensors.load_files("gs://bucket/llm/", process_group=None), dict[str, torch.Tensor])

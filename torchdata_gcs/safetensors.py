@@ -54,7 +54,7 @@ def load_file(
     url: str,
     device: str | int | torch.device = "cpu",
     *,
-    process_group: Any = None,
+    process_group: dist.ProcessGroup | None = None,
     client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
@@ -101,7 +101,7 @@ def load_files(
     url: str,
     device: str | int | torch.device = "cpu",
     *,
-    process_group: Any = None,
+    process_group: dist.ProcessGroup | None = None,
     client: GCSClient | ClientConfig | None = None,
     transfer: TransferConfig | None = None,
     retry: RetryConfig | None = None,
@@ -148,7 +148,11 @@ def load_files(
 
 
 def _load_model(
-    url: str, files: tuple[list[str], dict[str, str] | None], gcs: Client, target: torch.device, process_group: Any
+    url: str,
+    files: tuple[list[str], dict[str, str] | None],
+    gcs: Client,
+    target: torch.device,
+    process_group: dist.ProcessGroup | None,
 ) -> dict[str, torch.Tensor]:
     urls, weight_map = files
     if _shared(process_group, None):
