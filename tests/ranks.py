@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from torchdata_gcs import ClientConfig
@@ -48,6 +49,7 @@ def _rank(
     rank: int, world: int, folder: str, timeout: float, work: Callable[[int, ClientConfig], Any], endpoint: str
 ) -> None:
     outcome: dict[str, Any] = {}
+    torch.set_num_threads(1)  # forked after this process's OpenMP pool started, a parallel op would hang
     try:
         dist.init_process_group(
             "gloo",

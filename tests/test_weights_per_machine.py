@@ -22,7 +22,7 @@ import torch.distributed as dist
 from tests.ranks import run_ranks
 from torchdata_gcs import ClientConfig, TransferConfig
 from torchdata_gcs import safetensors as ours
-from torchdata_gcs._engines.node_fetch import SHARED_MEMORY
+from torchdata_gcs._engines.process_groups import SHARED_MEMORY
 from torchdata_gcs.testing import Emulator, GCSFront
 
 BUCKET = "node-weights"

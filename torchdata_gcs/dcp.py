@@ -18,6 +18,7 @@ import itertools
 import os
 import pickle
 import queue
+import secrets
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from torch.futures import Future
 from ._engines.checkpoints import open_writer, write_config
 from ._engines.ranges import read_into_buffer
 from ._engines.read_ahead import ReadAhead, Span
+from ._engines.shared_spans import Place, Sharing, place, plan_sharing, sweep
 from ._ops.checksums import ObjectInfo, crc32c_of_concatenation
 from ._ops.client import Client, GCSClient, client_of
 from ._ops.paging import ITEM_FIELDS
@@ -521,7 +523,8 @@ class GCSStorageReader(FileSystemReader):
     one is read again, as retries allow); a file read whole is also checked against GCS's crc32c. Checkpoints saved by
     other writers have no item checksums: their partial reads are checked by length only, as GCS keeps no checksum per
     range. :attr:`stats` counts the requests and bytes. Files written with extensions (``ZStandard``) are decoded
-    through ``_extension_registry``.
+    through ``_extension_registry``. Ranks on one machine that read the same ranges (a replicated state) fetch each
+    once between them, through ``/dev/shm``; a rank that cannot get a range so reads it itself.
 
     Example:
         >>> import warnings
@@ -572,7 +575,23 @@ class GCSStorageReader(FileSystemReader):
                 status=exc.status,
             ) from None
 
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return dataclasses.replace(plan, storage_data=place())  # tells the coordinator which ranks share a machine
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        # A range several ranks of one machine read (a replicated item) is fetched by one of them for all.
+        places = [plan.storage_data if isinstance(plan.storage_data, Place) else None for plan in plans]
+        wanted = [
+            [(span.url, span.start, span.end) for span in self._spans(self._in_file_order(plan.items))]
+            for plan in plans
+        ]
+        sharings = plan_sharing(places, wanted, secrets.token_hex(6))
+        return [dataclasses.replace(plan, storage_data=sharing) for plan, sharing in zip(plans, sharings, strict=True)]
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        sharing = plan.storage_data if isinstance(plan.storage_data, Sharing) and plan.storage_data.ranges else None
+        if sharing is not None:
+            sweep()
         # Items are independent (each is loaded, narrowed and copied on its own), so they are read file by file
         # in byte order: neighbours then share a request, and each range is done with once DCP moves past it.
         plan = dataclasses.replace(plan, items=self._in_file_order(plan.items))
@@ -582,6 +601,7 @@ class GCSStorageReader(FileSystemReader):
             self.fs.client.transfer.max_buffered_bytes,
             self.fs.gcs.context(),
             self._checksums(plan.items),
+            sharing,
         )
         self.fs.read_ahead = ahead
         try:

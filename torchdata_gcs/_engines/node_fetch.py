@@ -17,7 +17,6 @@ import mmap
 import os
 import pickle
 import secrets
-import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -33,12 +32,10 @@ from .._transport.context import RequestContext
 from .._transport.deadline import call_deadline
 from .._transport.loop import run
 from ..errors import GCSError, IntegrityError, RankFailedError
-from .process_groups import timeout_of
+from .process_groups import SHARED_MEMORY, alive, machine, timeout_of
 
-__all__ = ["SHARED_MEMORY", "fetch_once_per_machine"]
+__all__ = ["fetch_once_per_machine"]
 
-SHARED_MEMORY = Path("/dev/shm")
-"""Where segments are made: the memory every process of a machine (or container) can map by name."""
 _FIRST_READ = 1 << 20
 """Bytes of each file the first read asks for (a safetensors header in nearly every file)."""
 _ALIGN = 4096
@@ -75,7 +72,7 @@ def fetch_once_per_machine(urls: list[str], client: Client, group: Any) -> list[
     ``RankFailedError`` naming a rank that failed or stopped, within the group's timeout."""
     meeting = _Meeting(group)
     me = meeting.rank
-    ranks: list[_Rank] = meeting.gather(_Rank(_machine(), os.getpid(), secrets.token_hex(8)), "meet")
+    ranks: list[_Rank] = meeting.gather(_Rank(machine(), os.getpid(), secrets.token_hex(8)), "meet")
     local = [rank for rank, told in enumerate(ranks) if told.machine == ranks[me].machine]
     meeting.deaths = _Deaths({meeting.ranks[rank]: ranks[rank].pid for rank in local if rank != me})
     first = local[0]
@@ -154,15 +151,6 @@ def _attempt(work: Callable[[], T]) -> T | BaseException:
         return exc
 
 
-def _machine() -> tuple[str, str, int]:
-    """What ranks sharing memory share: the host's name, its boot, and the shared-memory mount."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return socket.gethostname(), boot, SHARED_MEMORY.stat().st_dev
-
-
 class _Deaths:
     """The processes of ``ranks`` (global rank: process id) that end during a load, in the order they were
     seen to end (watched from a thread until ``done`` is set): the first is the one that made the others fail."""
@@ -182,7 +170,7 @@ class _Deaths:
             self._look()
 
     def _look(self) -> None:
-        self.ended.extend(rank for rank, pid in self.ranks.items() if rank not in self.ended and not _alive(pid))
+        self.ended.extend(rank for rank, pid in self.ranks.items() if rank not in self.ended and not alive(pid))
 
     def seen(self) -> list[int]:
         """The ranks seen ended, first seen first (after one last look)."""
@@ -191,15 +179,6 @@ class _Deaths:
             self.watch.join()
         self._look()
         return self.ended
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a process that ended but was not yet reaped does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _start(client: Client, urls: list[str], path: Path) -> _Layout:

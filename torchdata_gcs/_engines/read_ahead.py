@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_extend, crc32c_of_concatenation
 from .._ops.reads import read_ranges_into
@@ -16,6 +17,7 @@ from .._transport.context import RequestContext
 from .._transport.loop import submit, wait
 from .._transport.retry import reread_while_damaged
 from ..errors import IntegrityError
+from .shared_spans import Sharing, publish_after, take_or_read
 
 __all__ = ["ReadAhead", "Span"]
 
@@ -56,6 +58,7 @@ class ReadAhead:
     budget: int
     context: RequestContext
     checksums: dict[str, list[tuple[int, int, int]]]  # per file: (offset, length, crc32c) of each item saved with one
+    sharing: Sharing | None = None  # spans other ranks of this machine read too: fetched by one, taken by the others
     infos: dict[str, ObjectInfo] = field(default_factory=dict, init=False)
     fetched: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict, init=False)  # {start: (size, crc)}
     _by_url: dict[str, list[int]] = field(default_factory=dict, init=False)
@@ -130,7 +133,7 @@ class ReadAhead:
             self._held += span.size
             self._launched += 1
 
-    def _start(self, span: Span) -> None:
+    def _start(self, span: Span, alone: bool = False) -> None:
         info = self.info(span.url)
         if span.end > info.size:
             raise IntegrityError(
@@ -138,11 +141,20 @@ class ReadAhead:
                 f"[{span.start}, {span.end}): the file does not belong to this checkpoint",
                 url=span.url,
             )
-        span.buffer = bytearray(span.size)
-        coroutine = read_ranges_into(
-            self.context, span.url, info.generation, span.start, memoryview(span.buffer), self.range_size
-        )
-        span.future = submit(coroutine)
+        buffer = span.buffer = bytearray(span.size)
+
+        def read() -> Coroutine[Any, Any, int]:
+            return read_ranges_into(
+                self.context, span.url, info.generation, span.start, memoryview(buffer), self.range_size
+            )
+
+        shared = None if alone or self.sharing is None else self.sharing.ranges.get((span.url, span.start, span.end))
+        if shared is None:
+            span.future = submit(read())
+        elif shared.fetcher == self.sharing.rank:  # type: ignore[union-attr]  # shared is only found in a sharing
+            span.future = submit(publish_after(read(), shared, buffer))
+        else:
+            span.future = submit(take_or_read(shared, memoryview(buffer), read, self.context.retry.deadline))
 
     def _release(self, span: Span) -> None:
         if span.future is not None:
@@ -165,7 +177,7 @@ class ReadAhead:
         def read() -> int:
             nonlocal in_flight
             if not in_flight:
-                self._start(span)
+                self._start(span, alone=True)
             in_flight = False
             assert span.future is not None
             return wait(span.future)
