@@ -182,7 +182,7 @@ def test_engines_are_at_most_three_floors_deep() -> None:
 
 
 DOCSTRING_LINES = 12
-LONGER_DOCSTRINGS = {"errors.py": 25}  # the exception tree, drawn whole where a reader of the errors looks
+LONGER_DOCSTRINGS = {"errors.py": 26}  # the exception tree, drawn whole where a reader of the errors looks
 FIGURE = re.compile(r"\d+(\.\d+)? ?(s|ms|µs|MB/s|GB/s|KiB|MiB|GiB)\b|\d+(\.\d+)?x\b")
 
 

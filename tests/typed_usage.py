@@ -3,12 +3,13 @@ mypy reads this file (``pyproject.toml`` lists it); its functions are never call
 
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, Any
 
 import torch
 from typing_extensions import assert_type
 
 from torchdata_gcs import GCSClient, GCSIterableDataset, GCSMapDataset, checkpoint, safetensors
+from torchdata_gcs.shards import ShardDataset, ShardMapDataset
 
 
 def length(stream: IO[bytes]) -> int:
@@ -29,6 +30,14 @@ def datasets(client: GCSClient) -> None:
         assert_type(pair, tuple[str, bytes])
     for item in GCSIterableDataset("gs://bucket/", transform=length, locality="node"):
         assert_type(item, int)
+
+
+def shard_datasets(client: GCSClient) -> None:
+    for sample in ShardDataset("gs://bucket/shards/", client=client):
+        assert_type(sample, dict[str, Any])
+    for size in ShardDataset("gs://bucket/shards/", transform=len):
+        assert_type(size, int)
+    assert_type(ShardMapDataset("gs://bucket/shards/", transform=len)[0], int)
 
 
 def checkpoints(client: GCSClient) -> None:

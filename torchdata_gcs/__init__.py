@@ -39,6 +39,7 @@ from .errors import (
     PreconditionFailedError,
     RankFailedError,
     ResumeError,
+    ShardWarning,
     TransientError,
     UploadError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "RankFailedError",
     "ResumeError",
     "RetryConfig",
+    "ShardWarning",
     "TransferConfig",
     "TransientError",
     "UploadError",

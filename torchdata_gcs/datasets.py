@@ -20,7 +20,7 @@ from ._engines.listing import describe_objects
 from ._engines.local_cache import LocalCache, check_cache
 from ._engines.parallel_listing import ListingStats
 from ._engines.reading import read_in_order
-from ._engines.resume import elastic_position, elastic_start, fingerprint, resume_position
+from ._engines.resume import elastic_position, elastic_start, fingerprint, loader_dataset_states, resume_position
 from ._engines.stalls import stall_report
 from ._engines.transform import ItemMaker, Transform
 from ._engines.workers import SharedEpoch, SharedTurns, WorkerStats
@@ -541,24 +541,7 @@ def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
         raise ResumeError(f"not a resumable state: expected a dict from state_dict(), got {type(state).__name__}")
     if "order" in state:  # the dataset's own
         return elastic_position([state])
-    if "_snapshot" not in state:  # a StatefulDataLoader without workers
-        return elastic_position([_dataset_state(state.get("dataset_state", state))])
-    snapshot = state["_snapshot"]
-    if not isinstance(snapshot, Mapping) or not isinstance(snapshot.get("_worker_snapshots"), Mapping):
-        raise ResumeError(
-            f"not a resumable state: a StatefulDataLoader's '_snapshot' holds no worker states: {brief(snapshot)}"
-        )
-    if state.get("_steps_since_snapshot", 0):
-        raise ResumeError(
-            "this StatefulDataLoader state was saved between its workers' snapshots (snapshot_every_n_steps > 1):"
-            " it does not say what each worker delivered; save with snapshot_every_n_steps=1 (the default)"
-        )
-    workers = snapshot["_worker_snapshots"]
-    states = [
-        workers[f"worker_{index}"].get("dataset_state") if isinstance(workers.get(f"worker_{index}"), Mapping) else None
-        for index in range(len(workers))
-    ]
-    return elastic_position([_dataset_state(state) for state in states])
+    return elastic_position([_dataset_state(state) for state in loader_dataset_states(state)])
 
 
 def _dataset_state(state: object) -> object:

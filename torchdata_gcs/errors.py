@@ -18,7 +18,8 @@
     UserWarning
     ├── MissingObjectWarning                           a missing object was skipped, as asked
     ├── ComposeFallbackWarning                         objects loaded one by one, not composed
-    └── CacheWarning                                   the local cache cannot be used: read from GCS
+    ├── CacheWarning                                   the local cache cannot be used: read from GCS
+    └── ShardWarning                                   a bad shard skipped, as asked; an index not written
 
 Each error also derives from the builtin a caller would naturally catch, so ``except
 FileNotFoundError`` works on a missing object. Errors pickle across worker processes and never carry
@@ -43,6 +44,7 @@ __all__ = [
     "PreconditionFailedError",
     "RankFailedError",
     "ResumeError",
+    "ShardWarning",
     "TransientError",
     "UploadError",
 ]
@@ -161,3 +163,8 @@ class ComposeFallbackWarning(UserWarning):
 class CacheWarning(UserWarning):
     """The local cache could not be created, read or written (a full disk, no permission, locks that do not
     work on its file system, entries removed or damaged): the objects concerned are read from GCS instead."""
+
+
+class ShardWarning(UserWarning):
+    """A tar shard's samples were skipped because it is damaged, cut or gone and the caller asked to skip bad
+    shards; or a shard's index could not be written beside it (it is made again next time)."""

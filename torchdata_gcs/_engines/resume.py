@@ -21,6 +21,7 @@ __all__ = [
     "elastic_start",
     "fingerprint",
     "listing_position",
+    "loader_dataset_states",
     "resume_position",
 ]
 
@@ -170,6 +171,28 @@ def elastic_start(state: Mapping[str, Any], listing: dict[str, Any], shuffle: bo
             f" resuming would skip or repeat objects; {restart}"
         )
     return epoch, seed, consumed
+
+
+def loader_dataset_states(state: Mapping[str, Any]) -> list[object]:
+    """The dataset states a ``StatefulDataLoader``'s ``state_dict()`` holds: one per worker, or its own
+    without workers; ``ResumeError`` for a state that does not say what each worker delivered."""
+    if "_snapshot" not in state:  # a StatefulDataLoader without workers
+        return [state.get("dataset_state", state)]
+    snapshot = state["_snapshot"]
+    if not isinstance(snapshot, Mapping) or not isinstance(snapshot.get("_worker_snapshots"), Mapping):
+        raise ResumeError(
+            f"not a resumable state: a StatefulDataLoader's '_snapshot' holds no worker states: {brief(snapshot)}"
+        )
+    if state.get("_steps_since_snapshot", 0):
+        raise ResumeError(
+            "this StatefulDataLoader state was saved between its workers' snapshots (snapshot_every_n_steps > 1):"
+            " it does not say what each worker delivered; save with snapshot_every_n_steps=1 (the default)"
+        )
+    workers = snapshot["_worker_snapshots"]
+    return [
+        workers[f"worker_{index}"].get("dataset_state") if isinstance(workers.get(f"worker_{index}"), Mapping) else None
+        for index in range(len(workers))
+    ]
 
 
 def _position(state: object) -> tuple[int, int, int]:

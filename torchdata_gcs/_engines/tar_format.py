@@ -44,6 +44,7 @@ class Member:
     name: str
     offset: int
     size: int
+    crc32c: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,21 +191,34 @@ def _damaged(where: str, offset: int, why: str) -> IntegrityError:
     return IntegrityError(f"{where}: not a tar archive at byte {offset}: {why}", url=where)
 
 
-def encode_index(size: int, samples: list[Sample]) -> bytes:
-    """The index of a shard of ``size`` bytes holding ``samples``: JSON, one line per sample."""
-    lines = [json.dumps({"format": _INDEX_FORMAT, "size": size, "samples": len(samples)})]
-    lines += [json.dumps([sample.key, [[m.name, m.offset, m.size] for m in sample.members]]) for sample in samples]
+def encode_index(size: int, samples: list[Sample], crc32c: str | None = None) -> bytes:
+    """The index of a shard of ``size`` bytes (and ``crc32c``, as GCS reports it) holding ``samples``: JSON,
+    one line per sample, each member as ``[name, offset, size]`` and its crc32c where known."""
+    head = {"format": _INDEX_FORMAT, "size": size, "samples": len(samples), "crc32c": crc32c}
+    lines = [json.dumps(head)]
+    lines += [
+        json.dumps(
+            [
+                sample.key,
+                [[m.name, m.offset, m.size, *([] if m.crc32c is None else [m.crc32c])] for m in sample.members],
+            ]
+        )
+        for sample in samples
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 
-def decode_index(where: str, data: bytes, size: int) -> list[Sample]:
-    """The samples an index lists, checked to describe a shard of ``size`` bytes."""
+def decode_index(where: str, data: bytes, size: int, crc32c: str | None = None) -> list[Sample]:
+    """The samples an index lists, checked to describe a shard of ``size`` bytes (and ``crc32c``, where both
+    the index and the caller know it)."""
     try:
         first, *rest = data.decode().splitlines()
         head: dict[str, Any] = json.loads(first)
         if head["format"] != _INDEX_FORMAT or head["size"] != size or head["samples"] != len(rest):
             raise ValueError(f"it describes another shard or format: {first[:200]}")
-        samples = [Sample(key, tuple(Member(n, o, s) for n, o, s in members)) for key, members in map(json.loads, rest)]
+        if None not in (crc32c, head.get("crc32c")) and head["crc32c"] != crc32c:
+            raise ValueError(f"it describes a shard of crc32c {head['crc32c']}, this one has {crc32c}")
+        samples = [Sample(key, tuple(Member(*member) for member in members)) for key, members in map(json.loads, rest)]
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
         raise IntegrityError(f"{where}: not an index of this shard ({exc})", url=where) from None
     if any(m.offset < 0 or m.offset + m.size > size for sample in samples for m in sample.members):

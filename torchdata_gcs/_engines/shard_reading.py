@@ -1,0 +1,155 @@
+"""Samples of tar shards read from GCS: each shard's index (``shard.tar.idx`` beside it, or made by reading
+the shard once, then written there), runs of consecutive samples fetched as ranged GETs of whole samples a
+few chunks ahead of their reader, and one sample by its own ranged GET; every member with a crc32c in the
+index is checked against it, every read pinned to the generation listed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import io
+import warnings
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from .._ops.checksums import ObjectInfo, crc32c_extend
+from .._ops.client import Client
+from .._ops.objects import read_object
+from .._ops.urls import parse_url
+from .._transport.context import RequestContext
+from .._transport.loop import run, wait
+from ..errors import GCSError, IntegrityError, PreconditionFailedError, ShardWarning
+from .download import VersionRanges
+from .ranges import read_into_buffer
+from .tar_format import INDEX_SUFFIX, Member, Sample, decode_index, encode_index, read_members, samples_of, split_key
+
+__all__ = ["CHUNK", "Shard", "fetch_sample", "index_shards", "read_run"]
+
+CHUNK = 8 << 20
+"""Bytes of whole samples one ranged GET of a run asks for (a larger sample is a GET alone)."""
+_AHEAD = 2
+"""Chunks of a run fetched ahead of its reader."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """A shard as listed, and the samples its index lists."""
+
+    url: str
+    info: ObjectInfo
+    samples: list[Sample]
+
+
+def index_shards(entries: Sequence[tuple[str, ObjectInfo]], client: Client) -> list[Shard]:
+    """Each shard with its samples, from the indexes beside them (read at once); a shard without one (or
+    with one of another version) is read whole once to make it, and the index written beside it where the
+    bucket allows (else a warning: it is made again next time)."""
+    indexes = run(_read_indexes(client.context(), [url for url, _ in entries]))
+    shards = []
+    for (url, info), index in zip(entries, indexes, strict=True):
+        samples = None
+        if index is not None:
+            with contextlib.suppress(IntegrityError):
+                samples = decode_index(url + INDEX_SUFFIX, index, info.size, info.crc32c)
+        if samples is None:
+            samples = _index_by_reading(url, info, client)
+        shards.append(Shard(url, info, samples))
+    return shards
+
+
+async def _read_indexes(context: RequestContext, urls: list[str]) -> list[bytes | None]:
+    async def one(url: str) -> bytes | None:
+        bucket, name = parse_url(url + INDEX_SUFFIX)
+        return await read_object(context, bucket, name)
+
+    return list(await asyncio.gather(*(one(url) for url in urls)))
+
+
+def _index_by_reading(url: str, info: ObjectInfo, client: Client) -> list[Sample]:
+    data = read_into_buffer(url, info, client)  # checked against the shard's crc32c
+    members = (
+        (dataclasses.replace(member, crc32c=crc32c_extend(0, content)), content)
+        for member, content in read_members(io.BytesIO(data).read, url)
+    )
+    samples = [sample for sample, _ in samples_of(members, url)]
+    bucket, name = parse_url(url + INDEX_SUFFIX)
+    try:
+        client.create(bucket, name, encode_index(info.size, samples, info.crc32c), if_generation_match=0)
+    except PreconditionFailedError:
+        pass  # another reader wrote it first
+    except GCSError as exc:
+        warnings.warn(f"{url}: its index could not be written beside it ({exc})", ShardWarning, stacklevel=2)
+    return samples
+
+
+def _ranges(shard: Shard, client: Client) -> VersionRanges:
+    return VersionRanges(client.context(), shard.url, {"alt": "media", "generation": shard.info.generation})
+
+
+def _chunks(samples: Sequence[Sample], first: int, end: int) -> list[tuple[int, int]]:
+    """Samples ``[first, end)`` grouped into consecutive ``[start, stop)`` of about :data:`CHUNK` bytes."""
+    groups, start = [], first
+    for index in range(first + 1, end + 1):
+        if index == end or samples[index].span[1] - samples[start].span[0] > CHUNK:
+            groups.append((start, index))
+            start = index
+    return groups
+
+
+def read_run(shard: Shard, first: int, end: int, client: Client) -> Iterator[dict[str, Any]]:
+    """Samples ``[first, end)`` of ``shard`` in order, fetched :data:`_AHEAD` chunks ahead."""
+    ranges, groups = _ranges(shard, client), deque(_chunks(shard.samples, first, end))
+    pending: deque[tuple[tuple[int, int], Future[list[bytes]]]] = deque()
+
+    def launch() -> None:
+        while groups and len(pending) < _AHEAD:
+            start, stop = groups.popleft()
+            begin = shard.samples[start].span[0]
+            pending.append(((start, stop), ranges.fetch(begin, shard.samples[stop - 1].span[1] - begin)))
+
+    try:
+        launch()
+        while pending:
+            (start, stop), future = pending.popleft()
+            chunks: list[bytes] = wait(future)
+            data = b"".join(chunks)
+            launch()
+            yield from _carve(shard, shard.samples[start:stop], data)
+    finally:
+        for _, future in pending:
+            future.cancel()
+
+
+def fetch_sample(shard: Shard, index: int, client: Client) -> dict[str, Any]:
+    """Sample ``index`` of ``shard``, by one ranged GET."""
+    sample = shard.samples[index]
+    begin, stop = sample.span
+    chunks: list[bytes] = wait(_ranges(shard, client).fetch(begin, stop - begin))
+    (carved,) = _carve(shard, [sample], b"".join(chunks))
+    return carved
+
+
+def _carve(shard: Shard, samples: Sequence[Sample], data: bytes) -> list[dict[str, Any]]:
+    """The samples held by ``data`` (the bytes from the first one's first member), each member checked."""
+    base, view, carved = samples[0].span[0], memoryview(data), []
+    for sample in samples:
+        found: dict[str, Any] = {"__key__": sample.key, "__url__": shard.url}
+        for member in sample.members:
+            content = view[member.offset - base : member.offset - base + member.size]
+            _check(shard, member, content)
+            found[split_key(member.name)[1]] = bytes(content)
+        carved.append(found)
+    return carved
+
+
+def _check(shard: Shard, member: Member, content: memoryview) -> None:
+    if len(content) != member.size or (member.crc32c is not None and crc32c_extend(0, content) != member.crc32c):
+        raise IntegrityError(
+            f"{shard.url}: member {member.name!r} at byte {member.offset} does not hold what its index says"
+            f" ({len(content)} of {member.size} bytes, or another crc32c)",
+            url=shard.url,
+        )
