@@ -185,3 +185,11 @@ def list_inputs(
         kept.update(index for index, _, _ in batch)
         yield batch if after is None else [entry for entry in batch if (entry[0], entry[1]) > after]
     matches.finish(kept)  # a manifest read, not listed here: checked from its entries
+
+
+def listed_objects(client: Client, inputs: str | Sequence[str], masks: Sequence[str]) -> list[tuple[str, ObjectInfo]]:
+    """Every object ``inputs`` names (one URL or several) that ``masks`` keep, with its metadata, listed
+    on this process alone (see :func:`list_inputs`)."""
+    urls = [inputs] if isinstance(inputs, str) else list(inputs)
+    batches = list_inputs(client, urls, masks, with_info=True, page_size=1000, concurrency=8, stats=ListingStats())
+    return [(url, info) for batch in batches for _, url, info in batch if info is not None]

@@ -19,11 +19,11 @@ from typing import Any
 from .._ops.checksums import ObjectInfo, crc32c_extend
 from .._ops.client import Client
 from .._ops.objects import read_object
+from .._ops.reads import read_range
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext
-from .._transport.loop import run, wait
+from .._transport.loop import run, submit, wait
 from ..errors import GCSError, IntegrityError, PreconditionFailedError, ShardWarning
-from .download import VersionRanges
 from .ranges import read_into_buffer
 from .tar_format import INDEX_SUFFIX, Member, Sample, decode_index, encode_index, read_members, samples_of, split_key
 
@@ -86,8 +86,21 @@ def _index_by_reading(url: str, info: ObjectInfo, client: Client) -> list[Sample
     return samples
 
 
-def _ranges(shard: Shard, client: Client) -> VersionRanges:
-    return VersionRanges(client.context(), shard.url, {"alt": "media", "generation": shard.info.generation})
+class _Ranges:
+    """Ranges of one shard's version, each fetched on the I/O loop."""
+
+    def __init__(self, shard: Shard, client: Client) -> None:
+        bucket, name = parse_url(shard.url)
+        self.context, self.url = client.context(), shard.url
+        self.path = self.context.session.media_path(bucket, name)
+        self.params = {"alt": "media", "generation": shard.info.generation}
+
+    def fetch(self, start: int, length: int) -> Future[list[bytes]]:
+        return submit(read_range(self.context, self.url, self.path, self.params, start, length))
+
+
+def _ranges(shard: Shard, client: Client) -> _Ranges:
+    return _Ranges(shard, client)
 
 
 def _chunks(samples: Sequence[Sample], first: int, end: int) -> list[tuple[int, int]]:
