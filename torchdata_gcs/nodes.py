@@ -1,5 +1,5 @@
-"""``torchdata.nodes`` for GCS: list, deal each epoch to the ranks, load and compose, as nodes that resume
-exactly from a state dict.
+"""``torchdata.nodes`` for GCS: list, deal each epoch to the ranks, load and compose, read tar shards, as
+nodes that resume exactly from a state dict.
 
 Needs torchdata 0.10 or later (``torchdata.nodes``); torchdata 0.9, which ``[dataloader2]`` pins, has
 no nodes. Each node's state says how far its consumer got, not how far it read ahead, so
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import IO, Any, Literal, cast
 
 try:
@@ -25,11 +25,13 @@ from typing_extensions import TypeVar
 
 from ._engines.compose import COMPOSED_CLASSES, Composing
 from ._engines.epoch_order import Consumed, Split, check_locality, epoch_share, node_count, rank_and_world_size
-from ._engines.inputs import list_inputs
+from ._engines.inputs import list_inputs, listed_objects
 from ._engines.local_cache import LocalCache, check_cache
 from ._engines.parallel_listing import ListingStats
 from ._engines.reading import Grouping, Item, read_in_order, split_item
 from ._engines.resume import elastic_position, elastic_start, fingerprint, listing_position
+from ._engines.shard_epochs import Sample, ShardEpochs
+from ._engines.shard_reading import index_shards
 from ._engines.shared_listing import Entry
 from ._engines.stalls import WaitHistogram, process_name, stall_report
 from ._engines.transform import ItemMaker, Transform
@@ -42,9 +44,10 @@ from ._transport.context import LoadStats
 from .config import ClientConfig, RetryConfig, TransferConfig, require_integer
 from .errors import InvalidURIError
 
-__all__ = ["ComposeShards", "EpochObjects", "ListFiles", "LoadFiles"]
+__all__ = ["ComposeShards", "EpochObjects", "ListFiles", "LoadFiles", "ReadShards"]
 
 T = TypeVar("T", default=tuple[str, IO[bytes]])  # an item: (url, stream) unless a transform makes another
+S = TypeVar("S", default=Sample)  # a shard's sample, unless a transform makes another item
 
 
 class ListFiles(BaseNode[Item]):
@@ -347,3 +350,83 @@ class ComposeShards(_Reading[T]):
     ) -> None:
         composing = Composing(max_sources, max_composite_bytes, reuse_prefix, storage_classes)
         super().__init__(source, transform, skip_missing, composing, client, transfer, retry, cache)
+
+
+class ReadShards(BaseNode[S]):
+    """The samples of the WebDataset tar shards ``urls`` names, epoch by epoch, as
+    :class:`torchdata_gcs.shards.ShardDataset` reads them for this rank (one reader per rank): each sample a
+    dict ``{"__key__": key, "__url__": shard URL, extension: bytes, ...}``, or ``transform(sample)``.
+
+    The shards are listed, and their indexes read, at the first reset, which reads epoch 0; each later
+    ``reset()`` reads the next epoch. The state (``get_state``) says how far this rank has read; a reset to
+    it resumes exactly there on the same number of ranks (the shuffle buffer's samples read again by their
+    own GETs), and on any other number from the position it implies (what every rank yielded, worked out
+    from the indexes): every sample once an epoch either way.
+
+    Example:
+        >>> import io, tarfile
+        >>> from torchdata.nodes import Loader
+        >>> from torchdata_gcs.nodes import ReadShards
+        >>> from torchdata_gcs.testing import Emulator
+        >>> out = io.BytesIO()
+        >>> with tarfile.open(fileobj=out, mode="w") as tar:
+        ...     for key in "abc":
+        ...         info = tarfile.TarInfo(f"{key}.txt")
+        ...         info.size = 1
+        ...         tar.addfile(info, io.BytesIO(key.encode()))
+        >>> with Emulator() as emulator:
+        ...     emulator.seed("data", {"shards/0.tar": out.getvalue()})
+        ...     node = ReadShards("gs://data/shards/", shuffle=False, client=emulator.client_config)
+        ...     [sample["txt"] for sample in Loader(node)]
+        [b'a', b'b', b'c']
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        shards_open: int = 4,
+        transform: Callable[[Sample], S] | None = None,
+        skip_bad_shards: bool = False,
+        client: GCSClient | ClientConfig | None = None,
+        transfer: TransferConfig | None = None,
+        retry: RetryConfig | None = None,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torchdata's BaseNode.__init__ has no annotations
+        self.urls, self.transform = urls, transform
+        self._settings: dict[str, Any] = {
+            "shuffle": shuffle,
+            "seed": seed,
+            "shuffle_buffer": shuffle_buffer,
+            "shards_open": shards_open,
+            "skip_bad_shards": skip_bad_shards,
+        }
+        self._client = Client(client, retry, transfer=transfer)
+        self._epochs: ShardEpochs | None = None
+        self._samples: Iterator[Sample] = iter(())
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        rank, world = rank_and_world_size()
+        place = {"rank": rank, "world": world, "worker": 0, "workers": 1}
+        if self._epochs is None:
+            shards = index_shards(listed_objects(self._client, self.urls, ["*.tar"]), self._client)
+            self._epochs = ShardEpochs(shards, self._client, **self._settings)
+        elif initial_state is None:
+            self._epochs.epoch += 1
+        if initial_state is not None:
+            same = initial_state.get("place") == place
+            self._epochs.load(initial_state if same else self._epochs.elastic(initial_state), place)
+        self._place = place
+        self._samples = self._epochs.read(place)
+
+    def next(self) -> S:
+        sample = next(self._samples)
+        return self.transform(sample) if self.transform is not None else sample  # type: ignore[return-value]  # S is Sample without a transform
+
+    def get_state(self) -> dict[str, Any]:
+        assert self._epochs is not None, "get_state before the first reset"
+        return self._epochs.state(self._place)

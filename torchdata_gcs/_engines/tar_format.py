@@ -106,12 +106,26 @@ def padding(size: int) -> bytes:
 
 
 def read_members(read: Callable[[int], bytes], where: str) -> Iterator[tuple[Member, bytes]]:
-    """Every regular file of the tar archive ``read(n)`` returns the bytes of (fewer only at its end), with
-    its bytes; ``IntegrityError`` naming ``where`` and the byte offset for a damaged or cut archive."""
+    """Every regular file of the tar archive ``read(n)`` returns the bytes of (up to ``n`` at a time, none at
+    its end), with its bytes; ``IntegrityError`` naming ``where`` and the byte offset for a damaged or cut
+    archive."""
+
+    def take(count: int) -> bytes:
+        data = read(count)
+        if len(data) in (0, count):
+            return data
+        gathered = bytearray(data)
+        while len(gathered) < count:
+            more = read(count - len(gathered))
+            if not more:
+                break
+            gathered += more
+        return bytes(gathered)
+
     offset = 0
     long_name: str | None = None
     while True:
-        block = read(BLOCK)
+        block = take(BLOCK)
         if block == bytes(BLOCK):
             return
         if not block:
@@ -119,7 +133,7 @@ def read_members(read: Callable[[int], bytes], where: str) -> Iterator[tuple[Mem
         if len(block) < BLOCK:
             raise _damaged(where, offset, f"the archive ends inside a header ({len(block)} of {BLOCK} bytes)")
         kind, size = _check_header(block, where, offset)
-        data = read(size + len(padding(size)))
+        data = take(size + len(padding(size)))
         if len(data) < size + len(padding(size)):
             raise _damaged(where, offset, f"the archive ends inside a member ({len(data)} of {size} bytes)")
         data_offset, offset = offset + BLOCK, offset + BLOCK + len(data)

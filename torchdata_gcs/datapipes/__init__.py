@@ -4,10 +4,12 @@ from .composing import GCSShardComposerIterDataPipe
 from .listing import GCSFileListerIterDataPipe
 from .loading import GCSFileLoaderIterDataPipe
 from .saving import GCSSaverIterDataPipe
+from .shards import GCSShardReaderIterDataPipe
 
 __all__ = [
     "GCSFileListerIterDataPipe",
     "GCSFileLoaderIterDataPipe",
     "GCSSaverIterDataPipe",
     "GCSShardComposerIterDataPipe",
+    "GCSShardReaderIterDataPipe",
 ]
