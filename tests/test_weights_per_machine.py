@@ -187,3 +187,14 @@ def test_a_rank_killed_mid_load_fails_the_others_naming_it_and_leaves_no_segment
         kind, message, _ = outcomes[rank]["error"]
         assert kind == "RankFailedError" and "rank 2 of this machine stopped" in message, outcomes[rank]
     assert segments() == before
+
+
+def _load_empty(rank: int, client: ClientConfig) -> Any:
+    return ours.load_file(f"gs://{BUCKET}/empty.safetensors", process_group=dist.group.WORLD, client=client)
+
+
+def test_an_empty_object_is_refused_on_every_rank(front: GCSFront, gcs_emulator: Emulator, tmp_path: Path) -> None:
+    gcs_emulator.upload(BUCKET, "empty.safetensors", b"")
+    for outcome in run_ranks(2, tmp_path, front.endpoint, _load_empty):
+        kind, message, _ = outcome["error"]
+        assert kind == "IntegrityError" and "not a safetensors file: 0 bytes" in message, outcome

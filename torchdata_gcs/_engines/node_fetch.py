@@ -196,6 +196,7 @@ def _start(client: Client, urls: list[str], path: Path) -> _Layout:
     for info, _ in answers:
         starts.append(size)
         size += -(-info.size // _ALIGN) * _ALIGN
+    size = max(size, _ALIGN)  # an empty file still gets a page: nothing maps zero bytes
     segment = _map(path, size, create=True)
     first = []
     for start, (info, crc), buf in zip(starts, answers, firsts, strict=True):
