@@ -7,4 +7,6 @@ are the sample ``000123``), as WebDataset writes them; beside each shard an inde
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from .pack import PackReport, pack
+
+__all__: list[str] = ["PackReport", "pack"]
