@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ __all__ = [
     "TransferConfig",
     "WriteConfig",
     "Zstd",
+    "parse_size",
     "require_integer",
 ]
 
@@ -50,6 +52,25 @@ def require_integer(name: str, value: object, low: int, high: int | None = None)
         isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high),
         f"{name} must be an integer {bounds}, got {value!r}",
     )
+
+
+_UNITS: dict[str, int] = {"B": 1, **{f"{unit}B": 1000**power for power, unit in enumerate("KMGT", 1)}}
+_UNITS.update({f"{unit}IB": 1024**power for power, unit in enumerate("KMGT", 1)})
+
+
+def parse_size(name: str, size: int | str) -> int:
+    """Bytes, from a positive ``int`` or a size such as ``"5GB"`` (powers of 1000) or ``"512MiB"`` (of 1024);
+    ``ValueError`` naming the setting ``name`` for anything else.
+
+    >>> parse_size("shard_size", "512MiB"), parse_size("shard_size", "1GB"), parse_size("shard_size", 4096)
+    (536870912, 1000000000, 4096)
+    """
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?I?B)\s*", size.upper()) if isinstance(size, str) else None
+    if match is None or match[2] == "IB" or int(match[1]) == 0:
+        raise ValueError(f"{name}: expected a positive number of bytes or a size such as '5GB', got {size!r}")
+    return int(match[1]) * _UNITS[match[2]]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ module. Sharded checkpoints follow Hugging Face's names (``model.safetensors.ind
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ from ._engines import tensor_files
 from ._engines.local_cache import LocalCache, check_cache
 from ._ops.client import Client, GCSClient
 from ._ops.urls import parse_url
-from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig
+from .config import ClientConfig, RetryConfig, TransferConfig, WriteConfig, parse_size
 
 __all__ = ["INDEX_NAME", "load", "load_file", "load_files", "load_sharded", "save", "save_file", "save_sharded"]
 
@@ -240,7 +239,7 @@ def save_sharded(
     """
     parse_url(url_prefix, allow_prefix=True)
     tensor_files.check_input(tensors, metadata)
-    max_shard_size = _size(max_shard_size)
+    max_shard_size = parse_size("max_shard_size", max_shard_size)
     groups: list[list[str]] = [[]]
     filled = 0
     for name, tensor in tensors.items():
@@ -261,20 +260,6 @@ def save_sharded(
     index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2).encode()
     tensor_files.write(index, f"{folder}/{INDEX_NAME}", gcs, write)
     return f"{folder}/{INDEX_NAME}"
-
-
-_UNITS: dict[str, int] = {"B": 1, **{f"{unit}B": 1000**power for power, unit in enumerate("KMGT", 1)}}
-_UNITS.update({f"{unit}IB": 1024**power for power, unit in enumerate("KMGT", 1)})
-
-
-def _size(size: int | str) -> int:
-    """Bytes, from a number or a size such as ``"5GB"`` (powers of 1000) or ``"5GiB"`` (of 1024)."""
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?I?B)\s*", size.upper()) if isinstance(size, str) else None
-    if match is None or match[2] == "IB" or int(match[1]) == 0:
-        raise ValueError(f"max_shard_size: expected a positive number of bytes or a size such as '5GB', got {size!r}")
-    return int(match[1]) * _UNITS[match[2]]
 
 
 def _shared(process_group: Any, cache: LocalCache | None) -> bool:

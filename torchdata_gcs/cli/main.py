@@ -1,5 +1,5 @@
-"""The ``torchdata-gcs`` command: list, measure and clean datasets on GCS, check a bucket, manage a local cache and
-run a local emulator.
+"""The ``torchdata-gcs`` command: list, measure, pack and clean datasets on GCS, check a bucket, manage a local cache
+and run a local emulator.
 
 Exit codes: 0 done, 1 GCS refused or failed (one line on stderr; ``--verbose`` for the traceback),
 2 bad usage.
@@ -34,6 +34,7 @@ from .clean import clean as run_clean
 from .doctor import SCRATCH_MARK, doctor
 from .listing import listed_with_stats
 from .options import client_config
+from .pack import run_pack, shard_size
 from .sizes import human_size
 
 __all__ = ["main"]
@@ -337,6 +338,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor_command.add_argument("url", type=_url, metavar="URL", help="gs://BUCKET or gs://BUCKET/PREFIX/")
     doctor_command.set_defaults(run=_doctor)
+
+    pack = commands.add_parser(
+        "pack",
+        parents=[billing],
+        help="pack the objects under a prefix into WebDataset tar shards",
+        description=(
+            "Pack the objects under gs://BUCKET/PREFIX/ (SRC) into WebDataset tar shards in the folder DST: "
+            "shard-000000.tar, shard-000001.tar, ... each followed by its index (shard-000000.tar.idx, member "
+            "offsets). Objects whose names share a key (000123.jpg, 000123.json) are one sample (--group-by stem), "
+            "or each object is one (--group-by none); member names are relative to SRC. Shards are filled in name "
+            "order up to --shard-size, so packing the same objects again gives the same shards, and a rerun of an "
+            "interrupted pack skips the shards already whole. DST must not be inside SRC. Prints a progress line "
+            "on stderr (objects/s, MB/s) and a summary at the end."
+        ),
+    )
+    pack.add_argument("source", type=_url, metavar="SRC", help="gs://BUCKET/PREFIX/ holding the objects")
+    pack.add_argument("destination", type=_url, metavar="DST", help="gs://BUCKET/FOLDER/ for the shards")
+    pack.add_argument(
+        "--shard-size",
+        type=shard_size,
+        default="512MiB",
+        metavar="SIZE",
+        help="bytes of tar per shard, such as 512MiB or 1GB (default: 512MiB); a larger sample is a shard alone",
+    )
+    pack.add_argument(
+        "--group-by",
+        choices=("stem", "none"),
+        default="stem",
+        help="stem (default): objects sharing a key are one sample; none: each object is a sample",
+    )
+    pack.set_defaults(run=run_pack)
 
     emulator = commands.add_parser(
         "emulator",

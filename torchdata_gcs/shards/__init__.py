@@ -8,5 +8,6 @@ are the sample ``000123``), as WebDataset writes them; beside each shard an inde
 from __future__ import annotations
 
 from .datasets import ShardDataset, ShardMapDataset
+from .pack import PackReport, pack
 
-__all__ = ["ShardDataset", "ShardMapDataset"]
+__all__ = ["PackReport", "ShardDataset", "ShardMapDataset", "pack"]
