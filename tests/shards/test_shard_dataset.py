@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.ranks import as_rank
-from torchdata_gcs import IntegrityError, NotFoundError, ResumeError, ShardWarning
-from torchdata_gcs.shards import ShardDataset, ShardMapDataset
-from torchdata_gcs.testing import Emulator, GCSFront
+from torchdata_gcs import IntegrityError, NotFoundError, ResumeError, RetryConfig, ShardWarning
+from torchdata_gcs.shards import ShardDataset, ShardMapDataset, pack
+from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 BUCKET = "shards"
 SIZES = [23, 31, 17, 40, 26, 35, 28]  # samples per shard: 200 in all
@@ -171,3 +171,31 @@ def test_a_shard_deleted_mid_epoch_is_named_or_skipped_and_counted(gcs_emulator:
     assert keys == list(range(10)) + list(range(20, 30))  # whole samples only, none of the gone shard
     assert lenient.skipped_samples == 10
     assert [type(warning.message) for warning in caught] == [ShardWarning]
+
+
+def test_packed_shards_read_back_exactly_each_member_checked_by_its_index(gcs_emulator: Emulator) -> None:
+    objects = {
+        f"raw/{key:05d}.{ext}": b"%s-%d" % (ext.encode(), key) * (key % 50 + 1000)
+        for key in range(300)
+        for ext in ("jpg", "cls")
+    }
+    gcs_emulator.seed("packed", objects)
+    with GCSFront(gcs_emulator.endpoint) as front:
+        pack("gs://packed/raw/", "gs://packed/shards/", shard_size=256 * 1024, client=front.client_config)
+        front.reset_counts()
+        samples = list(ShardDataset("gs://packed/shards/", shuffle=False, shards_open=1, client=front.client_config))
+        shards = sum(1 for name in gcs_emulator.names("packed") if name.endswith(".tar"))
+        assert front.counts["range_get"] >= shards and front.counts["get"] == shards  # one index GET per shard
+    assert [sample["__key__"] for sample in samples] == [f"{key:05d}" for key in range(300)]
+    for sample in samples:
+        assert {ext: sample[ext] for ext in ("jpg", "cls")} == {
+            ext: objects[f"raw/{sample['__key__']}.{ext}"] for ext in ("jpg", "cls")
+        }
+    with GCSFront(gcs_emulator.endpoint) as front:  # damage on the way: read again, never handed out
+        front.set_faults([Fault("corrupt", match="range_get", times=1)])
+        again = list(ShardDataset("gs://packed/shards/", shuffle=False, shards_open=1, client=front.client_config))
+        assert again == samples and front.faults_injected["corrupt"] == 1
+        front.set_faults([Fault("corrupt", match="range_get")])
+        retry = RetryConfig(max_attempts=2, initial_delay=0.01, max_delay=0.02)
+        with pytest.raises(IntegrityError, match=r"shard-\d+\.tar: member '\d+\.(jpg|cls)' at byte \d+ does not hold"):
+            list(ShardDataset("gs://packed/shards/", shuffle=False, client=front.client_config, retry=retry))

@@ -68,7 +68,7 @@ class ShardPlan:
 
     def index(self) -> bytes:
         """The shard's index (``shard.tar.idx``)."""
-        return encode_index(self.size, list(self.samples))
+        return encode_index(self.size, list(self.samples), self.crc32c())
 
     def crc32c(self) -> str | None:
         """The crc32c the shard's bytes have, from the listed crc32c of its objects (``None`` if one lacks it):
@@ -138,7 +138,8 @@ def plan_shards(
             number, filled, samples, chosen = number + 1, 0, [], []
         members = []
         for head, (name, url, info) in zip(heads, group, strict=True):
-            members.append(Member(name, filled + head, info.size))
+            crc = None if info.crc32c is None else crc32c_value(info.crc32c)  # what a reader checks each member against
+            members.append(Member(name, filled + head, info.size, crc))
             filled += head + _padded(info.size)
             chosen.append((url, info))
         samples.append(Sample(split_key(group[0][0])[0], tuple(members)))

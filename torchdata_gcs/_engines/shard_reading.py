@@ -95,8 +95,10 @@ class _Ranges:
         self.path = self.context.session.media_path(bucket, name)
         self.params = {"alt": "media", "generation": shard.info.generation}
 
-    def fetch(self, start: int, length: int) -> Future[list[bytes]]:
-        return submit(read_range(self.context, self.url, self.path, self.params, start, length))
+    def fetch_samples(self, samples: Sequence[Sample]) -> Future[list[bytes]]:
+        """The bytes from the first sample's first member to the last one's end."""
+        start, end = samples[0].span[0], samples[-1].span[1]
+        return submit(read_range(self.context, self.url, self.path, self.params, start, end - start))
 
 
 def _ranges(shard: Shard, client: Client) -> _Ranges:
@@ -116,22 +118,19 @@ def _chunks(samples: Sequence[Sample], first: int, end: int) -> list[tuple[int, 
 def read_run(shard: Shard, first: int, end: int, client: Client) -> Iterator[dict[str, Any]]:
     """Samples ``[first, end)`` of ``shard`` in order, fetched :data:`_AHEAD` chunks ahead."""
     ranges, groups = _ranges(shard, client), deque(_chunks(shard.samples, first, end))
-    pending: deque[tuple[tuple[int, int], Future[list[bytes]]]] = deque()
+    pending: deque[tuple[list[Sample], Future[list[bytes]]]] = deque()
 
     def launch() -> None:
         while groups and len(pending) < _AHEAD:
             start, stop = groups.popleft()
-            begin = shard.samples[start].span[0]
-            pending.append(((start, stop), ranges.fetch(begin, shard.samples[stop - 1].span[1] - begin)))
+            pending.append((shard.samples[start:stop], ranges.fetch_samples(shard.samples[start:stop])))
 
     try:
         launch()
         while pending:
-            (start, stop), future = pending.popleft()
-            chunks: list[bytes] = wait(future)
-            data = b"".join(chunks)
+            samples, future = pending.popleft()
             launch()
-            yield from _carve(shard, shard.samples[start:stop], data)
+            yield from _checked(shard, samples, future, ranges, client)
     finally:
         for _, future in pending:
             future.cancel()
@@ -139,11 +138,28 @@ def read_run(shard: Shard, first: int, end: int, client: Client) -> Iterator[dic
 
 def fetch_sample(shard: Shard, index: int, client: Client) -> dict[str, Any]:
     """Sample ``index`` of ``shard``, by one ranged GET."""
-    sample = shard.samples[index]
-    begin, stop = sample.span
-    chunks: list[bytes] = wait(_ranges(shard, client).fetch(begin, stop - begin))
-    (carved,) = _carve(shard, [sample], b"".join(chunks))
+    ranges, samples = _ranges(shard, client), shard.samples[index : index + 1]
+    (carved,) = _checked(shard, samples, ranges.fetch_samples(samples), ranges, client)
     return carved
+
+
+def _checked(
+    shard: Shard, samples: list[Sample], future: Future[list[bytes]], ranges: _Ranges, client: Client
+) -> list[dict[str, Any]]:
+    """The samples ``future`` brings, each member checked; bytes damaged on the way are read again, as often
+    as the retry policy allows."""
+    for _ in range(client.retry.max_attempts - 1):
+        try:
+            return _carve(shard, samples, _joined(future))
+        except IntegrityError as exc:
+            client.stats.count_retry(exc)
+            future = ranges.fetch_samples(samples)
+    return _carve(shard, samples, _joined(future))
+
+
+def _joined(future: Future[list[bytes]]) -> bytes:
+    chunks: list[bytes] = wait(future)
+    return b"".join(chunks)
 
 
 def _carve(shard: Shard, samples: Sequence[Sample], data: bytes) -> list[dict[str, Any]]:
