@@ -14,10 +14,12 @@ the script is the interpreter's own end, atexit, garbage collection and module t
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,7 +105,7 @@ BUCKET = "endings"
 COMMON = """
 import os, sys, time
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-URL, BIG, WORKERS = {url!r}, {big!r}, {workers}
+URL, BIG, SHARDS, WORKERS = {url!r}, {big!r}, {shards!r}, {workers}
 
 def ready():
     sys.stdout.write("ready\\n")
@@ -113,19 +115,32 @@ def mine(paths):
     info = get_worker_info()
     return paths if info is None else paths[info.id :: info.num_workers]
 """
-"""What every script starts with: the URLs of :func:`seeded_emulator`'s objects, the number of workers,
+"""What every script starts with: the URLs of :func:`seeded_emulator`'s objects and shards, the number of workers,
 ``ready()`` (the script's stop is near) and ``mine(paths)`` (a DataLoader worker's share of ``paths``)."""
 
 
 @contextmanager
 def seeded_emulator() -> Iterator[Emulator]:
     """An emulator of its own (the shared one scans every object at each request) holding :data:`BUCKET`:
-    :data:`OBJECTS` small objects under ``d/`` and :data:`BIG` large ones under ``big/``."""
+    :data:`OBJECTS` small objects under ``d/``, :data:`BIG` large ones under ``big/`` and 4 tar shards
+    under ``shards/``."""
     with Emulator(backend="filesystem") as emulator:
         objects = {f"d/{i:05d}.bin": b"%d" % i for i in range(OBJECTS)}
         objects.update({f"big/{i}.bin": bytes(8 << 20) for i in range(BIG)})
+        objects.update({f"shards/{i}.tar": _shard(i) for i in range(4)})
         emulator.seed(BUCKET, objects, concurrency=32)
         yield emulator
+
+
+def _shard(number: int) -> bytes:
+    """A tar shard of 200 samples of 10 KiB (``{number}-{key}.bin``)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for key in range(200):
+            info = tarfile.TarInfo(f"{number}-{key:03d}.bin")
+            info.size = 10 << 10
+            tar.addfile(info, io.BytesIO(bytes(info.size)))
+    return out.getvalue()
 
 
 def scripts_of(front: str, prelude: str) -> list[Script]:
@@ -133,7 +148,10 @@ def scripts_of(front: str, prelude: str) -> list[Script]:
     return [
         Script(
             f"{front}-{ending}-{workers}-workers.py",
-            COMMON.format(url=f"gs://{BUCKET}/d/", big=f"gs://{BUCKET}/big/", workers=workers) + prelude,
+            COMMON.format(
+                url=f"gs://{BUCKET}/d/", big=f"gs://{BUCKET}/big/", shards=f"gs://{BUCKET}/shards/", workers=workers
+            )
+            + prelude,
             ending,
         )
         for workers in (0, 2)

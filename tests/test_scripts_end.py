@@ -42,6 +42,15 @@ def read(stream):
 def make():
     return DataLoader(GCSIterableDataset(URL, transform=read), batch_size=4, num_workers=WORKERS)
 """,
+    "shard_dataset": """
+from torchdata_gcs.shards import ShardDataset
+
+def key(sample):
+    return sample["__key__"]
+
+def make():
+    return DataLoader(ShardDataset(SHARDS, transform=key, shuffle_buffer=50), batch_size=4, num_workers=WORKERS)
+""",
     "fsspec_find": """
 from torchdata_gcs.fsspec import GCSFileSystem
 
