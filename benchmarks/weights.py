@@ -24,6 +24,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,7 +46,7 @@ BUCKET = "bench-weights"
 ONE, MODEL, CKPT = "one/model.safetensors", "model", "dcp/step-1"
 INDEX = "model.safetensors.index.json"
 RANKS = 4
-FILE_TENSORS, SHARDS, SHARD_TENSORS, DCP_TENSORS = 40, 8, 8, 8
+FILE_TENSORS, SHARDS, SHARD_TENSORS = 40, 8, 8
 CEILING_THREADS = 16
 SPEED_GOAL, WALL_GOAL, MEMORY_GOAL = 1.0, 1.3, 1.2  # ours/Run:ai at least; shared/alone wall, PSS/file at most
 
@@ -152,9 +153,9 @@ def _dcp_state(spec: dict[str, Any], rank: int, fill: bool) -> dict[str, Any]:
     import torch
 
     generator = torch.Generator().manual_seed(rank)
-    numel = spec["dcp_numel"]
+    numel, count = spec["dcp_numel"], spec["dcp_tensors"]
     make = (lambda: torch.rand(numel, generator=generator)) if fill else (lambda: torch.empty(numel))
-    return {f"rank{rank}.t{i:02d}": make() for i in range(DCP_TENSORS)}
+    return {f"rank{rank}.t{i:02d}": make() for i in range(count)}
 
 
 def _dcp_load(setup: str, spec: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
@@ -385,10 +386,12 @@ def profile_child(spec_file: str, loads: int) -> dict[str, Any]:
         gc.collect()
         spent.clear()
         calls.clear()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         started = window[0] = time.perf_counter()
         loaded = safetensors.load_file(f"gs://{BUCKET}/{ONE}", client=_client(spec))
         wall = time.perf_counter() - started
-        runs.append({"wall": wall, "stages": dict(spent), "calls": dict(calls)})
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        runs.append({"wall": wall, "stages": dict(spent), "calls": dict(calls), "page_faults": faults})
         _check("file-ours", spec, 0, loaded)
         del loaded
     return {"runs": runs}
@@ -553,6 +556,7 @@ def profile_summary(result: dict[str, Any], file_bytes: int) -> dict[str, Any]:
         "seconds_per_load": {stage: seconds / len(result["runs"]) for stage, seconds in stages.most_common()},
         "bytes_per_socket_read": file_bytes * len(result["runs"]) / calls["receive"] if calls["receive"] else None,
         "calls_per_load": {stage: n / len(result["runs"]) for stage, n in calls.items()},
+        "page_faults_per_load": statistics.median(run["page_faults"] for run in result["runs"]),
     }
 
 
@@ -561,6 +565,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="rounds; every figure is a median over them")
     parser.add_argument("--quick", action="store_true", help="a sixteenth of the data, to check the rig")
     parser.add_argument("--only", nargs="+", choices=list(SETUPS), default=list(SETUPS))
+    parser.add_argument("--dcp-tensors", type=int, default=8, help="tensors per rank in the DCP checkpoint")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one setup's run may take")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "weights.json")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -588,8 +593,9 @@ def main() -> None:
             spec = {
                 "endpoint": emulator.endpoint,
                 "timeout": args.timeout,
-                "dcp_numel": 256 * MiB // scale // DCP_TENSORS // 4,
-                "dcp_bytes": RANKS * (256 * MiB // scale // DCP_TENSORS // 4) * 4 * DCP_TENSORS,
+                "dcp_tensors": args.dcp_tensors,
+                "dcp_numel": 256 * MiB // scale // args.dcp_tensors // 4,
+                "dcp_bytes": RANKS * (256 * MiB // scale // args.dcp_tensors // 4) * 4 * args.dcp_tensors,
                 "versions": {
                     n: version(p)
                     for n, p in (
@@ -646,7 +652,9 @@ def main() -> None:
     if "share" in stages:
         print(f"- where our {spec['file_bytes'] / MiB:,.0f} MiB load's wall time goes ({stages['loads']} loads, "
               f"{', '.join(f'{s:.2f}' for s in stages['wall_seconds'])} s timed): "
-              + ", ".join(f"{k} {v:.1%}" for k, v in stages["share"].items()))  # fmt: skip
+              + ", ".join(f"{k} {v:.1%}" for k, v in stages["share"].items())
+              + f"; {stages['bytes_per_socket_read'] / MiB:.2f} MiB per socket read, "
+              f"{stages['page_faults_per_load']:,.0f} minor page faults per load")  # fmt: skip
     report = {
         "command": command,
         "date": datetime.date.today().isoformat(),
@@ -656,6 +664,7 @@ def main() -> None:
         "file_bytes": spec["file_bytes"],
         "model_bytes": spec["model_bytes"],
         "dcp_bytes": spec["dcp_bytes"],
+        "dcp_tensors_per_rank": args.dcp_tensors,
         "dcp_save_seconds": save_seconds,
         "versions": spec["versions"],
         "rows": rows,
