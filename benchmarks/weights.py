@@ -270,6 +270,8 @@ def rank_main(setup: str, spec: dict[str, Any], rank: int, world: int, init: str
     except BaseException as exc:  # reported by the parent
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
     (out / f"rank-{rank}.json").write_text(json.dumps(result))
+    if world > 1 and "error" in result:
+        os._exit(1)  # the parent then stops the ranks still waiting for this one
 
 
 def _dcp_save(spec: dict[str, Any], rank: int, barrier: Any) -> dict[str, Any]:
@@ -324,7 +326,8 @@ def child(setup: str, spec_file: str) -> dict[str, Any]:
         for rank in range(world):
             path = out / f"rank-{rank}.json"
             results.append(json.loads(path.read_text()) if path.exists() else {"error": "no result (killed?)"})
-    leftover = sorted(p.name for p in Path("/dev/shm").glob("torchdata-gcs-[0-9]*"))
+    pids = {str(process.pid) for process in ranks} if world > 1 else set()
+    leftover = sorted(p.name for p in Path("/dev/shm").glob("torchdata-gcs-*") if p.name.split("-")[2] in pids)
     return {"setup": setup, "ranks": results, "shm_left": leftover}
 
 
@@ -473,7 +476,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], spec: dict[str, Any]) -> li
             "failures": [r["error"][:2000] for r in results if "error" in r],
             "shm_left": sorted({name for r in results for name in r.get("shm_left", [])}),
         }
-        row["pss_vs_file"] = row["pss_growth_mib"] * MiB / spec["file_bytes"] if row["pss_growth_mib"] else None
+        row["pss_vs_data"] = row["pss_growth_mib"] * MiB / data if row["pss_growth_mib"] else None
         rows.append(row)
     return rows
 
@@ -509,7 +512,7 @@ def goals(
             ratio = by[top]["seconds"] / by[bottom]["seconds"]
             met = ratio >= goal if at_least else ratio <= goal
             out.append({"goal": what, "ratio": ratio, "median_round_ratio": per_round(top, bottom), "met": met})
-    shared = by.get("node-shared", {}).get("pss_vs_file")
+    shared = by.get("node-shared", {}).get("pss_vs_data")
     if shared:
         what = f"4 ranks with process_group: PSS growth at most {MEMORY_GOAL}x the file"
         out.append({"goal": what, "ratio": shared, "median_round_ratio": None, "met": shared <= MEMORY_GOAL})
@@ -523,7 +526,7 @@ def _f(value: float | None, spec: str = ",.2f") -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| workload | setup | s (median) | each round | MB/s | client CPU s | peak RSS growth MiB (max rank) "
-        "| PSS growth MiB (sum of ranks) | x file |",
+        "| PSS growth MiB (sum of ranks) | x data |",
         "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
@@ -533,7 +536,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['workload']} | {r['label']} | {_f(r['seconds'])} | {each} | {_f(r['mb_per_s'], ',.0f')} "
             f"| {_f(r['cpu_seconds'])} | {_f(r['peak_rss_growth_mib'], ',.0f')} | {_f(r['pss_growth_mib'], ',.0f')} "
-            f"| {_f(r['pss_vs_file'])} |"
+            f"| {_f(r['pss_vs_data'])} |"
         )
     return "\n".join(lines)
 
@@ -586,6 +589,7 @@ def main() -> None:
     objects, expected = make_data(scale)
     work = Path(tempfile.mkdtemp(prefix="torchdata-gcs-weights-bench-"))
     runs: dict[str, list[dict[str, Any]]] = {setup: [] for setup in args.only}
+    round_loads: list[list[float]] = []
     try:
         with Emulator(backend="filesystem", memory_limit="8GiB") as emulator:
             emulator.seed(BUCKET, objects, concurrency=8)
@@ -620,12 +624,14 @@ def main() -> None:
             )
             for round_ in range(args.runs):
                 order = args.only[round_ % len(args.only) :] + args.only[: round_ % len(args.only)]
+                order = order[::-1] if round_ % 2 else order  # each setup follows different ones
                 for setup in order:
                     result = run_child([setup, str(spec_file)], args.timeout)
                     runs[setup].append(result)
                     if "error" in result:
                         print(f"  {setup} failed: {result['error'][:400]}", flush=True)
-                print(f"round {round_ + 1} of {args.runs} done, load {list(os.getloadavg())}", flush=True)
+                round_loads.append(list(os.getloadavg()))
+                print(f"round {round_ + 1} of {args.runs} done, load {round_loads[-1]}", flush=True)
             profile = run_child(["profile", str(spec_file), str(max(args.runs, 3))], args.timeout)
     finally:
         import shutil
@@ -660,7 +666,7 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "minutes": minutes,
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}",
-        "load_average": {"start": load_at_start, "end": list(os.getloadavg())},
+        "load_average": {"start": load_at_start, "after_each_round": round_loads},
         "file_bytes": spec["file_bytes"],
         "model_bytes": spec["model_bytes"],
         "dcp_bytes": spec["dcp_bytes"],
