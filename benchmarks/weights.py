@@ -640,9 +640,7 @@ def main() -> None:
     rows = summarize(runs, spec)
     met = goals(runs, rows, spec)
     stages = profile_summary(profile, spec["file_bytes"])
-    command = (
-        ".bench-venv/bin/python -m benchmarks.weights" + (" --quick" if args.quick else "") + f" --runs {args.runs}"
-    )
+    command = " ".join([".bench-venv/bin/python -m benchmarks.weights", *sys.argv[1:]])
     minutes = (time.perf_counter() - started) / 60
     print(f"\n{command}: {minutes:.1f} min on {os.cpu_count()} cores; load average {load_at_start} at start, "
           f"{list(os.getloadavg())} at end. The 4-rank rows run 4 processes on these {os.cpu_count()} cores "
