@@ -37,6 +37,7 @@ class Span:
     end: int
     future: ConcurrentFuture[int] | None = None
     buffer: bytearray | None = None
+    checked: bool = False  # its items were checked once fetched: later reads of it are not checked again
 
     @property
     def size(self) -> int:
@@ -142,6 +143,7 @@ class ReadAhead:
                 url=span.url,
             )
         buffer = span.buffer = bytearray(span.size)
+        span.checked = False
 
         def read() -> Coroutine[Any, Any, int]:
             return read_ranges_into(
@@ -171,7 +173,11 @@ class ReadAhead:
 
     def _wait(self, span: Span) -> bytearray:
         """The span's bytes, every item in it checked against the crc32c saved with it (read again while damaged,
-        as retries allow): no byte reaches DCP, and so the caller's tensors, unchecked."""
+        as retries allow): no byte reaches DCP, and so the caller's tensors, unchecked. DCP reads a span in many
+        pieces; its items are checked at the first."""
+        if span.checked:
+            assert span.buffer is not None
+            return span.buffer
         in_flight = True  # the first read was started ahead
 
         def read() -> int:
@@ -187,6 +193,7 @@ class ReadAhead:
             return crc
 
         crc = reread_while_damaged(read, check, self.context.retry, span.url, self.context.stats.count_retry)
+        span.checked = True
         self.fetched.setdefault(span.url, {}).setdefault(span.start, (span.size, crc))
         assert span.buffer is not None
         return span.buffer
