@@ -12,7 +12,7 @@ all shards shuffled, ``.shuffle(1000)``), and the shards read whole by ``load_fi
 Every sample's members (every whole shard) are checked by crc32c against values computed when seeding, in the
 timed loop; MB/s counts the shards' bytes. Prints the medians, the goals (ours shuffled at least 0.9x the whole
 reads' MB/s and 2x webdataset's), then the JSON. ``--quick``: a tenth of the samples, to check the rig.
-``--profile SETUP``: one more untimed run of it under py-spy (raw stacks, every thread, idle too).
+``--profile SETUP``: one more untimed run of it under py-spy (raw stacks, every thread, idle too), in $TMPDIR.
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ def profile_child(setup: str, spec_file: Path, out: Path, timeout: float) -> Non
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"profiling {setup} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    print(f"profile of {setup}: {out} ({json.loads(done.stdout.splitlines()[-1])['seconds']:.2f} s profiled)")
+    result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    print(f"profile of {setup}: {out} ({result['seconds']:.2f} s profiled)", flush=True)
 
 
 def seed(emulator: Any, shards: int, per_shard: int) -> dict[str, Any]:
@@ -317,8 +318,8 @@ def main() -> None:
                 loads.append([round(x, 2) for x in os.getloadavg()])
                 print(f"round {round_ + 1} of {args.runs} done, load {loads[-1]}", flush=True)
             if args.profile:
-                out = args.json.with_name(f"shards-profile-{args.profile.split()[0]}.txt") if args.json else None
-                profile_child(args.profile, spec_file, out or work.parent / "shards-profile.txt", args.timeout)
+                slug = "-".join(args.profile.replace("+", " ").split())
+                profile_child(args.profile, spec_file, work.parent / f"shards-profile-{slug}.txt", args.timeout)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     load_at_end = [round(x, 2) for x in os.getloadavg()]
