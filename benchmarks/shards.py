@@ -130,19 +130,19 @@ def child(setup: str, spec_file: str) -> dict[str, Any]:
     check = 0.0
     if setup == "load_files_by_gcs":
         expected_objects = {url: crc for url, crc in zip(spec["urls"], spec["shard_crc32c"], strict=True)}
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for url, stream in GCSFileLoaderIterDataPipe(spec["urls"], client=client):
             data = stream.read()
             checking = time.perf_counter()
             if value(data) != expected_objects.pop(url):
                 raise SystemExit(f"{setup}: {url} does not hold the bytes seeded")
             check += time.perf_counter() - checking
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         if expected_objects:
             raise SystemExit(f"{setup}: {len(expected_objects)} shards not read")
-        return {"setup": setup, "seconds": seconds, "check_seconds": check, "samples": 0, "adjacent": None}
+        return {"setup": setup, "seconds": seconds, "timed_cpu_seconds": cpu, "check_seconds": check, "samples": 0}
     expected = spec["expected"]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     dataset = SHARD_READERS[setup](spec, client)
     seen: set[str] = set()
     adjacent, previous = 0, -2
@@ -156,21 +156,24 @@ def child(setup: str, spec_file: str) -> dict[str, Any]:
         adjacent += number == previous + 1
         previous = number
         check += time.perf_counter() - checking
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     if len(seen) != len(expected):
         raise SystemExit(f"{setup}: {len(expected) - len(seen)} samples missing")
     # how often a sample followed the one before it in the shards: 1 in order, near 0 shuffled
     return {
         "setup": setup,
         "seconds": seconds,
+        "timed_cpu_seconds": cpu,
         "check_seconds": check,
         "samples": len(seen),
         "adjacent": adjacent / max(len(seen) - 1, 1),
     }
 
 
-def run_child(setup: str, spec_file: Path, timeout: float) -> dict[str, Any]:
-    """``setup`` in a process of its own; its result, with the CPU it used."""
+def run_child(setup: str, spec_file: Path, timeout: float, emulator: Any) -> dict[str, Any]:
+    """``setup`` in a process of its own; its result, with the CPU it used (imports included) and the
+    emulator's meanwhile (fake-gcs-server's own, not its name guard's)."""
+    server = emulator.cpu_seconds()
     command = [sys.executable, "-m", "benchmarks.shards", "--child", setup, str(spec_file)]
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -179,6 +182,7 @@ def run_child(setup: str, spec_file: Path, timeout: float) -> dict[str, Any]:
     result = json.loads(done.stdout.splitlines()[-1])
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result["client_cpu_seconds"] = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+    result["emulator_cpu_seconds"] = emulator.cpu_seconds() - server
     return result
 
 
@@ -240,7 +244,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]], data_bytes: int, samples: i
                 "seconds": statistics.median(seconds),
                 "check_seconds": statistics.median(r["check_seconds"] for r in results),
                 "client_cpu_seconds": statistics.median(r["client_cpu_seconds"] for r in results),
-                "adjacent": results[0]["adjacent"],
+                "timed_cpu_seconds": statistics.median(r["timed_cpu_seconds"] for r in results),
+                "emulator_cpu_seconds": statistics.median(r["emulator_cpu_seconds"] for r in results),
+                "adjacent": results[0].get("adjacent"),
             }
         )
     return rows
@@ -312,7 +318,7 @@ def main() -> None:
             for round_ in range(args.runs):
                 order = args.only[round_ % len(args.only) :] + args.only[: round_ % len(args.only)]
                 for setup in order:
-                    result = run_child(setup, spec_file, args.timeout)
+                    result = run_child(setup, spec_file, args.timeout, emulator)
                     runs[setup].append(result)
                     print(f"{setup}: {data_bytes / 1e6 / result['seconds']:,.1f} MB/s", flush=True)
                 loads.append([round(x, 2) for x in os.getloadavg()])
@@ -331,15 +337,15 @@ def main() -> None:
         f"(no DataLoader workers), {args.runs} runs per setup; {(time.perf_counter() - started) / 60:.1f} min; "
         f"load average {load_at_start} at start, {load_at_end} at end"
     )
-    print("| setup | MB/s (median) | runs | samples/s | s | of which checks s | client CPU s | adjacent |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| setup | MB/s (median) | runs | samples/s | s | checks s | client CPU s | emulator CPU s | in order |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         runs_text = ", ".join(f"{x:,.0f}" for x in r["all_mb_per_s"])
         rate = f"{r['samples_per_s']:,.0f}" if r["samples_per_s"] else "-"
         adjacent = f"{r['adjacent']:.3f}" if r["adjacent"] is not None else "-"
         print(
             f"| {r['setup']} | {r['mb_per_s']:,.1f} | {runs_text} | {rate} | {r['seconds']:.2f} | "
-            f"{r['check_seconds']:.2f} | {r['client_cpu_seconds']:.1f} | {adjacent} |"
+            f"{r['check_seconds']:.2f} | {r['timed_cpu_seconds']:.1f} | {r['emulator_cpu_seconds']:.1f} | {adjacent} |"
         )
     for g in met:
         verdict = f"goal {g['goal']}x, {'met' if g['met'] else 'missed'}" if "goal" in g else "no goal"
