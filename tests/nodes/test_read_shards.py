@@ -8,6 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >= 0.10 (the second test environment)")
+
 from torchdata.nodes import Batcher, Loader
 
 from tests.ranks import as_rank
