@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tests.readme import readme_block
+from tests.doc_blocks import doc_block
 from tests.transport_kit import MARK, RecordingTransport
 from torchdata_gcs import ClientConfig, GCSClient, GCSMapDataset, RetryConfig, TransferConfig, checkpoint
 from torchdata_gcs.fsspec import GCSFileSystem
@@ -120,7 +120,7 @@ def test_the_readme_settings_snippet_reads_and_saves_through_one_client(
     gcs_emulator.seed("readme-client", {"train/a.bin": b"a", "train/b.bin": b"b"})
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
     namespace: dict[str, object] = {}
-    exec(readme_block("client = GCSClient(").replace("gs://my-bucket/", "gs://readme-client/"), namespace)  # noqa: S102
+    exec(doc_block("client = GCSClient(").replace("gs://my-bucket/", "gs://readme-client/"), namespace)  # noqa: S102
     assert [url for url, _ in namespace["dataset"]] == [
         "gs://readme-client/train/a.bin",
         "gs://readme-client/train/b.bin",

@@ -337,10 +337,10 @@ def test_checkpoints_and_safetensors_load_from_the_cache_the_second_time(
 def test_the_readme_snippet_reads_a_second_epoch_from_the_cache(
     front: GCSFront, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.readme import readme_block
+    from tests.doc_blocks import doc_block
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", front.endpoint)  # the snippet's default client
-    snippet = readme_block('LocalCache("/mnt/nvme/gcs-cache"').replace("/mnt/nvme/gcs-cache", str(tmp_path))
+    snippet = doc_block('LocalCache("/mnt/nvme/gcs-cache"').replace("/mnt/nvme/gcs-cache", str(tmp_path))
     namespace = {"decode": lambda stream: stream.read()}
     exec(snippet.replace("gs://my-bucket/train/", PREFIX), namespace)  # noqa: S102 - our own README
     dataset = namespace["dataset"]

@@ -79,7 +79,7 @@ def save(
     """``torch.save(obj)`` to ``url``, streamed; returns the published generation. The settings are
     :func:`open_writer`'s.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torchdata_gcs import WriteConfig, checkpoint, testing
         >>> with testing.Emulator() as emulator:

@@ -4,7 +4,7 @@ Settings hold configuration, not clients: each process resolves its credentials 
 Credentials unless told otherwise) at its first request; only a google-auth ``Credentials`` object given
 as ``ClientConfig(credentials=...)`` is pickled along with the settings into worker processes.
 
-Example:
+Examples:
     >>> from torchdata_gcs import ClientConfig, TransferConfig
     >>> ClientConfig(endpoint="http://127.0.0.1:4443").endpoint
     'http://127.0.0.1:4443'
@@ -143,7 +143,7 @@ class ClientConfig:
         an anonymous client). Its project is not taken: nothing here bills or creates by project (pass
         ``user_project=`` for requester-pays buckets). ``settings`` are the other fields.
 
-        Example:
+        Examples:
             >>> from google.cloud import storage
             >>> ClientConfig.from_storage_client(storage.Client.create_anonymous_client()).anonymous
             True
@@ -279,7 +279,7 @@ class WriteConfig:
             composed at the end: for endpoints without the XML API).
         compression: ``None``, ``"zstd"`` or ``Zstd(...)``; ``"zstd"`` is kept as ``Zstd()``.
 
-    Example:
+    Examples:
         >>> WriteConfig(part_size=16 * 1024 * 1024, compression="zstd").compression
         Zstd(level=1, threads=0, block_size=4194304, byte_grouping=False)
     """

@@ -99,7 +99,7 @@ class _Dataset(Generic[T]):
         """The objects under ``gs://`` prefixes (or globs, or names that are also folders), listed now:
         the same as calling the class with ``urls``.
 
-        Example:
+        Examples:
             >>> from torchdata_gcs import GCSMapDataset
             >>> from torchdata_gcs.testing import Emulator
             >>> with Emulator() as emulator:
@@ -124,7 +124,7 @@ class _Dataset(Generic[T]):
         listing. A URL with no object raises ``NotFoundError`` naming it, or with ``skip_missing`` is
         left out with a ``MissingObjectWarning`` (counted in ``stats.missing``).
 
-        Example:
+        Examples:
             >>> from torchdata_gcs import GCSMapDataset
             >>> from torchdata_gcs.testing import Emulator
             >>> with Emulator() as emulator:
@@ -163,7 +163,7 @@ class _Dataset(Generic[T]):
         (``object_wait_s``: count, total, p50, p95, p99, max in seconds), objects, requests, bytes,
         retries and 429 answers (``throttled``), each worker's as of the last item it read, and their sums.
 
-        Example:
+        Examples:
             >>> from torch.utils.data import DataLoader
             >>> from torchdata_gcs import GCSMapDataset
             >>> from torchdata_gcs.testing import Emulator
@@ -242,7 +242,7 @@ class GCSMapDataset(_Dataset[T], Dataset[T]):
         ListingError: with ``list_once``, the ranks asked for different listings, or did not all make the
             dataset within the process group's timeout.
 
-    Example:
+    Examples:
         >>> from torch.utils.data import DataLoader
         >>> from torchdata_gcs import GCSMapDataset
         >>> from torchdata_gcs.testing import Emulator
@@ -326,8 +326,8 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
     position that :meth:`load_state_dict` takes on any world size and worker count.
 
     Args:
-        urls, masks, manifest, transform, client, transfer, retry, concurrency, allow_empty, skip_missing,
-            list_once, cache: as for :class:`GCSMapDataset`.
+        urls, masks, manifest, transform, client, transfer, retry: as for :class:`GCSMapDataset`.
+        concurrency, allow_empty, skip_missing, list_once, cache: as for :class:`GCSMapDataset`.
         shuffle: shuffle the order each epoch.
         seed: the shuffle's seed; every rank and worker must use the same one.
         drop_last: drop the tail that would leave ranks unequal, instead of padding the order.
@@ -336,7 +336,7 @@ class GCSIterableDataset(_Dataset[T], IterableDataset[T]):
         locality: ``None`` (one order dealt to all ranks) or ``"node"`` (each node keeps its objects from
             epoch to epoch); anything else raises ``ValueError``.
 
-    Example:
+    Examples:
         >>> from torch.utils.data import DataLoader
         >>> from torchdata_gcs import GCSIterableDataset
         >>> from torchdata_gcs.testing import Emulator
@@ -515,7 +515,7 @@ def elastic_state(state: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises ``ResumeError`` for a state that is not one of those, or one whose workers' states disagree.
 
-    Example:
+    Examples:
         >>> from torchdata.stateful_dataloader import StatefulDataLoader
         >>> from torchdata_gcs import GCSIterableDataset
         >>> from torchdata_gcs.datasets import elastic_state

@@ -365,7 +365,7 @@ class GCSStorageWriter(FileSystemWriter):
     ``_extensions`` (such as ``[ZStandard()]``) transform each item's bytes as in ``FileSystemWriter``; compress
     that way, not with ``open_writer``'s whole-file ``compression`` (DCP addresses items by byte offset).
 
-    Example:
+    Examples:
         >>> import warnings
         >>> import torch
         >>> import torch.distributed.checkpoint as dcp
@@ -526,7 +526,7 @@ class GCSStorageReader(FileSystemReader):
     through ``_extension_registry``. Ranks on one machine that read the same ranges (a replicated state) fetch each
     once between them, through ``/dev/shm``; a rank that cannot get a range so reads it itself.
 
-    Example:
+    Examples:
         >>> import warnings
         >>> import torch
         >>> import torch.distributed.checkpoint as dcp

@@ -58,7 +58,7 @@ class GCSCheckpointIO(CheckpointIO):
             compression by themselves.
         part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torchdata_gcs import testing
         >>> from torchdata_gcs.lightning import GCSCheckpointIO

@@ -148,7 +148,7 @@ class EpochObjects(BaseNode[Item]):
     ``ResumeError`` saying what differs, and changes nothing; an item that is neither a URL string nor a
     pair of one raises ``InvalidURIError`` at the first reset (the reader checks each URL it reads).
 
-    Example:
+    Examples:
         >>> from torchdata.nodes import Batcher, Loader
         >>> from torchdata_gcs.nodes import EpochObjects, ListFiles
         >>> from torchdata_gcs.testing import Emulator
@@ -363,7 +363,7 @@ class ReadShards(BaseNode[S]):
     own GETs), and on any other number from the position it implies (what every rank yielded, worked out
     from the indexes): every sample once an epoch either way.
 
-    Example:
+    Examples:
         >>> import io, tarfile
         >>> from torchdata.nodes import Loader
         >>> from torchdata_gcs.nodes import ReadShards

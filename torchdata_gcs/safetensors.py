@@ -35,7 +35,7 @@ def load(data: bytes) -> dict[str, torch.Tensor]:
     Raises:
         IntegrityError: ``data`` is not a safetensors file (a ``ValueError`` in ``safetensors``).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torchdata_gcs import safetensors
         >>> safetensors.load(safetensors.save({"w": torch.arange(3.0)}))
@@ -79,7 +79,7 @@ def load_file(
         IntegrityError: not a safetensors file, or its bytes do not check out.
         RankFailedError: with ``process_group``, another rank failed or stopped during the load.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torchdata_gcs import safetensors, testing
         >>> with testing.Emulator() as emulator:
@@ -130,7 +130,7 @@ def load_files(
             file the index names.
         RankFailedError: with ``process_group``, another rank failed or stopped during the load.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torchdata_gcs import safetensors, testing
         >>> with testing.Emulator() as emulator:
@@ -225,7 +225,7 @@ def save_sharded(
     (``model-00001-of-00002.safetensors``), then the index; returns the index's URL, for
     :func:`load_sharded`. The index is written last, so a reader never finds one naming missing shards.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torchdata_gcs import safetensors, testing
         >>> with testing.Emulator() as emulator:

@@ -45,7 +45,7 @@ class StallWatch(Generic[T]):
             DataPipe of the graph a ``DataLoader2`` reads (a copy of the one it was given: naming a
             DataPipe of the original raises ``ValueError``), else none.
 
-    Example:
+    Examples:
         >>> import json
         >>> from torch.utils.data import DataLoader
         >>> from torchdata_gcs import GCSMapDataset

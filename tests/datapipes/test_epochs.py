@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from tests.delivery import assert_exactly_once, read
-from tests.readme import readme_block
+from tests.doc_blocks import doc_block
 from torchdata_gcs import ClientConfig
 from torchdata_gcs.testing import Emulator
 
@@ -57,7 +57,7 @@ def test_the_readme_recipe_gives_each_epoch_its_own_order_whatever_the_workers_w
     prefix_and_contents: tuple[str, dict[str, bytes]], client: ClientConfig
 ) -> None:
     prefix, contents = prefix_and_contents
-    snippet = readme_block("loader.seed(seed + epoch)").replace("num_workers=4", "num_workers=2")
+    snippet = doc_block("loader.seed(seed + epoch)").replace("num_workers=4", "num_workers=2")
     read_in_order: list[tuple[str, bytes]] = []
     namespace = {
         "DataLoader2": DataLoader2,

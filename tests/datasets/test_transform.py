@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.readme import readme_block
+from tests.doc_blocks import doc_block
 from torchdata_gcs import GCSIterableDataset, GCSMapDataset
 from torchdata_gcs.testing import Emulator
 
@@ -32,7 +32,7 @@ def expected() -> list[tuple[str, bytes]]:
 
 
 def run_snippet(containing: str, prefix: str, decoder) -> list[tuple[str, bytes]]:
-    snippet = readme_block(containing).replace("gs://my-bucket/train/", prefix)
+    snippet = doc_block(containing).replace("gs://my-bucket/train/", prefix)
     snippet = snippet.replace("num_workers=4", "num_workers=0")
     namespace = {"decode": decoder}
     exec(snippet, namespace)  # noqa: S102 - our own README

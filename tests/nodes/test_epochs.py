@@ -20,7 +20,7 @@ from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Loader, Parallel
 
 from tests.delivery import assert_exactly_once, read
 from tests.ranks import as_rank
-from tests.readme import readme_block
+from tests.doc_blocks import doc_block
 from torchdata_gcs import ClientConfig, GCSIterableDataset, InvalidURIError, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.datasets import elastic_state
@@ -210,7 +210,7 @@ def test_the_readme_ddp_snippet_reads_each_epoch_once_across_two_ranks(
     gcs_emulator.seed(bucket, objects)
     expected = {f"gs://{bucket}/{name}": data for name, data in objects.items()}
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
-    snippet = readme_block("EpochObjects(listed").replace("gs://my-bucket/train/", f"gs://{bucket}/train/")
+    snippet = doc_block("EpochObjects(listed").replace("gs://my-bucket/train/", f"gs://{bucket}/train/")
     read_by_rank = []
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))

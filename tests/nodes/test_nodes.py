@@ -9,7 +9,7 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 from torchdata.nodes import Batcher, IterableWrapper, Loader
 
 from tests.delivery import assert_exactly_once, read
-from tests.readme import readme_block
+from tests.doc_blocks import doc_block
 from torchdata_gcs import InvalidURIError, MissingObjectWarning, NotFoundError, ResumeError
 from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles
 from torchdata_gcs.testing import Emulator
@@ -94,7 +94,7 @@ def test_the_readme_nodes_snippet_delivers_every_object_the_last_partial_batch_t
     objects = {f"train/{i:03d}.jpg": f"image {i}".encode() for i in range(300)}  # 4 batches of 64, then 44
     gcs_emulator.seed(bucket, objects)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
-    snippet = readme_block("node = LoadFiles(ListFiles(")
+    snippet = doc_block("node = LoadFiles(ListFiles(")
     namespace = {"decode": read}
     exec(snippet.replace("gs://my-bucket/train/", f"gs://{bucket}/train/"), namespace)  # noqa: S102 - our own README
     batches = list(namespace["loader"])

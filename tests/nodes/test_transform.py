@@ -10,7 +10,7 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 
 from torchdata.nodes import Loader
 
-from tests.readme import readme_block
+from tests.doc_blocks import doc_block
 from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles
 from torchdata_gcs.testing import Emulator
 
@@ -41,7 +41,7 @@ def test_the_readme_load_files_takes_either_decode(
 ) -> None:
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
     namespace = {"decode": decoder}
-    exec(readme_block("node = LoadFiles(ListFiles(").replace("gs://my-bucket/train/", seeded), namespace)  # noqa: S102
+    exec(doc_block("node = LoadFiles(ListFiles(").replace("gs://my-bucket/train/", seeded), namespace)  # noqa: S102
     assert sorted(item for batch in namespace["loader"] for item in batch) == EXPECTED
 
 

@@ -21,7 +21,7 @@ import google_crc32c
 import pytest
 import requests
 
-from tests.readme import readme_block
+from tests.doc_blocks import doc_block
 from torchdata_gcs import AccessDeniedError, InvalidURIError, NotFoundError, RetryConfig, TransferConfig, WriteConfig
 from torchdata_gcs._engines.tar_format import Sample, decode_index, header, padding, read_members, samples_of
 from torchdata_gcs.shards import PackReport, pack
@@ -306,5 +306,5 @@ def test_progress_gets_reports_and_the_last_is_the_result(gcs_emulator: Emulator
 def test_the_readme_example_runs(gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
     gcs_emulator.seed("my-bucket", {"train/000001.jpg": b"jpg", "train/000001.json": b"{}"})
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
-    exec(readme_block("from torchdata_gcs.shards import pack"), {})
+    exec(doc_block("from torchdata_gcs.shards import pack"), {})
     assert "shard-000000.tar" in {n.rpartition("/")[2] for n in gcs_emulator.names("my-bucket")}

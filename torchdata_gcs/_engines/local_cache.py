@@ -99,7 +99,7 @@ class LocalCache:
     from GCS otherwise (and then kept, while there is room). A full cache keeps what it holds; entries not
     read for ``evict_idle_after`` seconds make room for new ones. It pickles as its settings.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from torchdata_gcs import GCSMapDataset, LocalCache
         >>> from torchdata_gcs.testing import Emulator

@@ -46,7 +46,7 @@ class MultipartWriter(StreamingWriter):
     the last), assembled by one complete request, discarded by one abort request. While it runs, a
     small marker object (:func:`upload_marker`) tells ``torchdata-gcs clean`` the upload is ours.
 
-    Example:
+    Examples:
         >>> from torchdata_gcs.testing import Emulator, GCSFront
         >>> with Emulator() as emulator, GCSFront(emulator.endpoint) as front:
         ...     emulator.create_bucket("demo")
@@ -223,7 +223,7 @@ class CompositeWriter(StreamingWriter):
     Parts may be as small as 256 KiB. It needs only the JSON API, so it runs on the emulator; on GCS,
     composes are billed as Class A operations (one per part uploaded and one per 31 or so parts composed).
 
-    Example:
+    Examples:
         >>> from torchdata_gcs.testing import Emulator
         >>> with Emulator() as emulator:
         ...     emulator.create_bucket("demo")

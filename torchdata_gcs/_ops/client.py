@@ -38,7 +38,7 @@ class GCSClient:
     else GCS) and goes with the client into worker processes. A client holds settings only: it pickles
     (with its transport, if that pickles), and each process opens its own connections.
 
-    Example:
+    Examples:
         >>> from torchdata_gcs import GCSClient, GCSMapDataset, RetryConfig
         >>> from torchdata_gcs.testing import Emulator
         >>> with Emulator() as emulator:

@@ -33,7 +33,7 @@ def _covers(rule: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether ``rule`` acts as ``wanted`` does on everything ``wanted`` reaches, sooner or later: same action,
     an age, no condition but name prefixes, and a prefix (if any) that every name ``wanted`` reaches has.
 
-    Example:
+    Examples:
         >>> _covers({"action": {"type": "Delete"}, "condition": {"age": 30}}, RECOMMENDED_RULES[1])
         True
         >>> _covers({"action": {"type": "Delete"}, "condition": {"age": 3, "isLive": False}}, RECOMMENDED_RULES[1])
@@ -58,7 +58,7 @@ def missing_rules(lifecycle: dict[str, Any] | None) -> list[dict[str, Any]]:
 def lifecycle_file(lifecycle: dict[str, Any] | None, missing: list[dict[str, Any]]) -> dict[str, Any]:
     """The configuration to set: the bucket's rules, then ``missing``.
 
-    Example:
+    Examples:
         >>> lifecycle_file(None, [RECOMMENDED_RULES[0]])
         {'lifecycle': {'rule': [{'action': {'type': 'AbortIncompleteMultipartUpload'}, 'condition': {'age': 1}}]}}
     """
@@ -68,7 +68,7 @@ def lifecycle_file(lifecycle: dict[str, Any] | None, missing: list[dict[str, Any
 def describe_rule(rule: dict[str, Any]) -> str:
     """One rule in a few words.
 
-    Example:
+    Examples:
         >>> describe_rule(RECOMMENDED_RULES[1])
         'Delete if age 1, matchesPrefix .torchdata-gcs-tmp/'
         >>> describe_rule({"action": {"type": "SetStorageClass", "storageClass": "COLDLINE"}, "condition": {}})

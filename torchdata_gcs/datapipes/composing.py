@@ -75,10 +75,11 @@ class GCSShardComposerIterDataPipe(GCSFileLoaderIterDataPipe):
         ``(url, StreamWrapper)`` pairs, as ``load_files_by_gcs`` yields them.
 
     Raises:
-        As ``load_files_by_gcs``; ``NotFoundError`` also for an object changed since it was listed;
-        ``ValueError`` for bad settings.
+        NotFoundError: as ``load_files_by_gcs`` raises it, and also for an object changed since it was listed;
+            the other errors are ``load_files_by_gcs``'s.
+        ValueError: for bad settings.
 
-    Example:
+    Examples:
         >>> from torchdata_gcs import testing
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
         >>> with testing.Emulator() as emulator:

@@ -80,7 +80,7 @@ class GCSFileListerIterDataPipe(IterDataPipe):
         NotFoundError: a bucket does not exist, or an input matches no object.
         AccessDeniedError: the credentials may not list the bucket.
 
-    Example:
+    Examples:
         >>> from torchdata_gcs import testing
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
         >>> with testing.Emulator() as emulator:

@@ -70,7 +70,7 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         IntegrityError: the bytes did not match GCS's checksum or the listed size, after retries.
         TransientError: GCS kept failing until the retry policy gave up.
 
-    Example:
+    Examples:
         >>> from torchdata_gcs import testing
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
         >>> with testing.Emulator() as emulator:
@@ -122,7 +122,7 @@ class GCSFileLoaderIterDataPipe(IterDataPipe[tuple[str, StreamWrapper]]):
         objects, requests, bytes, retries and 429 answers, and their sums, as a dict to log (see
         ``torchdata_gcs.stalls``, whose ``StallWatch`` adds the training loop's batch waits).
 
-        Example:
+        Examples:
             >>> from torchdata_gcs import GCSFileLoaderIterDataPipe
             >>> from torchdata_gcs.testing import Emulator
             >>> with Emulator() as emulator:

@@ -51,7 +51,7 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         InvalidURIError: an item is not a ``(gs:// object URL, payload)`` pair.
         UploadError: a part kept failing; the upload was aborted.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
         >>> from torchdata_gcs import checkpoint, testing

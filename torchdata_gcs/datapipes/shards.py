@@ -33,7 +33,7 @@ class GCSShardReaderIterDataPipe(IterDataPipe[dict[str, Any]]):
     offset (a sample is never yielded in part); with ``skip_bad_shards`` the rest of that shard is skipped
     with a ``ShardWarning`` and counted in :attr:`skipped_shards`.
 
-    Example:
+    Examples:
         >>> import io, tarfile
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
         >>> from torchdata_gcs.testing import Emulator

@@ -61,7 +61,7 @@ def register(protocols: Iterable[str] = ("gs", "gcs")) -> None:
     already running keeps the environment it started with: call this before the first forkserver worker
     starts, or set the variable for the whole job instead.
 
-    Example:
+    Examples:
         >>> import fsspec, os
         >>> register()
         >>> type(fsspec.filesystem("gs", skip_instance_cache=True)).__name__, os.environ["TORCHDATA_GCS_FSSPEC"]

@@ -173,7 +173,7 @@ class Changes(Files):
         GCS: no bytes pass through this process. The sources must be in ``path``'s bucket and at most
         ``MAX_SOURCES`` (GCS's limit for one compose); an existing ``path`` is replaced.
 
-        Example:
+        Examples:
             >>> from torchdata_gcs.fsspec import GCSFileSystem
             >>> from torchdata_gcs.testing import Emulator
             >>> with Emulator() as emulator:

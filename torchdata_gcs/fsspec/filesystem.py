@@ -63,7 +63,7 @@ class GCSFileSystem(Changes, Removing, Buckets):
     ``stats`` counts the requests, retries and bytes of every call. The filesystem pickles as its
     settings and works after a fork (its requests go out on the I/O loop of whichever process it is in).
 
-    Example:
+    Examples:
         >>> from torchdata_gcs.testing import Emulator
         >>> with Emulator() as emulator:
         ...     emulator.create_bucket("demo")

@@ -43,7 +43,7 @@ class ShardDataset(IterableDataset[T], Generic[T]):
     member's offset); with ``skip_bad_shards`` the rest of it is skipped with a ``ShardWarning`` and counted
     in :attr:`skipped_samples`.
 
-    Example:
+    Examples:
         >>> import io, tarfile
         >>> from torchdata_gcs.shards import ShardDataset
         >>> from torchdata_gcs.testing import Emulator

@@ -103,7 +103,7 @@ def pack(
         IntegrityError, UploadError: an object changed while read, or a shard could not be published (the
             shards published before it stay, and the next run resumes after them).
 
-    Example:
+    Examples:
         >>> import io, tarfile
         >>> from torchdata_gcs import testing
         >>> from torchdata_gcs.shards import pack

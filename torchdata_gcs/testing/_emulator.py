@@ -68,7 +68,7 @@ class Emulator(LocalService):
     network namespace that only the guard shares, so nothing else reaches it; where the system refuses
     an unprivileged process one, it listens on a second loopback port, known to the guard only.
 
-    Example:
+    Examples:
         >>> from torchdata_gcs import testing
         >>> with testing.Emulator() as emulator:
         ...     emulator.seed("bucket", {"x/1.bin": b"one", "x/2.bin": b"two"})

@@ -25,7 +25,7 @@ Answer = tuple[int, str, Content]
 def parents(name: str) -> list[str]:
     """The folders that hold ``name`` (an object's name, or a folder's ending in ``/``), outermost first.
 
-    Example:
+    Examples:
         >>> parents("a/b/c.txt"), parents("a/b/"), parents("top.txt")
         (['a/', 'a/b/'], ['a/'], [])
     """

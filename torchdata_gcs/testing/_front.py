@@ -110,7 +110,7 @@ class GCSFront(LocalService):
     ``latency`` and ``bandwidth`` may be changed while running; :meth:`set_faults` replaces the
     faults. Use it as a context manager, which stops it (closing every connection) whatever happens.
 
-    Example:
+    Examples:
         >>> from torchdata_gcs import GCSFileLoaderIterDataPipe, RetryConfig
         >>> from torchdata_gcs.testing import Emulator, Fault, GCSFront
         >>> with Emulator() as emulator, GCSFront(emulator.endpoint, faults=[Fault("http_503", times=1)]) as front:

@@ -57,7 +57,7 @@ def split_hash_lines(headers: Headers, *, drop_md5: bool = False) -> Headers:
     """``headers`` with each ``x-goog-hash`` value on a line of its own, ``md5`` first (GCS sends them
     as separate lines in no promised order), without ``md5`` if ``drop_md5``.
 
-    Example:
+    Examples:
         >>> split_hash_lines([("X-Goog-Hash", "crc32c=AAAAAA==,md5=1B2M2Y8AsgTpgAmY7PhCfg==")])
         [('x-goog-hash', 'md5=1B2M2Y8AsgTpgAmY7PhCfg=='), ('x-goog-hash', 'crc32c=AAAAAA==')]
     """
@@ -79,7 +79,7 @@ def bucket_permission(method: str, path: str) -> tuple[str, str] | None:
     layout, which object roles grant (Storage Object Viewer, Creator, User and Admin hold no
     ``storage.buckets.*`` permission), and for the bucket's ACLs and notifications, not modelled.
 
-    Example:
+    Examples:
         >>> bucket_permission("GET", "/storage/v1/b/bkt"), bucket_permission("GET", "/storage/v1/b/bkt/o")
         (('storage.buckets.get', 'bucket'), None)
         >>> bucket_permission("PUT", "/storage/v1/b/bkt/iam"), bucket_permission("POST", "/storage/v1/b")
@@ -104,7 +104,7 @@ def bucket_call_refusal(
     creating buckets without ``project`` (400; the emulator needs none), deleting a bucket that
     ``holds_objects`` (409; the emulator answers 412).
 
-    Example:
+    Examples:
         >>> bucket_call_refusal("GET", "/storage/v1/b", {}, lambda bucket: False)
         (400, 'Bad Request', 'Required parameter: project')
         >>> bucket_call_refusal("DELETE", "/storage/v1/b/bkt", {}, lambda bucket: True)

@@ -38,7 +38,7 @@ def cap_list_page(target: str, limit: int = MAX_PAGE_SIZE) -> str:
 
     The emulator returns every object in one page when ``maxResults`` is missing; GCS caps pages.
 
-    Example:
+    Examples:
         >>> cap_list_page("/storage/v1/b/bkt/o?prefix=a%2F")
         '/storage/v1/b/bkt/o?prefix=a%2F&maxResults=1000'
         >>> cap_list_page("/storage/v1/b/bkt/o?maxResults=5000&prefix=x")

@@ -112,7 +112,7 @@ class LatencyFront(LocalService):
         tls: serve HTTPS with a certificate for ``127.0.0.1`` made at start; clients trust it through
             :attr:`ca_file` (``SSL_CERT_FILE`` or ``REQUESTS_CA_BUNDLE``, or their own options).
 
-    Example:
+    Examples:
         >>> from torchdata_gcs.testing import Emulator, LatencyFront
         >>> with Emulator() as emulator, LatencyFront(emulator.endpoint, latency=0.02) as front:
         ...     emulator.seed("slow-bucket", {"x": b"late"})

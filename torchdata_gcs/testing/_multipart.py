@@ -48,7 +48,7 @@ Connect = Callable[[], http.client.HTTPConnection]
 def is_multipart_request(method: str, target: str) -> bool:
     """Whether ``target`` (``/path?query``) is an XML API multipart upload request.
 
-    Example:
+    Examples:
         >>> is_multipart_request("GET", "/bkt?uploads"), is_multipart_request("GET", "/bkt/obj?uploads")
         (True, False)
     """

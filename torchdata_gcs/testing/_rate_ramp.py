@@ -29,7 +29,7 @@ WRITES = ("upload", "compose", "delete", "metadata")  # "object write requests" 
 def bucket_of(target: str) -> str | None:
     """The bucket a JSON or XML API object request (``/path?query``) is about, or ``None``.
 
-    Example:
+    Examples:
         >>> bucket_of("/download/storage/v1/b/bkt/o/a%2Fb?alt=media"), bucket_of("/bkt/a/b?uploads")
         ('bkt', 'bkt')
         >>> bucket_of("/storage/v1/b?project=p") is None
@@ -85,7 +85,7 @@ class RateRamp:
             as load near it.
         burst: seconds of the rate that may come at once (the token bucket's depth).
 
-    Example:
+    Examples:
         >>> ramp = RateRamp(reads=10, writes=2, period=60, burst=1.0)
         >>> [ramp.admit("b", write=False) for _ in range(11)].count(True)
         10

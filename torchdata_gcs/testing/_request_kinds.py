@@ -37,7 +37,7 @@ def request_kind(method: str, target: str, has_range: bool = False) -> str:
     JSON API paths are recognised, and XML API path-style ones (``/bucket/object``) for downloads,
     uploads and multipart uploads (``uploads``, ``uploadId``, ``partNumber``).
 
-    Example:
+    Examples:
         >>> request_kind("GET", "/download/storage/v1/b/bkt/o/a%2Fb?alt=media", has_range=True)
         'range_get'
         >>> request_kind("POST", "/storage/v1/b/bkt/o/out/compose")
@@ -83,7 +83,7 @@ def repeatable(method: str, target: str, headers: Any = None) -> bool:
     bound to their upload ID (a part PUT overwrites the same part number, a repeated completion or abort finds the
     upload gone).
 
-    Example:
+    Examples:
         >>> repeatable("POST", "/upload/storage/v1/b/b/o?uploadType=multipart&name=x&ifGenerationMatch=0")
         True
         >>> repeatable("DELETE", "/storage/v1/b/b/o/x"), repeatable("PUT", "/b/x?partNumber=2&uploadId=u")

@@ -39,7 +39,7 @@ def _rfc3339(seconds: float) -> str:
 def _field_names(fields: str | None) -> set[str] | None:
     """The top-level names a ``fields`` selector keeps (``None``: everything).
 
-    Example:
+    Examples:
         >>> sorted(_field_names("location,softDeletePolicy/retentionDurationSeconds,autoclass(enabled)"))
         ['autoclass', 'location', 'softDeletePolicy']
     """
@@ -81,7 +81,7 @@ class Deletion:
 class BucketOverlay:
     """Per-bucket settings layered over the emulator's, and the soft-deleted objects they keep.
 
-    Example:
+    Examples:
         >>> overlay = BucketOverlay(lambda path: (404, b""))
         >>> overlay.update("bkt", {"storageClass": "NEARLINE"})
         >>> overlay.settings("bkt")

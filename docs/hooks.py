@@ -1,0 +1,1 @@
+"""Build hooks (mkdocs): nothing yet."""
