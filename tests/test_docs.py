@@ -1,12 +1,12 @@
 """Every Python block of README.md and docs/ runs, in page order, on the embedded emulator, so no page drifts.
 
-A page's blocks share one namespace, as cells of a notebook do, and run in a fresh folder with
-``STORAGE_EMULATOR_HOST`` pointing at a GCS front (for XML multipart uploads) over a new emulator whose
-``my-bucket`` holds ``train/00000.png`` ... ``train/00255.png`` (8 x 8 RGB images, as getting-started.md
-makes them). A block that needs a module this environment lacks (the DataPipes need torchdata 0.9's
-``torchdata.datapipes``; the nodes need torchdata 0.10+) is skipped naming it: README's test command
-runs this file in both environments, so each block runs in one of them. A block preceded by
-``<!-- docs-test: skip: <reason> -->`` (a real bucket's credentials, say) is skipped with that reason.
+A page's blocks share one namespace, as a script's (a ``__main__`` module, so pickle finds its functions) or a
+notebook's cells do, and run in a fresh folder with ``STORAGE_EMULATOR_HOST`` pointing at a GCS front (for XML
+multipart uploads) over a new emulator whose ``my-bucket`` holds ``train/00000.png`` ... ``train/00255.png``
+(8 x 8 RGB images). A block that needs a module this environment lacks (DataLoader2 needs torchdata 0.9, the
+nodes torchdata 0.10+) is skipped naming it: README's test command runs this file in both environments, so
+each block runs in one of them. A block preceded by ``<!-- docs-test: skip: <reason> -->`` (a real bucket's
+credentials, say) is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import importlib.util
 import io
 import linecache
 import re
+import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -68,7 +69,7 @@ class PageRun:
     emulator: Emulator
     front: GCSFront
     folder: Path
-    namespace: dict[str, Any] = field(default_factory=lambda: {"__name__": "__main__"})
+    script: types.ModuleType = field(default_factory=lambda: types.ModuleType("__main__"))
     failed: str | None = None
 
     def close(self) -> None:
@@ -114,10 +115,11 @@ def test_block_runs(
         pytest.fail(f"an earlier block of {block.page} failed ({run.failed}), so this one cannot run")
     monkeypatch.chdir(run.folder)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", run.front.endpoint)
+    monkeypatch.setitem(sys.modules, "__main__", run.script)  # what pickle finds the page's functions in
     filename = f"{block.page}:{block.line}"
     linecache.cache[filename] = (len(block.code), None, block.code.splitlines(keepends=True), filename)
     try:
-        exec(compile(block.code, filename, "exec"), run.namespace)  # noqa: S102
+        exec(compile(block.code, filename, "exec"), run.script.__dict__)  # noqa: S102
     except BaseException:
         run.failed = f"line {block.line}"
         raise

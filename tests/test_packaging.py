@@ -85,14 +85,17 @@ def test_only_a_dataloader2_extra_takes_torchdata_below_0_10() -> None:
 
 def test_ci_lints_with_the_pinned_ruff() -> None:
     """README's test command (what CI runs) checks and format-checks with ruff before the tests, and the
-    ``test`` extra it installs pins ruff exactly, so every machine lints alike."""
+    ``test`` extra it installs pins ruff exactly, so every machine lints alike; it builds the site strictly and
+    runs the docs' blocks in both environments."""
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     command = readme.split("<!-- test-command -->", 1)[1].split("<!-- /test-command -->", 1)[0]
     steps = [step.strip() for step in command.strip("`\n ").split("&&")]
     install = steps.index("python3 -m venv .venv") + 2
-    assert steps[install] == ".venv/bin/pip install -e '.[test,dataloader2]'"
+    assert steps[install] == ".venv/bin/pip install -e '.[test,dataloader2,docs]'"
     lint = [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."]
     assert steps[install + 1 : install + 3] == lint
     assert steps.index(lint[1]) < steps.index(".venv/bin/python -m pytest")
+    assert ".venv/bin/mkdocs build --strict --site-dir site" in steps, "the site's strict build is part of the command"
+    assert "tests/test_docs.py" in steps[-1], "the second environment runs the docs' blocks that need torchdata 0.10+"
     ruff = [r for r in extra_requirements("test") if r.name == "ruff"]
     assert len(ruff) == 1 and str(ruff[0].specifier).startswith("==")
