@@ -86,7 +86,9 @@ def charts() -> dict[str, str]:
         )
     shards = _load("shards.json")
     out["shards"] = bar_chart(
-        f"tar shards, shuffled reading ({shards['date']})", "MB/s", [(r["setup"], r["mb_per_s"]) for r in shards["rows"]]
+        f"tar shards, shuffled reading ({shards['date']})",
+        "MB/s",
+        [(r["setup"], r["mb_per_s"]) for r in shards["rows"]],
     )
     weights = _load("weights.json")
     out["weights"] = bar_chart(

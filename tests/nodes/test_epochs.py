@@ -19,8 +19,8 @@ pytest.importorskip("torchdata.nodes", reason="torchdata.nodes needs torchdata >
 from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Loader, ParallelMapper
 
 from tests.delivery import assert_exactly_once, read
-from tests.ranks import as_rank
 from tests.doc_blocks import doc_block
+from tests.ranks import as_rank
 from torchdata_gcs import ClientConfig, GCSIterableDataset, InvalidURIError, ResumeError
 from torchdata_gcs._engines.epoch_order import epoch_order
 from torchdata_gcs.datasets import elastic_state
