@@ -132,3 +132,13 @@ def test_every_page_is_collected() -> None:
         assert len(blocks_of(page)) == text.count("```python\n"), page
     assert len(BLOCKS) > 0
     assert PAGES[0].name == "README.md"
+
+
+def test_readme_links_resolve() -> None:
+    """README.md is read outside the site (on a repository's page, in a package index), so the strict site
+    build does not check it: every relative link of it must name a file that exists."""
+    readme = PAGES[0]
+    targets = re.findall(r"\]\((?!https?://|#)([^)#\s]+)", readme.read_text())
+    assert targets, "README links into the site"
+    missing = [target for target in targets if not (readme.parent / target).exists()]
+    assert missing == [], f"README.md links to files that do not exist: {missing}"
