@@ -29,7 +29,17 @@ def on_files(files: Files, config: Any) -> Files:
 
 def on_post_page(output: str, page: Any, config: Any) -> str:
     documented.update(re.findall(r'id="(torchdata_gcs(?:\.\w+)+)"', output))
-    return output
+    return SPHINX_ROLE.sub(_as_code, output)
+
+
+# The docstrings name objects as Sphinx does (:class:`X`, :meth:`~a.b.c`), which IDEs and help() show as
+# written; the site shows the name alone, as code.
+SPHINX_ROLE = re.compile(r":(?:class|meth|func|attr|mod|data|exc|obj):<code>(~?)([^<]+)</code>")
+
+
+def _as_code(match: re.Match[str]) -> str:
+    name = match.group(2).rsplit(".", 1)[-1] if match.group(1) else match.group(2)
+    return f"<code>{name}</code>"
 
 
 def on_post_build(config: Any) -> None:
