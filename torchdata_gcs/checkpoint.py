@@ -51,13 +51,14 @@ def open_writer(
     Where the endpoint serves no XML API multipart upload (the bare emulator), ``strategy="multipart"``
     writes as ``"compose"`` does, said once in a log line.
 
+    ``part_size``, ``max_parts_in_flight``, ``strategy`` and ``compression`` are deprecated: use ``write``.
+
     Args:
         url: ``gs://bucket/object``.
         client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
             takes ``STORAGE_EMULATOR_HOST``, then Application Default Credentials.
         retry: retry policy for every request, in place of the client's own.
         write: part size, parts in flight, strategy and compression (:class:`WriteConfig`).
-        part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
     """
     write = write_config(write, "open_writer", part_size=part_size, max_parts_in_flight=max_parts_in_flight,
                          strategy=strategy, compression=compression)  # fmt: skip

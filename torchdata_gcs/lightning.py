@@ -48,6 +48,8 @@ class GCSCheckpointIO(CheckpointIO):
     breaks local checkpointing; other URL schemes raise ``ValueError``. Wrap it in Lightning's
     ``AsyncCheckpointIO`` to upload in the background.
 
+    ``part_size``, ``max_parts_in_flight``, ``strategy`` and ``compression`` are deprecated: use ``write``.
+
     Args:
         client: a ``GCSClient`` (or the ``ClientConfig`` of one): where requests go and how they authenticate
             (default: ``STORAGE_EMULATOR_HOST``, else GCS with Application Default Credentials).
@@ -56,7 +58,6 @@ class GCSCheckpointIO(CheckpointIO):
         write: how saves stream out (:class:`~torchdata_gcs.WriteConfig`: ``strategy="compose"`` where the XML
             API is missing, ``compression="zstd"``); checked here, not at the first save. Loads detect
             compression by themselves.
-        part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
 
     Examples:
         >>> import torch

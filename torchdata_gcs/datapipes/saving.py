@@ -35,6 +35,8 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
     the object published only when the payload was written whole; a failure discards that upload,
     publishes nothing and raises.
 
+    ``part_size``, ``max_parts_in_flight``, ``strategy`` and ``compression`` are deprecated: use ``write``.
+
     Args:
         source_datapipe: a DataPipe or an iterable of ``(url, payload)`` pairs.
         client: a ``GCSClient`` (or the ``ClientConfig`` of one): endpoint, credentials, transport; the default
@@ -42,7 +44,6 @@ class GCSSaverIterDataPipe(IterDataPipe[str]):
         retry: retry policy, in place of the client's own.
         write: part size, parts in flight per object, strategy and compression (:class:`WriteConfig`);
             ``checkpoint.load`` detects compression by itself.
-        part_size, max_parts_in_flight, strategy, compression: deprecated; use ``write``.
 
     Returns:
         The URL of each object, after it is published.
