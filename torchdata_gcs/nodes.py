@@ -413,7 +413,8 @@ class ReadShards(BaseNode[S]):
         rank, world = rank_and_world_size()
         place = {"rank": rank, "world": world, "worker": 0, "workers": 1}
         if self._epochs is None:
-            shards = index_shards(listed_objects(self._client, self.urls, ["*.tar"]), self._client)
+            listed = listed_objects(self._client, self.urls, ["*.tar"])
+            shards = index_shards(listed, self._client, skip_bad=self._settings["skip_bad_shards"])
             self._epochs = ShardEpochs(shards, self._client, **self._settings)
         elif initial_state is None:
             self._epochs.epoch += 1

@@ -149,6 +149,30 @@ def test_a_cut_shard_is_named_with_its_offset(gcs_emulator: Emulator, client: An
         ShardDataset(url, client=client)
 
 
+def test_a_cut_shard_without_an_index_is_left_out_when_bad_shards_are_skipped(
+    gcs_emulator: Emulator, client: Any
+) -> None:
+    url = bad_bucket(gcs_emulator, "bad-cut-skipped", shard(10, 10)[:3000])
+    with pytest.warns(ShardWarning, match=r"gs://bad-cut-skipped/s/001.tar: not a tar archive .* left out"):
+        lenient = ShardDataset(url, client=client, shuffle=False, shards_open=1, skip_bad_shards=True)
+    assert lenient.shards == ["gs://bad-cut-skipped/s/000.tar", "gs://bad-cut-skipped/s/002.tar"]
+    assert [int(sample["__key__"]) for sample in lenient] == list(range(10)) + list(range(20, 30))
+
+
+def test_an_index_of_another_version_is_replaced_once(gcs_emulator: Emulator, client: Any) -> None:
+    gcs_emulator.seed("stale-index", {"s/000.tar": shard(0, 10)})
+    ShardDataset("gs://stale-index/s/", client=client)  # writes the index
+    old = gcs_emulator.read("stale-index", "s/000.tar.idx")
+    gcs_emulator.upload("stale-index", "s/000.tar", shard(100, 5))  # the shard replaced, its index now stale
+    assert ShardDataset("gs://stale-index/s/", client=client).samples == 5
+    new = gcs_emulator.read("stale-index", "s/000.tar.idx")
+    assert new != old
+    with GCSFront(gcs_emulator.endpoint) as front:
+        dataset = ShardDataset("gs://stale-index/s/", client=front.client_config)
+        assert dataset.samples == 5 and front.counts["get"] == 1  # the index alone: the shard is not read again
+    assert gcs_emulator.read("stale-index", "s/000.tar.idx") == new
+
+
 def test_a_member_without_a_key_is_named(gcs_emulator: Emulator, client: Any) -> None:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:

@@ -44,10 +44,11 @@ class Shard:
     samples: list[Sample]
 
 
-def index_shards(entries: Sequence[tuple[str, ObjectInfo]], client: Client) -> list[Shard]:
-    """Each shard with its samples, from the indexes beside them (read at once); a shard without one (or
+def index_shards(entries: Sequence[tuple[str, ObjectInfo]], client: Client, *, skip_bad: bool = False) -> list[Shard]:
+    """Each shard with its samples, from the indexes beside them (read at once). A shard without one (or
     with one of another version) is read whole once to make it, and the index written beside it where the
-    bucket allows (else a warning: it is made again next time)."""
+    bucket allows (else a warning: it is made again next time). A shard that cannot be read as tar raises
+    its ``IntegrityError``, or with ``skip_bad`` is left out with a ``ShardWarning``."""
     indexes = run(_read_indexes(client.context(), [url for url, _ in entries]))
     shards = []
     for (url, info), index in zip(entries, indexes, strict=True):
@@ -56,7 +57,13 @@ def index_shards(entries: Sequence[tuple[str, ObjectInfo]], client: Client) -> l
             with contextlib.suppress(IntegrityError):
                 samples = decode_index(url + INDEX_SUFFIX, index, info.size, info.crc32c)
         if samples is None:
-            samples = _index_by_reading(url, info, client)
+            try:
+                samples = _index_by_reading(url, info, client, replacing=index is not None)
+            except IntegrityError as exc:
+                if not skip_bad:
+                    raise
+                warnings.warn(f"{exc}: the shard is left out", ShardWarning, stacklevel=2)
+                continue
         shards.append(Shard(url, info, samples))
     return shards
 
@@ -69,7 +76,9 @@ async def _read_indexes(context: RequestContext, urls: list[str]) -> list[bytes 
     return list(await asyncio.gather(*(one(url) for url in urls)))
 
 
-def _index_by_reading(url: str, info: ObjectInfo, client: Client) -> list[Sample]:
+def _index_by_reading(url: str, info: ObjectInfo, client: Client, *, replacing: bool) -> list[Sample]:
+    """The shard's samples, read whole; its index written beside it, or ``replacing`` one of another version
+    (only while the shard is still the version read, and the old index is still the one there)."""
     data = read_into_buffer(url, info, client)  # checked against the shard's crc32c
     members = (
         (dataclasses.replace(member, crc32c=crc32c_extend(0, content)), content)
@@ -78,7 +87,10 @@ def _index_by_reading(url: str, info: ObjectInfo, client: Client) -> list[Sample
     samples = [sample for sample, _ in samples_of(members, url)]
     bucket, name = parse_url(url + INDEX_SUFFIX)
     try:
-        client.create(bucket, name, encode_index(info.size, samples, info.crc32c), if_generation_match=0)
+        if replacing and client.live_generation(*parse_url(url)) != info.generation:
+            return samples  # the shard changed since it was listed: its index there may be the new one's
+        old = client.live_generation(bucket, name) if replacing else 0
+        client.create(bucket, name, encode_index(info.size, samples, info.crc32c), if_generation_match=old)
     except PreconditionFailedError:
         pass  # another reader wrote it first
     except GCSError as exc:

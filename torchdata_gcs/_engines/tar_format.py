@@ -135,7 +135,8 @@ def read_members(read: Callable[[int], bytes], where: str) -> Iterator[tuple[Mem
         kind, size = _check_header(block, where, offset)
         data = take(size + len(padding(size)))
         if len(data) < size + len(padding(size)):
-            raise _damaged(where, offset, f"the archive ends inside a member ({len(data)} of {size} bytes)")
+            stored = size + len(padding(size))
+            raise _damaged(where, offset, f"the archive ends inside a member ({len(data)} of its {stored} bytes)")
         data_offset, offset = offset + BLOCK, offset + BLOCK + len(data)
         if kind in (b"x", b"L"):
             long_name = _long_name(kind, data[:size], where, data_offset) or long_name

@@ -41,7 +41,8 @@ class ShardDataset(IterableDataset[T], Generic[T]):
     samples the buffer held are read again by their own GETs), or from :meth:`elastic_state`'s position on
     any number of ranks and workers. A damaged, cut or deleted shard raises a typed error naming it (and the
     member's offset); with ``skip_bad_shards`` the rest of it is skipped with a ``ShardWarning`` and counted
-    in :attr:`skipped_samples`.
+    in :attr:`skipped_samples`, and a shard without an index that cannot be read as tar is left out (with a
+    ``ShardWarning``) when the dataset is made.
 
     Examples:
         >>> import io, tarfile
@@ -78,7 +79,7 @@ class ShardDataset(IterableDataset[T], Generic[T]):
     ) -> None:
         gcs = Client(client, retry, transfer=transfer)
         self._epochs = ShardEpochs(
-            _shards(urls, gcs),
+            _shards(urls, gcs, skip_bad_shards),
             gcs,
             shuffle=shuffle,
             seed=seed,
@@ -130,9 +131,9 @@ class ShardDataset(IterableDataset[T], Generic[T]):
         return self._epochs.elastic(state)
 
 
-def _shards(urls: str | Sequence[str], client: Client) -> list[Shard]:
+def _shards(urls: str | Sequence[str], client: Client, skip_bad: bool = False) -> list[Shard]:
     """The ``.tar`` objects ``urls`` names (prefixes, names or globs), in listing order, with their indexes."""
-    return index_shards(listed_objects(client, urls, ["*.tar"]), client)
+    return index_shards(listed_objects(client, urls, ["*.tar"]), client, skip_bad=skip_bad)
 
 
 def _place() -> Place:
