@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.doc_blocks import PAGES, Block, blocks_of
+from torchdata_gcs.fsspec import GCSFileSystem
 from torchdata_gcs.testing import Emulator, GCSFront
 
 # Modules one environment of the test command has and the other lacks.
@@ -90,6 +91,7 @@ def page_run(page: str, runs: dict[str, PageRun], tmp_path_factory: pytest.TempP
         for run in runs.values():
             run.close()
         runs.clear()
+        GCSFileSystem.clear_instance_cache()  # fsspec keeps filesystems made on an earlier page's emulator
         emulator = Emulator().start()
         emulator.seed("my-bucket", {f"train/{i:05d}.png": png(i) for i in range(IMAGES)})
         front = GCSFront(emulator.endpoint).start()

@@ -334,15 +334,15 @@ def test_checkpoints_and_safetensors_load_from_the_cache_the_second_time(
     assert len(entries(tmp_path)) == 3
 
 
-def test_the_readme_snippet_reads_a_second_epoch_from_the_cache(
+def test_the_guides_snippet_reads_a_second_epoch_from_the_cache(
     front: GCSFront, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.doc_blocks import doc_block
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", front.endpoint)  # the snippet's default client
-    snippet = doc_block('LocalCache("/mnt/nvme/gcs-cache"').replace("/mnt/nvme/gcs-cache", str(tmp_path))
+    snippet = doc_block('LocalCache("gcs-cache"').replace('"gcs-cache"', repr(str(tmp_path)))
     namespace = {"decode": lambda stream: stream.read()}
-    exec(snippet.replace("gs://my-bucket/train/", PREFIX), namespace)  # noqa: S102 - our own README
+    exec(snippet.replace("gs://my-bucket/train/", PREFIX), namespace)  # noqa: S102 - our own docs (guides/cache.md)
     dataset = namespace["dataset"]
     assert sorted(dataset) == sorted(OBJECTS.values())
     dataset.set_epoch(1)

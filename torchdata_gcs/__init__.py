@@ -1,6 +1,6 @@
 """Google Cloud Storage for PyTorch: DataPipes, datasets, checkpoints and an fsspec filesystem.
 
-Importing the package registers the functional DataPipes on ``IterDataPipe``::
+Importing the package registers the functional DataPipes on ``IterDataPipe``:
 
     import torchdata_gcs
     from torch.utils.data.datapipes.iter import IterableWrapper

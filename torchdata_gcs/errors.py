@@ -1,4 +1,4 @@
-"""The exception tree of torchdata-gcs, every exception and warning it raises::
+"""The exception tree of torchdata-gcs, every exception and warning it raises:
 
     Exception
     └── GCSError                                   .url, .status

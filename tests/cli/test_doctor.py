@@ -167,7 +167,7 @@ def test_without_the_xml_api_multipart_is_missing(
         r"^XML multipart upload  MISSING  the endpoint serves no XML API multipart uploads \(", out, re.MULTILINE
     )
     assert 'problem: XML multipart upload MISSING: checkpoint saves with the default strategy="multipart"' in out
-    assert 'fail here: use strategy="compose"' in out
+    assert 'missing (an emulator), they write as strategy="compose" does' in out
     assert gcs_emulator.names(gcs_bucket) == []
 
 

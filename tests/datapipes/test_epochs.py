@@ -1,4 +1,4 @@
-"""The README's epoch recipe for DataPipes in DataLoader2: ``loader.seed(seed + epoch)`` before each epoch
+"""The DataPipes guide's epoch recipe for DataLoader2: ``loader.seed(seed + epoch)`` before each epoch
 gives each epoch its own order, the same with 2 worker processes as in-process, every object once;
 without it, ``MultiProcessingReadingService`` reads the first epoch's order again (torchdata 0.9)."""
 
@@ -53,7 +53,7 @@ def epochs_read(loader: DataLoader2, reseed: bool) -> list[list[tuple[str, bytes
         loader.shutdown()
 
 
-def test_the_readme_recipe_gives_each_epoch_its_own_order_whatever_the_workers_where_seeding_once_repeats_it(
+def test_the_guides_recipe_gives_each_epoch_its_own_order_whatever_the_workers_where_seeding_once_repeats_it(
     prefix_and_contents: tuple[str, dict[str, bytes]], client: ClientConfig
 ) -> None:
     prefix, contents = prefix_and_contents
@@ -68,7 +68,7 @@ def test_the_readme_recipe_gives_each_epoch_its_own_order_whatever_the_workers_w
         "epochs": EPOCHS,
         "train_step": read_in_order.append,
     }
-    exec(snippet, namespace)  # noqa: S102 - our own README
+    exec(snippet, namespace)  # noqa: S102 - our own docs (guides/datapipes.md)
     namespace["loader"].shutdown()
     by_epoch = [read_in_order[N * epoch : N * (epoch + 1)] for epoch in range(EPOCHS)]
     for items in by_epoch:
@@ -79,4 +79,4 @@ def test_the_readme_recipe_gives_each_epoch_its_own_order_whatever_the_workers_w
     repeated = DataLoader2(pipe(prefix, client), reading_service=MultiProcessingReadingService(num_workers=2))
     repeated.seed(3)
     first, *others = epochs_read(repeated, reseed=False)
-    assert first == by_epoch[0] and others == [first] * (EPOCHS - 1), "what the README warns of without the recipe"
+    assert first == by_epoch[0] and others == [first] * (EPOCHS - 1), "what the guide warns of without the recipe"

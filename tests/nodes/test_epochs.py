@@ -202,7 +202,7 @@ def test_a_loaders_state_given_to_elastic_state_or_a_dataset_is_refused_saying_t
     assert ds.share() == GCSIterableDataset(prefix, client=client).share(), "a refused state changes nothing"
 
 
-def test_the_readme_ddp_snippet_reads_each_epoch_once_across_two_ranks(
+def test_the_guides_ddp_snippet_reads_each_epoch_once_across_two_ranks(
     gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bucket = f"epochs-readme-{uuid.uuid4().hex[:8]}"
@@ -210,14 +210,18 @@ def test_the_readme_ddp_snippet_reads_each_epoch_once_across_two_ranks(
     gcs_emulator.seed(bucket, objects)
     expected = {f"gs://{bucket}/{name}": data for name, data in objects.items()}
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
-    snippet = doc_block("EpochObjects(listed").replace("gs://my-bucket/train/", f"gs://{bucket}/train/")
+    snippet = doc_block("this_rank = EpochObjects(listing").replace("gs://my-bucket/train/", f"gs://{bucket}/train/")
     read_by_rank = []
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
         decoded: list[tuple[str, bytes]] = []
-        namespace = {"decode": lambda pair, into=decoded: into.append(read(*pair)), "epochs": 2}
-        exec(snippet, namespace)  # noqa: S102 - our own README
+        namespace = {
+            "decode": lambda url, stream, into=decoded: into.append(read(url, stream)),
+            "train_step": lambda batch: None,
+            "epochs": 2,
+        }
+        exec(snippet, namespace)  # noqa: S102 - our own docs (guides/nodes.md)
         read_by_rank.append(decoded)
     assert [len(decoded) for decoded in read_by_rank] == [130, 130], "65 objects per rank, each of 2 epochs"
     for epoch in range(2):

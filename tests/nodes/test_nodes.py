@@ -91,7 +91,7 @@ def test_the_readme_nodes_snippet_delivers_every_object_the_last_partial_batch_t
     gcs_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bucket = "nodes-readme"
-    objects = {f"train/{i:03d}.jpg": f"image {i}".encode() for i in range(300)}  # 4 batches of 64, then 44
+    objects = {f"train/{i:03d}.png": f"image {i}".encode() for i in range(300)}  # 4 batches of 64, then 44
     gcs_emulator.seed(bucket, objects)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)  # the snippet's default client
     snippet = doc_block("node = LoadFiles(ListFiles(")

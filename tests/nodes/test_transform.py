@@ -15,7 +15,7 @@ from torchdata_gcs.nodes import ComposeShards, ListFiles, LoadFiles
 from torchdata_gcs.testing import Emulator
 
 BUCKET = "nodes-transform"
-OBJECTS = {f"train/{i:02d}.jpg": b"image %d" % i for i in range(10)}
+OBJECTS = {f"train/{i:02d}.png": b"image %d" % i for i in range(10)}  # README's snippet reads *.png
 
 
 @pytest.fixture(scope="module")

@@ -276,7 +276,9 @@ def test_a_refused_media_read_names_the_endpoint_as_aiohttp_does() -> None:
         with pytest.raises(EndpointError) as caught:
             Client(config, FAST_RETRY).read("some-bucket", "o")
     assert time.monotonic() - started < 5
-    assert str(caught.value).startswith(f"cannot reach {endpoint}: connection refused; check ClientConfig(endpoint=")
+    assert str(caught.value).startswith(
+        f"cannot reach {endpoint}: connection refused; check the endpoint given (ClientConfig(endpoint="
+    )
 
 
 def test_interim_answers_before_the_final_one_are_skipped() -> None:

@@ -98,8 +98,9 @@ def _credentials_from_file(path: str) -> google.auth.credentials.Credentials:
         raise AccessDeniedError(
             f"credentials file {path} (ClientConfig.credentials_file) is not a usable {kind} key: {_reason(exc)}"
         ) from None
+    holds = f"{kind!r} credentials" if kind else 'no "type" of credentials'
     raise AccessDeniedError(
-        f"credentials file {path} (ClientConfig.credentials_file) holds {kind!r} credentials; only service_account "
+        f"credentials file {path} (ClientConfig.credentials_file) holds {holds}; only service_account "
         "and authorized_user files are accepted here (GOOGLE_APPLICATION_CREDENTIALS takes the other kinds)"
     )
 

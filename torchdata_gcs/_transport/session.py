@@ -346,7 +346,8 @@ class _Sent:
 def _where_the_endpoint_comes_from(destination: Destination) -> str:
     """What to check when the endpoint cannot be reached: where it was named."""
     if destination.config.endpoint:
-        return f"check ClientConfig(endpoint=...) (it takes precedence over {EMULATOR_ENV})"
+        given = "ClientConfig(endpoint=...), or the command line's --endpoint"
+        return f"check the endpoint given ({given}; it takes precedence over {EMULATOR_ENV})"
     if destination.emulator:
         return f"check {EMULATOR_ENV} (or pass ClientConfig(endpoint=...))"
     return f"check the network and proxy settings (neither ClientConfig(endpoint=...) nor {EMULATOR_ENV} is set)"

@@ -10,17 +10,18 @@ from .sizes import human_size
 __all__ = ["run_cache"]
 
 
-def _rate(hits: int, misses: int) -> str:
-    return f"{hits / (hits + misses):.1%}" if hits + misses else "no reads counted"
-
-
 def _describe(report: FolderReport) -> str:
     limit = "unknown" if report.limit is None else f"{human_size(report.limit)}, {report.bytes / report.limit:.0%} used"
-    return (
-        f"{report.entries:,} entries, {human_size(report.bytes)} ({report.bytes:,} bytes); limit {limit}; "
-        f"hit rate {_rate(report.recent_hits, report.recent_misses)} recently, "
-        f"{_rate(report.hits, report.misses)} of {report.hits + report.misses:,} reads counted"
+    reads = report.hits + report.misses
+    recent = report.recent_hits + report.recent_misses
+    rate = (
+        f"hit rate {report.recent_hits / recent:.1%} recently, {report.hits / reads:.1%} of {reads:,} reads counted"
+        if reads and recent
+        else f"hit rate {report.hits / reads:.1%} of {reads:,} reads counted"
+        if reads
+        else "no reads counted yet"
     )
+    return f"{report.entries:,} entries, {human_size(report.bytes)} ({report.bytes:,} bytes); limit {limit}; {rate}"
 
 
 def run_cache(args: argparse.Namespace) -> int:

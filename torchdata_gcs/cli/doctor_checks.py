@@ -61,7 +61,8 @@ _CONSEQUENCE = {  # check -> (what a failure means, the permission a refusal poi
     "XML multipart upload": (
         (
             'checkpoint saves with the default strategy="multipart" (checkpoint.save, save_by_gcs, the DCP writer, '
-            'Lightning) fail here: use strategy="compose"'
+            'Lightning) cannot use it: refused, they fail (use strategy="compose"); missing (an emulator), they '
+            'write as strategy="compose" does'
         ),
         "storage.multipartUploads.create",
     ),

@@ -1,11 +1,11 @@
 """An fsspec filesystem on this library's engines, for tools that reach storage through fsspec:
 Lightning's ``ModelCheckpoint``, ``torch.distributed.checkpoint`` with a ``gs://`` checkpoint id,
-pandas and pyarrow. README's fsspec section says what each call does on GCS, and
+pandas and pyarrow. ``docs/guides/fsspec.md`` says what each call does on GCS, and
 ``docs/gcsfs-compatibility.md`` sets every argument, method and attribute beside gcsfs's.
 
 In every process, ``gs://`` and ``gcs://`` are served by :class:`GCSFileSystem` once :func:`register`
 was called there or in a parent (it sets ``TORCHDATA_GCS_FSSPEC=1``) or that variable is set; by gcsfs
-with ``TORCHDATA_GCS_FSSPEC=0``; otherwise by gcsfs if it is installed, else by :class:`GCSFileSystem`::
+with ``TORCHDATA_GCS_FSSPEC=0``; otherwise by gcsfs if it is installed, else by :class:`GCSFileSystem`:
 
     import torchdata_gcs.fsspec
     torchdata_gcs.fsspec.register()  # needed only where gcsfs is installed too

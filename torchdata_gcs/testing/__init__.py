@@ -1,6 +1,6 @@
 """Test helpers: the embedded GCS emulator, a GCS-like front for it, and pytest fixtures.
 
-Use :class:`Emulator` directly as a context manager, or load the fixtures in a ``conftest.py``::
+Use :class:`Emulator` directly as a context manager, or load the fixtures in a ``conftest.py``:
 
     pytest_plugins = ["torchdata_gcs.testing.fixtures"]
 
