@@ -22,7 +22,7 @@ from torchdata_gcs import ClientConfig, EndpointError, RetryConfig, TransientErr
 from torchdata_gcs._ops.client import Client
 from torchdata_gcs._transport.loop import run
 from torchdata_gcs._transport.session import Destination, Session
-from torchdata_gcs._transport.wire import WireTransport
+from torchdata_gcs._transport.wire import WAKE_AFTER, WireTransport
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
 FAST_RETRY = RetryConfig(max_attempts=4, initial_delay=0.01, max_delay=0.05)
@@ -200,6 +200,31 @@ def test_a_whole_read_holds_the_body_once(gcs_emulator: Emulator, gcs_bucket: st
         assert peak < size * 1.25  # the body, filled in place; no pieces joined beside it
     finally:
         run(session.close())
+
+
+def test_a_large_body_comes_in_pieces_of_at_least_wake_after(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """A reader waiting in ``readinto`` is woken once ``WAKE_AFTER`` bytes landed in its buffer, not at every
+    socket read: each piece costs a task step and a crc32c call. The first piece may be bytes that came with
+    the answer's head, the last is the buffer's end."""
+    data = os.urandom(24 * 1024 * 1024 + 3)
+    gcs_emulator.seed(gcs_bucket, {"o": data})
+    session = _session(gcs_emulator.client_config)
+
+    async def pieces() -> list[int]:
+        url = f"gs://{gcs_bucket}/o"
+        target, counts = memoryview(bytearray(len(data))), []
+        async with session.read_media(url, session.media_path(gcs_bucket, "o"), {"alt": "media"}) as response:
+            while count := await response.readinto(target[sum(counts) :]):
+                counts.append(count)
+        assert target == data
+        return counts
+
+    try:
+        counts = run(pieces())
+    finally:
+        run(session.close())
+    assert sum(counts) == len(data)
+    assert all(count >= WAKE_AFTER for count in counts[1:-1]), counts
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from ..errors import EndpointError, TransientError
 from .endpoint import answered, unreachable, untrusted
 from .transport import FilledBytes
 
-__all__ = ["WireResponse", "WireTransport"]
+__all__ = ["WAKE_AFTER", "WireResponse", "WireTransport"]
 
 HEAD_BUFFER = 64 * 1024
 """A connection's own buffer: an answer's head and chunk framing must fit in it (GCS's heads are a few
@@ -33,6 +33,12 @@ KiB); body bytes that come before a reader asks for them wait here, and reading 
 
 CHUNK = 256 * 1024
 """The most bytes :meth:`WireResponse.chunks` hands out at once."""
+
+WAKE_AFTER = 1024 * 1024
+"""A reader waiting in ``readinto`` is woken once this many bytes landed in its buffer (or the buffer is
+full, the connection ended, or its wait timed out with bytes in): the socket reads go on landing meanwhile,
+so a large body comes back in pieces of at least this size, each a task step and a crc32c call, not one
+per socket read (a few hundred KiB on loopback). Still small enough to be hashed while in cache."""
 
 _UNTIL_CLOSE = -1  # a body framed by neither Content-Length nor chunks ends when the connection does
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
@@ -76,6 +82,8 @@ class _Connection(asyncio.BufferedProtocol):
             self.landed += nbytes
             if self.landed == len(self.target):
                 self.target = None  # full: what follows waits in the connection's buffer
+            elif self.landed < WAKE_AFTER:
+                return  # the reader takes a larger piece (see WAKE_AFTER)
         else:
             self.end += nbytes
             if self.end - self.start == len(self.buffer):
@@ -106,23 +114,23 @@ class _Connection(asyncio.BufferedProtocol):
         """Wait for bytes or the end of the connection; ``False`` if none came within ``timeout``."""
         loop = asyncio.get_running_loop()
         waiter = self.waiter = loop.create_future()
-        timer = loop.call_later(max(timeout, 0), _expire, waiter)
+        timer = loop.call_later(max(timeout, 0), self._expire)
         try:
             return await waiter
         finally:
             self.waiter = None
             timer.cancel()
 
+    def _expire(self) -> None:
+        """End a wait whose time is up: with the bytes that landed meanwhile, if any (see WAKE_AFTER)."""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(self.landed > 0)
+
     def close(self) -> None:
         self.target = None
         self.closed = True
         if self.transport is not None:
             self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
 
 
 class WireResponse:
