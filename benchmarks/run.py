@@ -117,6 +117,8 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
             if workload.startswith("checkpoint")
             else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"
         ),
+        "raw_multipart": "raw ceiling: http.client, 16 threads: 16 XML multipart parts at once; 16 ranges at once",
+        "raw_compose": "raw ceiling: http.client, 16 threads: 16 part objects at once + compose; 16 ranges at once",
         "raw_urllib3": f"urllib3 {_version('urllib3')}: one GET per object, up to 64 threads",
         "raw_urllib3_ranges": f"urllib3 {_version('urllib3')}: 32 MiB ranges into one buffer per object, 32 threads",
         "raw_aiohttp": f"aiohttp {_version('aiohttp')}: every GET at once, 128 connections",
@@ -136,7 +138,8 @@ class Workload:
     runs: int
     objects: dict[str, bytes] = field(default_factory=dict, repr=False)
     indexed: bool = False  # list pages served from GCSFront's snapshot, list calls counted
-    capped: bool = False  # through a GCSFront capped at CHECKPOINT_BANDWIDTH per connection each way
+    capped: bool = False  # through a GCSFront capped at ``bandwidth`` per connection each way
+    bandwidth: float = CHECKPOINT_BANDWIDTH
     checkpoint_mib: int = 512
     timeout: float | None = None  # seconds before a reader is given up; None: --timeout
     tls: bool = False  # through HAProxy terminating HTTPS (no added delay); the readers trust its certificate
@@ -224,6 +227,19 @@ def build_workloads(quick: bool) -> list[Workload]:
             ["ours", "ours_compose", "ours_dcp", "gcs_upload_from_file", "gcsfs", "dataflux_checkpoint"],
             3,
             capped=True,
+        ),
+        # A smaller checkpoint on slower connections, beside raw ceilings through the same front: the bytes
+        # sent as 16 parts at once and read back as 16 ranges at once.
+        Workload(
+            "checkpoint 128 MiB at 10 MB/s",
+            "bench-ckpt",
+            "ckpt/",
+            0,
+            ["ours", "ours_compose", "raw_multipart", "raw_compose", "gcs_upload_from_file", "gcsfs"],
+            3,
+            capped=True,
+            checkpoint_mib=128,
+            bandwidth=10e6,
         ),
         # One save and load of 2 GiB (the emulator composes a 256-part checkpoint in minutes, so "compose" is left out).
         Workload(
@@ -343,7 +359,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
     lines = []
     for (workload, latency), group in _groups(rows).items():
         if workload.startswith(("checkpoint", "compression")):
-            lines += [f"\n### {workload}, every connection capped at {CHECKPOINT_BANDWIDTH / 1e6:.0f} MB/s each way\n"]
+            lines += [f"\n### {workload}, every connection capped at {_cap(group) / 1e6:.0f} MB/s each way\n"]
         else:
             lines += [f"\n### {workload}, {latency} ms added latency\n"]
         if workload.startswith("https"):
@@ -355,14 +371,26 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             return f"{fmt(rate / base, 2)}x" if base else "–"
 
         if workload.startswith("checkpoint"):
-            # the single-stream peer of the 512 MiB table: one stream's rate does not depend on the size
-            single = next((r for r in rows if r["reader"] == "gcs_upload_from_file" and "error" not in r), None)
+            # the single-stream peer of this table, else of another under the same cap: one stream's rate
+            # does not depend on the size
+            single = next(
+                (
+                    r
+                    for r in group + [r for r in rows if _cap([r]) == _cap(group)]
+                    if r["reader"] == "gcs_upload_from_file" and "error" not in r
+                ),
+                None,
+            )
+            raw = {r["reader"]: r for r in group if r["reader"].startswith("raw_") and "error" not in r}
+            raw_load = max((r["bytes"] / r["load_seconds"] for r in raw.values()), default=None)
             columns = [
                 "writer/reader",
                 "save MB/s",
                 "save vs upload_from_file",
                 "load MB/s",
                 "load vs one stream",
+                "save vs raw ceiling",
+                "load vs raw ceiling",
                 "save s",
                 "load s",
                 "of which the rig's multipart completion s",
@@ -375,11 +403,13 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             lines += _table(
                 columns,
                 group,
-                lambda r, single=single: [
+                lambda r, single=single, raw=raw, raw_load=raw_load: [
                     fmt(r["bytes"] / 1e6 / r["seconds"], 1),
                     ratio(r["bytes"] / r["seconds"], single and single["bytes"] / single["seconds"]),
                     fmt(r["bytes"] / 1e6 / r["load_seconds"], 1),
                     ratio(r["bytes"] / r["load_seconds"], single and single["bytes"] / single["load_seconds"]),
+                    ratio(r["bytes"] / r["seconds"], _raw_save(raw, r["reader"])),
+                    ratio(r["bytes"] / r["load_seconds"], raw_load),
                     fmt(r["seconds"], 2),
                     fmt(r["load_seconds"], 2),
                     fmt(r.get("rig_completion_seconds"), 2),
@@ -539,6 +569,18 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cap(group: list[dict[str, Any]]) -> float:
+    """The per-connection bandwidth cap a capped workload's rows ran under."""
+    return float(group[0].get("bandwidth", CHECKPOINT_BANDWIDTH))
+
+
+def _raw_save(raw: dict[str, dict[str, Any]], reader: str) -> float | None:
+    """The raw ceiling's save rate for ``reader``: the raw composite save for the compose writer, the raw
+    XML multipart save for the others (the multipart writers pay the rig's completion, as it does)."""
+    row = raw.get("raw_compose" if reader.endswith("compose") else "raw_multipart")
+    return row and row["bytes"] / row["seconds"]
+
+
 def per_thousand(row: dict[str, Any]) -> list[str]:
     """Client CPU seconds per 1,000 objects, client CPU seconds per GB (every object workload), emulator
     CPU seconds per 1,000 objects and requests per object (small objects only)."""
@@ -599,7 +641,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         capped = workload.startswith(("checkpoint", "compression"))
         axes.set_title(
             f"{workload}, "
-            + (f"{CHECKPOINT_BANDWIDTH / 1e6:.0f} MB/s per connection" if capped else f"{latency} ms added latency")
+            + (f"{_cap(group) / 1e6:.0f} MB/s per connection" if capped else f"{latency} ms added latency")
         )
         for y, value in enumerate(values):
             axes.text(value, y, f" {value:,.0f}", va="center")
@@ -634,7 +676,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         nargs="*",
-        help="workload names to run (small, large, listing, checkpoint, compression, https, fsspec, safetensors)",
+        help="workloads to run, by first word (small, large, listing, checkpoint, compression, https, fsspec, "
+        "safetensors) or whole name ('checkpoint 128 MiB at 10 MB/s')",
     )
     parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
     parser.add_argument("--budget", type=float, default=30.0, help="stop repeating a reader after this many seconds")
@@ -644,7 +687,9 @@ def main() -> None:
     if (args.quick or args.only) and args.out == HERE / "results":
         args.out = HERE / "results" / "partial"  # a partial run never replaces the published results
     args.out.mkdir(parents=True, exist_ok=True)
-    workloads = [w for w in build_workloads(args.quick) if not args.only or w.name.split()[0] in args.only]
+    workloads = [
+        w for w in build_workloads(args.quick) if not args.only or w.name.split()[0] in args.only or w.name in args.only
+    ]
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with Emulator(backend="filesystem", memory_limit="8GiB") as emulator:
@@ -677,6 +722,7 @@ def main() -> None:
                     index_front.index_listings(workload.bucket)
                     endpoint = listing_front.endpoint
                 if workload.capped:
+                    capped_front.bandwidth = workload.bandwidth
                     endpoint = capped_front.endpoint
                 ca_file = tls_front.ca_file if workload.tls else ""
                 if workload.tls:
@@ -703,6 +749,7 @@ def main() -> None:
                         "latency_ms": workload.latency_ms,
                         "reader": reader,
                         "label": reader_label(workload.name, reader, args.threads),
+                        **({"bandwidth": workload.bandwidth} if workload.capped else {}),
                         **result,
                     }
                     rows.append(row)

@@ -108,8 +108,9 @@ def open_reader(
     retry: RetryConfig | None = None,
 ) -> IO[bytes]:
     """The object's bytes as a seekable binary stream held in memory, decompressed if it was saved
-    compressed. They are read as concurrent ranges of ``transfer.part_size`` into one buffer (no
-    second copy of an uncompressed object) and checked against GCS's crc32c.
+    compressed. They are read as concurrent ranges into one buffer (16 in flight where the object is 4 MiB
+    or more, none over ``transfer.part_size``; no second copy of an uncompressed object) and checked
+    against GCS's crc32c.
 
     Raises:
         NotFoundError: no such object, or no such bucket.

@@ -209,7 +209,8 @@ class TransferConfig:
         max_in_flight: concurrent requests per DataPipe instance (per worker process).
         max_buffered_bytes: bytes downloaded ahead of the consumer, in flight or waiting to be
             yielded. One object larger than this is still fetched, alone.
-        part_size: an object larger than this is read as concurrent ranged GETs of this size.
+        part_size: an object larger than this is read as concurrent ranged GETs of this size; a checkpoint
+            (an object read whole into one buffer) as 16 smaller ones where each still holds 256 KiB.
         hold_until_verified: hand out no byte of an object before all of it has been checked against
             its length and crc32c. GCS reports a crc32c of the whole object only, so an object larger
             than ``max_buffered_bytes`` then comes whole, held in memory (alone, when its turn comes),

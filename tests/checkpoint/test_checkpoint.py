@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from torchdata_gcs import NotFoundError, TransferConfig, WriteConfig, checkpoint
+from torchdata_gcs._engines.compressed_read import TAIL
+from torchdata_gcs._engines.ranges import RANGES_AT_ONCE
 from torchdata_gcs._engines.upload import MIN_PART_SIZE
 from torchdata_gcs.testing import Emulator, Fault, GCSFront
 
@@ -50,6 +52,30 @@ def test_round_trip_bit_exact_in_parts_and_ranges(front: GCSFront) -> None:
     assert_equal(loaded, state)
     assert front.counts["range_get"] >= 8  # read as concurrent 1 MiB ranges
     assert front.open_uploads == []
+
+
+def test_load_reads_a_checkpoint_of_few_parts_as_many_ranges_at_once(gcs_emulator: Emulator) -> None:
+    """GCS's throughput is per connection: a checkpoint a few ``part_size`` long still goes out as
+    ``RANGES_AT_ONCE`` ranged GETs in flight together, which tile it (no byte read twice)."""
+    gcs_emulator.create_bucket(BUCKET)
+    state = {"w": torch.randn(4 * MiB // 4, generator=torch.Generator().manual_seed(0))}  # under one part
+    url = f"gs://{BUCKET}/few-parts.pt"
+    checkpoint.save(state, url, client=gcs_emulator.client_config, write=WriteConfig(strategy="compose"))
+    size = len(gcs_emulator.read(BUCKET, "few-parts.pt"))
+    with GCSFront(gcs_emulator.endpoint, bandwidth=1e6, record=True) as front:  # a range takes 0.25 s or more
+        assert_equal(checkpoint.load(url, client=front.client_config), state)
+        ranges = sorted(
+            (int(first), int(last) + 1)
+            for request in front.recorded
+            if request.method == "GET" and "generation=" in request.target
+            for value in request.header("Range")
+            for first, last in [value.removeprefix("bytes=").split("-")]
+        )
+        peak = front.peak_connections
+    probe = (size - TAIL, size)  # the last bytes, where a compressed checkpoint keeps its block table
+    ranges.remove(probe)
+    assert len(ranges) == RANGES_AT_ONCE and peak >= RANGES_AT_ONCE, (ranges, peak)
+    assert [start for start, _ in ranges] == [0] + [end for _, end in ranges[:-1]] and ranges[-1][1] == size
 
 
 def test_failed_save_publishes_nothing(front: GCSFront, gcs_emulator: Emulator) -> None:

@@ -25,6 +25,7 @@ from .._transport.loop import run
 from .._transport.retry import reread_while_damaged
 from ..errors import IntegrityError
 from .compression import Block, place, read_block_table
+from .ranges import range_size
 
 __all__ = ["TAIL", "block_table_of", "read_decompressed_into"]
 
@@ -106,7 +107,8 @@ def read_decompressed_into(
     no second pass), and every block against its zstd content checksum; damaged bytes are read again."""
     blocks, table_frame = table
     raw_size = sum(block.raw for block in blocks)
-    target_bytes = max(1, client.transfer.part_size * info.size // max(1, raw_size))  # as many ranges as raw
+    raw_range = range_size(raw_size, client.transfer.part_size)
+    target_bytes = max(1, raw_range * info.size // max(1, raw_size))  # as many ranges as the raw object
     groups = _ranges(blocks, target_bytes)
     context = client.context()
 

@@ -1,6 +1,7 @@
 """One object version read for a blocking caller: whole, as concurrent ranges straight into the caller's
 buffer, checked against the object's crc32c without another pass, and read again while damaged; or a span
-of it, as concurrent ranges into the bytes returned, checked by length (and by crc32c if it is all of it)."""
+of it, as concurrent ranges into the bytes returned, checked by length (and by crc32c if it is all of it).
+A whole object goes out as at least :data:`RANGES_AT_ONCE` GETs where its size allows (:func:`range_size`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,25 @@ from .._transport.loop import run
 from .._transport.retry import reread_while_damaged
 from .._transport.transport import FilledBytes
 
-__all__ = ["read_into", "read_into_buffer", "read_span", "read_span_async"]
+__all__ = ["MIN_RANGE", "RANGES_AT_ONCE", "range_size", "read_into", "read_into_buffer", "read_span", "read_span_async"]
+
+RANGES_AT_ONCE = 16
+"""Concurrent GETs a whole object is read as, at least, where its size allows: one connection's throughput
+(GCS's is per connection) would otherwise bound the read of an object only a few ``part_size`` long."""
+
+MIN_RANGE = 256 * 1024
+"""The smallest range worth its own GET."""
+
+
+def range_size(length: int, part_size: int) -> int:
+    """How much one GET of a whole ``length``-byte object takes: at most ``part_size``, and small enough that
+    the read goes out as :data:`RANGES_AT_ONCE` concurrent GETs, but never under :data:`MIN_RANGE`.
+
+    >>> MiB = 1024 * 1024
+    >>> range_size(128 * MiB, 32 * MiB) // MiB, range_size(2048 * MiB, 32 * MiB) // MiB, range_size(MiB, 32 * MiB)
+    (8, 32, 262144)
+    """
+    return max(MIN_RANGE, min(part_size, -(-length // RANGES_AT_ONCE)))
 
 
 def read_into_buffer(url: str, info: ObjectInfo, client: Client) -> bytearray:
@@ -22,13 +41,14 @@ def read_into_buffer(url: str, info: ObjectInfo, client: Client) -> bytearray:
 
 
 def read_into(target: memoryview, url: str, info: ObjectInfo, client: Client) -> None:
-    """One object (the version ``info`` names) read as concurrent ranges of ``part_size`` straight into
+    """One object (the version ``info`` names) read as concurrent ranges (:func:`range_size`) straight into
     ``target`` (its size), and checked against ``info``'s crc32c without another pass over the bytes;
     read again, all of it, while damaged, as retries allow."""
     context = client.context()
+    size = range_size(len(target), client.transfer.part_size)
 
     def read() -> int:
-        return run(read_ranges_into(context, url, info.generation, 0, target, client.transfer.part_size))
+        return run(read_ranges_into(context, url, info.generation, 0, target, size))
 
     def check(crc: int) -> None:
         check_crc32c(url, crc32c_base64(crc), {"GCS": info.crc32c})

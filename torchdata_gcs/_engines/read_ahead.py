@@ -17,15 +17,13 @@ from .._transport.context import RequestContext
 from .._transport.loop import submit, wait
 from .._transport.retry import reread_while_damaged
 from ..errors import IntegrityError
+from .ranges import MIN_RANGE
 from .shared_spans import Sharing, publish_after, take_or_read
 
 __all__ = ["ReadAhead", "Span"]
 
 RANGES_PER_BUDGET = 32
 """GETs a full read-ahead budget is split into (see :attr:`ReadAhead.range_size`)."""
-
-MIN_RANGE = 256 * 1024
-"""The smallest range worth its own GET."""
 
 
 @dataclass
