@@ -447,6 +447,10 @@ class Checkpointer:
     def prepare(self, state: Any) -> None:
         """Work done once before the timed saves (nothing, but for the raw ceiling)."""
 
+    def notes(self) -> dict[str, Any]:
+        """Figures of its own for the results (the raw ceiling's seconds of ``torch.save``)."""
+        return {}
+
     def save(self, state: Any, name: str) -> None:
         raise NotImplementedError
 
@@ -467,6 +471,8 @@ class Ours(Checkpointer):
         reader = self.spec.reader
         if reader == "ours_compose":
             return WriteConfig(strategy="compose")
+        if reader == "ours_16":
+            return WriteConfig(max_parts_in_flight=16)
         if reader.startswith("zstd"):  # zstd-LEVEL, zstd-LEVEL-plain
             _, level, *plain = reader.split("-")
             return WriteConfig(compression=Zstd(level=int(level), byte_grouping=not plain))
@@ -570,22 +576,18 @@ RAW_STREAMS = 16
 
 
 class RawCheckpoint(Checkpointer):
-    """The raw ceiling of a checkpoint through the same front: the state's ``torch.save`` bytes, made before
-    the clock starts, sent as :data:`RAW_STREAMS` parts at once (XML API multipart upload, or part objects
-    composed and then deleted for ``raw_compose``) and read back as as many ranged GETs at once, each read
-    by the socket straight into its place in one buffer. ``http.client`` on a kept-alive connection per
-    thread; no checksum, no retry, no decoding (the load returns the bytes)."""
+    """The raw ceiling of a checkpoint through the same front: ``torch.save`` into memory, then the bytes sent
+    as :data:`RAW_STREAMS` parts at once (XML API multipart upload, or part objects composed and then deleted
+    for ``raw_compose``); read back as as many ranged GETs at once, each read by the socket straight into its
+    place in one buffer. ``http.client`` on a kept-alive connection per thread; no checksum, no retry, no
+    decoding (the load returns the bytes). The seconds of each ``torch.save`` are kept apart, so the
+    transfer's own ceiling can be told too."""
 
     def prepare(self, state: Any) -> None:
-        import torch
-
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        self.data = buffer.getbuffer()
         self.threads = ThreadPoolExecutor(RAW_STREAMS)
-        self.step = -(-len(self.data) // RAW_STREAMS)
         self.local = threading.local()
         self.address = urlsplit(self.spec.endpoint).netloc
+        self.serialize_seconds: list[float] = []
 
     def _send(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """The answer to one request on this thread's connection, its body unread; exits on an error status."""
@@ -602,6 +604,14 @@ class RawCheckpoint(Checkpointer):
         return answer.getheaders(), answer.read()
 
     def save(self, state: Any, name: str) -> None:
+        import torch
+
+        started = time.perf_counter()
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        self.data = buffer.getbuffer()
+        self.serialize_seconds.append(time.perf_counter() - started)
+        self.step = -(-len(self.data) // RAW_STREAMS)
         pieces = [self.data[start : start + self.step] for start in range(0, len(self.data), self.step)]
         if self.spec.reader == "raw_compose":
             self._compose(name, pieces)
@@ -658,10 +668,14 @@ class RawCheckpoint(Checkpointer):
     def same(self, loaded: Any, state: Any) -> bool:
         return memoryview(loaded) == self.data
 
+    def notes(self) -> dict[str, Any]:
+        return {"serialize_seconds": statistics.median(self.serialize_seconds)}
+
 
 CHECKPOINTERS: dict[str, type[Checkpointer]] = {
     "ours": Ours,
     "ours_compose": Ours,
+    "ours_16": Ours,
     "ours_dcp": Dcp,
     "gcs_upload_from_file": UploadFromFile,
     "gcsfs": Gcsfs,
@@ -739,6 +753,7 @@ def measure_checkpoint(spec: Spec) -> dict[str, Any]:
         "bytes": moved,
         "stored_bytes": stored,
         "objects": 1,
+        **checkpointer.notes(),
     }
 
 

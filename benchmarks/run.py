@@ -103,6 +103,7 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
             else "load_files_by_gcs (defaults: 128 in flight)"
         ),
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
+        "ours_16": f"{ours}: checkpoint.save/load, write=WriteConfig(max_parts_in_flight=16)",
         "ours_dcp": (
             f"{ours}: dcp.save/dcp.load with GCSStorageWriter/GCSStorageReader "
             "(defaults; the load allocates its tensors from the metadata)"
@@ -117,8 +118,14 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
             if workload.startswith("checkpoint")
             else "list_files_by_gcs + compose_shards_by_gcs (32 per composite)"
         ),
-        "raw_multipart": "raw ceiling: http.client, 16 threads: 16 XML multipart parts at once; 16 ranges at once",
-        "raw_compose": "raw ceiling: http.client, 16 threads: 16 part objects at once + compose; 16 ranges at once",
+        "raw_multipart": (
+            "raw ceiling (http.client, 16 threads): torch.save to memory, 16 XML multipart parts at once; "
+            "16 ranges at once, no torch.load"
+        ),
+        "raw_compose": (
+            "raw ceiling (http.client, 16 threads): torch.save to memory, 16 part objects at once + compose; "
+            "16 ranges at once, no torch.load"
+        ),
         "raw_urllib3": f"urllib3 {_version('urllib3')}: one GET per object, up to 64 threads",
         "raw_urllib3_ranges": f"urllib3 {_version('urllib3')}: 32 MiB ranges into one buffer per object, 32 threads",
         "raw_aiohttp": f"aiohttp {_version('aiohttp')}: every GET at once, 128 connections",
@@ -235,7 +242,7 @@ def build_workloads(quick: bool) -> list[Workload]:
             "bench-ckpt",
             "ckpt/",
             0,
-            ["ours", "ours_compose", "raw_multipart", "raw_compose", "gcs_upload_from_file", "gcsfs"],
+            ["ours", "ours_16", "ours_compose", "raw_multipart", "raw_compose", "gcs_upload_from_file", "gcsfs"],
             3,
             capped=True,
             checkpoint_mib=128,

@@ -12,10 +12,8 @@ from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar, Literal, TypeVar
 
-import google_crc32c
-
 from .._ops.attributes import ObjectAttributes
-from .._ops.checksums import crc32c_base64
+from .._ops.checksums import crc32c_base64, crc32c_extend, crc32c_of_concatenation
 from .._ops.client import Client
 from .._ops.objects import check_published, object_resource
 from .._ops.urls import brief, parse_url
@@ -46,7 +44,7 @@ MAX_PARTS = 10_000
 PARTS_PER_SIZE = 1000
 """Parts of one size before the size doubles."""
 WRITE_SLICE = 1024 * 1024
-"""A write is taken in slices of this size (the most it copies beyond the part being filled)."""
+"""A write is copied into its part in slices of this size, each hashed there while it is in cache."""
 
 
 def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> int:
@@ -62,9 +60,9 @@ def part_size(number: int, base: int, parts_per_size: int = PARTS_PER_SIZE) -> i
 
 
 def _new_part(size: int) -> memoryview:
-    """An empty buffer for one part: an anonymous mapping of its own, which goes back to the OS as soon as the
-    part is sent and dropped. Parts of megabytes on the heap raise glibc's mmap threshold and then fragment
-    the heap, so a save's memory grew with its size (``benchmarks/README.md``, checkpoint memory)."""
+    """An empty buffer for one part: an anonymous mapping of its own, which goes back to the OS when the writer
+    drops it. Parts of megabytes on the heap raise glibc's mmap threshold and then fragment the heap, so a
+    save's memory grew with its size (``benchmarks/README.md``, checkpoint memory)."""
     return memoryview(mmap.mmap(-1, size)) if size else memoryview(bytearray())
 
 
@@ -160,12 +158,13 @@ class StreamingWriter(PublishingWriter):
         self._buffer = _new_part(0)  # the part being filled: its first ``_filled`` bytes
         self._filled = 0
         self._part_crc = 0  # their crc32c
-        self._crc = 0
+        self._sent_crcs: list[tuple[int, int]] = []  # (crc32c, length) of each part sent, in order
         self._size = 0
         self._started = False
         self._prepared = False  # every part sent: only publishing is left
         self._sent = 0  # parts handed to the I/O loop
-        self._pending: deque[Future[tuple[int, Any]]] = deque()
+        self._pending: deque[tuple[Future[tuple[int, Any]], memoryview]] = deque()  # each with its part's buffer
+        self._spare: list[memoryview] = []  # buffers of parts sent, filled again (their pages already mapped in)
         self._parts: dict[int, Any] = {}  # part number -> what assembling it needs
         self._state = "open"  # then "published" or "aborted"
         self._watched: reaper.Watch | None = None  # what the reaper undoes if the process ends mid-upload
@@ -193,38 +192,39 @@ class StreamingWriter(PublishingWriter):
             raise ValueError(f"write to a {'prepared' if self._state == 'open' else self._state} writer ({self.url})")
         view = memoryview(data).cast("B")
         try:
-            for start in range(0, len(view), WRITE_SLICE):
-                # google_crc32c reads only bytes: a slice at a time is copied, never a whole large write
-                piece = (
-                    data
-                    if isinstance(data, bytes) and len(data) <= WRITE_SLICE
-                    else bytes(view[start : start + WRITE_SLICE])
-                )
-                self._crc = google_crc32c.extend(self._crc, piece)
-                self._take(piece)
+            self._take(view)
         except BaseException:
             self.abort()
             raise
         self._size += len(view)
         return len(view)
 
-    def _take(self, piece: bytes) -> None:
-        """Copy ``piece`` into the part being filled; a full part goes out once more bytes follow it
-        (so the last part is always sent by ``close``), handed over as it is, not copied."""
-        view = memoryview(piece)
+    def _take(self, view: memoryview) -> None:
+        """Copy ``view`` into the part being filled, each slice hashed where it landed (the bytes sent, read once
+        more while in cache); a full part goes out once more bytes follow it (so the last part is always sent by
+        ``close``), handed over as it is, not copied."""
         while view:
             if self._filled == len(self._buffer):
                 if self._filled:
                     self._send_part(self._buffer, self._part_crc)
-                self._buffer = _new_part(part_size(self._sent + 1, self._base, self._parts_per_size))
+                self._buffer = self._empty_part(part_size(self._sent + 1, self._base, self._parts_per_size))
                 self._filled, self._part_crc = 0, 0
-            portion = view[: len(self._buffer) - self._filled]
-            self._buffer[self._filled : self._filled + len(portion)] = portion
+            portion = view[: min(WRITE_SLICE, len(self._buffer) - self._filled)]
+            landed = self._buffer[self._filled : self._filled + len(portion)]
+            landed[:] = portion
+            self._part_crc = crc32c_extend(self._part_crc, landed)
             self._filled += len(portion)
-            self._part_crc = google_crc32c.extend(
-                self._part_crc, piece if len(portion) == len(piece) else bytes(portion)
-            )
             view = view[len(portion) :]
+
+    def _empty_part(self, size: int) -> memoryview:
+        """A buffer for the next part: that of a part sent and done with, if one of ``size`` is spare (its pages
+        are mapped in already: filling a new mapping faults each page in, a cost as large as the copy), else a
+        new one. At most ``max_parts_in_flight + 1`` are ever held."""
+        while self._pending and self._pending[0][0].done():
+            self._collect(self._pending.popleft())
+        spare = [buffer for buffer in self._spare if len(buffer) == size]
+        self._spare = spare[1:]
+        return spare[0] if spare else _new_part(size)
 
     def close(self) -> None:
         """Publish the object (a no-op once published or aborted); on any failure abort and raise."""
@@ -248,7 +248,7 @@ class StreamingWriter(PublishingWriter):
             self.abort()
             raise
         self._state = "published"
-        self._buffer, self._filled = _new_part(0), 0
+        self._buffer, self._filled, self._spare = _new_part(0), 0, []
         super().close()
 
     def prepare(self) -> None:
@@ -273,8 +273,8 @@ class StreamingWriter(PublishingWriter):
         if self._state != "open":
             return
         self._state = "aborted"
-        self._buffer, self._filled = _new_part(0), 0
-        pending = list(self._pending)
+        self._buffer, self._filled, self._spare = _new_part(0), 0, []
+        pending = [future for future, _ in self._pending]
         self._pending.clear()
         if self._started:
             try:  # a writer collected on the I/O thread only schedules the discarding
@@ -300,15 +300,18 @@ class StreamingWriter(PublishingWriter):
         while len(self._pending) >= self._max_in_flight:
             self._collect(self._pending.popleft())
         self._sent += 1
+        self._sent_crcs.append((crc32c, len(data)))
         upload = self._upload_part(self._sent, data, crc32c)
-        self._pending.append(submit(upload))
+        self._pending.append((submit(upload), data))
 
-    def _collect(self, future: Future[tuple[int, Any]]) -> None:
+    def _collect(self, pending: tuple[Future[tuple[int, Any]], memoryview]) -> None:
+        future, buffer = pending
         try:
             number, token = wait(future)  # interrupted (Ctrl-C): the part is cancelled, no longer pending
         except GCSError as exc:
             raise UploadError(f"{self.url}: a part failed ({exc}); the upload was aborted", url=self.url) from exc
         self._parts[number] = token
+        self._spare.append(buffer)
 
     def _publish(self) -> int:
         """Assemble the parts; check the object's crc32c against the bytes written (deleting it on a
@@ -317,9 +320,15 @@ class StreamingWriter(PublishingWriter):
         if generation is None or reported is None:
             generation, reported = self._published_version(generation)
         self._run(
-            check_published(self._context, self._bucket, self._name, generation, reported, crc32c_base64(self._crc))
+            check_published(
+                self._context, self._bucket, self._name, generation, reported, crc32c_base64(self._crc32c())
+            )
         )
         return generation
+
+    def _crc32c(self) -> int:
+        """The crc32c of every byte written, from those of the parts."""
+        return crc32c_of_concatenation(self._sent_crcs)
 
     def _replaced(self) -> int:
         """The generation publishing replaces, its precondition: 0 (none) with ``only_if_new``, else
@@ -335,7 +344,7 @@ class StreamingWriter(PublishingWriter):
         )
         ours = resource is not None and (
             generation is not None
-            or (int(resource["size"]) == self._size and resource.get("crc32c") == crc32c_base64(self._crc))
+            or (int(resource["size"]) == self._size and resource.get("crc32c") == crc32c_base64(self._crc32c()))
         )
         return resource, ours
 

@@ -16,6 +16,7 @@ from ..errors import IntegrityError
 __all__ = [
     "COPIED_PIECE",
     "REQUIRED_FIELDS",
+    "SMALL_PIECE",
     "ObjectInfo",
     "check_crc32c",
     "crc32c_base64",
@@ -68,6 +69,9 @@ COPIED_PIECE = 1024 * 1024
 """Where google_crc32c's C library cannot be called directly, a buffer other than ``bytes`` is hashed
 in copies of at most this many bytes."""
 
+SMALL_PIECE = 16 * 1024
+"""A buffer up to this size is hashed in a copy: a call of the C library by address costs more."""
+
 
 @functools.cache
 def _library_extend() -> Callable[[int, int, int], int] | None:
@@ -88,8 +92,8 @@ def _library_extend() -> Callable[[int, int, int], int] | None:
 def crc32c_extend(crc: int, data: bytes | bytearray | memoryview) -> int:
     """``crc`` extended by the bytes of ``data``: ``bytes``, or any C-contiguous buffer (a ``bytearray``, a
     ``memoryview`` or slice of one, an ``mmap``), read in place. ``google_crc32c.extend`` takes ``bytes``
-    only; a writable buffer goes to its C library by address instead, with no copy; a read-only one that
-    is not ``bytes`` (or any buffer, where that library is not found) in copies of :data:`COPIED_PIECE`.
+    only; a writable buffer larger than :data:`SMALL_PIECE` goes to its C library by address instead, with
+    no copy; any other (or any buffer, where that library is not found) in copies of :data:`COPIED_PIECE`.
 
     >>> crc = crc32c_extend(0, b"hello ")
     >>> crc32c_extend(crc, memoryview(bytearray(b"world"))) == google_crc32c.value(b"hello world")
@@ -104,7 +108,7 @@ def crc32c_extend(crc: int, data: bytes | bytearray | memoryview) -> int:
     if not view:
         return crc
     extend = _library_extend()
-    if extend is not None and not view.readonly:
+    if extend is not None and not view.readonly and len(view) > SMALL_PIECE:
         return int(extend(crc, ctypes.addressof(ctypes.c_char.from_buffer(view)), len(view)))
     for start in range(0, len(view), COPIED_PIECE):
         crc = google_crc32c.extend(crc, bytes(view[start : start + COPIED_PIECE]))
