@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.paging import ITEM_FIELDS, NAME_FIELDS
 from .._ops.patterns import NameFilter, has_magic, server_glob
 from .._ops.urls import brief, format_url, parse_url
 from ..errors import InvalidURIError, MissingObjectWarning, NotFoundError
@@ -153,7 +154,15 @@ def list_inputs(
             resume_name = parse_url(start[1])[1] if start is not None and index == start[0] else None
             listed, kept, example = 0, 0, None
             for batch in list_objects(
-                client, bucket, keep.root if keep.glob else name, page_size, concurrency, stats, resume_name, narrowed
+                client,
+                bucket,
+                keep.root if keep.glob else name,
+                page_size,
+                concurrency,
+                stats,
+                resume_name,
+                narrowed,
+                item_fields=ITEM_FIELDS if keep_info else NAME_FIELDS,
             ):
                 entries: list[Entry] = [
                     (index, url, ObjectInfo.from_json(resource) if keep_info else None)
