@@ -153,6 +153,7 @@ def list_inputs(
             narrowed = server_glob(keep, name, masks)  # fewer names sent; ``keep`` still decides
             resume_name = parse_url(start[1])[1] if start is not None and index == start[0] else None
             listed, kept, example = 0, 0, None
+            select = None if keep.keeps_all else keep  # a call per name costs as much as the rest of its way
             for batch in list_objects(
                 client,
                 bucket,
@@ -167,7 +168,7 @@ def list_inputs(
                 entries: list[Entry] = [
                     (index, url, ObjectInfo.from_json(resource) if keep_info else None)
                     for url, resource in batch
-                    if keep(resource["name"])
+                    if select is None or select(resource["name"])
                 ]
                 if batch and example is None:
                     example = batch[0][0]
