@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -17,7 +18,7 @@ from torchdata_gcs import (
     ObjectInfo,
 )
 from torchdata_gcs._ops.checksums import crc32c_base64
-from torchdata_gcs.testing import Emulator
+from torchdata_gcs.testing import Emulator, GCSFront
 
 AWKWARD_NAMES = [
     "with space.txt",
@@ -63,6 +64,22 @@ def test_awkward_names_round_trip(gcs_emulator: Emulator, gcs_bucket: str, clien
     assert listed == sorted(f"gs://{gcs_bucket}/{name}" for name in AWKWARD_NAMES)
     for name in AWKWARD_NAMES:  # each listed URL also works as an exact input
         assert list(lister(f"gs://{gcs_bucket}/{name}", client)) == [f"gs://{gcs_bucket}/{name}"]
+
+
+def test_a_listing_of_urls_asks_for_names_and_sizes_alone(gcs_emulator: Emulator, gcs_bucket: str) -> None:
+    """Metadata that nothing reads is not sent: without ``with_metadata`` each item is a name and a size (which
+    tells a folder placeholder), a page about a third of one with metadata."""
+    gcs_emulator.seed(gcs_bucket, {"f/a": b"1", "f/b": b"22", "f/sub/": b"", "f/sub/c": b"333"})
+    with GCSFront(gcs_emulator.endpoint, record=True) as front:
+        urls = list(lister(f"gs://{gcs_bucket}/f/", front.client_config, page_size=2))
+        names_only = len(front.recorded)
+        described = list(lister(f"gs://{gcs_bucket}/f/", front.client_config, page_size=2, with_metadata=True))
+        fields = [parse_qs(urlsplit(request.target).query)["fields"] for request in front.recorded]
+    assert urls == [f"gs://{gcs_bucket}/f/{name}" for name in ("a", "b", "sub/c")]  # the placeholder skipped
+    assert [(url, info.size) for url, info in described] == list(zip(urls, [1, 2, 3], strict=True))
+    assert fields[:names_only] == [["items(name,size),nextPageToken"]] * names_only
+    items = "items(name,size,generation,crc32c,storageClass),nextPageToken"
+    assert fields[names_only:] == [[items]] * (len(fields) - names_only)
 
 
 def test_object_urls_and_prefixes(gcs_emulator: Emulator, gcs_bucket: str, client: ClientConfig) -> None:

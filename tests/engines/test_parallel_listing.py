@@ -233,3 +233,27 @@ def test_each_listing_of_a_pipe_keeps_its_own_request_budget(
     small = [query for query in list_requests(running, since) if query["prefix"] == ["small/"]]
     # What the first listing earned is not spent on the second: 3 pages' worth of names, 4 requests at most.
     assert len(small) <= 1.5 * sequential_pages(12, 4)
+
+
+def test_names_at_the_split_points_and_unusual_names_are_listed_once(
+    gcs_emulator: Emulator, shaped: tuple[GCSFront, dict[str, str]]
+) -> None:
+    """Ranges meet at split points (``endOffset`` of one, ``startOffset`` of the next): a name equal to one
+    belongs to the upper range alone. Over every digit string of up to 3 digits each split is such a name;
+    then names that mix other scripts, the highest code point, ``~`` (after every ASCII letter and digit)
+    and names below other names into numbered ones."""
+    running, _ = shaped
+    digits = sorted({f"{i:03d}"[:length] for i in range(1000) for length in (1, 2, 3)})
+    suffixes = ["", "~", "/x", "/x/~", " b", "é", "日本/語", "😀", "\U0010fffd"]
+    mixed = [f"{i:03d}{suffix}" for i in range(0, 600, 10) for suffix in suffixes]
+    for names in (digits, mixed):
+        bucket = f"cuts-{uuid.uuid4().hex[:8]}"
+        gcs_emulator.seed(bucket, {f"d/{name}": b"" for name in names} | {"c": b"", "e": b""}, concurrency=32)
+        since = len(running.recorded)
+        url = f"gs://{bucket}/d/"
+        lister = GCSFileListerIterDataPipe(url, client=running.client_config, page_size=10, concurrency=16)
+        assert list(lister) == [url + name for name in sorted(names)]
+        queries = list_requests(running, since)
+        starts = {query["startOffset"][0][2:] for query in queries if "pageToken" not in query} - {""}
+        assert starts and (names is mixed or starts <= set(names)), sorted(starts)
+        assert len(queries) == lister.stats.requests <= 1.5 * sequential_pages(len(names), 10)

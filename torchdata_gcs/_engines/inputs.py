@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from .._ops.checksums import ObjectInfo
 from .._ops.client import Client
+from .._ops.paging import ITEM_FIELDS, NAME_FIELDS
 from .._ops.patterns import NameFilter, has_magic, server_glob
 from .._ops.urls import brief, format_url, parse_url
 from ..errors import InvalidURIError, MissingObjectWarning, NotFoundError
@@ -152,13 +153,22 @@ def list_inputs(
             narrowed = server_glob(keep, name, masks)  # fewer names sent; ``keep`` still decides
             resume_name = parse_url(start[1])[1] if start is not None and index == start[0] else None
             listed, kept, example = 0, 0, None
+            select = None if keep.keeps_all else keep  # a call per name costs as much as the rest of its way
             for batch in list_objects(
-                client, bucket, keep.root if keep.glob else name, page_size, concurrency, stats, resume_name, narrowed
+                client,
+                bucket,
+                keep.root if keep.glob else name,
+                page_size,
+                concurrency,
+                stats,
+                resume_name,
+                narrowed,
+                item_fields=ITEM_FIELDS if keep_info else NAME_FIELDS,
             ):
                 entries: list[Entry] = [
                     (index, url, ObjectInfo.from_json(resource) if keep_info else None)
                     for url, resource in batch
-                    if keep(resource["name"])
+                    if select is None or select(resource["name"])
                 ]
                 if batch and example is None:
                     example = batch[0][0]

@@ -10,13 +10,16 @@ from typing import Any, TypeVar
 from ..errors import ListingError
 from .urls import brief
 
-__all__ = ["ITEM_FIELDS", "MAX_PAGE_SIZE", "PageTrail"]
+__all__ = ["ITEM_FIELDS", "MAX_PAGE_SIZE", "NAME_FIELDS", "PageTrail"]
 
 MAX_PAGE_SIZE = 1000
 """GCS never returns more items in one list page."""
 ITEM_FIELDS = "name,size,generation,crc32c,storageClass"
 """The object fields a listing asks for (``fields=`` trims everything else from the answers); the
 storage class tells which objects may be composed together."""
+NAME_FIELDS = "name,size"
+"""The object fields a listing of names alone asks for (the size tells a folder placeholder): a page of
+them is about a third of one with :data:`ITEM_FIELDS`, and as much quicker to read."""
 
 Token = TypeVar("Token", bound=Hashable)
 

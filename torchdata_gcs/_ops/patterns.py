@@ -72,6 +72,11 @@ class NameFilter:
             tuple(re.compile(glob_translate(mask)) for mask in masks if "/" in mask),
         )
 
+    @property
+    def keeps_all(self) -> bool:
+        """Whether every name is kept: no glob, no mask."""
+        return self.glob is None and not self.base_masks and not self.path_masks
+
     def __call__(self, name: str) -> bool:
         if self.glob is not None and not self.glob.match(name):
             return False
