@@ -40,8 +40,11 @@ MiB = 1024 * 1024
 CHECKPOINT_BANDWIDTH = 25e6
 """Bytes/s per connection, each way, for checkpoints: below the emulator's own ingest (~120 MB/s for
 one stream here), so the cap, like GCS's per-connection throughput, limits each stream."""
-HEAP_OBJECTS = 6_000_000
-"""Live Python objects a training-heap row's reader holds before it reads (about a million samples' index)."""
+HEAP_OBJECTS = 36_000_000
+"""Live Python objects a training-heap row's reader holds before it reads: a 6-million-sample index, about
+1.8 GB, 12 million of them tracked by the garbage collector (each of its full collections walks them all)."""
+BASELINE = "ours_baseline"
+"""The reader name of ``load_files_by_gcs`` from another version's tree (``--baseline``), beside ours."""
 REAL_WEIGHTS = Path("/dev/shm/torchdata-gcs-bench/real-weights.pt")
 
 
@@ -52,8 +55,8 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def reader_label(workload: str, reader: str, threads: int) -> str:
-    """The row name: what the reader is, with the versions it ran on."""
+def reader_label(workload: str, reader: str, threads: int, baseline: str = "") -> str:
+    """The row name: what the reader is, with the versions it ran on (``baseline``: the other version's name)."""
     if workload == "listing" and reader == "ours":
         return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs, concurrency {threads}"
     if workload == "listing" and reader == "ours_sequential":
@@ -102,6 +105,7 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
             if workload.startswith("checkpoint")
             else "load_files_by_gcs (defaults: 128 in flight)"
         ),
+        BASELINE: f"torchdata-gcs before this change ({baseline}): load_files_by_gcs (defaults: 128 in flight)",
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
         "ours_dcp": (
             f"{ours}: dcp.save/dcp.load with GCSStorageWriter/GCSStorageReader "
@@ -292,6 +296,8 @@ def run_reader(
         "budget_seconds": max(args.budget, 150.0) if workload.capped else args.budget,  # 3 runs of a slow peer
         "heap_objects": workload.heap_objects,
     }
+    if reader == BASELINE:  # ours, imported from the other version's tree
+        spec.update(reader="ours", source=str(args.baseline))
     started = time.perf_counter()
     timeout = workload.timeout or args.timeout
     try:
@@ -508,6 +514,8 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 "client CPU s per GB",
                 "emulator CPU s per 1k objects",
                 "requests per object",
+                "allocations per object",
+                "GC s per 1k objects (collections young/middle/full)",
                 "runs",
             ]
             lines += _table(
@@ -537,15 +545,20 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 def per_thousand(row: dict[str, Any]) -> list[str]:
     """Client CPU seconds per 1,000 objects, client CPU seconds per GB (every object workload), emulator
-    CPU seconds per 1,000 objects and requests per object (small objects only)."""
+    CPU seconds per 1,000 objects, requests per object, the allocations the garbage collector counted per
+    object, and its seconds and collections per 1,000 objects (small objects only)."""
     per_gb = fmt(row["cpu_seconds"] * 1e9 / row["bytes"], 2) if row.get("cpu_seconds") is not None else "–"
     if "small objects" not in row["workload"]:
-        return ["–", per_gb, "–", "–"]
+        return ["–", per_gb, "–", "–", "–", "–"]
+    per_1k = 1000 / row["objects"]
+    collections = "/".join(fmt(count * per_1k, 1) for count in row.get("gc_collections", ()))
     return [
-        fmt(row["cpu_seconds"] * 1000 / row["objects"], 3),
+        fmt(row["cpu_seconds"] * per_1k, 3),
         per_gb,
-        fmt(row["server_cpu_seconds"] * 1000 / row["objects"], 3),
+        fmt(row["server_cpu_seconds"] * per_1k, 3),
         fmt(row.get("requests_per_object"), 3),
+        fmt(row["gc_allocations"] / row["objects"], 1) if "gc_allocations" in row else "–",
+        f"{fmt(row['gc_seconds'] * per_1k, 3)} ({collections})" if "gc_seconds" in row else "–",
     ]
 
 
@@ -627,6 +640,14 @@ def main() -> None:
         nargs="*",
         help="workload names to run (small, large, listing, checkpoint, compression, https, fsspec, safetensors)",
     )
+    parser.add_argument("--readers", nargs="*", help="reader names to run (default: each workload's own)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help=f"a source tree of another torchdata-gcs version (git archive COMMIT | tar -x -C DIR): a {BASELINE} "
+        "row beside ours in each small-objects workload",
+    )
+    parser.add_argument("--baseline-name", default="baseline", help="what the --baseline rows call that version")
     parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
     parser.add_argument("--budget", type=float, default=30.0, help="stop repeating a reader after this many seconds")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a reader is given up")
@@ -636,6 +657,12 @@ def main() -> None:
         args.out = HERE / "results" / "partial"  # a partial run never replaces the published results
     args.out.mkdir(parents=True, exist_ok=True)
     workloads = [w for w in build_workloads(args.quick) if not args.only or w.name.split()[0] in args.only]
+    for workload in workloads:
+        if args.baseline and "small objects" in workload.name and "ours" in workload.readers:
+            workload.readers.insert(workload.readers.index("ours"), BASELINE)
+        if args.readers:
+            workload.readers = [reader for reader in workload.readers if reader in args.readers]
+    workloads = [w for w in workloads if w.readers]
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with Emulator(backend="filesystem", memory_limit="8GiB") as emulator:
@@ -693,7 +720,7 @@ def main() -> None:
                         "workload": workload.name,
                         "latency_ms": workload.latency_ms,
                         "reader": reader,
-                        "label": reader_label(workload.name, reader, args.threads),
+                        "label": reader_label(workload.name, reader, args.threads, args.baseline_name),
                         **result,
                     }
                     rows.append(row)
@@ -715,6 +742,8 @@ def main() -> None:
         "bash benchmarks/run.sh"
         + (" --quick" if args.quick else "")
         + (f" --only {' '.join(args.only)}" if args.only else "")
+        + (f" --readers {' '.join(args.readers)}" if args.readers else "")
+        + (f" --baseline {args.baseline} --baseline-name {args.baseline_name}" if args.baseline else "")
     )
     header = (
         f"Run on {date} on {machine()}; fake-gcs-server (filesystem backend in RAM) behind HAProxy "
