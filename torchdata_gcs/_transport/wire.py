@@ -319,16 +319,44 @@ class WireResponse:
 
 class _Exchange:
     """One request's context (a class, not a generator: it is made for every media read): the answer on
-    entry, the connection pooled or closed on exit."""
+    entry, read from a kept-alive connection or a new one; the connection pooled or closed on exit."""
 
-    __slots__ = ("_transport", "_request", "_connection", "_response")
+    __slots__ = ("_answer_timeout", "_connection", "_headers", "_method", "_response", "_target", "_transport", "_url")
 
-    def __init__(self, transport: WireTransport, *request: Any) -> None:
-        self._transport, self._request = transport, request
+    def __init__(
+        self,
+        transport: WireTransport,
+        method: str,
+        target: str,
+        headers: dict[str, str] | None,
+        url: str,
+        answer_timeout: float | None,
+    ) -> None:
+        self._transport, self._method, self._target, self._headers = transport, method, target, headers
+        self._url, self._answer_timeout = url, answer_timeout
 
     async def __aenter__(self) -> WireResponse:
-        self._connection, self._response = await self._transport._open(*self._request)
-        return self._response
+        transport, method, url = self._transport, self._method, self._url
+        head = transport._head(method, self._target[len(transport.endpoint) :] or "/", self._headers)
+        deadline = None if self._answer_timeout is None else asyncio.get_running_loop().time() + self._answer_timeout
+        for reused in (True, False):
+            found = transport._reusable() if reused else None
+            connection = found if found is not None else await transport._connect(deadline)
+            reused = found is not None
+            try:
+                response = await transport._answer(connection, head, method, url, deadline)
+                break
+            except ConnectionError:
+                connection.close()
+                if reused and not connection.received:  # closed by the server while idle: once more, anew
+                    continue
+                raise
+            except BaseException:
+                connection.close()
+                raise
+        answered.add(transport.endpoint)
+        self._connection, self._response = connection, response
+        return response
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._transport._release(self._connection, self._response)
@@ -378,31 +406,6 @@ class WireTransport:
         if not target.startswith(self.endpoint):
             raise ValueError(f"{target} is not on {self.endpoint}")
         return _Exchange(self, method, target, headers, url, answer_timeout)
-
-    async def _open(
-        self, method: str, target: str, headers: dict[str, str] | None, url: str, answer_timeout: float | None
-    ) -> tuple[_Connection, WireResponse]:
-        """A connection (kept-alive or new) and the answer's head read from it."""
-        head = self._head(method, target[len(self.endpoint) :] or "/", headers)
-        loop = asyncio.get_running_loop()
-        deadline = None if answer_timeout is None else loop.time() + answer_timeout
-        for reused in (True, False):
-            found = self._reusable() if reused else None
-            connection = found if found is not None else await self._connect(deadline)
-            reused = found is not None
-            try:
-                response = await self._answer(connection, head, method, url, deadline)
-                break
-            except ConnectionError:
-                connection.close()
-                if reused and not connection.received:  # closed by the server while idle: once more, anew
-                    continue
-                raise
-            except BaseException:
-                connection.close()
-                raise
-        answered.add(self.endpoint)
-        return connection, response
 
     def _release(self, connection: _Connection, response: WireResponse) -> None:
         """Pool the connection if its answer was read whole and nothing else waits on it; else close it."""
