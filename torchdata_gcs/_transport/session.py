@@ -83,11 +83,16 @@ def media_url(endpoint: str, bucket: str, name: str) -> str:
     return f"{endpoint}/download/storage/v1/b/{_encoded(bucket)}/o/{quote(name, safe='')}"
 
 
+@functools.lru_cache(maxsize=1024)
+def _text_parameter(key: str, value: str) -> str:
+    return f"{_encoded(key, plus=True)}={_encoded(value, plus=True)}"
+
+
 def _parameter(key: str, value: Any) -> str:
     if value is None:
         return _encoded(key)
     if type(value) is str:
-        return f"{_encoded(key, plus=True)}={_encoded(value, plus=True)}"
+        return _text_parameter(key, value)
     if type(value) is int:  # digits and a sign need no encoding
         return f"{_encoded(key, plus=True)}={value}"
     return urlencode({key: value})
