@@ -642,6 +642,9 @@ def main() -> None:
     )
     parser.add_argument("--readers", nargs="*", help="reader names to run (default: each workload's own)")
     parser.add_argument(
+        "--rounds", type=int, default=1, help="run each workload's readers one after the other this many times"
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         help=f"a source tree of another torchdata-gcs version (git archive COMMIT | tar -x -C DIR): a {BASELINE} "
@@ -659,7 +662,8 @@ def main() -> None:
     workloads = [w for w in build_workloads(args.quick) if not args.only or w.name.split()[0] in args.only]
     for workload in workloads:
         if args.baseline and "small objects" in workload.name and "ours" in workload.readers:
-            workload.readers.insert(workload.readers.index("ours"), BASELINE)
+            at = workload.readers.index("ours")
+            workload.readers = [*workload.readers[:at], BASELINE, *workload.readers[at:]]  # a list of its own
         if args.readers:
             workload.readers = [reader for reader in workload.readers if reader in args.readers]
     workloads = [w for w in workloads if w.readers]
@@ -701,19 +705,24 @@ def main() -> None:
                     endpoint = tls_front.endpoint
                 if workload.name == "compression":
                     prepare_real_weights()
+                measured: dict[str, list[dict[str, Any]]] = {reader: [] for reader in workload.readers}
+                for _ in range(args.rounds):  # the readers one after the other, round after round
+                    for reader in workload.readers:
+                        index_front.reset_counts()
+                        capped_front.reset_counts()
+                        server_cpu = emulator.cpu_seconds()
+                        result = run_reader(workload, reader, endpoint, manifest, args, ca_file)
+                        if "error" not in result:
+                            result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(
+                                result["all_seconds"]
+                            )
+                        if "saved_names" in result:
+                            add_rig_completion(result, workload.bucket, capped_front.multipart_completions)
+                        if workload.indexed and "error" not in result:
+                            result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
+                        measured[reader].append(result)
                 for reader in workload.readers:
-                    index_front.reset_counts()
-                    capped_front.reset_counts()
-                    server_cpu = emulator.cpu_seconds()
-                    result = run_reader(workload, reader, endpoint, manifest, args, ca_file)
-                    if "error" not in result:
-                        result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(
-                            result["all_seconds"]
-                        )
-                    if "saved_names" in result:
-                        add_rig_completion(result, workload.bucket, capped_front.multipart_completions)
-                    if workload.indexed and "error" not in result:
-                        result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
+                    result = over_rounds(measured[reader])
                     if "small objects" in workload.name and workload.latency_ms and "error" not in result:
                         result["requests_per_object"] = count_requests(workload, reader, index_front, manifest, args)
                     row = {
@@ -743,6 +752,7 @@ def main() -> None:
         + (" --quick" if args.quick else "")
         + (f" --only {' '.join(args.only)}" if args.only else "")
         + (f" --readers {' '.join(args.readers)}" if args.readers else "")
+        + (f" --rounds {args.rounds}" if args.rounds != 1 else "")
         + (f" --baseline {args.baseline} --baseline-name {args.baseline_name}" if args.baseline else "")
     )
     header = (
@@ -795,6 +805,23 @@ def add_rig_completion(result: dict[str, Any], bucket: str, completions: list[tu
     result["seconds_without_rig"] = statistics.median(
         save - rig for save, rig in zip(result["all_seconds"], per_save, strict=True)
     )
+
+
+def over_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One reader's results of every round as one: its seconds the median of all its runs, each other figure
+    the median of the rounds' (a failed round fails the reader)."""
+    failed = next((result for result in results if "error" in result), None)
+    if failed is not None or len(results) == 1:
+        return failed or results[0]
+    merged = dict(results[0])
+    for key, value in results[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            merged[key] = statistics.median(result[key] for result in results)
+        elif isinstance(value, list) and value and all(isinstance(item, (int, float)) for item in value):
+            merged[key] = [statistics.median(items) for items in zip(*(result[key] for result in results), strict=True)]
+    merged["all_seconds"] = [seconds for result in results for seconds in result["all_seconds"]]
+    merged["seconds"] = statistics.median(merged["all_seconds"])
+    return merged
 
 
 def count_requests(
