@@ -817,7 +817,7 @@ def over_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
     for key, value in results[0].items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             merged[key] = statistics.median(result[key] for result in results)
-        elif isinstance(value, list) and value and all(isinstance(item, (int, float)) for item in value):
+        elif key != "all_seconds" and isinstance(value, list) and all(isinstance(item, (int, float)) for item in value):
             merged[key] = [statistics.median(items) for items in zip(*(result[key] for result in results), strict=True)]
     merged["all_seconds"] = [seconds for result in results for seconds in result["all_seconds"]]
     merged["seconds"] = statistics.median(merged["all_seconds"])
