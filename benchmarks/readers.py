@@ -22,12 +22,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # else gcsfs calls a gRPC API first
 
 import google_crc32c
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Spec:
     real_weights: str = ""  # a saved trained state (compression workload)
     budget_seconds: float = 30.0  # no further runs once the runs so far took this long
     heap_objects: int = 0  # live Python objects held before reading, as a training process holds them
+    source: str = ""  # a source tree to import torchdata_gcs from (another version's rows), else the installed one
 
 
 def _status_kib(field: str) -> int:
@@ -955,6 +958,36 @@ def _tensors(value: Any) -> Iterator[Any]:
             yield from _tensors(item)
 
 
+class Collections:
+    """What the garbage collector did while it was watched (:meth:`watch`): collections per generation, the seconds
+    they took, and the allocations it counted: container objects (those it tracks) made and not freed before a
+    collection came, which is what sets off each young collection (one per 700 of them)."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.seconds = 0.0
+        self.allocations = 0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            self.allocations += gc.get_count()[0]  # the count that set the collection off, zeroed by it
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.counts[info["generation"]] += 1
+
+    def watch(self, work: Callable[[], T]) -> T:
+        """``work()``, its collections counted."""
+        before = gc.get_count()[0]
+        gc.callbacks.append(self._callback)
+        try:
+            return work()
+        finally:
+            gc.callbacks.remove(self._callback)
+            self.allocations += gc.get_count()[0] - before
+
+
 def _check_as_they_arrive(spec: Spec, results: Iterable[tuple[str, bytes]], started: float) -> tuple[set[str], float]:
     """Check each object's size and crc32c as the reader hands it over, keeping none of the bytes;
     return the names and the seconds from ``started`` until the first object arrived.
@@ -1005,18 +1038,25 @@ def measure(spec: Spec) -> dict[str, Any]:
         extra["cpu_seconds"] = statistics.median(cpu)
         moved, objects = 0, len(expected)
     else:
-        firsts, cpu = [], []
+        firsts, cpu, collections = [], [], []
         while len(timings) < spec.runs and sum(timings) < spec.budget_seconds:
+            collected = Collections()
             cpu_before = _cpu_seconds()
             started = time.perf_counter()
-            seen, first = _check_as_they_arrive(spec, READERS[spec.reader](spec), started)
+            seen, first = collected.watch(
+                lambda started=started: _check_as_they_arrive(spec, READERS[spec.reader](spec), started)
+            )
             timings.append(time.perf_counter() - started)
             cpu.append(_cpu_seconds() - cpu_before)
             firsts.append(first)
+            collections.append(collected)
             if seen != spec.manifest.keys():
                 raise SystemExit(f"{spec.reader} returned {len(seen)} of {len(spec.manifest)} objects")
         extra["first_seconds"] = statistics.median(firsts)
         extra["cpu_seconds"] = statistics.median(cpu)
+        extra["gc_collections"] = [statistics.median(c.counts[g] for c in collections) for g in range(3)]
+        extra["gc_seconds"] = statistics.median(c.seconds for c in collections)
+        extra["gc_allocations"] = statistics.median(c.allocations for c in collections)
         moved, objects = sum(size for size, _ in spec.manifest.values()), len(spec.manifest)
     peak_kib = _status_kib("VmHWM")
     return {
@@ -1043,15 +1083,31 @@ def _import_common() -> None:
 def training_heap(objects: int) -> list[tuple[str, int, list[int]]]:
     """About ``objects`` live Python objects, as a training process holds them: a dataset index, one
     tuple per sample of its path, its label and a list (box coordinates), each tuple and list tracked by
-    the garbage collector. One full collection follows, as one would in a process that built its index
-    and then trained."""
-    index = [(f"train/{i:08d}.jpg", i % 1000, [i, i + 1]) for i in range(objects // 6)]
+    the garbage collector. Built with the collector paused (as fast as a process that loads its index
+    whole), then one full collection, as one would come in a process that built its index and then trained."""
+    gc.disable()
+    try:
+        index = [(f"train/{i:08d}.jpg", i % 1000, [i, i + 1]) for i in range(objects // 6)]
+    finally:
+        gc.enable()
     gc.collect()
     return index
 
 
+def _use_source(tree: str) -> None:
+    """Import torchdata_gcs from ``tree`` (another version of it), and check that it did."""
+    sys.path.insert(0, tree)
+    import torchdata_gcs
+
+    where = os.path.realpath(torchdata_gcs.__file__)
+    if not where.startswith(os.path.realpath(tree) + os.sep):
+        raise SystemExit(f"torchdata_gcs came from {where}, not from {tree}")
+
+
 if __name__ == "__main__":
     spec = Spec(**json.loads(sys.stdin.read()))
+    if spec.source:
+        _use_source(spec.source)
     _import_common()
     held = training_heap(spec.heap_objects) if spec.heap_objects else []
     print(json.dumps(measure(spec)))

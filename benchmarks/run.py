@@ -40,8 +40,11 @@ MiB = 1024 * 1024
 CHECKPOINT_BANDWIDTH = 25e6
 """Bytes/s per connection, each way, for checkpoints: below the emulator's own ingest (~120 MB/s for
 one stream here), so the cap, like GCS's per-connection throughput, limits each stream."""
-HEAP_OBJECTS = 6_000_000
-"""Live Python objects a training-heap row's reader holds before it reads (about a million samples' index)."""
+HEAP_OBJECTS = 36_000_000
+"""Live Python objects a training-heap row's reader holds before it reads: a 6-million-sample index, about
+1.8 GB, 12 million of them tracked by the garbage collector (each of its full collections walks them all)."""
+BASELINE = "ours_baseline"
+"""The reader name of ``load_files_by_gcs`` from another version's tree (``--baseline``), beside ours."""
 REAL_WEIGHTS = Path("/dev/shm/torchdata-gcs-bench/real-weights.pt")
 
 
@@ -52,8 +55,8 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def reader_label(workload: str, reader: str, threads: int) -> str:
-    """The row name: what the reader is, with the versions it ran on."""
+def reader_label(workload: str, reader: str, threads: int, baseline: str = "") -> str:
+    """The row name: what the reader is, with the versions it ran on (``baseline``: the other version's name)."""
     if workload == "listing" and reader == "ours":
         return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs, concurrency {threads}"
     if workload == "listing" and reader == "ours_sequential":
@@ -102,6 +105,7 @@ def reader_label(workload: str, reader: str, threads: int) -> str:
             if workload.startswith("checkpoint")
             else "load_files_by_gcs (defaults: 128 in flight)"
         ),
+        BASELINE: f"torchdata-gcs before this change ({baseline}): load_files_by_gcs (defaults: 128 in flight)",
         "ours_pipeline": f"{ours}: list_files_by_gcs + load_files_by_gcs",
         "ours_16": f"{ours}: checkpoint.save/load, write=WriteConfig(max_parts_in_flight=16)",
         "ours_dcp": (
@@ -319,6 +323,8 @@ def run_reader(
         "budget_seconds": max(args.budget, 150.0) if workload.capped else args.budget,  # 3 runs of a slow peer
         "heap_objects": workload.heap_objects,
     }
+    if reader == BASELINE:  # ours, imported from the other version's tree
+        spec.update(reader="ours", source=str(args.baseline))
     started = time.perf_counter()
     timeout = workload.timeout or args.timeout
     try:
@@ -549,6 +555,8 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
                 "client CPU s per GB",
                 "emulator CPU s per 1k objects",
                 "requests per object",
+                "allocations per object",
+                "GC s per 1k objects (collections young/middle/full)",
                 "runs",
             ]
             lines += _table(
@@ -590,15 +598,20 @@ def _raw_save(raw: dict[str, dict[str, Any]], reader: str) -> float | None:
 
 def per_thousand(row: dict[str, Any]) -> list[str]:
     """Client CPU seconds per 1,000 objects, client CPU seconds per GB (every object workload), emulator
-    CPU seconds per 1,000 objects and requests per object (small objects only)."""
+    CPU seconds per 1,000 objects, requests per object, the allocations the garbage collector counted per
+    object, and its seconds and collections per 1,000 objects (small objects only)."""
     per_gb = fmt(row["cpu_seconds"] * 1e9 / row["bytes"], 2) if row.get("cpu_seconds") is not None else "–"
     if "small objects" not in row["workload"]:
-        return ["–", per_gb, "–", "–"]
+        return ["–", per_gb, "–", "–", "–", "–"]
+    per_1k = 1000 / row["objects"]
+    collections = "/".join(fmt(count * per_1k, 1) for count in row.get("gc_collections", ()))
     return [
-        fmt(row["cpu_seconds"] * 1000 / row["objects"], 3),
+        fmt(row["cpu_seconds"] * per_1k, 3),
         per_gb,
-        fmt(row["server_cpu_seconds"] * 1000 / row["objects"], 3),
+        fmt(row["server_cpu_seconds"] * per_1k, 3),
         fmt(row.get("requests_per_object"), 3),
+        fmt(row["gc_allocations"] / row["objects"], 1) if "gc_allocations" in row else "–",
+        f"{fmt(row['gc_seconds'] * per_1k, 3)} ({collections})" if "gc_seconds" in row else "–",
     ]
 
 
@@ -686,6 +699,17 @@ def main() -> None:
         help="workloads to run, by first word (small, large, listing, checkpoint, compression, https, fsspec, "
         "safetensors) or whole name ('checkpoint 128 MiB at 10 MB/s')",
     )
+    parser.add_argument("--readers", nargs="*", help="reader names to run (default: each workload's own)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run each workload's readers one after the other this many times"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help=f"a source tree of another torchdata-gcs version (git archive COMMIT | tar -x -C DIR): a {BASELINE} "
+        "row beside ours in each small-objects workload",
+    )
+    parser.add_argument("--baseline-name", default="baseline", help="what the --baseline rows call that version")
     parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
     parser.add_argument("--budget", type=float, default=30.0, help="stop repeating a reader after this many seconds")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a reader is given up")
@@ -697,6 +721,13 @@ def main() -> None:
     workloads = [
         w for w in build_workloads(args.quick) if not args.only or w.name.split()[0] in args.only or w.name in args.only
     ]
+    for workload in workloads:
+        if args.baseline and "small objects" in workload.name and "ours" in workload.readers:
+            at = workload.readers.index("ours")
+            workload.readers = [*workload.readers[:at], BASELINE, *workload.readers[at:]]  # a list of its own
+        if args.readers:
+            workload.readers = [reader for reader in workload.readers if reader in args.readers]
+    workloads = [w for w in workloads if w.readers]
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with Emulator(backend="filesystem", memory_limit="8GiB") as emulator:
@@ -736,26 +767,31 @@ def main() -> None:
                     endpoint = tls_front.endpoint
                 if workload.name == "compression":
                     prepare_real_weights()
+                measured: dict[str, list[dict[str, Any]]] = {reader: [] for reader in workload.readers}
+                for _ in range(args.rounds):  # the readers one after the other, round after round
+                    for reader in workload.readers:
+                        index_front.reset_counts()
+                        capped_front.reset_counts()
+                        server_cpu = emulator.cpu_seconds()
+                        result = run_reader(workload, reader, endpoint, manifest, args, ca_file)
+                        if "error" not in result:
+                            result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(
+                                result["all_seconds"]
+                            )
+                        if "saved_names" in result:
+                            add_rig_completion(result, workload.bucket, capped_front.multipart_completions)
+                        if workload.indexed and "error" not in result:
+                            result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
+                        measured[reader].append(result)
                 for reader in workload.readers:
-                    index_front.reset_counts()
-                    capped_front.reset_counts()
-                    server_cpu = emulator.cpu_seconds()
-                    result = run_reader(workload, reader, endpoint, manifest, args, ca_file)
-                    if "error" not in result:
-                        result["server_cpu_seconds"] = (emulator.cpu_seconds() - server_cpu) / len(
-                            result["all_seconds"]
-                        )
-                    if "saved_names" in result:
-                        add_rig_completion(result, workload.bucket, capped_front.multipart_completions)
-                    if workload.indexed and "error" not in result:
-                        result["list_calls"] = index_front.counts["list"] / len(result["all_seconds"])
+                    result = over_rounds(measured[reader])
                     if "small objects" in workload.name and workload.latency_ms and "error" not in result:
                         result["requests_per_object"] = count_requests(workload, reader, index_front, manifest, args)
                     row = {
                         "workload": workload.name,
                         "latency_ms": workload.latency_ms,
                         "reader": reader,
-                        "label": reader_label(workload.name, reader, args.threads),
+                        "label": reader_label(workload.name, reader, args.threads, args.baseline_name),
                         **({"bandwidth": workload.bandwidth} if workload.capped else {}),
                         **result,
                     }
@@ -778,6 +814,9 @@ def main() -> None:
         "bash benchmarks/run.sh"
         + (" --quick" if args.quick else "")
         + (f" --only {' '.join(args.only)}" if args.only else "")
+        + (f" --readers {' '.join(args.readers)}" if args.readers else "")
+        + (f" --rounds {args.rounds}" if args.rounds != 1 else "")
+        + (f" --baseline {args.baseline} --baseline-name {args.baseline_name}" if args.baseline else "")
     )
     header = (
         f"Run on {date} on {machine()}; fake-gcs-server (filesystem backend in RAM) behind HAProxy "
@@ -829,6 +868,23 @@ def add_rig_completion(result: dict[str, Any], bucket: str, completions: list[tu
     result["seconds_without_rig"] = statistics.median(
         save - rig for save, rig in zip(result["all_seconds"], per_save, strict=True)
     )
+
+
+def over_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One reader's results of every round as one: its seconds the median of all its runs, each other figure
+    the median of the rounds' (a failed round fails the reader)."""
+    failed = next((result for result in results if "error" in result), None)
+    if failed is not None or len(results) == 1:
+        return failed or results[0]
+    merged = dict(results[0])
+    for key, value in results[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            merged[key] = statistics.median(result[key] for result in results)
+        elif key != "all_seconds" and isinstance(value, list) and all(isinstance(item, (int, float)) for item in value):
+            merged[key] = [statistics.median(items) for items in zip(*(result[key] for result in results), strict=True)]
+    merged["all_seconds"] = [seconds for result in results for seconds in result["all_seconds"]]
+    merged["seconds"] = statistics.median(merged["all_seconds"])
+    return merged
 
 
 def count_requests(

@@ -48,8 +48,9 @@ def test_retries_go_before_new_requests_waiting_for_the_pace() -> None:
         order: list[str] = []
 
         async def one(name: str, retry: bool) -> None:
-            async with throttle.turn(retry):
-                order.append(name)
+            await throttle.acquire(retry=retry)
+            order.append(name)
+            throttle.leave()
 
         await asyncio.gather(one("new-1", False), one("new-2", False), one("retry", True))
         return order

@@ -228,7 +228,7 @@ class _ObjectRead:
         a 200 (something on the way ignored ``Range``) carries the whole object.
         """
         context = self.context
-        first_part = {"Range": f"bytes=0-{context.part_size - 1}"} if self.info is None else None
+        first_part = _first_part(context.part_size) if self.info is None else None
         try:
             async with media_answer(context, self.url, self.path, self.params, first_part) as answer:
                 return await self.take_first_answer(answer, ranged=first_part is not None)
@@ -281,6 +281,12 @@ class _ObjectRead:
             await self.check_whole(chunks)  # bad bytes: retried
             return chunks, received
         return chunks, total
+
+
+@functools.lru_cache(maxsize=16)
+def _first_part(part_size: int) -> dict[str, str]:
+    """The headers that ask for an object's first part (shared by every such request, never changed)."""
+    return {"Range": f"bytes=0-{part_size - 1}"}
 
 
 Outcome = tuple[str, "Loaded | NotFoundError"]

@@ -263,18 +263,31 @@ async def learn_version(
 
 
 class MediaAnswer:
-    """An answer to a GET of an object's bytes: what its headers say of the object, and its body, read on
-    demand. GCS does not promise ``x-goog-hash``, ``x-goog-generation`` or ``Content-Length``: each may be
-    missing (``None``). The hash of a ranged answer is the whole object's ("Hashes and ETags: best
-    practices")."""
+    """An answer to a GET of an object's bytes, as the async context manager of its request (one object per read):
+    what its headers say of the object, and its body, read on demand. GCS does not promise ``x-goog-hash``,
+    ``x-goog-generation`` or ``Content-Length``: each may be missing (``None``). The hash of a ranged answer is
+    the whole object's ("Hashes and ETags: best practices")."""
 
-    __slots__ = ("_response", "crc32c", "generation", "status", "url")
+    __slots__ = ("_response", "_sent", "crc32c", "generation", "status", "url")
 
-    def __init__(self, url: str, response: Response) -> None:
-        self.url, self._response, self.status = url, response, response.status
-        headers = response.headers
-        self.crc32c: str | None = reported_crc32c(headers)
-        self.generation: str | None = headers.get("x-goog-generation")
+    def __init__(self, context: RequestContext, url: str, path: str, params: dict[str, Any], headers: Any) -> None:
+        self.url, self._sent = url, context.session.read_media(url, path, params, headers)
+        self._response: Response
+        self.status = 0
+        self.crc32c: str | None = None
+        self.generation: str | None = None
+
+    async def __aenter__(self) -> MediaAnswer:
+        response = self._response = await self._sent.__aenter__()
+        self.status = response.status
+        self.crc32c = reported_crc32c(response.headers)
+        self.generation = response.headers.get("x-goog-generation")
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool | None:
+        return await self._sent.__aexit__(kind, exc, traceback)
 
     def object_size(self, first_part: int) -> int | None:
         """The object's size: named by a 206 answer to a request for its first ``first_part`` bytes, or
@@ -311,27 +324,9 @@ class MediaAnswer:
         return received, crc
 
 
-class _MediaRead:
-    """The context of one media GET: its :class:`MediaAnswer` inside (a class, not a generator: one is
-    made per object read)."""
-
-    __slots__ = ("_sent", "_url")
-
-    def __init__(self, context: RequestContext, url: str, path: str, params: dict[str, Any], headers: Any) -> None:
-        self._sent, self._url = context.session.read_media(url, path, params, headers), url
-
-    async def __aenter__(self) -> MediaAnswer:
-        return MediaAnswer(self._url, await self._sent.__aenter__())
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> bool | None:
-        return await self._sent.__aexit__(kind, exc, traceback)
-
-
 def media_answer(
     context: RequestContext, url: str, path: str, params: dict[str, Any], headers: dict[str, str] | None = None
 ) -> AbstractAsyncContextManager[MediaAnswer]:
     """GET the object's bytes at media ``path`` (its ``params`` and any ``headers``, such as ``Range``), as
     ``async with media_answer(...) as answer``; a non-2xx answer raises its typed error naming ``url``."""
-    return _MediaRead(context, url, path, params, headers)
+    return MediaAnswer(context, url, path, params, headers)

@@ -149,7 +149,7 @@ class RequestContext:
         if self.budget.try_acquire(nbytes, seq):
             return
         self.slots.release()
-        await self.session.throttle.release()
+        self.session.throttle.leave()
         with consumer_wait():
             try:
                 await self.budget.acquire(nbytes, seq)
@@ -165,21 +165,31 @@ async def with_retry(
     that is not ``repeatable`` is sent once (see :class:`~.retry.Attempts`). Its deadline (see
     :mod:`.deadline`) counts from when its first attempt got its slots, and cuts an attempt off
     whatever it is doing: sending, waiting, or reading the answer byte by byte."""
-    stats, throttle = context.stats, context.session.throttle
+    stats, throttle, slots = context.stats, context.session.throttle, context.slots
     attempts: Attempts | None = None  # made at the first failure: most requests succeed at once
     clock: RequestDeadline | None = None
     sent: float | None = None
     throttled = False
     while True:
         try:
-            async with context.slots, throttle.turn(retry=attempts is not None):
-                sent = time.monotonic()
-                if clock is None:
-                    clock = RequestDeadline(deadline_for(context.retry, sent))
-                elif throttled:  # it waited for its turn while the process made progress
-                    clock.deadline = progress_deadline(clock.deadline, throttle.progress)
-                stats.requests += 1
-                result = await clock.attempt(attempt_once(), url, attempts.attempt if attempts else 1)
+            # The request's slot and turn, taken without a coroutine where none needs a wait (most requests)
+            if not slots.take():
+                await slots.acquire()
+            try:
+                if attempts is not None or not throttle.admit():
+                    await throttle.acquire(retry=attempts is not None)
+                try:
+                    sent = time.monotonic()
+                    if clock is None:
+                        clock = RequestDeadline(deadline_for(context.retry, sent))
+                    elif throttled:  # it waited for its turn while the process made progress
+                        clock.deadline = progress_deadline(clock.deadline, throttle.progress)
+                    stats.requests += 1
+                    result = await clock.attempt(attempt_once(), url, attempts.attempt if attempts else 1)
+                finally:
+                    throttle.leave()
+            finally:
+                slots.release()
             throttle.succeeded()
             return result
         except Exception as exc:  # noqa: BLE001 - Attempts re-raises what is not retryable

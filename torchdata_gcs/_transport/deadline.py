@@ -9,6 +9,8 @@ import asyncio
 import contextvars
 import sys
 import time
+import weakref
+from collections import deque
 from collections.abc import Awaitable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
@@ -114,19 +116,34 @@ def progress_deadline(deadline: Deadline, progress: float | None) -> Deadline:
 
 
 class _Timer:
-    """Cancels the task that runs one attempt when its deadline comes (as ``asyncio.timeout`` does, with a
-    timer of its own, on Python 3.10 too), except while :func:`consumer_wait` holds it."""
+    """Cancels the task that runs one attempt when its deadline comes (as ``asyncio.timeout`` does, on Python
+    3.10 too), except while :func:`consumer_wait` holds it; armed in its loop's :class:`_Ends`, or with a loop
+    timer of its own where it would end before the last one there."""
 
-    __slots__ = ("cancelling", "expired", "handle", "paused", "task", "when")
+    __slots__ = ("cancelling", "ends", "expired", "handle", "paused", "task", "when")
 
     def __init__(self, when: float) -> None:
         self.when, self.paused, self.expired, self.cancelling = when, 0.0, False, 0
         self.task: asyncio.Task[Any] | None = None
         self.handle: asyncio.TimerHandle | None = None
+        self.ends: _Ends | None = None  # where it is armed, if there
 
     def arm(self) -> None:
         loop = asyncio.get_running_loop()  # its clock is time.monotonic()'s
-        self.handle = loop.call_at(self.when, self.expire)
+        if not _ends_of(loop).add(self, loop):
+            self.handle = loop.call_at(self.when, self.expire)
+
+    def disarm(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        if self.ends is not None:
+            self.ends.armed -= 1
+            self.ends = None
+
+    @property
+    def armed(self) -> bool:
+        return self.handle is not None or self.ends is not None
 
     def expire(self) -> None:
         self.expired = True
@@ -143,11 +160,8 @@ class _Timer:
         self.arm()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-        # Tasks started inside the attempt keep this timer in their context: without the task, it holds
-        # nothing of the attempt's (a finished task keeps its result, such as the bytes it read).
-        task, self.task, self.handle = self.task, None, None
+        self.disarm()
+        task, self.task = self.task, None
         if not self.expired:
             return
         assert task is not None
@@ -158,18 +172,71 @@ class _Timer:
             raise TimeoutError  # ours, and no one else's cancellation: the deadline came
 
 
-_ATTEMPT: contextvars.ContextVar[_Timer | None] = contextvars.ContextVar("attempt_timer", default=None)
+class _Ends:
+    """One loop's armed attempt timers in the order they end, under one loop timer (the first's): the attempts
+    of one retry policy end in the order they began, so arming a timer is an append here and disarming it a
+    count, where a loop timer each is a handle pushed into the loop's heap and later sifted out of it."""
+
+    __slots__ = ("armed", "handle", "queue")
+
+    def __init__(self) -> None:
+        self.queue: deque[_Timer] = deque()
+        self.armed = 0  # timers in the queue still armed (the others are dropped as they come first)
+        self.handle: asyncio.TimerHandle | None = None
+
+    def add(self, timer: _Timer, loop: asyncio.AbstractEventLoop) -> bool:
+        """Arm ``timer`` here, unless it would end before the last one armed here."""
+        queue = self.queue
+        if queue and timer.when < queue[-1].when:
+            return False
+        queue.append(timer)
+        timer.ends = self
+        self.armed += 1
+        if len(queue) > 2 * self.armed + 64:  # disarmed ones wait behind one that lasts: let them go
+            self.queue = queue = deque(kept for kept in queue if kept.ends is self)
+        if self.handle is None:
+            self.handle = loop.call_at(queue[0].when, self.fire, loop)
+        return True
+
+    def fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Expire the timers whose time has come, drop the disarmed ones before them, wait for the next."""
+        self.handle = None
+        queue, now = self.queue, loop.time()
+        while queue and (queue[0].ends is not self or queue[0].when <= now):
+            timer = queue.popleft()
+            if timer.ends is self:
+                timer.ends = None
+                self.armed -= 1
+                timer.expire()
+        if queue:
+            self.handle = loop.call_at(queue[0].when, self.fire, loop)
+
+
+_ENDS: dict[int, _Ends] = {}  # by id(loop): see _ends_of
+
+
+def _ends_of(loop: asyncio.AbstractEventLoop) -> _Ends:
+    """``loop``'s :class:`_Ends`, made at its first attempt and dropped with the loop."""
+    ends = _ENDS.get(id(loop))
+    if ends is None:
+        ends = _ENDS[id(loop)] = _Ends()
+        weakref.finalize(loop, _ENDS.pop, id(loop), None)
+    return ends
+
+
+_ATTEMPTS: dict[asyncio.Task[Any], _Timer] = {}
+"""The timer of each task's attempt in progress (of the inner one, while an attempt makes a request of its own)."""
 
 
 @contextmanager
 def consumer_wait() -> Iterator[None]:
     """Stop the clock of the attempt in progress while it waits for the consumer (room in the byte
     budget): a consumer busy for longer than the deadline is no server failing to answer."""
-    timer = _ATTEMPT.get()
-    if timer is None or timer.expired or timer.handle is None:
+    timer = _ATTEMPTS.get(asyncio.current_task())  # type: ignore[arg-type]  # None (no task) finds none
+    if timer is None or timer.expired or not timer.armed:
         yield
         return
-    timer.handle.cancel()
+    timer.disarm()
     paused = time.monotonic()
     try:
         yield
@@ -196,7 +263,10 @@ class RequestDeadline:
             work.close()
             raise deadline.exceeded(url, attempts)
         timer = _Timer(deadline.ends)
-        token = _ATTEMPT.set(timer)
+        task = asyncio.current_task()
+        assert task is not None
+        outer = _ATTEMPTS.get(task)
+        _ATTEMPTS[task] = timer
         try:
             with timer:
                 return await work
@@ -205,6 +275,9 @@ class RequestDeadline:
                 raise  # the work's own timeout (a read timeout), retried as such
             raise deadline.exceeded(url, attempts) from None
         finally:
-            _ATTEMPT.reset(token)
+            if outer is None:
+                del _ATTEMPTS[task]
+            else:
+                _ATTEMPTS[task] = outer
             if timer.paused:
                 self.deadline = deadline._replace(ends=deadline.ends + timer.paused)

@@ -282,12 +282,13 @@ class Slot(Generic[T]):
     in one small object without a lock, condition or callback list of its own (thousands of results
     alive at once stay cheap for the garbage collector)."""
 
-    __slots__ = ("_loop", "_settled", "_task", "_done", "_cancelled", "_result", "_error")
+    __slots__ = ("_loop", "_settled", "_task", "_done", "_cancelled", "_awaited", "_result", "_error")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, settled: threading.Condition) -> None:
         self._loop, self._settled = loop, settled
         self._task: asyncio.Task[T] | None = None
         self._done = self._cancelled = False
+        self._awaited = False  # whether a thread waits for this slot (its result wakes it; no other does)
         self._result: T | None = None
         self._error: BaseException | None = None
 
@@ -309,6 +310,7 @@ class Slot(Generic[T]):
         """The coroutine's result, or its exception raised; waits at most ``timeout`` seconds if given."""
         if not self._done:
             with self._settled:
+                self._awaited = True
                 if not self._settled.wait_for(self.done, timeout):
                     raise concurrent.futures.TimeoutError
         if self._error is not None:
@@ -345,7 +347,8 @@ class Slot(Generic[T]):
                 self._result = task.result()
             self._done = True
             self._task = None
-            self._settled.notify_all()
+            if self._awaited:  # the waiting thread wakes for its own slot only, not for every other one's
+                self._settled.notify_all()
 
 
 def _start(

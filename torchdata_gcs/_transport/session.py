@@ -11,6 +11,7 @@ every other answer is asked for uncompressed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import logging
 import os
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, quote_plus, urlencode
 
 import google.auth.credentials
 import google.auth.exceptions
@@ -69,16 +70,42 @@ the library and its version (Google counts requests by client library from it)."
 _GZIP = {"Accept-Encoding": "gzip"}  # a media read's headers (never changed): no dict made per read
 
 
+@functools.lru_cache(maxsize=1024)
+def _encoded(text: str, plus: bool = False) -> str:
+    """``text`` percent-encoded whole (with ``plus``, as a query's key or value: a space as ``+``); remembered,
+    since every request names the same few buckets and parameters."""
+    return quote_plus(text, safe="") if plus else quote(text, safe="")
+
+
 def media_url(endpoint: str, bucket: str, name: str) -> str:
     """JSON API URL of an object's bytes on ``endpoint`` (add ``?alt=media``); bucket and name percent-encoded
     whole, ``/`` included, as GCS's JSON API asks."""
-    return f"{endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
+    return f"{endpoint}/download/storage/v1/b/{_encoded(bucket)}/o/{quote(name, safe='')}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _text_parameter(key: str, value: str) -> str:
+    return f"{_encoded(key, plus=True)}={_encoded(value, plus=True)}"
+
+
+def _parameter(key: str, value: Any) -> str:
+    if value is None:
+        return _encoded(key)
+    if type(value) is str:
+        return _text_parameter(key, value)
+    if type(value) is int:  # digits and a sign need no encoding
+        return f"{_encoded(key, plus=True)}={value}"
+    return urlencode({key: value})
 
 
 def query_string(params: dict[str, Any]) -> str:
-    """``params`` as a query string; a key whose value is ``None`` goes bare, as the XML API documents
-    ``?uploads`` (not ``?uploads=``)."""
-    return "&".join(quote(key, safe="") if value is None else urlencode({key: value}) for key, value in params.items())
+    """``params`` as a query string, each as ``urlencode`` writes it; a key whose value is ``None`` goes bare, as
+    the XML API documents ``?uploads`` (not ``?uploads=``).
+
+    >>> query_string({"alt": "media", "generation": 7, "prefix": "a b/", "uploads": None})
+    'alt=media&generation=7&prefix=a+b%2F&uploads'
+    """
+    return "&".join([_parameter(key, value) for key, value in params.items()])
 
 
 @dataclass(frozen=True)

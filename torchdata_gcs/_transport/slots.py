@@ -33,9 +33,16 @@ class Slots:
         self._free = count
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def acquire(self) -> None:
+    def take(self) -> bool:
+        """Take a slot if one is free and nobody waits for one: :meth:`acquire` without a coroutine, for the
+        many requests that never wait."""
         if self._free and not self._waiters:
             self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        if self.take():
             return
         granted = asyncio.get_running_loop().create_future()
         self._waiters.append(granted)

@@ -94,9 +94,15 @@ class Throttle:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.release()
 
-    def turn(self, retry: bool) -> _Turn:
-        """``async with throttle.turn(retry)``: as ``async with throttle``, a retry going first."""
-        return _Turn(self, retry)
+    def admit(self) -> bool:
+        """Let a new request in at once if it need not wait (no pace set since no 429 came, room in flight): as
+        :meth:`acquire` without a coroutine, for the many requests that never wait; ``False`` leaves it to that."""
+        if self.pace is not None or self.in_flight >= self.limit:
+            return False
+        if self.progress is None:
+            self.progress = time.monotonic()
+        self.in_flight += 1
+        return True
 
     async def acquire(self, paced: bool = True, retry: bool = False) -> None:
         """Wait for the request's turn at the pace (unless not ``paced``: a request resuming; a ``retry`` goes
@@ -139,10 +145,20 @@ class Throttle:
             self._pacer = None
 
     async def release(self) -> None:
+        self.leave()
+
+    def leave(self) -> None:
+        """A request is done: one fewer in flight, and a request waiting for room is let look (in a task of its
+        own: only when one waits)."""
         self.in_flight -= 1
         if self._waiting:
-            async with self._free:
-                self._free.notify()
+            # No reference kept: the task is in the loop's queue, or waits on the condition's lock, which this
+            # throttle holds; it can only be collected along with the throttle and the requests waiting on it.
+            asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._free:
+            self._free.notify()
 
     def throttled(self, sent: float | None = None) -> None:
         """A request sent at ``sent`` (``time.monotonic()``) got 429: halve the limit, set the pace to a share of
@@ -171,16 +187,3 @@ class Throttle:
         if self.pace is not None:
             quiet = now - self._last_cut >= QUIET
             self.pace += max(GROWTH / self.pace, SPURT if quiet else 0.0)
-
-
-class _Turn:
-    __slots__ = ("retry", "throttle")
-
-    def __init__(self, throttle: Throttle, retry: bool) -> None:
-        self.throttle, self.retry = throttle, retry
-
-    async def __aenter__(self) -> None:
-        await self.throttle.acquire(retry=self.retry)
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.throttle.release()

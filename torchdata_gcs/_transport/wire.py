@@ -60,6 +60,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.keep_alive = True  # whether the last answer lets the connection serve another request
         self.paused = False
         self.waiter: asyncio.Future[bool] | None = None
+        self.expires = 0.0  # the loop's time at which the wait in progress ends
+        self.timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -111,26 +113,70 @@ class _Connection(asyncio.BufferedProtocol):
             self.transport.resume_reading()  # type: ignore[union-attr]  # set once connected
 
     async def wait(self, timeout: float) -> bool:
-        """Wait for bytes or the end of the connection; ``False`` if none came within ``timeout``."""
+        """Wait for bytes or the end of the connection; ``False`` if none came within ``timeout``.
+
+        The connection keeps one timer for all its waits, not one per wait (two or three per small read, each
+        a handle in the loop's heap): it is set anew only for a wait that must end before it fires, and one that
+        fires before the wait in progress ends is set again for the rest."""
         loop = asyncio.get_running_loop()
+        self.expires = loop.time() + max(timeout, 0)
+        if self.timer is None or self.timer.when() > self.expires:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = loop.call_at(self.expires, self._expire)
         waiter = self.waiter = loop.create_future()
-        timer = loop.call_later(max(timeout, 0), self._expire)
         try:
             return await waiter
         finally:
             self.waiter = None
-            timer.cancel()
 
     def _expire(self) -> None:
-        """End a wait whose time is up: with the bytes that landed meanwhile, if any (see WAKE_AFTER)."""
-        if self.waiter is not None and not self.waiter.done():
+        self.timer = None
+        if self.waiter is None or self.waiter.done():
+            return
+        loop = self.waiter.get_loop()
+        if loop.time() < self.expires:  # set for an earlier wait: this one ends later
+            self.timer = loop.call_at(self.expires, self._expire)
+        else:  # time is up: the wait ends with the bytes that landed meanwhile, if any (see WAKE_AFTER)
             self.waiter.set_result(self.landed > 0)
 
     def close(self) -> None:
         self.target = None
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None:
             self.transport.close()
+
+
+async def _bytes_or_timeout(connection: _Connection, url: str, read_timeout: float, deadline: float | None) -> None:
+    """Wait for answer bytes on ``connection`` for the read timeout, or until ``deadline``; if none came, close it
+    and raise ``TimeoutError``."""
+    timeout = read_timeout if deadline is None else deadline - asyncio.get_running_loop().time()
+    if not await connection.wait(timeout):
+        connection.close()
+        raise TimeoutError(f"{url}: no answer bytes for {timeout:.3g} s")
+
+
+def _header_fields(text: str, url: str) -> CIMultiDict[str]:
+    """An answer's header lines (``text``, the head after its status line) as a case-insensitive multi-dict of
+    names and values, each stripped; a folded line (obs-fold) continues the one before it."""
+    lines = text.split("\r\n") if text else []
+    if "\r\n " in text or "\r\n\t" in text:
+        unfolded: list[str] = []
+        for line in lines:
+            if line[:1] in (" ", "\t") and unfolded:
+                unfolded[-1] = f"{unfolded[-1].rstrip()} {line.strip()}"
+            else:
+                unfolded.append(line)
+        lines = unfolded
+    parts = [line.partition(":") for line in lines]
+    fields = [(name.strip(), value.strip()) for name, colon, value in parts if colon]
+    if len(fields) != len(parts):
+        line = next(line for line, (_, colon, _) in zip(lines, parts, strict=True) if not colon)
+        raise TransientError(f"{url}: a malformed header line {line[:80]!r}", url=url)
+    return CIMultiDict(fields)
 
 
 class WireResponse:
@@ -210,10 +256,7 @@ class WireResponse:
         raise ConnectionError(f"{self._url}: the connection closed before the end of the answer's body")
 
     async def _wait(self) -> None:
-        timeout = self._read_timeout if self._deadline is None else self._deadline - asyncio.get_running_loop().time()
-        if not await self._connection.wait(timeout):
-            self._connection.close()
-            raise TimeoutError(f"{self._url}: no answer bytes for {timeout:.3g} s")
+        await _bytes_or_timeout(self._connection, self._url, self._read_timeout, self._deadline)
 
     async def _line(self) -> bytes:
         """The next line of the connection's buffer (a chunk's size, a trailer), without its end."""
@@ -284,16 +327,44 @@ class WireResponse:
 
 class _Exchange:
     """One request's context (a class, not a generator: it is made for every media read): the answer on
-    entry, the connection pooled or closed on exit."""
+    entry, read from a kept-alive connection or a new one; the connection pooled or closed on exit."""
 
-    __slots__ = ("_transport", "_request", "_connection", "_response")
+    __slots__ = ("_answer_timeout", "_connection", "_headers", "_method", "_response", "_target", "_transport", "_url")
 
-    def __init__(self, transport: WireTransport, *request: Any) -> None:
-        self._transport, self._request = transport, request
+    def __init__(
+        self,
+        transport: WireTransport,
+        method: str,
+        target: str,
+        headers: dict[str, str] | None,
+        url: str,
+        answer_timeout: float | None,
+    ) -> None:
+        self._transport, self._method, self._target, self._headers = transport, method, target, headers
+        self._url, self._answer_timeout = url, answer_timeout
 
     async def __aenter__(self) -> WireResponse:
-        self._connection, self._response = await self._transport._open(*self._request)
-        return self._response
+        transport, method, url = self._transport, self._method, self._url
+        head = transport._head(method, self._target[len(transport.endpoint) :] or "/", self._headers)
+        deadline = None if self._answer_timeout is None else asyncio.get_running_loop().time() + self._answer_timeout
+        for reused in (True, False):
+            found = transport._reusable() if reused else None
+            connection = found if found is not None else await transport._connect(deadline)
+            reused = found is not None
+            try:
+                response = await transport._answer(connection, head, method, url, deadline)
+                break
+            except ConnectionError:
+                connection.close()
+                if reused and not connection.received:  # closed by the server while idle: once more, anew
+                    continue
+                raise
+            except BaseException:
+                connection.close()
+                raise
+        answered.add(transport.endpoint)
+        self._connection, self._response = connection, response
+        return response
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._transport._release(self._connection, self._response)
@@ -324,6 +395,7 @@ class WireTransport:
         self._host_header = parts.netloc.rpartition("@")[2]
         self._trusted, self._trust_hint = trust
         self._idle: list[_Connection] = []
+        self._head_ends: dict[tuple[str, ...], str] = {}  # see _other_headers
         self._closed = False
 
     def request(
@@ -343,31 +415,6 @@ class WireTransport:
             raise ValueError(f"{target} is not on {self.endpoint}")
         return _Exchange(self, method, target, headers, url, answer_timeout)
 
-    async def _open(
-        self, method: str, target: str, headers: dict[str, str] | None, url: str, answer_timeout: float | None
-    ) -> tuple[_Connection, WireResponse]:
-        """A connection (kept-alive or new) and the answer's head read from it."""
-        head = self._head(method, target[len(self.endpoint) :] or "/", headers)
-        loop = asyncio.get_running_loop()
-        deadline = None if answer_timeout is None else loop.time() + answer_timeout
-        for reused in (True, False):
-            found = self._reusable() if reused else None
-            connection = found if found is not None else await self._connect(deadline)
-            reused = found is not None
-            try:
-                response = await self._answer(connection, head, method, url, deadline)
-                break
-            except ConnectionError:
-                connection.close()
-                if reused and not connection.received:  # closed by the server while idle: once more, anew
-                    continue
-                raise
-            except BaseException:
-                connection.close()
-                raise
-        answered.add(self.endpoint)
-        return connection, response
-
     def _release(self, connection: _Connection, response: WireResponse) -> None:
         """Pool the connection if its answer was read whole and nothing else waits on it; else close it."""
         reusable = response.done and connection.keep_alive and connection.start == connection.end
@@ -377,16 +424,27 @@ class WireTransport:
             connection.close()
 
     def _head(self, method: str, path: str, headers: dict[str, str] | None) -> bytes:
-        merged = self._headers if not headers else {**self._headers, **{k.lower(): (k, v) for k, v in headers.items()}}
-        lines = [
-            f"{method} {path} HTTP/1.1",
-            f"Host: {self._host_header}",
-            *(f"{k}: {v}" for k, v in merged.values()),
-        ]
-        text = "\r\n".join(lines) + "\r\n\r\n"
-        if text.count("\n") != len(lines) + 1 or text.count("\r") != len(lines) + 1:
-            raise ValueError(f"a line break in a request header or the path: {lines!r}")
-        return text.encode("latin-1")
+        """The request's head: its line, its own headers, then Host and each default it does not set itself."""
+        own = "".join([f"{name}: {value}\r\n" for name, value in headers.items()]) if headers else ""
+        varying = f"{method} {path} HTTP/1.1\r\n{own}"
+        lines = 1 + (len(headers) if headers else 0)
+        if varying.count("\n") != lines or varying.count("\r") != lines:
+            raise ValueError(f"a line break in a request header or the path: {varying!r}")
+        return (varying + self._other_headers(headers)).encode("latin-1")
+
+    def _other_headers(self, headers: dict[str, str] | None) -> str:
+        """Host and the defaults that ``headers`` do not set, as head lines ending with the empty one; made once
+        per set of header names (a request sends one of a few)."""
+        names = tuple(headers) if headers else ()
+        lines = self._head_ends.get(names)
+        if lines is None:
+            own = {name.lower() for name in names}
+            defaults = [(name, value) for key, (name, value) in self._headers.items() if key not in own]
+            lines = "".join(f"{name}: {value}\r\n" for name, value in [("Host", self._host_header), *defaults])
+            if lines.count("\n") != len(defaults) + 1 or lines.count("\r") != len(defaults) + 1:
+                raise ValueError(f"a line break in a default header: {lines!r}")
+            lines = self._head_ends[names] = lines + "\r\n"
+        return lines
 
     def _reusable(self) -> _Connection | None:
         while self._idle:
@@ -448,16 +506,6 @@ class WireTransport:
         """Send ``head`` on ``connection`` and read the answer's status and headers."""
         connection.received = False
         connection.transport.write(head)  # type: ignore[union-attr]  # a connection handed out is connected
-        response = WireResponse(
-            connection,
-            0,
-            CIMultiDict(),
-            0,
-            False,
-            url,
-            self.config.read_timeout,
-            deadline,
-        )
         status = 100
         while 100 <= status < 200 and status != 101:  # interim answers (100 Continue, 103) come before the answer
             while (end := connection.buffer.find(b"\r\n\r\n", connection.start, connection.end)) < 0:
@@ -468,25 +516,16 @@ class WireTransport:
                     )
                 if connection.closed:
                     raise ConnectionError(f"{url}: the connection closed before an answer")
-                await response._wait()
-            lines = bytes(connection.view[connection.start : end]).decode("latin-1").split("\r\n")
+                await _bytes_or_timeout(connection, url, self.config.read_timeout, deadline)
+            status_line, _, fields = connection.buffer[connection.start : end].decode("latin-1").partition("\r\n")
             connection.start = end + 4
             connection.resume()
-            version, _, rest = lines[0].partition(" ")
+            version, _, rest = status_line.partition(" ")
             code = rest[:3]  # three digits, then a space or the end of the line
             if not (len(code) == 3 and code.isascii() and code.isdigit() and rest[3:4] in ("", " ")):
-                raise TransientError(f"{url}: a malformed status line {lines[0][:80]!r}", url=url) from None
+                raise TransientError(f"{url}: a malformed status line {status_line[:80]!r}", url=url) from None
             status = int(code)
-        fields: list[tuple[str, str]] = []
-        for line in lines[1:]:
-            if line[:1] in (" ", "\t") and fields:  # a folded line (obs-fold) continues the one before it
-                fields[-1] = (fields[-1][0], f"{fields[-1][1]} {line.strip()}")
-                continue
-            name, colon, value = line.partition(":")
-            if not colon:
-                raise TransientError(f"{url}: a malformed header line {line[:80]!r}", url=url)
-            fields.append((name.strip(), value.strip()))
-        headers: CIMultiDict[str] = CIMultiDict(fields)
+        headers = _header_fields(fields, url)
         connection.keep_alive = (  # HTTP/1.0 answers and 101 (another protocol follows) end the connection
             version == "HTTP/1.1" and status != 101 and "close" not in headers.get("Connection", "").lower()
         )
@@ -498,27 +537,15 @@ class WireTransport:
             left, chunked = 0, False
         elif chunked:
             left = 0
-        elif "Content-Length" in headers:
+        elif (framed := headers.getall("Content-Length", None)) is not None:
             # several values (lines or a list) frame the body only if they agree; a digit only as HTTP knows one
-            lengths = {length.strip() for line in headers.getall("Content-Length") for length in line.split(",")}
+            lengths = {length.strip() for line in framed for length in line.split(",")}
             if len(lengths) != 1 or not all(length.isascii() and length.isdigit() for length in lengths):
-                raise TransientError(
-                    f"{url}: a malformed Content-Length {', '.join(headers.getall('Content-Length'))[:40]!r}",
-                    url=url,
-                )
+                raise TransientError(f"{url}: a malformed Content-Length {', '.join(framed)[:40]!r}", url=url)
             left = int(lengths.pop())
         else:
             left = _UNTIL_CLOSE
-        return WireResponse(
-            connection,
-            status,
-            headers,
-            left,
-            chunked,
-            url,
-            self.config.read_timeout,
-            deadline,
-        )
+        return WireResponse(connection, status, headers, left, chunked, url, self.config.read_timeout, deadline)
 
     async def close(self) -> None:
         self._closed = True
