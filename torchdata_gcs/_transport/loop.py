@@ -44,6 +44,7 @@ END_SECONDS = 5.0
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
+_ending = threading.Event()  # set when the exit's wind-down starts cancelling what is left on the loop
 
 
 class _Closable(Protocol):
@@ -106,6 +107,7 @@ def _end_at_exit() -> None:
         loop, thread, _loop, _thread = _loop, _thread, None, None
     if loop is None or thread is None or not thread.is_alive():
         return
+    _ending.set()
     try:
         asyncio.run_coroutine_threadsafe(_wind_down(), loop).result(END_SECONDS)
     except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, RuntimeError):
@@ -152,6 +154,10 @@ def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> 
     the coroutine before it propagates: nothing keeps running, or holding connections, unwatched."""
     try:
         return future.result(timeout)
+    except concurrent.futures.CancelledError:
+        if _ending.is_set():  # only daemon threads run now: this one waits to be frozen, not to print a traceback
+            threading.Event().wait()
+        raise
     except BaseException as exc:
         # Not done when cancelled: the wait timed out, not the coroutine (on Python 3.10, with the futures' own class).
         if future.cancel() and isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError)):
