@@ -239,19 +239,24 @@ RANGE_SIZE = 32 * 1024 * 1024
 """The ranged urllib3 reader's ranges: our ``part_size``, so both send the same requests."""
 
 
-def _ranges_into(pool: Any, url: str, view: memoryview, step: int, threads: ThreadPoolExecutor) -> list[Any]:
+def read_range(answer: Any, view: memoryview, start: int, end: int, url: str) -> None:
+    """Read ``answer``'s body (bytes ``start`` to ``end`` of the object at ``url``) into its place in ``view``."""
+    position = start
+    while position < end:
+        got = answer.readinto(view[position:end])
+        if not got:
+            raise SystemExit(f"range {start}-{end} of {url} stopped at {position}")
+        position += got
+
+
+def ranges_into(pool: Any, url: str, view: memoryview, step: int, threads: ThreadPoolExecutor) -> list[Any]:
     """Start one urllib3 GET per ``step`` bytes of ``view``'s object at ``url``, each range read into its
     place in ``view``; the futures of the ranges."""
 
     def fetch(start: int) -> None:
         end = min(start + step, len(view))
         answer = pool.request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}, preload_content=False)
-        position = start
-        while position < end:
-            got = answer.readinto(view[position:end])
-            if not got:
-                raise SystemExit(f"range {start}-{end} of {url} stopped at {position}")
-            position += got
+        read_range(answer, view, start, end, url)
         answer.release_conn()
 
     return [threads.submit(fetch, start) for start in range(0, len(view), step)]
@@ -271,7 +276,7 @@ def read_raw_urllib3_ranges(spec: Spec) -> Iterator[tuple[str, bytes]]:
             holder = io.BytesIO(bytes(spec.manifest[name][0]))
             url = base + quote(name, safe="") + "?alt=media"
             view = holder.getbuffer()
-            started.append((name, holder, view, _ranges_into(pool, url, view, RANGE_SIZE, threads)))
+            started.append((name, holder, view, ranges_into(pool, url, view, RANGE_SIZE, threads)))
         for name, holder, view, ranges in started:
             for done in ranges:
                 done.result()
@@ -658,12 +663,7 @@ class RawCheckpoint(Checkpointer):
         def fetch(start: int) -> None:
             end = min(start + self.step, len(buffer))
             answer = self._send("GET", path, headers={"Range": f"bytes={start}-{end - 1}"})
-            position = start
-            while position < end:
-                got = answer.readinto(view[position:end])
-                if not got:
-                    raise SystemExit(f"range {start}-{end} stopped at {position}")
-                position += got
+            read_range(answer, view, start, end, path)
 
         list(self.threads.map(fetch, range(0, len(buffer), self.step)))
         return buffer
@@ -842,7 +842,7 @@ def _fetch_ranges(spec: Spec) -> Any:
     pool = urllib3.PoolManager(maxsize=spec.threads, retries=False)
     buffer = bytearray(size)
     with ThreadPoolExecutor(spec.threads) as threads:
-        for done in _ranges_into(pool, url, memoryview(buffer), 64 * 1024 * 1024, threads):
+        for done in ranges_into(pool, url, memoryview(buffer), 64 * 1024 * 1024, threads):
             done.result()
     return buffer
 

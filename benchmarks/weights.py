@@ -103,29 +103,18 @@ def _runai(spec: dict[str, Any]) -> Any:
 
 
 def _fetch_ranges(spec: dict[str, Any]) -> bytearray:
-    """The raw ceiling, as ``readers._fetch_ranges``: 16 urllib3 threads, one range each, into one buffer."""
+    """The raw ceiling, as ``readers.ranges_into`` reads: 16 urllib3 threads, one range each, into one buffer."""
     import urllib3
+
+    from benchmarks.readers import ranges_into
 
     size = spec["file_bytes"]
     url = f"{spec['endpoint']}/download/storage/v1/b/{BUCKET}/o/{quote(ONE, safe='')}?alt=media"
     pool = urllib3.PoolManager(maxsize=CEILING_THREADS, retries=False)
     buffer = bytearray(size)
-    view = memoryview(buffer)
-    step = -(-size // CEILING_THREADS)
-
-    def fetch(start: int) -> None:
-        end = min(start + step, size)
-        answer = pool.request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}, preload_content=False)
-        position = start
-        while position < end:
-            got = answer.readinto(view[position:end])
-            if not got:
-                raise RuntimeError(f"range {start}-{end} stopped at {position}")
-            position += got
-        answer.release_conn()
-
     with ThreadPoolExecutor(CEILING_THREADS) as threads:
-        list(threads.map(fetch, range(0, size, step)))
+        for done in ranges_into(pool, url, memoryview(buffer), -(-size // CEILING_THREADS), threads):
+            done.result()
     return buffer
 
 
