@@ -119,13 +119,13 @@ def test_throttle_halves_on_429_and_grows_back() -> None:
         throttle.throttled()  # the same burst: no second cut within a second
         assert throttle.limit == 4
         for _ in range(8):
-            await throttle.release()
+            throttle.leave()
         for _ in range(4):
             await throttle.acquire()
         blocked = asyncio.ensure_future(throttle.acquire())
         await asyncio.sleep(0.01)
         assert not blocked.done()  # a fifth request waits
-        await throttle.release()
+        throttle.leave()
         await asyncio.wait_for(blocked, 1)
         for _ in range(40):
             throttle.succeeded()

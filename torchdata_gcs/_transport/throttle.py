@@ -88,12 +88,6 @@ class Throttle:
         self._succeeded = _Rate()
         self._free = asyncio.Condition()
 
-    async def __aenter__(self) -> None:
-        await self.acquire()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.release()
-
     def admit(self) -> bool:
         """Let a new request in at once if it need not wait (no pace set since no 429 came, room in flight): as
         :meth:`acquire` without a coroutine, for the many requests that never wait; ``False`` leaves it to that."""
@@ -143,9 +137,6 @@ class Throttle:
                 self._next_start = max(self._next_start, time.monotonic() - 1.0 / self.pace) + 1.0 / self.pace
         finally:
             self._pacer = None
-
-    async def release(self) -> None:
-        self.leave()
 
     def leave(self) -> None:
         """A request is done: one fewer in flight, and a request waiting for room is let look (in a task of its
