@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 from urllib.parse import parse_qs, urlsplit
 
@@ -16,8 +17,12 @@ from torchdata_gcs import (
     InvalidURIError,
     NotFoundError,
     ObjectInfo,
+    RetryConfig,
 )
+from torchdata_gcs._engines.listing import list_objects
 from torchdata_gcs._ops.checksums import crc32c_base64
+from torchdata_gcs._ops.client import Client
+from torchdata_gcs._ops.paging import ITEM_FIELDS, NAME_FIELDS
 from torchdata_gcs.testing import Emulator, GCSFront
 
 AWKWARD_NAMES = [
@@ -136,3 +141,20 @@ def test_two_pipelines_list_identically_and_pickle(
     clone = pickle.loads(pickle.dumps(first))
     assert list(first) == list(second) == list(clone)
     assert len(list(first)) == 30
+
+
+@pytest.mark.parametrize("item_fields", [NAME_FIELDS, ITEM_FIELDS])
+def test_listed_batches_hold_nothing_the_garbage_collector_tracks(
+    gcs_emulator: Emulator, gcs_bucket: str, item_fields: str | None
+) -> None:
+    """A resource of strings is a dict the collector leaves alone; a pair holding one it never does. A listing of
+    millions of names kept as pairs promotes them by the tens of thousands, and a full collection of the
+    process's heap follows (in a listing of 100,000 names, a fifth of its time)."""
+    gcs_emulator.seed(gcs_bucket, {f"data/{i:03d}": b"x" for i in range(25)} | {"data": b"exact"})
+    with GCSFront(gcs_emulator.endpoint) as front:  # its snapshot keeps to ``fields`` as GCS does; the emulator not
+        front.index_listings(gcs_bucket)
+        client = Client(front.client_config, RetryConfig(deadline=60))
+        batches = list(list_objects(client, gcs_bucket, "data", 10, concurrency=4, item_fields=item_fields))
+    listed = [item for batch in batches for item in batch]
+    assert [item["name"] for item in listed] == ["data", *(f"data/{i:03d}" for i in range(25))]
+    assert [item for item in listed if gc.is_tracked(item)] == []

@@ -247,7 +247,7 @@ class Composer:
             return False, str(exc)
         if self.reuse_prefix is not None:
             listed = [batch async for batch in list_objects_async(client, bucket, self.reuse_prefix, MAX_PAGE_SIZE)]
-            self._cache[bucket] = {item["name"]: ObjectInfo.from_json(item) for batch in listed for _, item in batch}
+            self._cache[bucket] = {item["name"]: ObjectInfo.from_json(item) for batch in listed for item in batch}
             if self._cache[bucket]:
                 self._cached_before.add(bucket)
         return True, None

@@ -149,6 +149,7 @@ def list_inputs(
             if start is not None and index < start[0]:
                 continue
             bucket, name = parse_url(source_url)
+            base = f"gs://{bucket}/"
             keep = NameFilter.of(name, masks)
             narrowed = server_glob(keep, name, masks)  # fewer names sent; ``keep`` still decides
             resume_name = parse_url(start[1])[1] if start is not None and index == start[0] else None
@@ -166,12 +167,12 @@ def list_inputs(
                 item_fields=ITEM_FIELDS if keep_info else NAME_FIELDS,
             ):
                 entries: list[Entry] = [
-                    (index, url, ObjectInfo.from_json(resource) if keep_info else None)
-                    for url, resource in batch
+                    (index, base + resource["name"], ObjectInfo.from_json(resource) if keep_info else None)
+                    for resource in batch
                     if select is None or select(resource["name"])
                 ]
                 if batch and example is None:
-                    example = batch[0][0]
+                    example = base + batch[0]["name"]
                 listed, kept = listed + len(batch), kept + len(entries)
                 yield entries
             if resume_name is None:  # a resumed input may rightly have nothing left

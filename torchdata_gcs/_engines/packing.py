@@ -156,8 +156,8 @@ def existing_shards(client: Client, folder_url: str) -> dict[str, ObjectInfo]:
     bucket, folder = parse_url(folder_url)
     found = {}
     for batch in list_objects(client, bucket, folder + "shard-", MAX_PAGE_SIZE, as_prefix=True):
-        for url, resource in batch:
-            name = url[len(format_url(bucket, folder)) :]
+        for resource in batch:
+            name = resource["name"][len(folder) :]
             if _SHARD_NAME.fullmatch(name):
                 found[name] = ObjectInfo.from_json(resource)
     return found

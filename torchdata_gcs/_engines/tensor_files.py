@@ -21,7 +21,7 @@ from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64, crc32c_of_
 from .._ops.client import Client
 from .._ops.paging import ITEM_FIELDS
 from .._ops.reads import read_ranges_into, read_version_start
-from .._ops.urls import parse_url
+from .._ops.urls import format_url, parse_url
 from .._transport.context import RequestContext
 from .._transport.deadline import call_deadline
 from .._transport.loop import run
@@ -339,10 +339,10 @@ def model_files(url: str, client: Client, index_name: str) -> tuple[list[str], d
         folder = url.rstrip("/") + "/"
         bucket, name = parse_url(folder, allow_prefix=True)
         names = [
-            found
+            format_url(bucket, item["name"])
             for batch in list_objects(client, bucket, name, 1000, match_glob=f"{name}*")
-            for found, _ in batch
-            if found.endswith((".safetensors", f"/{index_name}"))
+            for item in batch
+            if item["name"].endswith((".safetensors", f"/{index_name}"))
         ]
         if f"{folder}{index_name}" not in names:
             if not names:

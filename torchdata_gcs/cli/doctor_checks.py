@@ -400,7 +400,7 @@ class ScratchChecks:
             return [
                 item["name"]
                 for batch in list_objects(self.objects, self.bucket, self.scratch, MAX_PAGE_SIZE)
-                for _, item in batch
+                for item in batch
             ]
         except Exception:  # noqa: BLE001
             return None

@@ -270,7 +270,7 @@ class Listing(ListingsCache):
                     placeholders=True,
                 )
             ]
-            found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for _, b in batch)}
+            found = {entry["name"]: entry for batch in batches for entry in (self._file(bucket, b) for b in batch)}
             if whole and await self._objects_tell_folders(bucket):
                 self._keep_listings(top, [entry for n, entry in found.items() if n.startswith(f"{top}/")], epoch)
         if withdirs:
