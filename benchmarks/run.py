@@ -59,6 +59,8 @@ def reader_label(workload: str, reader: str, threads: int, baseline: str = "") -
     """The row name: what the reader is, with the versions it ran on (``baseline``: the other version's name)."""
     if workload == "listing" and reader == "ours":
         return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs, concurrency {threads}"
+    if workload == "listing" and reader == BASELINE:
+        return f"torchdata-gcs before this change ({baseline}): list_files_by_gcs, concurrency {threads}"
     if workload == "listing" and reader == "ours_sequential":
         return f"torchdata-gcs {_version('torchdata-gcs')}: list_files_by_gcs, concurrency 1"
     if workload == "listing" and reader == "dataflux_list":
@@ -707,7 +709,7 @@ def main() -> None:
         "--baseline",
         type=Path,
         help=f"a source tree of another torchdata-gcs version (git archive COMMIT | tar -x -C DIR): a {BASELINE} "
-        "row beside ours in each small-objects workload",
+        "row beside ours in each small-objects workload and in the listing",
     )
     parser.add_argument("--baseline-name", default="baseline", help="what the --baseline rows call that version")
     parser.add_argument("--threads", type=int, default=16, help="concurrency for the concurrent readers")
@@ -722,7 +724,11 @@ def main() -> None:
         w for w in build_workloads(args.quick) if not args.only or w.name.split()[0] in args.only or w.name in args.only
     ]
     for workload in workloads:
-        if args.baseline and "small objects" in workload.name and "ours" in workload.readers:
+        if (
+            args.baseline
+            and ("small objects" in workload.name or workload.name.startswith("listing"))
+            and ("ours" in workload.readers)
+        ):
             at = workload.readers.index("ours")
             workload.readers = [*workload.readers[:at], BASELINE, *workload.readers[at:]]  # a list of its own
         if args.readers:
