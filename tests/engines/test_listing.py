@@ -145,7 +145,7 @@ def test_two_pipelines_list_identically_and_pickle(
 
 @pytest.mark.parametrize("item_fields", [NAME_FIELDS, ITEM_FIELDS])
 def test_listed_batches_hold_nothing_the_garbage_collector_tracks(
-    gcs_emulator: Emulator, gcs_bucket: str, item_fields: str | None
+    gcs_emulator: Emulator, gcs_bucket: str, item_fields: str
 ) -> None:
     """A resource of strings is a dict the collector leaves alone; a pair holding one it never does. A listing of
     millions of names kept as pairs promotes them by the tens of thousands, and a full collection of the
