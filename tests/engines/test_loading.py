@@ -223,17 +223,19 @@ def test_budget_given_back_reaches_a_read_that_starts_waiting_while_the_consumer
 def test_byte_budget_bounds_what_waits_ahead_of_the_consumer() -> None:
     async def scenario() -> None:
         budget = ByteBudget(limit=100)
-        await budget.acquire(60, seq=0)
-        await budget.acquire(40, seq=1)
-        third = asyncio.ensure_future(budget.acquire(50, seq=2))
+        await budget.acquire(30, seq=1)  # answers come out of order: the oldest (0) has not asked yet
+        await budget.acquire(30, seq=2)
+        fourth = asyncio.ensure_future(budget.acquire(30, seq=3))
         await asyncio.sleep(0.05)
-        assert not third.done()  # 150 bytes would exceed the limit
-        assert budget.give_back(60, delivered=1)  # the third waits: the consumer wakes it
+        assert not fourth.done()  # 90 bytes would fit, but not with room for the oldest as large as those
+        await asyncio.wait_for(budget.acquire(30, seq=0), 5)  # the oldest takes that room: 90, within the limit
+        assert budget.give_back(60, delivered=2)  # the fourth waits: the consumer wakes it
         budget.wake()
-        await asyncio.wait_for(third, 5)
-        await budget.acquire(500, seq=1)  # the oldest undelivered item never waits
-        assert not budget.give_back(590, delivered=3)  # no read waits: no wake...
-        await asyncio.wait_for(budget.acquire(100, seq=4), 5)  # ...the next read that needs room counts it
+        await asyncio.wait_for(fourth, 5)
+        await asyncio.wait_for(budget.acquire(500, seq=2), 5)  # the oldest never waits, even past the limit
+        assert not budget.give_back(560, delivered=4)  # no read waits: no wake...
+        # ...the next read that needs room counts it; a share over the limit keeps no room: 70 + 30 kept
+        await asyncio.wait_for(budget.acquire(70, seq=5), 5)
 
     asyncio.run(scenario())
 
