@@ -19,7 +19,6 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar, cast
 
@@ -33,14 +32,15 @@ from .._ops.checksums import (
 )
 from .._ops.client import Client
 from .._ops.objects import object_resource
-from .._ops.reads import MediaAnswer, learn_version, media_answer, read_range, read_ranges_into, version_gone
+from .._ops.reads import MediaAnswer, learn_version, media_answer, read_ranges_into, version_gone
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext, with_retry
 from .._transport.http import is_missing_bucket
-from .._transport.loop import Handoff, Slot, close_at_exit, submit
+from .._transport.loop import Handoff, Slot, close_at_exit
 from .._transport.retry import reread_while_damaged_async
 from ..errors import GCSError, IntegrityError, MissingObjectWarning, NotFoundError
 from .local_cache import LOCK_POLL, CacheEntry, CacheStore, LocalCache, store_of
+from .ranges import VersionRanges
 from .streams import FilledBytes, MemoryStream, PartStream
 
 logger = logging.getLogger(__name__)
@@ -61,30 +61,6 @@ HANDOFF_UNITS = 16
 
 STREAM_AHEAD_PARTS = 4
 """An object larger than the byte budget is read at most this many parts ahead of its reader."""
-
-
-class VersionRanges:
-    """Ranges of one object version, read on this process's I/O loop (a :class:`PartStream`'s source).
-
-    Pickles as the settings that read them (a handle reading as its context does, URL, generation), so a
-    stream unpickled in another process reads the rest from there.
-    """
-
-    def __init__(self, context: RequestContext, url: str, params: dict[str, Any]) -> None:
-        bucket, name = parse_url(url, allow_prefix=False)
-        self._context, self._url, self._params = context, url, params
-        self._path = context.session.media_path(bucket, name)
-
-    def fetch(self, start: int, length: int) -> Future[list[bytes]]:
-        reading = read_range(self._context, self._url, self._path, self._params, start, length)
-        return submit(reading)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _ranges_in_this_process, (Client.reading_as(self._context), self._url, dict(self._params))
-
-
-def _ranges_in_this_process(client: Client, url: str, params: dict[str, Any]) -> VersionRanges:
-    return VersionRanges(client.context(), url, params)
 
 
 Loaded = bytes | list[bytes] | list[memoryview] | PartStream

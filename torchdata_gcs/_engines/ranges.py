@@ -1,18 +1,33 @@
 """One object version read for a blocking caller: whole, as concurrent ranges straight into the caller's
 buffer, checked against the object's crc32c without another pass, and read again while damaged; or a span
 of it, as concurrent ranges into the bytes returned, checked by length (and by crc32c if it is all of it).
-A whole object goes out as at least :data:`RANGES_AT_ONCE` GETs where its size allows (:func:`range_size`)."""
+A whole object goes out as at least :data:`RANGES_AT_ONCE` GETs where its size allows (:func:`range_size`).
+And :class:`VersionRanges`, one version's ranges each read on the I/O loop when asked (a stream's or a shard's)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
 from .._ops.checksums import ObjectInfo, check_crc32c, crc32c_base64
 from .._ops.client import Client
-from .._ops.reads import read_ranges_into
-from .._transport.loop import run
+from .._ops.reads import read_range, read_ranges_into
+from .._ops.urls import parse_url
+from .._transport.context import RequestContext
+from .._transport.loop import run, submit
 from .._transport.retry import reread_while_damaged
 from .._transport.transport import FilledBytes
 
-__all__ = ["MIN_RANGE", "RANGES_AT_ONCE", "range_size", "read_into", "read_into_buffer", "read_span", "read_span_async"]
+__all__ = [
+    "MIN_RANGE",
+    "RANGES_AT_ONCE",
+    "VersionRanges",
+    "range_size",
+    "read_into",
+    "read_into_buffer",
+    "read_span",
+    "read_span_async",
+]
 
 RANGES_AT_ONCE = 16
 """Concurrent GETs a whole object is read as, at least, where its size allows: one connection's throughput
@@ -71,3 +86,28 @@ async def read_span_async(url: str, info: ObjectInfo, start: int, end: int, clie
 def read_span(url: str, info: ObjectInfo, start: int, end: int, client: Client) -> bytes:
     """:func:`read_span_async`, for a thread that waits for the bytes."""
     return run(read_span_async(url, info, start, end, client))
+
+
+class VersionRanges:
+    """Ranges of one object version, read on this process's I/O loop: a large object's stream reads its parts
+    through one, a shard's reader its runs of samples.
+
+    Pickles as the settings that read them (a handle reading as its context does, URL, generation), so a
+    stream unpickled in another process reads the rest from there.
+    """
+
+    def __init__(self, context: RequestContext, url: str, params: dict[str, Any]) -> None:
+        bucket, name = parse_url(url, allow_prefix=False)
+        self._context, self._url, self._params = context, url, params
+        self._path = context.session.media_path(bucket, name)
+
+    def fetch(self, start: int, length: int) -> Future[list[bytes]]:
+        reading = read_range(self._context, self._url, self._path, self._params, start, length)
+        return submit(reading)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _ranges_in_this_process, (Client.reading_as(self._context), self._url, dict(self._params))
+
+
+def _ranges_in_this_process(client: Client, url: str, params: dict[str, Any]) -> VersionRanges:
+    return VersionRanges(client.context(), url, params)

@@ -84,9 +84,8 @@ class ShardEpochs:
         )
         return runs_of(pieces, counts, order)
 
-    def _simulate(self, epoch: int, consumed: list[Piece], place: Mapping[str, int], done: int, keep: bool) -> Shuffled:
-        """Where a worker stands once it yielded ``done`` samples, worked out from the plan alone."""
-        runs = self._runs(epoch, consumed, place)
+    def _simulate(self, runs: list[Run], epoch: int, place: Mapping[str, int], done: int, keep: bool) -> Shuffled:
+        """Where a worker reading ``runs`` stands once it yielded ``done`` samples, worked out from the plan alone."""
         generator = generator_for(self.seed, epoch, place["rank"], place["worker"])
         return simulate(read_order(runs, self.shards_open), self._buffer_size, generator, done, keep)
 
@@ -100,7 +99,7 @@ class ShardEpochs:
         done = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
         self._resume, self._done = None, done
         runs = self._runs(epoch, consumed, place)
-        state = self._simulate(epoch, consumed, place, done, keep=False)
+        state = self._simulate(runs, epoch, place, done, keep=False)
         held = [(shard, index, self._fetch_one(shard, index)) for shard, index, _ in state.held]
         if state.draining:
             yield from self._deliver(held)
@@ -218,7 +217,8 @@ class ShardEpochs:
         for worker, one in enumerate(states):  # every rank's worker yielded as many as this rank's
             for rank in range(first["place"]["world"]):
                 place = {"rank": rank, "world": first["place"]["world"], "worker": worker, "workers": len(states)}
-                out = self._simulate(epoch, consumed, place, one["done"], keep=True).out
+                runs = self._runs(epoch, consumed, place)
+                out = self._simulate(runs, epoch, place, one["done"], keep=True).out
                 yielded.update(where[shard] + index for shard, index, _ in out)
         position = {key: first[key] for key in ("epoch", "seed", "listing")}
         return {**position, "consumed": [list(piece) for piece in ranges_of(yielded)]}

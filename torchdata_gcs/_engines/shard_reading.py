@@ -19,12 +19,11 @@ from typing import Any
 from .._ops.checksums import ObjectInfo, crc32c_extend
 from .._ops.client import Client
 from .._ops.objects import read_object
-from .._ops.reads import read_range
 from .._ops.urls import parse_url
 from .._transport.context import RequestContext
-from .._transport.loop import run, submit, wait
+from .._transport.loop import run, wait
 from ..errors import GCSError, IntegrityError, PreconditionFailedError, ShardWarning
-from .ranges import read_into_buffer
+from .ranges import VersionRanges, read_into_buffer
 from .tar_format import INDEX_SUFFIX, Member, Sample, decode_index, encode_index, read_members, samples_of, split_key
 
 __all__ = ["CHUNK", "Shard", "fetch_sample", "index_shards", "read_run"]
@@ -98,23 +97,15 @@ def _index_by_reading(url: str, info: ObjectInfo, client: Client, *, replacing: 
     return samples
 
 
-class _Ranges:
-    """Ranges of one shard's version, each fetched on the I/O loop."""
-
-    def __init__(self, shard: Shard, client: Client) -> None:
-        bucket, name = parse_url(shard.url)
-        self.context, self.url = client.context(), shard.url
-        self.path = self.context.session.media_path(bucket, name)
-        self.params = {"alt": "media", "generation": shard.info.generation}
-
-    def fetch_samples(self, samples: Sequence[Sample]) -> Future[list[bytes]]:
-        """The bytes from the first sample's first member to the last one's end."""
-        start, end = samples[0].span[0], samples[-1].span[1]
-        return submit(read_range(self.context, self.url, self.path, self.params, start, end - start))
+def _ranges(shard: Shard, client: Client) -> VersionRanges:
+    """Ranges of one shard's listed version, each fetched on the I/O loop."""
+    return VersionRanges(client.context(), shard.url, {"alt": "media", "generation": shard.info.generation})
 
 
-def _ranges(shard: Shard, client: Client) -> _Ranges:
-    return _Ranges(shard, client)
+def _fetch_samples(ranges: VersionRanges, samples: Sequence[Sample]) -> Future[list[bytes]]:
+    """The bytes from the first sample's first member to the last one's end."""
+    start, end = samples[0].span[0], samples[-1].span[1]
+    return ranges.fetch(start, end - start)
 
 
 def _chunks(samples: Sequence[Sample], first: int, end: int) -> list[tuple[int, int]]:
@@ -135,7 +126,7 @@ def read_run(shard: Shard, first: int, end: int, client: Client) -> Iterator[dic
     def launch() -> None:
         while groups and len(pending) < _AHEAD:
             start, stop = groups.popleft()
-            pending.append((shard.samples[start:stop], ranges.fetch_samples(shard.samples[start:stop])))
+            pending.append((shard.samples[start:stop], _fetch_samples(ranges, shard.samples[start:stop])))
 
     try:
         launch()
@@ -151,12 +142,12 @@ def read_run(shard: Shard, first: int, end: int, client: Client) -> Iterator[dic
 def fetch_sample(shard: Shard, index: int, client: Client) -> dict[str, Any]:
     """Sample ``index`` of ``shard``, by one ranged GET."""
     ranges, samples = _ranges(shard, client), shard.samples[index : index + 1]
-    (carved,) = _checked(shard, samples, ranges.fetch_samples(samples), ranges, client)
+    (carved,) = _checked(shard, samples, _fetch_samples(ranges, samples), ranges, client)
     return carved
 
 
 def _checked(
-    shard: Shard, samples: list[Sample], future: Future[list[bytes]], ranges: _Ranges, client: Client
+    shard: Shard, samples: list[Sample], future: Future[list[bytes]], ranges: VersionRanges, client: Client
 ) -> list[dict[str, Any]]:
     """The samples ``future`` brings, each member checked; bytes damaged on the way are read again, as often
     as the retry policy allows."""
@@ -165,7 +156,7 @@ def _checked(
             return _carve(shard, samples, _joined(future))
         except IntegrityError as exc:
             client.stats.count_retry(exc)
-            future = ranges.fetch_samples(samples)
+            future = _fetch_samples(ranges, samples)
     return _carve(shard, samples, _joined(future))
 
 
